@@ -1,0 +1,17 @@
+"""The three components behind one call signature each: frozen VAE, frozen text encoder, trainable DiT."""
+
+from dit_trainer.components.dit import DiTAdapter, build_dit
+from dit_trainer.components.freeze import freeze
+from dit_trainer.components.text_encoder import FrozenTextEncoder, build_text_encoder
+from dit_trainer.components.vae import FrozenVAE, PixelVAE, build_vae
+
+__all__ = [
+    "DiTAdapter",
+    "FrozenTextEncoder",
+    "FrozenVAE",
+    "PixelVAE",
+    "build_dit",
+    "build_text_encoder",
+    "build_vae",
+    "freeze",
+]

@@ -1,0 +1,104 @@
+"""The trainable DiT behind one call: ``predict(x_t, t, embeds, mask) -> prediction`` shaped like ``x_t``."""
+
+from __future__ import annotations
+
+import torch
+from diffusers import PixArtTransformer2DModel
+from torch import nn
+
+from dit_trainer.components.loading import load_pretrained
+from dit_trainer.config import ConfigError, ModelConfig
+
+
+class DiTAdapter(nn.Module):
+    """Hides the model family's quirks from the training loop and the samplers.
+
+    ``.sample`` vs tuple outputs, the learned-sigma half of the output channels (dropped here: the loss trains
+    the mean prediction), and PixArt's ``added_cond_kwargs`` (resolution/aspect ratio micro-conditions) all stop here.
+    ``forward`` is the same as ``predict`` so that DDP/FSDP wrappers see every call.
+    """
+
+    def __init__(self, transformer: PixArtTransformer2DModel) -> None:
+        super().__init__()
+        self.transformer = transformer
+
+    @property
+    def in_channels(self) -> int:
+        return self.transformer.config.in_channels
+
+    def forward(
+        self, x_t: torch.Tensor, t: torch.Tensor, embeds: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        config = self.transformer.config
+        added_cond_kwargs = {"resolution": None, "aspect_ratio": None}
+        if config.use_additional_conditions:
+            height, width = (size * 8 for size in x_t.shape[-2:])  # PixArt-alpha conditions on pixel size
+            batch = x_t.shape[0]
+            added_cond_kwargs = {
+                "resolution": torch.tensor([[height, width]], device=x_t.device, dtype=x_t.dtype).repeat(batch, 1),
+                "aspect_ratio": torch.tensor([[height / width]], device=x_t.device, dtype=x_t.dtype).repeat(batch, 1),
+            }
+        output = self.transformer(
+            x_t.to(self.transformer.dtype),
+            encoder_hidden_states=embeds.to(self.transformer.dtype),
+            encoder_attention_mask=mask,
+            timestep=t.expand(x_t.shape[0]),
+            added_cond_kwargs=added_cond_kwargs,
+            return_dict=False,
+        )[0]
+        return output[:, : x_t.shape[1]]
+
+    predict = forward
+
+
+def build_dit(cfg: ModelConfig, in_channels: int, sample_size: int, caption_channels: int) -> DiTAdapter:
+    """A PixArt transformer sized by ``cfg`` whose input follows the VAE (``in_channels``, ``sample_size``)."""
+    if cfg.pretrained:
+        transformer = load_pretrained(
+            PixArtTransformer2DModel.from_pretrained,
+            cfg.pretrained,
+            "model.pretrained",
+            subfolder=cfg.subfolder,
+            revision=cfg.revision,
+        )
+        config = transformer.config
+        if config.in_channels != in_channels:
+            raise ConfigError(
+                "model.pretrained",
+                cfg.pretrained,
+                f"it takes {config.in_channels} input channels while the VAE gives {in_channels}",
+                "use the VAE this transformer was trained with (`vae=...`)",
+            )
+        if config.caption_channels != caption_channels:
+            raise ConfigError(
+                "model.pretrained",
+                cfg.pretrained,
+                f"it expects {config.caption_channels}-dim text features while the text encoder gives "
+                f"{caption_channels}",
+                "use the text encoder it was trained with (`text_encoder=...`)",
+            )
+    else:
+        inner = cfg.num_attention_heads * cfg.attention_head_dim
+        transformer = PixArtTransformer2DModel(
+            num_attention_heads=cfg.num_attention_heads,
+            attention_head_dim=cfg.attention_head_dim,
+            in_channels=in_channels,
+            out_channels=in_channels * (2 if cfg.learned_sigma else 1),
+            num_layers=cfg.num_layers,
+            dropout=cfg.dropout,
+            cross_attention_dim=cfg.cross_attention_dim or inner,
+            sample_size=sample_size,
+            patch_size=cfg.patch_size,
+            caption_channels=caption_channels,
+            use_additional_conditions=False,
+        )
+    if sample_size % transformer.config.patch_size:
+        raise ConfigError(
+            "model.patch_size",
+            transformer.config.patch_size,
+            f"the latent size {sample_size} must be divisible by it",
+            "pick a patch size that divides the latent size, or change `data.resolution`",
+        )
+    if cfg.gradient_checkpointing:
+        transformer.enable_gradient_checkpointing()
+    return DiTAdapter(transformer.train())

@@ -1,0 +1,98 @@
+"""The frozen text encoder: prompts to padded hidden states and the attention mask that marks real tokens."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModel, AutoTokenizer, CLIPTextModel, PreTrainedModel, T5EncoderModel
+
+from dit_trainer.components.freeze import freeze
+from dit_trainer.components.loading import load_pretrained
+from dit_trainer.config import TextEncoderConfig
+
+
+class FrozenTextEncoder(nn.Module):
+    """``encode(prompts) -> (embeds (B, L, D), mask (B, L))`` with ``L = max_length`` fixed.
+
+    A fixed length keeps batch shapes static (cheap to compile, easy to cache). With ``memo_size > 0`` the
+    embeddings of recent prompts are remembered: the encoder is frozen and deterministic, so this is exact.
+    """
+
+    def __init__(self, tokenizer, model: PreTrainedModel, max_length: int, memo_size: int = 0) -> None:
+        super().__init__()
+        self.tokenizer = tokenizer
+        self.model = freeze(model)
+        self.max_length = max_length
+        self.memo_size = memo_size
+        self._memo: OrderedDict[str, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size if hasattr(self.model.config, "hidden_size") else self.model.config.d_model
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @torch.no_grad()
+    def _encode_uncached(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = self.tokenizer(
+            prompts, padding="max_length", max_length=self.max_length, truncation=True, return_tensors="pt"
+        ).to(self.device)
+        hidden = self.model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask).last_hidden_state
+        return hidden, tokens.attention_mask
+
+    @torch.no_grad()
+    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.memo_size == 0:
+            return self._encode_uncached(list(prompts))
+        missing = list(dict.fromkeys(p for p in prompts if p not in self._memo))
+        if missing:
+            hidden, mask = self._encode_uncached(missing)
+            for prompt, h, m in zip(missing, hidden, mask):
+                self._memo[prompt] = (h, m)
+        for prompt in prompts:
+            self._memo.move_to_end(prompt)
+        pairs = [self._memo[p] for p in prompts]
+        while len(self._memo) > self.memo_size:
+            self._memo.popitem(last=False)
+        return torch.stack([h for h, _ in pairs]), torch.stack([m for _, m in pairs])
+
+
+def _model_class(kind: str, pretrained: str, subfolder: str | None, revision: str | None) -> type[PreTrainedModel]:
+    """T5 and CLIP checkpoints hold more than their text encoder: pick the encoder-only class for them."""
+    if kind == "auto":
+        config = load_pretrained(
+            AutoConfig.from_pretrained,
+            pretrained,
+            "text_encoder.pretrained",
+            subfolder=subfolder or "",
+            revision=revision,
+        )
+        kind = {"t5": "t5", "umt5": "t5", "clip": "clip", "clip_text_model": "clip"}.get(config.model_type, "auto")
+    return {"t5": T5EncoderModel, "clip": CLIPTextModel}.get(kind, AutoModel)
+
+
+def build_text_encoder(
+    cfg: TextEncoderConfig, device: torch.device, dtype: torch.dtype = torch.float32
+) -> FrozenTextEncoder:
+    """The configured text encoder and tokenizer, frozen, on ``device`` in ``dtype``."""
+    model_class = _model_class(cfg.kind, cfg.pretrained, cfg.subfolder, cfg.revision)
+    tokenizer = load_pretrained(
+        AutoTokenizer.from_pretrained,
+        cfg.pretrained,
+        "text_encoder.pretrained",
+        subfolder=cfg.tokenizer_subfolder or "",
+        revision=cfg.revision,
+    )
+    model = load_pretrained(
+        model_class.from_pretrained,
+        cfg.pretrained,
+        "text_encoder.pretrained",
+        subfolder=cfg.subfolder or "",
+        revision=cfg.revision,
+        dtype=dtype,
+    )
+    return FrozenTextEncoder(tokenizer, model.to(device), cfg.max_length, cfg.memo_size)

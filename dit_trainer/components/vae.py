@@ -1,0 +1,104 @@
+"""Frozen autoencoders: images in [-1, 1] to latents ready for diffusion, and back."""
+
+from __future__ import annotations
+
+import torch
+from diffusers import AutoencoderKL
+from torch import nn
+
+from dit_trainer.components.freeze import freeze
+from dit_trainer.components.loading import load_pretrained
+from dit_trainer.config import VAEConfig
+
+
+class FrozenVAE(nn.Module):
+    """A diffusers ``AutoencoderKL`` whose latents are normalised the way its config says.
+
+    With ``latents_mean``/``latents_std`` in the config (per-channel statistics, as SDXL-style VAEs and our
+    shapes VAE carry) latents become ``(z - mean) * scaling_factor / std``; otherwise ``(z - shift) * scaling_factor``.
+    """
+
+    def __init__(self, autoencoder: AutoencoderKL) -> None:
+        super().__init__()
+        self.autoencoder = freeze(autoencoder)
+        config = autoencoder.config
+        channels = config.latent_channels
+        self.scaling_factor = float(config.scaling_factor)
+        mean = config.latents_mean if config.latents_mean is not None else [config.shift_factor or 0.0] * channels
+        std = config.latents_std if config.latents_std is not None else [1.0] * channels
+        self.register_buffer("latents_mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
+        self.register_buffer("latents_std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
+        self.latent_channels = channels
+        self.downsample_factor = 2 ** (len(config.block_out_channels) - 1)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.autoencoder.dtype
+
+    @torch.no_grad()
+    def encode_posterior(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, 3, H, W) in [-1, 1] -> the raw posterior's (mean, std), float32: what a latent cache stores."""
+        posterior = self.autoencoder.encode(images.to(self.dtype)).latent_dist
+        return posterior.mean.float(), posterior.std.float()
+
+    def latents_from_posterior(
+        self, mean: torch.Tensor, std: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        """Draw a latent from the posterior (its mode when ``generator`` is None) and normalise it."""
+        latents = (
+            mean
+            if generator is None
+            else mean + std * torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        )
+        return (latents - self.latents_mean) * self.scaling_factor / self.latents_std
+
+    @torch.no_grad()
+    def encode(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """(B, 3, H, W) in [-1, 1] -> normalised latents (B, C, H/f, W/f), float32.
+
+        With a ``generator`` the latent is sampled from the posterior, as training should; without, its mode.
+        """
+        return self.latents_from_posterior(*self.encode_posterior(images), generator)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Normalised latents -> images in [-1, 1] (float32)."""
+        latents = latents.float() * self.latents_std / self.scaling_factor + self.latents_mean
+        return self.autoencoder.decode(latents.to(self.dtype)).sample.float().clamp(-1, 1)
+
+
+class PixelVAE(nn.Module):
+    """The identity "autoencoder": diffusion directly on pixels (``vae=pixel``)."""
+
+    latent_channels = 3
+    downsample_factor = 1
+    dtype = torch.float32
+
+    def encode_posterior(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return images.float(), torch.zeros_like(images, dtype=torch.float32)
+
+    def latents_from_posterior(
+        self, mean: torch.Tensor, std: torch.Tensor, generator: torch.Generator | None = None
+    ) -> torch.Tensor:
+        return mean
+
+    def encode(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        return images.float()
+
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        return latents.float().clamp(-1, 1)
+
+
+def build_vae(cfg: VAEConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> FrozenVAE | PixelVAE:
+    """The configured VAE, frozen, on ``device`` in ``dtype`` (its normalisation statistics stay float32)."""
+    if cfg.kind == "pixel":
+        return PixelVAE()
+    autoencoder = load_pretrained(
+        AutoencoderKL.from_pretrained,
+        cfg.pretrained,
+        "vae.pretrained",
+        subfolder=cfg.subfolder,
+        revision=cfg.revision,
+        torch_dtype=dtype,
+    )
+    return FrozenVAE(autoencoder).to(device)

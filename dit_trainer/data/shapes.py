@@ -1,0 +1,130 @@
+"""The embedded ``shapes`` data set: one filled shape on a grey background, captioned ``"a {color} {shape}"``.
+
+It is procedural and deterministic per index, so it needs no download, and ``score_alignment`` can judge a
+generated image from its pixels alone, which makes it a real (if small) text-to-image benchmark on a CPU.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+COLORS: dict[str, tuple[int, int, int]] = {
+    "red": (230, 30, 30),
+    "green": (30, 170, 40),
+    "blue": (30, 60, 230),
+    "yellow": (240, 220, 30),
+    "purple": (140, 40, 170),
+    "orange": (250, 140, 20),
+    "white": (250, 250, 250),
+    "black": (15, 15, 15),
+}
+SHAPES: tuple[str, ...] = ("circle", "square", "triangle")
+BACKGROUND: tuple[int, int, int] = (128, 128, 128)
+CAPTIONS: tuple[str, ...] = tuple(f"a {color} {shape}" for shape in SHAPES for color in COLORS)
+
+
+def shape_mask(shape: str, height: int, width: int) -> np.ndarray:
+    """Boolean mask of ``shape`` filling a ``height`` x ``width`` box (triangles point up)."""
+    ys = (np.arange(height) + 0.5)[:, None] / height
+    xs = (np.arange(width) + 0.5)[None, :] / width
+    if shape == "square":
+        return np.ones((height, width), dtype=bool)
+    if shape == "circle":
+        return (ys - 0.5) ** 2 + (xs - 0.5) ** 2 <= 0.25
+    if shape == "triangle":
+        return np.abs(xs - 0.5) <= ys / 2
+    raise ValueError(f"unknown shape {shape!r}; expected one of {SHAPES}")
+
+
+def render(color: str, shape: str, size: int, top: int, left: int, resolution: int) -> np.ndarray:
+    """An (H, W, 3) uint8 image with one ``size``-pixel ``shape`` whose box starts at (top, left)."""
+    image = np.empty((resolution, resolution, 3), dtype=np.uint8)
+    image[:] = BACKGROUND
+    box = image[top : top + size, left : left + size]
+    box[shape_mask(shape, size, size)] = COLORS[color]
+    return image
+
+
+class ShapesDataset(Dataset):
+    """``length`` shapes images at ``resolution``; item ``i`` is the same for a given ``seed``.
+
+    Colour and shape cycle with the index so every caption is equally frequent; size and position are random.
+    Items are ``{"image": (3, H, W) float in [-1, 1], "caption": str}`` like every data source here.
+    """
+
+    def __init__(self, length: int = 20_000, resolution: int = 32, seed: int = 0) -> None:
+        self.length = length
+        self.resolution = resolution
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return self.length
+
+    def spec(self, index: int) -> tuple[str, str, int, int, int]:
+        """(color, shape, size, top, left) of item ``index``."""
+        color = list(COLORS)[index % len(COLORS)]
+        shape = SHAPES[(index // len(COLORS)) % len(SHAPES)]
+        rng = np.random.default_rng((self.seed, index))
+        size = int(rng.integers(self.resolution * 5 // 16, self.resolution * 11 // 16 + 1))
+        top, left = (int(v) for v in rng.integers(0, self.resolution - size + 1, size=2))
+        return color, shape, size, top, left
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor | str]:
+        if not 0 <= index < self.length:
+            raise IndexError(index)
+        color, shape, size, top, left = self.spec(index)
+        pixels = render(color, shape, size, top, left, self.resolution)
+        image = torch.from_numpy(pixels).permute(2, 0, 1).float() / 127.5 - 1.0
+        return {"image": image, "caption": f"a {color} {shape}"}
+
+
+def _classify_one(pixels: np.ndarray) -> tuple[str | None, str | None]:
+    """Colour and shape seen in one (H, W, 3) image with values in [0, 255]."""
+    background = np.asarray(BACKGROUND, dtype=np.float32)
+    foreground = np.abs(pixels - background).max(axis=-1) > 48
+    if foreground.sum() < 4:
+        return None, None
+    palette = np.asarray(list(COLORS.values()), dtype=np.float32)
+    median = np.median(pixels[foreground], axis=0)
+    color_index = int(np.argmin(((palette - median) ** 2).sum(axis=1)))
+    # Pixels nearer to the found colour than to the background form the shape (robust to soft edges).
+    to_color = ((pixels - palette[color_index]) ** 2).sum(axis=-1)
+    to_background = ((pixels - background) ** 2).sum(axis=-1)
+    mask = to_color < to_background
+    # Drop speckle: keep pixels with at least two of their four neighbours in the mask.
+    padded = np.pad(mask, 1)
+    neighbours = padded[:-2, 1:-1].astype(int) + padded[2:, 1:-1] + padded[1:-1, :-2] + padded[1:-1, 2:]
+    mask &= neighbours >= 2
+    rows, cols = np.nonzero(mask)
+    if len(rows) < 4:
+        return list(COLORS)[color_index], None
+    box = mask[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1]
+
+    def iou(shape: str) -> float:
+        template = shape_mask(shape, *box.shape)
+        return (box & template).sum() / (box | template).sum()
+
+    return list(COLORS)[color_index], max(SHAPES, key=iou)
+
+
+def classify(images: torch.Tensor) -> list[tuple[str | None, str | None]]:
+    """(colour, shape) read from each image of a (B, 3, H, W) batch in [0, 1]; ``None`` where nothing is seen."""
+    pixels = (images.detach().float().clamp(0, 1) * 255).permute(0, 2, 3, 1).cpu().numpy()
+    return [_classify_one(image) for image in pixels]
+
+
+def alignment_components(images: torch.Tensor, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per image: (colour correct, shape correct) as float tensors of shape (B,)."""
+    seen = classify(images)
+    expected = [caption.removeprefix("a ").split(" ", 1) for caption in captions]
+    color_ok = torch.tensor([s[0] == e[0] for s, e in zip(seen, expected)], dtype=torch.float32)
+    shape_ok = torch.tensor([s[1] == e[-1] for s, e in zip(seen, expected)], dtype=torch.float32)
+    return color_ok, shape_ok
+
+
+def score_alignment(images: torch.Tensor, captions: list[str]) -> torch.Tensor:
+    """(B,) scores in [0, 1]: half for the captioned colour, half for the captioned shape, judged from pixels."""
+    color_ok, shape_ok = alignment_components(images, captions)
+    return (color_ok + shape_ok) / 2

@@ -1,0 +1,178 @@
+"""The noise schedule that training and sampling share.
+
+``NoiseSchedule`` owns the forward process (``add_noise``), the regression target of each objective, and
+builds the sampler for the reverse process from the same ``alphas_cumprod``, so the two cannot disagree.
+A diffusers scheduler provides the schedule when one is configured; otherwise ``FallbackScheduler`` does, with
+the same interface, and a warning says why.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import diffusers
+import torch
+from diffusers import DDIMScheduler
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
+
+from dit_trainer.config import FALLBACK_BETA_SCHEDULES, ConfigError, DiffusionConfig
+
+
+def _betas(schedule: str, num_timesteps: int, beta_start: float, beta_end: float) -> torch.Tensor:
+    if schedule == "linear":
+        return torch.linspace(beta_start, beta_end, num_timesteps, dtype=torch.float64)
+    if schedule == "scaled_linear":
+        return torch.linspace(beta_start**0.5, beta_end**0.5, num_timesteps, dtype=torch.float64) ** 2
+    if schedule == "squaredcos_cap_v2":  # improved DDPM's cosine alpha-bar
+        steps = torch.arange(num_timesteps + 1, dtype=torch.float64) / num_timesteps
+        alpha_bar = torch.cos((steps + 0.008) / 1.008 * math.pi / 2) ** 2
+        return (1 - alpha_bar[1:] / alpha_bar[:-1]).clamp(max=0.999)
+    raise ConfigError("diffusion.beta_schedule", schedule, f"the fallback schedule supports {FALLBACK_BETA_SCHEDULES}")
+
+
+@dataclass
+class SchedulerStep:
+    prev_sample: torch.Tensor
+
+
+class FallbackScheduler:
+    """A self-contained DDPM forward process with a deterministic DDIM sampler (eta = 0, trailing timesteps).
+
+    It mirrors the part of the diffusers scheduler interface we use (``add_noise``, ``get_velocity``,
+    ``set_timesteps``, ``scale_model_input``, ``step``), so training and sampling code have a single path.
+    """
+
+    init_noise_sigma = 1.0
+
+    def __init__(
+        self,
+        num_train_timesteps: int = 1000,
+        beta_schedule: str = "linear",
+        beta_start: float = 1e-4,
+        beta_end: float = 0.02,
+        prediction_type: str = "epsilon",
+    ) -> None:
+        self.num_train_timesteps = num_train_timesteps
+        self.prediction_type = prediction_type
+        betas = _betas(beta_schedule, num_train_timesteps, beta_start, beta_end)
+        self.alphas_cumprod = torch.cumprod(1 - betas, dim=0).float()
+        self.timesteps = torch.arange(num_train_timesteps - 1, -1, -1)
+
+    def _coefficients(self, timesteps: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        alpha_bar = self.alphas_cumprod.to(like.device)[timesteps.long()].view(-1, *([1] * (like.ndim - 1)))
+        return alpha_bar.sqrt().to(like.dtype), (1 - alpha_bar).sqrt().to(like.dtype)
+
+    def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+        signal, sigma = self._coefficients(timesteps, x0)
+        return signal * x0 + sigma * noise
+
+    def get_velocity(self, x0: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+        signal, sigma = self._coefficients(timesteps, x0)
+        return signal * noise - sigma * x0
+
+    def set_timesteps(self, num_inference_steps: int, device: torch.device | str | None = None) -> None:
+        stride = self.num_train_timesteps / num_inference_steps
+        steps = torch.arange(self.num_train_timesteps, 0, -stride).round().long() - 1
+        self.timesteps = steps.to(device)
+        self._stride = stride
+
+    def scale_model_input(self, sample: torch.Tensor, timestep: torch.Tensor | int | None = None) -> torch.Tensor:
+        return sample
+
+    def step(
+        self, model_output: torch.Tensor, timestep: torch.Tensor | int, sample: torch.Tensor, **_
+    ) -> SchedulerStep:
+        t = int(timestep)
+        previous = t - round(self._stride)
+        alpha_bar = self.alphas_cumprod[t].item()
+        alpha_bar_prev = self.alphas_cumprod[previous].item() if previous >= 0 else 1.0
+        if self.prediction_type == "epsilon":
+            eps = model_output
+            x0 = (sample - math.sqrt(1 - alpha_bar) * eps) / math.sqrt(alpha_bar)
+        else:  # v_prediction
+            x0 = math.sqrt(alpha_bar) * sample - math.sqrt(1 - alpha_bar) * model_output
+            eps = math.sqrt(1 - alpha_bar) * sample + math.sqrt(alpha_bar) * model_output
+        return SchedulerStep(math.sqrt(alpha_bar_prev) * x0 + math.sqrt(1 - alpha_bar_prev) * eps)
+
+
+class NoiseSchedule:
+    """Timestep sampling, ``x_t``, the objective's target, and a matching sampler, from one scheduler."""
+
+    def __init__(self, scheduler: SchedulerMixin | FallbackScheduler, objective: str) -> None:
+        self.scheduler = scheduler
+        self.objective = objective
+        self.is_fallback = isinstance(scheduler, FallbackScheduler)
+
+    @property
+    def num_train_timesteps(self) -> int:
+        if self.is_fallback:
+            return self.scheduler.num_train_timesteps
+        return self.scheduler.config.num_train_timesteps
+
+    def sample_timesteps(self, batch_size: int, device: torch.device, generator: torch.Generator) -> torch.Tensor:
+        """t ~ U{0, ..., T-1}."""
+        return torch.randint(0, self.num_train_timesteps, (batch_size,), generator=generator, device=device)
+
+    def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+        return self.scheduler.add_noise(x0, noise, timesteps)
+
+    def target(self, x0: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+        if self.objective == "epsilon":
+            return noise
+        return self.scheduler.get_velocity(x0, noise, timesteps)
+
+    def sampler(self, num_steps: int, device: torch.device) -> SchedulerMixin | FallbackScheduler:
+        """A fresh deterministic DDIM sampler over the same ``alphas_cumprod``, timesteps set."""
+        if self.is_fallback:
+            sampler = FallbackScheduler.__new__(FallbackScheduler)
+            sampler.__dict__.update(self.scheduler.__dict__)
+        else:
+            sampler = DDIMScheduler.from_config(
+                self.scheduler.config,
+                prediction_type=self.objective,
+                clip_sample=False,  # DDIM's default clips to [-1, 1]: wrong for latents
+                set_alpha_to_one=True,
+                timestep_spacing="trailing",  # start from the last training timestep, pure noise
+            )
+        sampler.set_timesteps(num_steps, device=device)
+        return sampler
+
+
+def _diffusers_scheduler(cfg: DiffusionConfig) -> SchedulerMixin:
+    scheduler_class = getattr(diffusers, cfg.scheduler, None)
+    if not (isinstance(scheduler_class, type) and issubclass(scheduler_class, SchedulerMixin)):
+        raise ValueError(f"`{cfg.scheduler}` is not a scheduler class in diffusers {diffusers.__version__}")
+    if cfg.scheduler_pretrained:
+        config = scheduler_class.load_config(cfg.scheduler_pretrained, subfolder="scheduler")
+    else:
+        config = {
+            "num_train_timesteps": cfg.num_train_timesteps,
+            "beta_schedule": cfg.beta_schedule,
+            "beta_start": cfg.beta_start,
+            "beta_end": cfg.beta_end,
+        }
+    scheduler = scheduler_class.from_config(config, prediction_type=cfg.objective, clip_sample=False)
+    if not hasattr(scheduler, "alphas_cumprod") or not hasattr(scheduler, "get_velocity"):
+        raise ValueError(f"`{cfg.scheduler}` has no DDPM-style alphas_cumprod/get_velocity for {cfg.objective}")
+    return scheduler
+
+
+def build_noise_schedule(cfg: DiffusionConfig) -> NoiseSchedule:
+    """The configured diffusers scheduler, or the fallback (with a warning naming why)."""
+    reason = "no `diffusion.scheduler` is configured"
+    if cfg.scheduler is not None:
+        try:
+            return NoiseSchedule(_diffusers_scheduler(cfg), cfg.objective)
+        except (OSError, ValueError) as error:
+            reason = f"`diffusion.scheduler={cfg.scheduler}` could not be loaded ({error})"
+    warnings.warn(
+        f"{reason}; using the built-in fallback schedule ({cfg.beta_schedule} betas {cfg.beta_start}..{cfg.beta_end}, "
+        f"{cfg.num_train_timesteps} steps, DDIM sampling).",
+        stacklevel=2,
+    )
+    return NoiseSchedule(
+        FallbackScheduler(cfg.num_train_timesteps, cfg.beta_schedule, cfg.beta_start, cfg.beta_end, cfg.objective),
+        cfg.objective,
+    )

@@ -1,0 +1,51 @@
+"""``metrics.jsonl`` (always written) and the loss-curve PNG drawn from it at the end of a run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+
+class MetricsFile:
+    """Appends one JSON object per logged step; a resumed run continues the same file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, metrics: dict[str, float | int]) -> None:
+        with self.path.open("a", encoding="utf-8") as file:
+            file.write(json.dumps(metrics) + "\n")
+
+    def read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def save_loss_curve(records: list[dict], path: Path, size: tuple[int, int] = (640, 360)) -> None:
+    """A plain line plot of loss against step (log-scale y): enough to judge a run without other tools."""
+    points = [(r["step"], r["loss"]) for r in records if "loss" in r and r["loss"] > 0 and math.isfinite(r["loss"])]
+    image = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(image)
+    left, top, right, bottom = 60, 20, size[0] - 20, size[1] - 40
+    draw.rectangle((left, top, right, bottom), outline="black")
+    if len(points) >= 2:
+        steps = [s for s, _ in points]
+        logs = [math.log10(v) for _, v in points]
+        lo, hi = min(logs), max(logs)
+        hi = hi if hi > lo else lo + 1e-6
+
+        def xy(step: float, log_loss: float) -> tuple[float, float]:
+            x = left + (step - steps[0]) / max(steps[-1] - steps[0], 1) * (right - left)
+            return x, bottom - (log_loss - lo) / (hi - lo) * (bottom - top)
+
+        draw.line([xy(s, v) for s, v in zip(steps, logs)], fill=(31, 119, 180), width=2)
+        draw.text((4, top), f"{10**hi:.3g}", fill="black")
+        draw.text((4, bottom - 10), f"{10**lo:.3g}", fill="black")
+        draw.text((left, bottom + 6), str(steps[0]), fill="black")
+        draw.text((right - 40, bottom + 6), str(steps[-1]), fill="black")
+    draw.text(((left + right) // 2 - 40, size[1] - 18), "step (loss, log scale)", fill="black")
+    image.save(path)

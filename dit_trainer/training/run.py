@@ -1,0 +1,145 @@
+"""Build every component from a validated ``TrainConfig`` and run the trainer: the package's entry point."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
+from diffusers import PixArtTransformer2DModel
+from diffusers.optimization import get_scheduler
+from diffusers.training_utils import EMAModel
+from omegaconf import OmegaConf
+from torch.utils.data import DataLoader
+
+from dit_trainer.components import DiTAdapter, build_dit, build_text_encoder, build_vae
+from dit_trainer.config import TrainConfig, validate
+from dit_trainer.data import build_dataset
+from dit_trainer.data.latent_cache import encode_dataset
+from dit_trainer.diffusion.schedule import NoiseSchedule, build_noise_schedule
+from dit_trainer.training.monitors import SampleGridMonitor
+from dit_trainer.training.precision import resolve_mixed_precision, weight_dtype
+from dit_trainer.training.trackers import start_trackers, tracker_name
+from dit_trainer.training.trainer import Trainer, TrainResult
+
+SAMPLE_SEEDS_PER_PROMPT = 4
+
+
+@dataclass
+class Components:
+    """The built models and schedule of a run: what a training step and a sampler need."""
+
+    vae: torch.nn.Module
+    text_encoder: torch.nn.Module
+    dit: DiTAdapter
+    schedule: NoiseSchedule
+    latent_shape: tuple[int, int, int]
+
+
+def build_components(cfg: TrainConfig, device: torch.device, frozen_dtype: torch.dtype) -> Components:
+    """Frozen VAE and text encoder on ``device`` in ``frozen_dtype``; the DiT (float32 master weights) sized by
+    the VAE's latent channels, the resolution, and the text encoder's hidden size."""
+    vae = build_vae(cfg.vae, device, frozen_dtype)
+    text_encoder = build_text_encoder(cfg.text_encoder, device, frozen_dtype)
+    latent_size = cfg.data.resolution // vae.downsample_factor
+    dit = build_dit(cfg.model, vae.latent_channels, latent_size, text_encoder.hidden_size)
+    schedule = build_noise_schedule(cfg.diffusion)
+    return Components(vae, text_encoder, dit, schedule, (vae.latent_channels, latent_size, latent_size))
+
+
+def build_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
+    return Accelerator(
+        mixed_precision=resolve_mixed_precision(cfg.trainer.mixed_precision),
+        gradient_accumulation_steps=cfg.trainer.gradient_accumulation_steps,
+        log_with=tracker_name(cfg.logger),
+        project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
+
+
+def build_dataloader(cfg: TrainConfig, accelerator: Accelerator, vae) -> DataLoader:
+    workers = cfg.data.num_workers
+    dataset = build_dataset(cfg.data)
+    if cfg.data.cache_latents:
+        dataset = encode_dataset(
+            dataset, vae, accelerator.device, num_workers=workers, show_progress=accelerator.is_main_process
+        )
+        workers = 0  # items are now slices of in-memory tensors
+    return DataLoader(
+        dataset,
+        batch_size=cfg.trainer.batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        pin_memory=accelerator.device.type == "cuda",
+        persistent_workers=workers > 0,
+    )
+
+
+def build_optimizer(cfg: TrainConfig, parameters) -> torch.optim.Optimizer:
+    o = cfg.optim
+    return torch.optim.AdamW(parameters, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+
+
+def save_resolved_config(cfg: TrainConfig, path: Path) -> None:
+    """The config exactly as trained (interpolations resolved): what ``scripts/sample.py`` rebuilds from."""
+    path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)), encoding="utf-8")
+
+
+def run(cfg: TrainConfig, run_dir: str | Path) -> TrainResult:
+    """Train as configured, writing everything into ``run_dir``."""
+    cfg = validate(cfg)
+    run_dir = Path(run_dir)
+    accelerator = build_accelerator(cfg, run_dir)
+    set_seed(cfg.trainer.seed)
+    if accelerator.is_main_process:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_resolved_config(cfg, run_dir / "config.yaml")
+
+    parts = build_components(cfg, accelerator.device, weight_dtype(accelerator.mixed_precision))
+    dit, vae, text_encoder, schedule = parts.dit, parts.vae, parts.text_encoder, parts.schedule
+
+    trainable = [p for p in dit.parameters() if p.requires_grad]
+    optimizer = build_optimizer(cfg, trainable)
+    lr_scheduler = get_scheduler(
+        cfg.optim.lr_schedule,
+        optimizer,
+        num_warmup_steps=cfg.optim.warmup_steps * accelerator.num_processes,
+        num_training_steps=cfg.trainer.max_steps * accelerator.num_processes,
+    )
+    ema = None
+    if cfg.trainer.ema_decay > 0:
+        transformer = dit.transformer
+        ema = EMAModel(
+            transformer.parameters(),
+            decay=cfg.trainer.ema_decay,
+            model_cls=PixArtTransformer2DModel,
+            model_config=transformer.config,
+        )
+        ema.to(accelerator.device)
+    dataloader = build_dataloader(cfg, accelerator, vae)
+    dit, optimizer, dataloader, lr_scheduler = accelerator.prepare(dit, optimizer, dataloader, lr_scheduler)
+    start_trackers(accelerator, cfg.logger, run_dir, dataclasses.asdict(cfg))
+
+    sampler = SampleGridMonitor(
+        accelerator,
+        vae,
+        text_encoder,
+        schedule,
+        parts.latent_shape,
+        list(cfg.trainer.sample_prompts),
+        [cfg.trainer.sample_seed + i for i in range(SAMPLE_SEEDS_PER_PROMPT)],
+        cfg.diffusion.sample_steps,
+        cfg.diffusion.guidance_scale,
+        run_dir / "samples",
+        cfg.logger,
+        ema,
+    )
+    trainer = Trainer(
+        cfg, run_dir, accelerator, dit, vae, text_encoder, schedule, dataloader, optimizer, lr_scheduler, ema, sampler
+    )
+    trainer.resume()
+    return trainer.fit()

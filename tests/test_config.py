@@ -1,0 +1,80 @@
+import pytest
+
+from dit_trainer.config import ConfigError
+
+from .conftest import EXPERIMENTS, compose_config, run_script
+
+
+def test_the_expected_experiments_exist():
+    assert {"dit", "shapes"} <= set(EXPERIMENTS)
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_every_experiment_composes_and_validates(experiment, tmp_path):
+    (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
+    cfg = compose_config([f"+experiment={experiment}", f"data.path={tmp_path}"])
+    assert cfg.trainer.max_steps >= 1
+    assert cfg.diffusion.objective in ("epsilon", "v_prediction")
+
+
+def test_dit_experiment_is_the_cluster_recipe(tmp_path):
+    (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
+    cfg = compose_config(["+experiment=dit", f"data.path={tmp_path}"])
+    m = cfg.model
+    assert (m.num_layers, m.num_attention_heads * m.attention_head_dim, m.num_attention_heads, m.patch_size) == (
+        28,
+        1152,
+        16,
+        2,
+    )
+    assert cfg.data.resolution == 256 and cfg.data.source == "imagefolder"
+    assert cfg.vae.pretrained == "stabilityai/sd-vae-ft-ema" and cfg.text_encoder.kind == "t5"
+    assert cfg.trainer.mixed_precision == "bf16"
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_cfg_job_prints_the_config(experiment):
+    result = run_script(["train.py", f"+experiment={experiment}", "--cfg", "job"], timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "trainer:" in result.stdout and "max_steps:" in result.stdout
+
+
+BAD_VALUES = [
+    ("diffusion.objective=x0", "diffusion.objective", "'x0'"),
+    ("optim.lr=-0.001", "optim.lr", "-0.001"),
+    ("trainer.batch_size=0", "trainer.batch_size", "0"),
+    ("trainer.mixed_precision=fp8", "trainer.mixed_precision", "'fp8'"),
+    ("data=imagefolder", "data.path", "None"),
+    ("model.cross_attention_dim=100", "model.cross_attention_dim", "100"),
+    ("data.caption_dropout=1.5", "data.caption_dropout", "1.5"),
+]
+
+
+@pytest.mark.parametrize(("override", "key", "value"), BAD_VALUES)
+def test_bad_values_give_one_paragraph_naming_key_and_value(override, key, value):
+    with pytest.raises(ConfigError) as caught:
+        compose_config(["+experiment=shapes", override])
+    message = str(caught.value)
+    assert f"`{key}`" in message and value in message
+    assert "\n" not in message and "To fix it" in message
+
+
+def test_missing_data_path_names_the_folder(tmp_path):
+    with pytest.raises(ConfigError, match="metadata.jsonl") as caught:
+        compose_config(["+experiment=shapes", "data=imagefolder", f"data.path={tmp_path / 'nope'}"])
+    assert "nope" in str(caught.value)
+
+
+def test_cli_reports_a_bad_value_without_a_traceback_before_building_models():
+    result = run_script(["train.py", "+experiment=shapes", "trainer.mixed_precision=fp8"], timeout=120)
+    assert result.returncode == 2
+    assert "trainer.mixed_precision" in result.stderr and "fp8" in result.stderr
+    assert "auto, no, fp16, bf16" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "Loading weights" not in result.stderr  # nothing was built
+
+
+def test_cli_reports_a_type_error_naming_the_key():
+    result = run_script(["train.py", "trainer.batch_size=many"], timeout=120)
+    assert result.returncode != 0
+    assert "batch_size" in result.stderr and "many" in result.stderr

@@ -1,0 +1,186 @@
+"""``train.py`` and ``scripts/sample.py`` run as subprocesses on tiny configs, as users run them."""
+
+import json
+import time
+
+import pytest
+from PIL import Image
+
+from .conftest import REPO, run_script, train
+
+
+def _metrics(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def shapes_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("shapes") / "run"
+    result = train(run_dir, "trainer.max_steps=30", "trainer.checkpoint_every=15", "trainer.sample_every=30")
+    return run_dir, result
+
+
+def test_shapes_run_writes_a_complete_run_folder(shapes_run):
+    run_dir, result = shapes_run
+    assert "Trained 30 steps" in result.stdout
+    assert (run_dir / "config.yaml").is_file() and (run_dir / ".hydra" / "config.yaml").is_file()
+    for step in (15, 30):
+        checkpoint = run_dir / "checkpoints" / f"checkpoint-{step}"
+        for part in ("transformer", "transformer_ema"):
+            assert (checkpoint / part / "diffusion_pytorch_model.safetensors").is_file()
+            assert (checkpoint / part / "config.json").is_file()
+        assert (checkpoint / "optimizer.bin").is_file()
+    grid = Image.open(run_dir / "samples" / "step_0000030.png")
+    assert grid.size == (4 * 64, 2 * 64)  # 2 prompts x 4 seeds, 32 px tiles shown at 64 px
+    assert Image.open(run_dir / "loss_curve.png").size[0] > 100
+
+
+def test_shapes_run_logs_every_metric_and_the_loss_goes_down(shapes_run):
+    records = _metrics(shapes_run[0])
+    assert [r["step"] for r in records] == [5, 10, 15, 20, 25, 30]
+    for record in records:
+        assert {"step", "loss", "lr", "grad_norm", "images_per_sec"} <= set(record)
+        assert record["images_per_sec"] > 0
+    assert records[-1]["loss"] < 0.8 * records[0]["loss"]
+
+
+def test_checkpoint_is_a_diffusers_model_folder(shapes_run):
+    from diffusers import PixArtTransformer2DModel
+
+    model = PixArtTransformer2DModel.from_pretrained(shapes_run[0] / "checkpoints" / "checkpoint-30" / "transformer")
+    assert model.config.in_channels == 4 and model.config.sample_size == 16
+
+
+def test_sample_script_writes_images_and_an_index(shapes_run, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a red circle\n\na blue square\n")
+    out_dir = tmp_path / "out"
+    result = run_script(
+        [
+            "scripts/sample.py",
+            f"run_dir={shapes_run[0]}",
+            f"prompt_file={prompts}",
+            "images_per_prompt=3",
+            f"out_dir={out_dir}",
+            "steps=4",
+            "seed=7",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    index = [json.loads(line) for line in (out_dir / "index.jsonl").read_text().splitlines()]
+    assert [entry["prompt"] for entry in index] == ["a red circle"] * 3 + ["a blue square"] * 3
+    assert [entry["seed"] for entry in index] == list(range(7, 13))
+    for entry in index:
+        assert Image.open(out_dir / entry["file"]).size == (32, 32)
+
+
+def test_sample_script_rejects_an_empty_prompt_file(shapes_run, tmp_path):
+    prompts = tmp_path / "empty.txt"
+    prompts.write_text("\n\n")
+    result = run_script(
+        ["scripts/sample.py", f"run_dir={shapes_run[0]}", f"prompt_file={prompts}", f"out_dir={tmp_path / 'out'}"]
+    )
+    assert result.returncode == 2 and "no prompts" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_resume_reproduces_the_uninterrupted_run(tmp_path):
+    common = ("trainer.log_every=1", "trainer.checkpoint_every=20", "trainer.sample_every=0")
+    train(tmp_path / "straight", "trainer.max_steps=40", *common)
+    train(tmp_path / "first", "trainer.max_steps=20", *common)
+    train(
+        tmp_path / "resumed",
+        "trainer.max_steps=40",
+        *common,
+        f"trainer.resume={tmp_path / 'first' / 'checkpoints' / 'checkpoint-20'}",
+    )
+    straight = {r["step"]: r["loss"] for r in _metrics(tmp_path / "straight")}
+    resumed = {r["step"]: r["loss"] for r in _metrics(tmp_path / "resumed")}
+    assert sorted(resumed) == list(range(21, 41))
+    assert [resumed[s] for s in range(21, 41)] == pytest.approx([straight[s] for s in range(21, 41)], rel=1e-6)
+
+
+def test_resume_latest_continues_in_the_same_run_folder(tmp_path):
+    run_dir = tmp_path / "run"
+    common = ("trainer.log_every=1", "trainer.checkpoint_every=10", "trainer.sample_every=0")
+    train(run_dir, "trainer.max_steps=10", *common)
+    result = train(run_dir, "trainer.max_steps=15", "trainer.resume=latest", *common)
+    assert "Trained 15 steps" in result.stdout
+    assert [r["step"] for r in _metrics(run_dir)] == list(range(1, 16))
+
+
+def test_fallback_schedule_trains_and_warns(tmp_path):
+    result = train(tmp_path / "run", "diffusion=fallback", "trainer.max_steps=5", "trainer.sample_every=5")
+    assert "fallback schedule" in result.stderr
+    assert (tmp_path / "run" / "samples" / "step_0000005.png").is_file()
+
+
+def test_pixel_space_imagefolder_run(tmp_path):
+    data = tmp_path / "images"
+    data.mkdir()
+    lines = []
+    for index, mode in enumerate(["RGB", "L", "RGBA", "P"]):
+        Image.new(mode, (40, 30), color=120 if mode in ("L", "P") else (200, 10, 10, 255)[: len(mode)]).save(
+            data / f"{index}.png"
+        )
+        lines.append(json.dumps({"file_name": f"{index}.png", "caption": f"picture {index}"}))
+    Image.new("RGB", (8, 8)).save(data / "unlisted.png")
+    (data / "metadata.jsonl").write_text("\n".join(lines) + "\n")
+    run_dir = tmp_path / "run"
+    train(
+        run_dir,
+        "data=imagefolder",
+        f"data.path={data}",
+        "data.caption_column=caption",
+        "data.resolution=16",
+        "data.num_workers=0",
+        "vae=pixel",
+        "trainer.batch_size=2",
+        "trainer.max_steps=4",
+        "trainer.log_every=2",
+        "trainer.sample_every=4",
+    )
+    from diffusers import PixArtTransformer2DModel
+
+    model = PixArtTransformer2DModel.from_pretrained(run_dir / "checkpoints" / "checkpoint-4" / "transformer")
+    assert model.config.in_channels == 3 and model.config.sample_size == 16
+
+
+def test_dit_experiment_offline_fails_fast_naming_the_model(tmp_path):
+    (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
+    Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+    start = time.perf_counter()
+    result = run_script(
+        ["train.py", "+experiment=dit", f"data.path={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}"],
+        timeout=120,
+        env={"HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 2
+    assert time.perf_counter() - start < 60
+    assert "stabilityai/sd-vae-ft-ema" in result.stderr and "vae.pretrained=DIR" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_wandb_offline_writes_a_run_inside_the_run_folder(tmp_path):
+    run_dir = tmp_path / "run"
+    train(
+        run_dir,
+        "logger=wandb",
+        "logger.mode=offline",
+        "trainer.max_steps=3",
+        "trainer.log_every=1",
+        "trainer.sample_every=3",
+    )
+    runs = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(runs) == 1 and runs[0].stat().st_size > 0
+
+
+def test_tensorboard_writes_event_files(tmp_path):
+    run_dir = tmp_path / "run"
+    train(run_dir, "logger=tensorboard", "trainer.max_steps=3", "trainer.log_every=1", "trainer.sample_every=3")
+    assert list((run_dir / "logs").rglob("events.out.tfevents.*"))
+
+
+def test_readme_commands_exist():
+    readme = (REPO / "README.md").read_text()
+    assert "bash scripts/install.sh && python train.py +experiment=shapes" in readme
+    assert "bash scripts/install.sh test && python -m pytest" in readme

@@ -1,0 +1,85 @@
+import pytest
+import torch
+from diffusers import DDPMScheduler
+
+from dit_trainer.config import DiffusionConfig
+from dit_trainer.diffusion import FallbackScheduler, NoiseSchedule, build_noise_schedule, per_sample_mse
+
+
+def test_fallback_forward_process_matches_its_definition():
+    scheduler = FallbackScheduler(num_train_timesteps=10, beta_schedule="linear", beta_start=0.1, beta_end=0.5)
+    betas = torch.linspace(0.1, 0.5, 10, dtype=torch.float64)
+    alpha_bar = torch.cumprod(1 - betas, 0)
+    x0, noise, t = torch.full((2, 1, 2, 2), 2.0), torch.full((2, 1, 2, 2), -1.0), torch.tensor([0, 9])
+    expected = alpha_bar.sqrt()[t].view(2, 1, 1, 1) * 2 - (1 - alpha_bar).sqrt()[t].view(2, 1, 1, 1)
+    torch.testing.assert_close(scheduler.add_noise(x0, noise, t), expected.float().expand_as(x0))
+    velocity = alpha_bar.sqrt()[t].view(2, 1, 1, 1) * -1 - (1 - alpha_bar).sqrt()[t].view(2, 1, 1, 1) * 2
+    torch.testing.assert_close(scheduler.get_velocity(x0, noise, t), velocity.float().expand_as(x0))
+
+
+@pytest.mark.parametrize("beta_schedule", ["linear", "scaled_linear", "squaredcos_cap_v2"])
+def test_fallback_matches_diffusers_ddpm(beta_schedule):
+    ours = FallbackScheduler(1000, beta_schedule)
+    theirs = DDPMScheduler(num_train_timesteps=1000, beta_schedule=beta_schedule)
+    x0, noise, t = torch.randn(4, 3, 4, 4), torch.randn(4, 3, 4, 4), torch.tensor([0, 10, 500, 999])
+    torch.testing.assert_close(ours.add_noise(x0, noise, t), theirs.add_noise(x0, noise, t), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.get_velocity(x0, noise, t), theirs.get_velocity(x0, noise, t), atol=1e-5, rtol=1e-5)
+
+
+def _oracle_sample(schedule: NoiseSchedule, x0: torch.Tensor, steps: int) -> torch.Tensor:
+    """Sample with a model that knows x0 and returns the exact target for the current x_t."""
+    sampler = schedule.sampler(steps, torch.device("cpu"))
+    x = torch.randn(x0.shape, generator=torch.Generator().manual_seed(0))
+    for t in sampler.timesteps:
+        t_batch = t.reshape(1).expand(x0.shape[0])
+        alpha_bar = schedule.scheduler.alphas_cumprod[t_batch].view(-1, 1, 1, 1).float()
+        noise = (x - alpha_bar.sqrt() * x0) / (1 - alpha_bar).sqrt()  # the noise that makes x from x0
+        x = sampler.step(schedule.target(x0, noise, t_batch), t, x).prev_sample
+    return x
+
+
+@pytest.mark.parametrize("scheduler", [None, "DDPMScheduler"])
+@pytest.mark.parametrize("objective", ["epsilon", "v_prediction"])
+def test_sampler_recovers_x0_from_a_perfect_predictor(scheduler, objective):
+    with pytest.warns(UserWarning) if scheduler is None else _no_warning():
+        schedule = build_noise_schedule(DiffusionConfig(scheduler=scheduler, objective=objective))
+    assert schedule.is_fallback == (scheduler is None)
+    x0 = torch.randn(3, 4, 8, 8, generator=torch.Generator().manual_seed(1)).clamp(-2, 2)
+    torch.testing.assert_close(_oracle_sample(schedule, x0, steps=10), x0, atol=2e-3, rtol=1e-3)
+
+
+def test_training_targets_follow_the_objective():
+    x0, noise, t = torch.randn(2, 4, 4, 4), torch.randn(2, 4, 4, 4), torch.tensor([3, 700])
+    eps = build_noise_schedule(DiffusionConfig(objective="epsilon"))
+    v = build_noise_schedule(DiffusionConfig(objective="v_prediction"))
+    assert torch.equal(eps.target(x0, noise, t), noise)
+    torch.testing.assert_close(v.target(x0, noise, t), DDPMScheduler().get_velocity(x0, noise, t))
+    timesteps = eps.sample_timesteps(10_000, torch.device("cpu"), torch.Generator().manual_seed(0))
+    assert timesteps.min() == 0 and timesteps.max() == 999
+
+
+def test_fallback_is_used_with_a_warning_naming_why():
+    with pytest.warns(UserWarning, match="no `diffusion.scheduler` is configured"):
+        assert build_noise_schedule(DiffusionConfig(scheduler=None)).is_fallback
+    with pytest.warns(UserWarning, match="NotAScheduler"):
+        assert build_noise_schedule(DiffusionConfig(scheduler="NotAScheduler")).is_fallback
+    with pytest.warns(UserWarning, match="could not be loaded"):
+        assert build_noise_schedule(DiffusionConfig(scheduler_pretrained="/nonexistent/scheduler")).is_fallback
+
+
+def test_per_sample_loss_has_batch_shape():
+    prediction, target = torch.zeros(3, 4, 2, 2), torch.ones(3, 4, 2, 2)
+    target[1] = 3
+    torch.testing.assert_close(per_sample_mse(prediction, target), torch.tensor([1.0, 9.0, 1.0]))
+
+
+class _no_warning:
+    def __enter__(self):
+        import warnings
+
+        self._catch = warnings.catch_warnings()
+        self._catch.__enter__()
+        warnings.simplefilter("error", UserWarning)
+
+    def __exit__(self, *exc):
+        return self._catch.__exit__(*exc)

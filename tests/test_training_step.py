@@ -1,0 +1,89 @@
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from dit_trainer.data.shapes import ShapesDataset
+from dit_trainer.training import GradientFlowError
+from dit_trainer.training.run import build_components, build_optimizer
+from dit_trainer.training.step import diffusion_loss, drop_captions
+from dit_trainer.training.trainer import check_gradients_reached, preflight
+
+from .conftest import TINY_SHAPES, compose_config
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture()
+def parts():
+    torch.manual_seed(0)
+    return build_components(compose_config(TINY_SHAPES), CPU, torch.float32)
+
+
+@pytest.fixture()
+def batch():
+    return next(iter(DataLoader(ShapesDataset(16, seed=2), batch_size=16)))
+
+
+def _loss(parts, batch, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    per_sample, _ = diffusion_loss(batch, parts.dit, parts.vae, parts.text_encoder, parts.schedule, generator, 0.1)
+    return per_sample
+
+
+def test_a_step_trains_every_dit_parameter_and_no_frozen_one(parts, batch):
+    cfg = compose_config(TINY_SHAPES)
+    frozen = dict(parts.vae.named_parameters(prefix="vae")) | dict(parts.text_encoder.named_parameters(prefix="text"))
+    trainable = [p for p in parts.dit.parameters() if p.requires_grad]
+    optimizer = build_optimizer(cfg, trainable)
+    optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert optimized == {id(p) for p in parts.dit.parameters()}
+    assert not optimized & {id(p) for p in frozen.values()}
+    assert not any(p.requires_grad for p in frozen.values())
+
+    frozen_before = {name: p.detach().clone() for name, p in frozen.items()}
+    dit_before = {name: p.detach().clone() for name, p in parts.dit.named_parameters()}
+    per_sample = _loss(parts, batch)
+    assert per_sample.shape == (16,)
+    per_sample.mean().backward()
+    optimizer.step()
+
+    unchanged = [n for n, p in parts.dit.named_parameters() if torch.equal(p, dit_before[n])]
+    assert unchanged == []
+    assert all(torch.equal(p, frozen_before[n]) and p.grad is None for n, p in frozen.items())
+
+
+def test_the_step_is_reproducible_from_its_generator(parts, batch):
+    torch.testing.assert_close(_loss(parts, batch, seed=5), _loss(parts, batch, seed=5), rtol=0, atol=0)
+    assert not torch.equal(_loss(parts, batch, seed=5), _loss(parts, batch, seed=6))
+
+
+def test_caption_dropout_replaces_captions_with_the_empty_prompt():
+    captions = [f"caption {i}" for i in range(2000)]
+    dropped = drop_captions(captions, 0.25, torch.Generator().manual_seed(0))
+    share = sum(c == "" for c in dropped) / len(captions)
+    assert 0.2 < share < 0.3
+    assert all(d in ("", c) for c, d in zip(captions, dropped))
+    assert drop_captions(captions, 0.0, torch.Generator()) == captions
+
+
+def test_preflight_explains_a_forward_run_under_no_grad(parts, batch):
+    forward = parts.dit.forward
+    parts.dit.forward = torch.no_grad()(forward)  # the planted bug
+    with pytest.raises(GradientFlowError, match="no grad_fn") as caught:
+        preflight(_loss(parts, batch).mean(), parts.dit)
+    assert "torch.no_grad()" in str(caught.value) and "eval()" in str(caught.value)
+
+
+def test_preflight_names_parameters_that_got_no_gradient(parts, batch):
+    parts.dit.transformer.register_parameter("orphan", torch.nn.Parameter(torch.zeros(3)))
+    loss = _loss(parts, batch).mean()
+    preflight(loss, parts.dit)  # the loss itself is fine
+    loss.backward()
+    with pytest.raises(GradientFlowError, match="transformer.orphan"):
+        check_gradients_reached(parts.dit)
+
+
+def test_preflight_refuses_a_fully_frozen_dit(parts, batch):
+    parts.dit.requires_grad_(False)
+    with pytest.raises(GradientFlowError, match="no trainable parameters"):
+        preflight(_loss(parts, batch).mean(), parts.dit)

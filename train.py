@@ -1,0 +1,32 @@
+"""Train a text-conditioned DiT: ``python train.py +experiment=shapes`` (CPU) or ``+experiment=dit`` (cluster)."""
+
+from __future__ import annotations
+
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from dit_trainer.components.loading import ModelLoadError
+from dit_trainer.config import ConfigError, register_configs, to_train_config
+from dit_trainer.training import GradientFlowError, run
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def main(cfg: DictConfig) -> None:
+    try:
+        result = run(to_train_config(cfg), HydraConfig.get().runtime.output_dir)
+    except (ConfigError, ModelLoadError, GradientFlowError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    print(
+        f"Trained {result.steps} steps in {result.seconds:.0f} s ({result.seconds / max(result.steps, 1):.3f} s/step), "
+        f"final loss {result.final_loss:.4f}. Run folder: {result.run_dir}"
+    )
+
+
+if __name__ == "__main__":
+    main()
