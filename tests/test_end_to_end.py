@@ -184,3 +184,18 @@ def test_readme_commands_exist():
     readme = (REPO / "README.md").read_text()
     assert "bash scripts/install.sh && python train.py +experiment=shapes" in readme
     assert "bash scripts/install.sh test && python -m pytest" in readme
+
+
+def test_gradient_accumulation_counts_optimizer_steps(tmp_path):
+    run_dir = tmp_path / "run"
+    train(
+        run_dir,
+        "trainer.gradient_accumulation_steps=2",
+        "trainer.max_steps=4",
+        "trainer.log_every=2",
+        "trainer.sample_every=0",
+        "trainer.checkpoint_every=0",
+    )
+    records = _metrics(run_dir)
+    assert [r["step"] for r in records] == [2, 4]
+    assert (run_dir / "checkpoints" / "checkpoint-4").is_dir()

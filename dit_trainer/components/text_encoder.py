@@ -61,17 +61,23 @@ class FrozenTextEncoder(nn.Module):
         return torch.stack([h for h, _ in pairs]), torch.stack([m for _, m in pairs])
 
 
-def _model_class(kind: str, pretrained: str, subfolder: str | None, revision: str | None) -> type[PreTrainedModel]:
+def _load(cfg: TextEncoderConfig, from_pretrained, subfolder: str | None, **kwargs):
+    return load_pretrained(
+        from_pretrained,
+        cfg.pretrained,
+        "text_encoder.pretrained",
+        subfolder=subfolder or "",
+        revision=cfg.revision,
+        **kwargs,
+    )
+
+
+def _model_class(cfg: TextEncoderConfig) -> type[PreTrainedModel]:
     """T5 and CLIP checkpoints hold more than their text encoder: pick the encoder-only class for them."""
+    kind = cfg.kind
     if kind == "auto":
-        config = load_pretrained(
-            AutoConfig.from_pretrained,
-            pretrained,
-            "text_encoder.pretrained",
-            subfolder=subfolder or "",
-            revision=revision,
-        )
-        kind = {"t5": "t5", "umt5": "t5", "clip": "clip", "clip_text_model": "clip"}.get(config.model_type, "auto")
+        model_type = _load(cfg, AutoConfig.from_pretrained, cfg.subfolder).model_type
+        kind = {"t5": "t5", "umt5": "t5", "clip": "clip", "clip_text_model": "clip"}.get(model_type, "auto")
     return {"t5": T5EncoderModel, "clip": CLIPTextModel}.get(kind, AutoModel)
 
 
@@ -79,20 +85,6 @@ def build_text_encoder(
     cfg: TextEncoderConfig, device: torch.device, dtype: torch.dtype = torch.float32
 ) -> FrozenTextEncoder:
     """The configured text encoder and tokenizer, frozen, on ``device`` in ``dtype``."""
-    model_class = _model_class(cfg.kind, cfg.pretrained, cfg.subfolder, cfg.revision)
-    tokenizer = load_pretrained(
-        AutoTokenizer.from_pretrained,
-        cfg.pretrained,
-        "text_encoder.pretrained",
-        subfolder=cfg.tokenizer_subfolder or "",
-        revision=cfg.revision,
-    )
-    model = load_pretrained(
-        model_class.from_pretrained,
-        cfg.pretrained,
-        "text_encoder.pretrained",
-        subfolder=cfg.subfolder or "",
-        revision=cfg.revision,
-        dtype=dtype,
-    )
+    tokenizer = _load(cfg, AutoTokenizer.from_pretrained, cfg.tokenizer_subfolder)
+    model = _load(cfg, _model_class(cfg).from_pretrained, cfg.subfolder, dtype=dtype)
     return FrozenTextEncoder(tokenizer, model.to(device), cfg.max_length, cfg.memo_size)

@@ -64,5 +64,14 @@ class ImageFolderDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor | str]:
         file_name, caption = self.records[index]
-        with Image.open(self.root / file_name) as image:
-            return {"image": to_model_input(image, self.resolution, self.center_crop), "caption": caption}
+        path = self.root / file_name
+        try:
+            with Image.open(path) as image:
+                return {"image": to_model_input(image, self.resolution, self.center_crop), "caption": caption}
+        except OSError as error:  # missing, truncated or not an image (PIL's UnidentifiedImageError is an OSError)
+            raise ConfigError(
+                "data.path",
+                str(self.root),
+                f"the image {file_name} listed in metadata.jsonl cannot be read ({type(error).__name__}: {error})",
+                "replace the file or remove its line from metadata.jsonl",
+            ) from error

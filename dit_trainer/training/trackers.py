@@ -18,10 +18,22 @@ def tracker_name(cfg: LoggerConfig) -> str | None:
     return None if cfg.name == "none" else cfg.name
 
 
+def flat_config(config: dict, prefix: str = "") -> dict[str, int | float | str | bool]:
+    """``{"trainer": {"lr": 1}}`` -> ``{"trainer.lr": 1}``, non-scalars as text: every tracker accepts this."""
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(flat_config(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value if isinstance(value, (int, float, str, bool)) else str(value)
+    return flat
+
+
 def start_trackers(accelerator: Accelerator, cfg: LoggerConfig, run_dir: Path, config: dict) -> None:
     """W&B runs live inside the run folder (``run_dir/wandb``), so offline runs can be synced later."""
     if tracker_name(cfg) is None:
         return
+    config = flat_config(config)
     init_kwargs = {}
     if cfg.name == "wandb":
         init_kwargs["wandb"] = {"dir": str(run_dir), "mode": cfg.mode, "name": cfg.run_name, "entity": cfg.entity}
