@@ -141,9 +141,12 @@ class Trainer:
             yield from loader
             epoch, skip = epoch + 1, 0
 
-    def _optimizer_step(self, batches: Iterator[dict]) -> tuple[float, float]:
-        """One optimizer step over ``gradient_accumulation_steps`` micro-batches; returns (loss, grad norm)."""
-        trainer, losses, grad_norm = self.cfg.trainer, [], float("nan")
+    def _optimizer_step(self, batches: Iterator[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over ``gradient_accumulation_steps`` micro-batches; returns (loss, grad norm).
+
+        Both stay tensors on the device: reading them (a GPU sync) waits for the next log step.
+        """
+        trainer, losses, grad_norm = self.cfg.trainer, [], torch.tensor(float("nan"))
         for _ in range(trainer.gradient_accumulation_steps):
             with self.accelerator.accumulate(self.dit):
                 per_sample, _ = diffusion_loss(
@@ -163,19 +166,35 @@ class Trainer:
                     check_gradients_reached(self.dit)
                 if self.accelerator.sync_gradients:
                     max_norm = self.cfg.optim.max_grad_norm or float("inf")
-                    grad_norm = float(self.accelerator.clip_grad_norm_(self.dit.parameters(), max_norm))
+                    grad_norm = self.accelerator.clip_grad_norm_(self.dit.parameters(), max_norm)
                 self.optimizer.step()
                 self.lr_scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
             losses.append(loss.detach())
         if self.ema is not None:
             self.ema.step(self.accelerator.unwrap_model(self.dit).transformer.parameters())
-        mean_loss = self.accelerator.reduce(torch.stack(losses).mean(), reduction="mean")
-        return float(mean_loss), grad_norm
+        return torch.stack(losses).mean(), grad_norm
 
     def _is_due(self, every: int) -> bool:
         step = self.state.step
         return step == self.cfg.trainer.max_steps or (every > 0 and step % every == 0)
+
+    def _log(self, losses: list[torch.Tensor], grad_norm: torch.Tensor, since: float, images_per_step: int) -> dict:
+        """One line of metrics.jsonl (and the trackers) for the steps since the last log; returns it."""
+        loss = self.accelerator.reduce(torch.stack(losses).mean(), reduction="mean").item()
+        seconds = time.perf_counter() - since  # measured after .item(): the device has caught up
+        record = {
+            "step": self.state.step,
+            "loss": loss,  # mean over the steps since the last log and over processes
+            "lr": self.lr_scheduler.get_last_lr()[0],
+            "grad_norm": float(grad_norm),
+            "images_per_sec": images_per_step * len(losses) / seconds,
+            "seconds_per_step": seconds / len(losses),
+        }
+        if self.accelerator.is_main_process:
+            self.metrics.write(record)
+        self.accelerator.log({f"train/{k}": v for k, v in record.items() if k != "step"}, step=self.state.step)
+        return record
 
     def fit(self) -> TrainResult:
         trainer = self.cfg.trainer
@@ -189,32 +208,23 @@ class Trainer:
             dynamic_ncols=True,
         )
         start = time.perf_counter()
-        window_seconds, window_losses, loss = 0.0, [], float("nan")
+        window_start, window_losses, loss = time.perf_counter(), [], float("nan")
         while self.state.step < trainer.max_steps:
-            step_start = time.perf_counter()
-            loss, grad_norm = self._optimizer_step(batches)
-            window_seconds += time.perf_counter() - step_start  # monitors and checkpoints are not training time
+            step_loss, grad_norm = self._optimizer_step(batches)
             self.state.step += 1
-            window_losses.append(loss)
+            window_losses.append(step_loss)
             progress.update(1)
             if self._is_due(trainer.log_every):
-                record = {
-                    "step": self.state.step,
-                    "loss": sum(window_losses) / len(window_losses),
-                    "lr": self.lr_scheduler.get_last_lr()[0],
-                    "grad_norm": grad_norm,
-                    "images_per_sec": images_per_step * len(window_losses) / window_seconds,
-                    "seconds_per_step": window_seconds / len(window_losses),
-                }
-                if self.accelerator.is_main_process:
-                    self.metrics.write(record)
-                self.accelerator.log({f"train/{k}": v for k, v in record.items() if k != "step"}, step=self.state.step)
-                progress.set_postfix(loss=f"{record['loss']:.4f}", img_s=f"{record['images_per_sec']:.0f}")
-                window_seconds, window_losses = 0.0, []
+                record = self._log(window_losses, grad_norm, window_start, images_per_step)
+                loss = record["loss"]
+                progress.set_postfix(loss=f"{loss:.4f}", img_s=f"{record['images_per_sec']:.0f}")
+                window_start, window_losses = time.perf_counter(), []
+            monitors_start = time.perf_counter()
             if self._is_due(trainer.checkpoint_every):
                 self.checkpointer.save(self.state.step)
             if self._is_due(trainer.sample_every):
                 self.sampler(self.dit, self.state.step)
+            window_start += time.perf_counter() - monitors_start  # checkpoints and samples are not training time
         progress.close()
         seconds = time.perf_counter() - start
         if self.accelerator.is_main_process:
