@@ -51,6 +51,19 @@ def resolve_checkpoint(spec: str | None, checkpoints_dir: Path) -> Path | None:
     return path
 
 
+def check_run_folder(run_dir: Path, resume: str | None) -> None:
+    """Refuse to start a fresh run over the checkpoints of another: they would be mixed, then pruned."""
+    existing = list_checkpoints(run_dir / "checkpoints")
+    if resume is None and existing:
+        raise ConfigError(
+            "trainer.resume",
+            resume,
+            f"the run folder {run_dir} already holds checkpoints (newest: {existing[-1].name}) and a fresh run "
+            "would mix with them",
+            "continue that run with `trainer.resume=latest`, or start a new one in a fresh `hydra.run.dir`",
+        )
+
+
 class Checkpointer:
     """Writes and restores checkpoints through accelerate's hooks (the pattern of diffusers' training examples)."""
 

@@ -119,15 +119,15 @@ class Trainer:
         self.metrics = MetricsFile(run_dir / "metrics.jsonl")
 
     def resume(self) -> None:
-        """Continue from ``trainer.resume`` (``latest`` or a path); metrics logged after that step are dropped."""
+        """Continue from ``trainer.resume`` (``latest`` or a path) if set; metrics logged after that step (by an
+        interrupted attempt) are dropped so ``metrics.jsonl`` describes one run."""
         path = resolve_checkpoint(self.cfg.trainer.resume, self.checkpointer.checkpoints_dir)
-        if path is None:
-            if self.cfg.trainer.resume:
-                logger.info("trainer.resume=latest but no checkpoint exists yet: starting from step 0")
-            return
-        self.checkpointer.load(path)
-        logger.info(f"Resumed from {path} at step {self.state.step}", main_process_only=True)
-        if self.accelerator.is_main_process:
+        if path is not None:
+            self.checkpointer.load(path)
+            logger.info(f"Resumed from {path} at step {self.state.step}", main_process_only=True)
+        elif self.cfg.trainer.resume:
+            logger.info("trainer.resume=latest but no checkpoint exists yet: starting from step 0")
+        if self.accelerator.is_main_process and self.metrics.path.exists():
             kept = [r for r in self.metrics.read() if r["step"] <= self.state.step]
             self.metrics.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
 
