@@ -8,8 +8,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from dit_trainer.components.loading import ModelLoadError
 from dit_trainer.config import ConfigError, register_configs, to_train_config
+from dit_trainer.hub import ModelLoadError
 from dit_trainer.training import GradientFlowError, run
 
 register_configs()

@@ -15,6 +15,8 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from dit_trainer.hub import require_offline_copy
+
 ASSETS_DIR = Path(__file__).parent / "assets"
 
 OBJECTIVES = ("epsilon", "v_prediction")
@@ -232,23 +234,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _require(0 <= data.caption_dropout < 1, "data.caption_dropout", data.caption_dropout, "it must be in [0, 1)")
     _require(data.num_workers >= 0, "data.num_workers", data.num_workers, "it must be >= 0")
     _require(data.length >= 1, "data.length", data.length, "it must be >= 1")
-    if data.source == "imagefolder":
-        _require(
-            bool(data.path),
-            "data.path",
-            data.path,
-            "`data=imagefolder` needs the folder that holds your images and metadata.jsonl",
-            "add `data.path=/path/to/images` to the command line",
-        )
-        path = Path(str(data.path)).expanduser()
-        _require(
-            (path / "metadata.jsonl").is_file(),
-            "data.path",
-            str(path),
-            "no metadata.jsonl was found there (one JSON object per image with `file_name` and a caption column)",
-            "point `data.path` at the folder that holds metadata.jsonl and the images",
-        )
-
     _require(d.num_train_timesteps >= 2, "diffusion.num_train_timesteps", d.num_train_timesteps, "it must be >= 2")
     _require(
         1 <= d.sample_steps <= d.num_train_timesteps,
@@ -290,7 +275,37 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             "`vae.kind=autoencoder_kl` needs a hub id or a local path",
             "set `vae.pretrained=...` or use `vae=pixel`",
         )
+    _require_offline_models(cfg)
+    if data.source == "imagefolder":
+        _require(
+            bool(data.path),
+            "data.path",
+            data.path,
+            "`data=imagefolder` needs the folder that holds your images and metadata.jsonl",
+            "add `data.path=/path/to/images` to the command line",
+        )
+        path = Path(str(data.path)).expanduser()
+        _require(
+            (path / "metadata.jsonl").is_file(),
+            "data.path",
+            str(path),
+            "no metadata.jsonl was found there (one JSON object per image with `file_name` and a caption column)",
+            "point `data.path` at the folder that holds metadata.jsonl and the images",
+        )
     return cfg
+
+
+def _require_offline_models(cfg: TrainConfig) -> None:
+    """Under HF_HUB_OFFLINE=1, every model named by hub id must already be on this machine."""
+    models = {
+        "vae.pretrained": cfg.vae.pretrained if cfg.vae.kind == "autoencoder_kl" else None,
+        "text_encoder.pretrained": cfg.text_encoder.pretrained,
+        "model.pretrained": cfg.model.pretrained,
+        "diffusion.scheduler_pretrained": cfg.diffusion.scheduler_pretrained,
+    }
+    for key, name_or_path in models.items():
+        if name_or_path:
+            require_offline_copy(str(name_or_path), key)
 
 
 def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:

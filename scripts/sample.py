@@ -13,8 +13,8 @@ import sys
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from dit_trainer.components.loading import ModelLoadError
 from dit_trainer.config import ConfigError, SampleConfig, register_configs
+from dit_trainer.hub import ModelLoadError
 from dit_trainer.inference import sample_to_folder
 
 

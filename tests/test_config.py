@@ -1,6 +1,7 @@
 import pytest
 
 from dit_trainer.config import ConfigError
+from dit_trainer.hub import ModelLoadError
 
 from .conftest import EXPERIMENTS, compose_config, run_script
 
@@ -9,15 +10,21 @@ def test_the_expected_experiments_exist():
     assert {"dit", "shapes"} <= set(EXPERIMENTS)
 
 
+@pytest.fixture()
+def online(monkeypatch):
+    """Validation checks hub ids only offline; these tests look at values, not at model availability."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+
+
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
-def test_every_experiment_composes_and_validates(experiment, tmp_path):
+def test_every_experiment_composes_and_validates(experiment, tmp_path, online):
     (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
     cfg = compose_config([f"+experiment={experiment}", f"data.path={tmp_path}"])
     assert cfg.trainer.max_steps >= 1
     assert cfg.diffusion.objective in ("epsilon", "v_prediction")
 
 
-def test_dit_experiment_is_the_cluster_recipe(tmp_path):
+def test_dit_experiment_is_the_cluster_recipe(tmp_path, online):
     (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
     cfg = compose_config(["+experiment=dit", f"data.path={tmp_path}"])
     m = cfg.model
@@ -57,6 +64,13 @@ def test_bad_values_give_one_paragraph_naming_key_and_value(override, key, value
     message = str(caught.value)
     assert f"`{key}`" in message and value in message
     assert "\n" not in message and "To fix it" in message
+
+
+def test_offline_validation_names_a_model_missing_from_this_machine():
+    with pytest.raises(ModelLoadError) as caught:
+        compose_config(["+experiment=shapes", "vae=sd"])
+    message = str(caught.value)
+    assert "vae.pretrained=stabilityai/sd-vae-ft-ema" in message and "vae.pretrained=DIR" in message
 
 
 def test_missing_data_path_names_the_folder(tmp_path):

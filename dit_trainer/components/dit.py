@@ -6,8 +6,8 @@ import torch
 from diffusers import PixArtTransformer2DModel
 from torch import nn
 
-from dit_trainer.components.loading import load_pretrained
 from dit_trainer.config import ConfigError, ModelConfig
+from dit_trainer.hub import load_pretrained
 
 
 class DiTAdapter(nn.Module):

@@ -9,8 +9,8 @@ from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, CLIPTextModel, PreTrainedModel, T5EncoderModel
 
 from dit_trainer.components.freeze import freeze
-from dit_trainer.components.loading import load_pretrained
 from dit_trainer.config import TextEncoderConfig
+from dit_trainer.hub import load_pretrained
 
 
 class FrozenTextEncoder(nn.Module):

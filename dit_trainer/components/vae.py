@@ -7,8 +7,8 @@ from diffusers import AutoencoderKL
 from torch import nn
 
 from dit_trainer.components.freeze import freeze
-from dit_trainer.components.loading import load_pretrained
 from dit_trainer.config import VAEConfig
+from dit_trainer.hub import load_pretrained
 
 
 class FrozenVAE(nn.Module):
