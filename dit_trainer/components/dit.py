@@ -22,10 +22,6 @@ class DiTAdapter(nn.Module):
         super().__init__()
         self.transformer = transformer
 
-    @property
-    def in_channels(self) -> int:
-        return self.transformer.config.in_channels
-
     def forward(
         self, x_t: torch.Tensor, t: torch.Tensor, embeds: torch.Tensor, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
