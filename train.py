@@ -24,7 +24,8 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     print(
         f"Trained {result.steps} steps in {result.seconds:.0f} s ({result.seconds / max(result.steps, 1):.3f} s/step), "
-        f"final loss {result.final_loss:.4f}. Run folder: {result.run_dir}"
+        f"final loss {result.final_loss:.4f}; monitors took {result.monitor_seconds:.1f} s "
+        f"({100 * result.monitor_seconds / max(result.seconds, 1e-9):.1f}% of it). Run folder: {result.run_dir}"
     )
 
 

@@ -8,6 +8,7 @@ before any model is built. Nothing past ``build_*`` sees YAML or OmegaConf.
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,8 @@ LOGGERS = ("none", "wandb", "tensorboard")
 WANDB_MODES = ("online", "offline", "disabled")
 LR_SCHEDULES = ("constant_with_warmup", "constant", "linear", "cosine", "cosine_with_restarts", "polynomial")
 FALLBACK_BETA_SCHEDULES = ("linear", "scaled_linear", "squaredcos_cap_v2")
+SAMPLERS = ("ddim", "dpmsolver++")
+REWARDS = ("shapes_alignment", "clip_score", "jpeg_compressibility")
 
 
 class ConfigError(ValueError):
@@ -108,6 +111,8 @@ class DiffusionConfig:
     beta_schedule: str = "linear"
     beta_start: float = 0.0001
     beta_end: float = 0.02
+    # ddim (the fallback schedule's own DDIM when no diffusers scheduler is configured) | dpmsolver++
+    sampler: str = "ddim"
     sample_steps: int = 25
     guidance_scale: float = 3.0
 
@@ -152,6 +157,38 @@ class LoggerConfig:
 
 
 @dataclass
+class RewardConfig:
+    """Rewards of generated images: a weighted sum of named reward functions (see ``dit_trainer.rewards``)."""
+
+    # name -> weight; names from REWARDS. Empty here so that a config group option replaces it rather than merging.
+    weights: dict[str, float] = field(default_factory=dict)
+    clip_model: str = "openai/clip-vit-base-patch32"  # clip_score: hub id or local path of a transformers CLIPModel
+    clip_revision: str | None = None
+    jpeg_quality: int = 95  # jpeg_compressibility: the JPEG quality the images are encoded at
+
+
+@dataclass
+class GRPOMonitorConfig:
+    """Periodic reward monitoring in GRPO's shape: ``prompts`` x ``group_size`` images, fixed seeds, EMA weights."""
+
+    enabled: bool = False
+    every_n_steps: int = 500  # also runs at the last step
+    prompts: list[str] = field(default_factory=list)
+    prompt_file: str | None = None  # one prompt per line; used instead of `prompts` when set
+    group_size: int = 4  # G: images per prompt
+    seed: int = 0  # image j of every prompt uses seed + j, so groups are comparable across prompts and runs
+    sample_steps: int | None = None  # default: diffusion.sample_steps
+    guidance_scale: float | None = None  # default: diffusion.guidance_scale
+    batch_size: int = 64  # images sampled at once
+    eps: float = 1e-4  # advantages are (r - mean) / (std + eps)
+
+
+@dataclass
+class MonitorConfig:
+    grpo: GRPOMonitorConfig = field(default_factory=GRPOMonitorConfig)
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     vae: VAEConfig = field(default_factory=VAEConfig)
@@ -161,6 +198,8 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
 
 def _asset_path(name: str) -> str:
@@ -212,6 +251,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _require_choice("data.source", data.source, DATA_SOURCES)
     _require_choice("logger.name", cfg.logger.name, LOGGERS)
     _require_choice("logger.mode", cfg.logger.mode, WANDB_MODES)
+    _require_choice("diffusion.sampler", d.sampler, SAMPLERS)
     if d.scheduler is None:
         _require_choice("diffusion.beta_schedule", d.beta_schedule, FALLBACK_BETA_SCHEDULES)
 
@@ -275,6 +315,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             "`vae.kind=autoencoder_kl` needs a hub id or a local path",
             "set `vae.pretrained=...` or use `vae=pixel`",
         )
+    validate_reward(cfg.reward)
+    if cfg.monitor.grpo.enabled:
+        _validate_grpo_monitor(cfg.monitor.grpo, cfg.reward)
     _require_offline_models(cfg)
     if data.source == "imagefolder":
         _require(
@@ -295,6 +338,81 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
+def validate_reward(cfg: RewardConfig, required: bool = False) -> None:
+    """Known names, finite weights; with ``required`` (something will score images) at least one reward."""
+    for name, weight in cfg.weights.items():
+        _require(
+            name in REWARDS,
+            f"reward.weights.{name}",
+            weight,
+            f"`{name}` is not a reward function; the known ones are {', '.join(REWARDS)}",
+            f"remove it, or pick one of those, e.g. `reward=clip_score` or `reward.weights={{{REWARDS[0]}:1.0}}`",
+        )
+        _require(math.isfinite(weight), f"reward.weights.{name}", weight, "a weight must be a finite number")
+    _require(
+        not required or bool(cfg.weights),
+        "reward.weights",
+        dict(cfg.weights),
+        "no reward function is configured, so there is nothing to score the images with",
+        f"pick a config group option such as `reward=shapes_alignment` (options: {', '.join(REWARDS)}, multi)",
+    )
+    _require(1 <= cfg.jpeg_quality <= 100, "reward.jpeg_quality", cfg.jpeg_quality, "it must be between 1 and 100")
+
+
+def _validate_grpo_monitor(cfg: GRPOMonitorConfig, reward: RewardConfig) -> None:
+    validate_reward(reward, required=True)
+    load_prompts(cfg.prompts, cfg.prompt_file, "monitor.grpo.")
+    _require(cfg.every_n_steps >= 1, "monitor.grpo.every_n_steps", cfg.every_n_steps, "it must be >= 1")
+    _require(
+        cfg.group_size >= 2,
+        "monitor.grpo.group_size",
+        cfg.group_size,
+        "GRPO's group statistics (a per-prompt mean and std) need at least 2 images per prompt",
+        "set e.g. `monitor.grpo.group_size=4`",
+    )
+    _require(cfg.batch_size >= 1, "monitor.grpo.batch_size", cfg.batch_size, "it must be >= 1")
+    _require(
+        cfg.sample_steps is None or cfg.sample_steps >= 1,
+        "monitor.grpo.sample_steps",
+        cfg.sample_steps,
+        "it must be >= 1 (or null for diffusion.sample_steps)",
+    )
+    _require(
+        cfg.guidance_scale is None or cfg.guidance_scale >= 0,
+        "monitor.grpo.guidance_scale",
+        cfg.guidance_scale,
+        "it must be >= 0 (or null for diffusion.guidance_scale)",
+    )
+    _require(
+        cfg.eps > 0, "monitor.grpo.eps", cfg.eps, "it must be > 0 (it keeps advantages finite for zero-std groups)"
+    )
+
+
+def load_prompts(prompts: list[str], prompt_file: str | None, prefix: str = "") -> list[str]:
+    """The prompts of ``prompt_file`` (one per line, blank lines skipped) if set, else ``prompts``.
+
+    ``prefix`` is where the two keys live in the config (``monitor.grpo.``), so errors name the key to fix.
+    """
+    if prompt_file:
+        path = Path(prompt_file).expanduser()
+        _require(
+            path.is_file(),
+            f"{prefix}prompt_file",
+            prompt_file,
+            "no such file",
+            "pass a text file with one prompt per line",
+        )
+        prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    _require(
+        bool(prompts),
+        f"{prefix}prompt_file" if prompt_file else f"{prefix}prompts",
+        prompt_file or list(prompts),
+        "no prompts were given (the file is empty, or neither prompt_file nor prompts is set)",
+        f"pass `{prefix}prompt_file=FILE` with one prompt per line, or `{prefix}prompts=[...]`",
+    )
+    return list(prompts)
+
+
 def _require_offline_models(cfg: TrainConfig) -> None:
     """Under HF_HUB_OFFLINE=1, every model named by hub id must already be on this machine."""
     models = {
@@ -302,6 +420,9 @@ def _require_offline_models(cfg: TrainConfig) -> None:
         "text_encoder.pretrained": cfg.text_encoder.pretrained,
         "model.pretrained": cfg.model.pretrained,
         "diffusion.scheduler_pretrained": cfg.diffusion.scheduler_pretrained,
+        "reward.clip_model": cfg.reward.clip_model
+        if cfg.monitor.grpo.enabled and "clip_score" in cfg.reward.weights
+        else None,
     }
     for key, name_or_path in models.items():
         if name_or_path:
@@ -329,4 +450,35 @@ class SampleConfig:
     guidance_scale: float | None = None  # default: the run's diffusion.guidance_scale
     checkpoint: str = "latest"  # latest | path to a checkpoint folder
     ema: bool = True  # use the EMA weights when the checkpoint has them
+    sampler: str | None = None  # ddim | dpmsolver++; default: the run's diffusion.sampler
     batch_size: int = 32
+
+
+@dataclass
+class EvaluateConfig:
+    """``scripts/evaluate.py``: score a trained run's samples with the rewards it was configured with."""
+
+    run_dir: str = MISSING
+    out_dir: str | None = None  # default: RUN_DIR/eval/<checkpoint name>
+    prompt_file: str | None = None  # one prompt per line
+    prompts: list[str] = field(default_factory=list)  # default: the run's monitor.grpo prompts (shapes: all captions)
+    images_per_prompt: int = 4  # G
+    seed: int = 0  # image j of every prompt uses seed + j
+    steps: int | None = None
+    guidance_scale: float | None = None
+    sampler: str | None = None
+    checkpoint: str = "latest"
+    ema: bool = True
+    batch_size: int = 32
+
+
+@dataclass
+class ExportConfig:
+    """``scripts/export.py``: a checkpoint as a diffusers pipeline folder (``PixArtAlphaPipeline`` for T5 runs)."""
+
+    run_dir: str = MISSING
+    out_dir: str | None = None  # default: RUN_DIR/export/<checkpoint name>
+    checkpoint: str = "latest"
+    ema: bool = True  # export the EMA weights when the checkpoint has them
+    sampler: str | None = None  # the scheduler the pipeline samples with; default: the run's diffusion.sampler
+    dtype: str = "float32"  # float32 | bfloat16 | float16: the dtype the weights are saved in

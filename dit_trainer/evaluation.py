@@ -1,26 +1,83 @@
-"""Judging a trained run: for the shapes data, colour and shape accuracy read from the pixels of its samples."""
+"""Judging a trained run: N prompts x G images scored with the run's rewards, plus colour and shape accuracy for
+the shapes data (read from the pixels)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import torch
+
+from dit_trainer.config import ConfigError, EvaluateConfig, TrainConfig, load_prompts
 from dit_trainer.data.shapes import CAPTIONS, alignment_components
-from dit_trainer.inference import TrainedRun
+from dit_trainer.images import image_grid
+from dit_trainer.inference import TrainedRun, load_run
+from dit_trainer.rewards import build_reward, reward_metrics
 
 
-def shapes_accuracy(
-    run: TrainedRun,
-    images_per_caption: int = 4,
-    seed: int = 0,
-    steps: int | None = None,
-    guidance_scale: float | None = None,
-) -> dict[str, float]:
-    """Sample every shapes caption ``images_per_caption`` times (fixed seeds) and score what was drawn."""
-    prompts = [caption for caption in CAPTIONS for _ in range(images_per_caption)]
-    seeds = [seed + index for index in range(len(prompts))]
-    images = run.generate_images(
-        prompts,
-        seeds,
-        steps or run.cfg.diffusion.sample_steps,
-        run.cfg.diffusion.guidance_scale if guidance_scale is None else guidance_scale,
-    )
+def evaluation_prompts(cfg: EvaluateConfig, run_cfg: TrainConfig) -> list[str]:
+    """The prompts given, else the run's reward-monitor prompts, else (shapes) every caption, else its sample
+    prompts: by default a run is judged on what it was watched with."""
+    if cfg.prompts or cfg.prompt_file:
+        return load_prompts(cfg.prompts, cfg.prompt_file)
+    grpo = run_cfg.monitor.grpo
+    if grpo.prompts or grpo.prompt_file:
+        return load_prompts(grpo.prompts, grpo.prompt_file, "monitor.grpo.")
+    if run_cfg.data.source == "shapes":
+        return list(CAPTIONS)
+    return list(run_cfg.trainer.sample_prompts)
+
+
+def shapes_accuracy(images: torch.Tensor, prompts: list[str]) -> dict[str, float]:
+    """Share of images showing the captioned colour, and the captioned shape."""
     color_ok, shape_ok = alignment_components(images, prompts)
-    return {"color": color_ok.mean().item(), "shape": shape_ok.mean().item(), "images": len(prompts)}
+    return {"color": color_ok.mean().item(), "shape": shape_ok.mean().item()}
+
+
+def evaluate(run: TrainedRun, cfg: EvaluateConfig) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """Sample ``images_per_prompt`` images per prompt (image j of each prompt with seed ``seed + j``) and score them.
+
+    Returns the report, the images and their combined rewards.
+    """
+    prompts = evaluation_prompts(cfg, run.cfg)
+    group = cfg.images_per_prompt
+    all_prompts = [prompt for prompt in prompts for _ in range(group)]
+    seeds = [cfg.seed + j for _ in prompts for j in range(group)]
+    settings = run.settings(cfg.steps, cfg.guidance_scale, cfg.sampler)
+    images = run.generate_images(all_prompts, seeds, settings, cfg.batch_size)
+    reward = build_reward(run.cfg.reward, run.text_to_image.device)
+    scores = reward.scores(images, all_prompts)
+    rewards = reward.combine(scores).float().cpu()
+    report = {
+        "checkpoint": str(run.checkpoint),
+        "ema": cfg.ema,
+        "sampler": settings.sampler,
+        "steps": settings.steps,
+        "guidance_scale": settings.guidance_scale,
+        "prompts": len(prompts),
+        "images_per_prompt": group,
+        "rewards": dict(run.cfg.reward.weights),
+        **reward_metrics(scores, rewards, group),
+    }
+    if run.cfg.data.source == "shapes":
+        report |= shapes_accuracy(images, all_prompts)
+    report["per_prompt"] = [
+        {"prompt": prompt, "reward_mean": values.mean().item(), "rewards": values.tolist()}
+        for prompt, values in zip(prompts, rewards.view(len(prompts), group))
+    ]
+    return report, images, rewards
+
+
+def evaluate_to_folder(cfg: EvaluateConfig) -> tuple[Path, dict]:
+    """Write ``report.json`` and ``grid.png`` (one row per prompt, each image captioned with its reward)."""
+    if cfg.images_per_prompt < 1:
+        raise ConfigError("images_per_prompt", cfg.images_per_prompt, "it must be >= 1")
+    run = load_run(cfg.run_dir, cfg.checkpoint, cfg.ema)
+    out_dir = Path(cfg.out_dir).expanduser() if cfg.out_dir else Path(cfg.run_dir) / "eval" / run.checkpoint.name
+    report, images, rewards = evaluate(run, cfg)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    labels = [f"{value:.2f}" for value in rewards.tolist()]
+    prompts = [entry["prompt"] for entry in report["per_prompt"]]
+    image_grid(images, cfg.images_per_prompt, labels=labels, row_labels=prompts).save(out_dir / "grid.png")
+    return out_dir, report

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
-from PIL import Image
 
 from dit_trainer.components import DiTAdapter
-from dit_trainer.config import ConfigError, SampleConfig, TrainConfig, to_train_config
-from dit_trainer.diffusion import NoiseSchedule, generate
+from dit_trainer.config import SAMPLERS, ConfigError, SampleConfig, TrainConfig, load_prompts, to_train_config
+from dit_trainer.diffusion import SamplerSettings, TextToImage
+from dit_trainer.images import to_pil
 from dit_trainer.training.checkpoint import EMA_DIR, TRANSFORMER_DIR, resolve_checkpoint
 from dit_trainer.training.run import build_components
 
@@ -24,36 +24,30 @@ class TrainedRun:
     cfg: TrainConfig
     checkpoint: Path
     dit: DiTAdapter
-    vae: torch.nn.Module
-    text_encoder: torch.nn.Module
-    schedule: NoiseSchedule
-    device: torch.device
+    text_to_image: TextToImage
 
-    @property
-    def latent_shape(self) -> tuple[int, int, int]:
-        size = self.cfg.data.resolution // self.vae.downsample_factor
-        return (self.vae.latent_channels, size, size)
-
-    def generate_images(self, prompts: list[str], seeds: list[int], steps: int, guidance_scale: float) -> torch.Tensor:
-        """Images (B, 3, H, W) in [0, 1]."""
-        latents = generate(
-            self.dit,
-            self.schedule,
-            self.text_encoder,
-            prompts,
-            seeds,
-            self.latent_shape,
-            steps,
-            guidance_scale,
-            self.device,
+    def settings(
+        self, steps: int | None = None, guidance_scale: float | None = None, sampler: str | None = None
+    ) -> SamplerSettings:
+        """Sampler settings: the run's own ``diffusion.*`` values where an argument is None."""
+        diffusion = self.cfg.diffusion
+        if sampler is not None and sampler not in SAMPLERS:
+            raise ConfigError("sampler", sampler, f"accepted values are {', '.join(SAMPLERS)}")
+        return SamplerSettings(
+            steps or diffusion.sample_steps,
+            diffusion.guidance_scale if guidance_scale is None else guidance_scale,
+            sampler or diffusion.sampler,
         )
-        return (self.vae.decode(latents) + 1) / 2
+
+    def generate_images(
+        self, prompts: list[str], seeds: list[int], settings: SamplerSettings, batch_size: int = 32
+    ) -> torch.Tensor:
+        """Images (B, 3, H, W) in [0, 1]."""
+        return self.text_to_image(self.dit, prompts, seeds, settings, batch_size)
 
 
-def load_run(
-    run_dir: str | Path, checkpoint: str = "latest", ema: bool = True, device: str | None = None
-) -> TrainedRun:
-    run_dir = Path(run_dir).expanduser()
+def read_run_config(run_dir: Path) -> TrainConfig:
+    """The validated config a run folder was trained with."""
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
         raise ConfigError(
@@ -62,54 +56,55 @@ def load_run(
             "it holds no config.yaml, so it is not a dit-trainer run folder",
             "pass the folder train.py wrote (its hydra.run.dir)",
         )
-    cfg = to_train_config(OmegaConf.load(config_path))
-    path = resolve_checkpoint(checkpoint, run_dir / "checkpoints")
+    return to_train_config(OmegaConf.load(config_path))
+
+
+def find_checkpoint(run_dir: Path, spec: str) -> Path:
+    """``latest`` (the run's newest checkpoint) or the path of a checkpoint folder, checked."""
+    path = Path(spec).expanduser() if spec != "latest" else None
+    if path is not None and not (path / TRANSFORMER_DIR).is_dir():
+        raise ConfigError(
+            "checkpoint",
+            spec,
+            "it is not a checkpoint folder (one with a `transformer/` inside)",
+            f"use `checkpoint=latest` or a folder such as {run_dir}/checkpoints/checkpoint-1000",
+        )
+    path = path or resolve_checkpoint(spec, run_dir / "checkpoints")
     if path is None:
         raise ConfigError(
             "checkpoint",
-            checkpoint,
+            spec,
             f"{run_dir}/checkpoints holds no checkpoint yet",
-            "train longer, or pass `checkpoint=PATH`",
+            "train longer (checkpoints are written every `trainer.checkpoint_every` steps and at the end), "
+            "or pass `checkpoint=PATH`",
         )
+    return path
+
+
+def load_run(
+    run_dir: str | Path, checkpoint: str = "latest", ema: bool = True, device: str | None = None
+) -> TrainedRun:
+    """Rebuild a run from its folder: its config, one checkpoint's DiT (EMA weights by default), the frozen parts."""
+    run_dir = Path(run_dir).expanduser()
+    cfg = read_run_config(run_dir)
+    path = find_checkpoint(run_dir, checkpoint)
     weights = path / EMA_DIR if ema and (path / EMA_DIR).is_dir() else path / TRANSFORMER_DIR
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     parts = build_components(
         replace(cfg, model=replace(cfg.model, pretrained=str(weights), subfolder=None)), device, dtype
     )
-    return TrainedRun(
-        cfg, path, parts.dit.to(device, dtype).eval(), parts.vae, parts.text_encoder, parts.schedule, device
-    )
-
-
-def read_prompts(cfg: SampleConfig) -> list[str]:
-    if cfg.prompt_file:
-        path = Path(cfg.prompt_file).expanduser()
-        if not path.is_file():
-            raise ConfigError(
-                "prompt_file", cfg.prompt_file, "no such file", "pass a text file with one prompt per line"
-            )
-        prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    else:
-        prompts = list(cfg.prompts)
-    if not prompts:
-        raise ConfigError(
-            "prompt_file",
-            cfg.prompt_file,
-            "no prompts were given (the file is empty, or neither prompt_file nor prompts is set)",
-            "pass `prompt_file=FILE` with one prompt per line",
-        )
-    return prompts
+    text_to_image = TextToImage(parts.vae, parts.text_encoder, parts.schedule, parts.latent_shape, device)
+    return TrainedRun(cfg, path, parts.dit.to(device, dtype).eval(), text_to_image)
 
 
 def sample_to_folder(cfg: SampleConfig) -> Path:
     """Write one PNG per image and ``index.jsonl`` (``{"file", "prompt", "seed"}`` per image) into ``out_dir``."""
-    prompts = read_prompts(cfg)
+    prompts = load_prompts(cfg.prompts, cfg.prompt_file)
     if cfg.images_per_prompt < 1:
         raise ConfigError("images_per_prompt", cfg.images_per_prompt, "it must be >= 1")
     run = load_run(cfg.run_dir, cfg.checkpoint, cfg.ema)
-    steps = cfg.steps or run.cfg.diffusion.sample_steps
-    guidance = run.cfg.diffusion.guidance_scale if cfg.guidance_scale is None else cfg.guidance_scale
+    settings = run.settings(cfg.steps, cfg.guidance_scale, cfg.sampler)
     jobs = [
         (prompt, cfg.seed + index)
         for index, prompt in enumerate(p for p in prompts for _ in range(cfg.images_per_prompt))
@@ -119,10 +114,9 @@ def sample_to_folder(cfg: SampleConfig) -> Path:
     with (out_dir / "index.jsonl").open("w", encoding="utf-8") as index_file:
         for start in range(0, len(jobs), cfg.batch_size):
             batch = jobs[start : start + cfg.batch_size]
-            images = run.generate_images([p for p, _ in batch], [s for _, s in batch], steps, guidance)
+            images = run.generate_images([p for p, _ in batch], [s for _, s in batch], settings, cfg.batch_size)
             for offset, ((prompt, seed), image) in enumerate(zip(batch, images)):
                 name = f"{start + offset:05d}.png"
-                pixels = (image.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
-                Image.fromarray(pixels).save(out_dir / name)
+                to_pil(image).save(out_dir / name)
                 index_file.write(json.dumps({"file": name, "prompt": prompt, "seed": seed}) + "\n")
     return out_dir

@@ -1,7 +1,11 @@
-"""Colour and shape accuracy of a shapes run: 4 samples per caption (96 images), fixed seeds.
+"""Score a trained run: N prompts x G images with the run's configured rewards (shapes: colour/shape accuracy).
 
-python scripts/evaluate.py run_dir=outputs/RUN [checkpoint=latest] [images_per_caption=4] [steps=..]
-    [guidance_scale=..] [ema=true]
+    python scripts/evaluate.py outputs/RUN [out_dir=RUN/eval/CHECKPOINT] [images_per_prompt=4] [prompt_file=FILE]
+        [seed=0] [steps=..] [guidance_scale=..] [sampler=ddim|dpmsolver++] [checkpoint=latest|PATH] [ema=true]
+
+Prompts default to the run's reward-monitor prompts (shapes: all 24 captions). Writes ``report.json`` (reward
+mean/std per reward function, GRPO group statistics, per-prompt rewards, colour and shape accuracy for shapes)
+and ``grid.png`` (one row per prompt, each image captioned with its reward), and prints the headline numbers.
 """
 
 from __future__ import annotations
@@ -9,22 +13,21 @@ from __future__ import annotations
 import json
 import sys
 
-from omegaconf import OmegaConf
+from dit_trainer.cli import run_cli
+from dit_trainer.config import EvaluateConfig
+from dit_trainer.evaluation import evaluate_to_folder
 
-from dit_trainer.config import register_configs
-from dit_trainer.evaluation import shapes_accuracy
-from dit_trainer.inference import load_run
+HEADLINE = ("reward/mean", "reward/std", "color", "shape")
+
+
+def evaluate(cfg: EvaluateConfig) -> str:
+    out_dir, report = evaluate_to_folder(cfg)
+    headline = {key: round(report[key], 4) for key in HEADLINE if key in report}
+    return json.dumps({**headline, "images": report["prompts"] * report["images_per_prompt"], "report": str(out_dir)})
 
 
 def main(argv: list[str]) -> int:
-    register_configs()
-    args = OmegaConf.from_dotlist(argv)
-    run = load_run(args.run_dir, args.get("checkpoint", "latest"), args.get("ema", True))
-    result = shapes_accuracy(
-        run, args.get("images_per_caption", 4), args.get("seed", 0), args.get("steps"), args.get("guidance_scale")
-    )
-    print(json.dumps({"run_dir": str(args.run_dir), "checkpoint": str(run.checkpoint), **result}))
-    return 0
+    return run_cli(evaluate, EvaluateConfig, argv, __doc__)
 
 
 if __name__ == "__main__":

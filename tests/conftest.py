@@ -31,6 +31,7 @@ TINY_SHAPES = [
     "trainer.log_every=5",
     "trainer.sample_prompts=[a red circle,a blue square]",
     "diffusion.sample_steps=4",
+    "monitor.grpo.enabled=false",  # tests/test_monitor.py turns it on
 ]
 
 register_configs()

@@ -54,6 +54,11 @@ BAD_VALUES = [
     ("data=imagefolder", "data.path", "None"),
     ("model.cross_attention_dim=100", "model.cross_attention_dim", "100"),
     ("data.caption_dropout=1.5", "data.caption_dropout", "1.5"),
+    ("diffusion.sampler=euler", "diffusion.sampler", "'euler'"),
+    ("monitor.grpo.group_size=1", "monitor.grpo.group_size", "1"),
+    ("monitor.grpo.prompt_file=/no/such/prompts.txt", "monitor.grpo.prompt_file", "'/no/such/prompts.txt'"),
+    ("+reward.weights.aesthetic=1.0", "reward.weights.aesthetic", "1.0"),
+    ("reward.jpeg_quality=0", "reward.jpeg_quality", "0"),
 ]
 
 
@@ -92,3 +97,23 @@ def test_cli_reports_a_type_error_naming_the_key():
     result = run_script(["train.py", "trainer.batch_size=many"], timeout=120)
     assert result.returncode != 0
     assert "batch_size" in result.stderr and "many" in result.stderr
+
+
+def test_shapes_monitors_rewards_by_default_and_dit_does_not(tmp_path, online):
+    shapes = compose_config(["+experiment=shapes"])
+    assert shapes.monitor.grpo.enabled and shapes.reward.weights == {"shapes_alignment": 1.0}
+    (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
+    dit = compose_config(["+experiment=dit", f"data.path={tmp_path}"])
+    assert not dit.monitor.grpo.enabled and dit.reward.weights == {"clip_score": 1.0}
+    assert dit.monitor.grpo.prompts == dit.trainer.sample_prompts
+
+
+def test_choosing_a_reward_option_replaces_the_weights_rather_than_merging():
+    cfg = compose_config(["+experiment=shapes", "reward=jpeg_compressibility"])
+    assert cfg.reward.weights == {"jpeg_compressibility": 1.0}
+
+
+def test_offline_validation_names_a_missing_clip_model_only_when_the_monitor_uses_it():
+    with pytest.raises(ModelLoadError, match="reward.clip_model=openai/clip-vit-base-patch32"):
+        compose_config(["+experiment=shapes", "reward=clip_score"])
+    assert compose_config(["+experiment=shapes", "reward=clip_score", "monitor.grpo.enabled=false"])

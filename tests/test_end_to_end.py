@@ -31,7 +31,8 @@ def test_shapes_run_writes_a_complete_run_folder(shapes_run):
             assert (checkpoint / part / "config.json").is_file()
         assert (checkpoint / "optimizer.bin").is_file()
     grid = Image.open(run_dir / "samples" / "step_0000030.png")
-    assert grid.size == (4 * 64, 2 * 64)  # 2 prompts x 4 seeds, 32 px tiles shown at 64 px
+    width, height = grid.size  # 2 prompts x 4 seeds, 32 px tiles shown at 64 px, prompts in a left margin
+    assert height == 2 * 64 and 4 * 64 + len("a red circle") * 6 <= width < 4 * 64 + 120
     assert Image.open(run_dir / "loss_curve.png").size[0] > 100
 
 

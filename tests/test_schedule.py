@@ -2,7 +2,7 @@ import pytest
 import torch
 from diffusers import DDPMScheduler
 
-from dit_trainer.config import DiffusionConfig
+from dit_trainer.config import ConfigError, DiffusionConfig
 from dit_trainer.diffusion import FallbackScheduler, NoiseSchedule, build_noise_schedule, per_sample_mse
 
 
@@ -26,9 +26,9 @@ def test_fallback_matches_diffusers_ddpm(beta_schedule):
     torch.testing.assert_close(ours.get_velocity(x0, noise, t), theirs.get_velocity(x0, noise, t), atol=1e-5, rtol=1e-5)
 
 
-def _oracle_sample(schedule: NoiseSchedule, x0: torch.Tensor, steps: int) -> torch.Tensor:
+def _oracle_sample(schedule: NoiseSchedule, x0: torch.Tensor, steps: int, kind: str = "ddim") -> torch.Tensor:
     """Sample with a model that knows x0 and returns the exact target for the current x_t."""
-    sampler = schedule.sampler(steps, torch.device("cpu"))
+    sampler = schedule.sampler(steps, torch.device("cpu"), kind)
     x = torch.randn(x0.shape, generator=torch.Generator().manual_seed(0))
     for t in sampler.timesteps:
         t_batch = t.reshape(1).expand(x0.shape[0])
@@ -38,14 +38,37 @@ def _oracle_sample(schedule: NoiseSchedule, x0: torch.Tensor, steps: int) -> tor
     return x
 
 
+@pytest.mark.parametrize("kind", ["ddim", "dpmsolver++"])
 @pytest.mark.parametrize("scheduler", [None, "DDPMScheduler"])
 @pytest.mark.parametrize("objective", ["epsilon", "v_prediction"])
-def test_sampler_recovers_x0_from_a_perfect_predictor(scheduler, objective):
+def test_sampler_recovers_x0_from_a_perfect_predictor(scheduler, objective, kind):
     with pytest.warns(UserWarning) if scheduler is None else _no_warning():
         schedule = build_noise_schedule(DiffusionConfig(scheduler=scheduler, objective=objective))
     assert schedule.is_fallback == (scheduler is None)
     x0 = torch.randn(3, 4, 8, 8, generator=torch.Generator().manual_seed(1)).clamp(-2, 2)
-    torch.testing.assert_close(_oracle_sample(schedule, x0, steps=10), x0, atol=2e-3, rtol=1e-3)
+    torch.testing.assert_close(_oracle_sample(schedule, x0, steps=10, kind=kind), x0, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("objective", ["epsilon", "v_prediction"])
+def test_fallback_ddim_is_the_same_sampler_as_diffusers_ddim_over_its_betas(objective):
+    """The fallback's own sampler and the diffusers scheduler an export ships must produce the same chain."""
+    with pytest.warns(UserWarning):
+        schedule = build_noise_schedule(DiffusionConfig(scheduler=None, objective=objective))
+    ours, theirs = schedule.sampler(6, torch.device("cpu")), schedule.diffusers_sampler("ddim")
+    theirs.set_timesteps(6)  # 6 does not divide 1000: both must step back the same way
+    assert torch.equal(ours.timesteps, theirs.timesteps)
+    generator = torch.Generator().manual_seed(3)
+    x_ours = x_theirs = torch.randn(2, 4, 8, 8, generator=generator)
+    for t in ours.timesteps:
+        output = torch.randn(2, 4, 8, 8, generator=generator)  # any model output: the update rule must agree
+        x_ours = ours.step(output, t, x_ours).prev_sample
+        x_theirs = theirs.step(output, t, x_theirs).prev_sample
+    torch.testing.assert_close(x_ours, x_theirs, atol=1e-4, rtol=1e-4)
+
+
+def test_unknown_sampler_is_refused_naming_the_key():
+    with pytest.raises(ConfigError, match="diffusion.sampler"):
+        build_noise_schedule(DiffusionConfig()).sampler(10, torch.device("cpu"), "euler")
 
 
 def test_training_targets_follow_the_objective():

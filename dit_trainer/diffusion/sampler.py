@@ -3,11 +3,24 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from dit_trainer.diffusion.schedule import NoiseSchedule
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """How to sample: ``steps`` of the ``sampler`` (``ddim`` | ``dpmsolver++``) with CFG at ``guidance_scale``.
+
+    ``guidance_scale`` 1 is plain conditional sampling; above 1 mixes in the empty-prompt prediction (CFG).
+    """
+
+    steps: int
+    guidance_scale: float
+    sampler: str = "ddim"
 
 
 @torch.no_grad()
@@ -18,16 +31,13 @@ def generate(
     prompts: Sequence[str],
     seeds: Sequence[int],
     latent_shape: tuple[int, int, int],
-    num_steps: int,
-    guidance_scale: float,
+    settings: SamplerSettings,
     device: torch.device,
 ) -> torch.Tensor:
-    """Latents (B, C, H, W) for ``prompts``; image ``i`` depends only on ``seeds[i]``, never on global RNG.
-
-    ``guidance_scale`` 1 is plain conditional sampling; above 1 mixes in the empty-prompt prediction (CFG).
-    """
+    """Latents (B, C, H, W) for ``prompts``; image ``i`` depends only on ``seeds[i]``, never on global RNG."""
     noise = [torch.randn(latent_shape, generator=torch.Generator("cpu").manual_seed(int(seed))) for seed in seeds]
-    sampler = schedule.sampler(num_steps, device)
+    guidance_scale = settings.guidance_scale
+    sampler = schedule.sampler(settings.steps, device, settings.sampler)
     latents = torch.stack(noise).to(device) * sampler.init_noise_sigma
     embeds, mask = text_encoder.encode(list(prompts))
     guided = guidance_scale != 1.0
@@ -44,3 +54,42 @@ def generate(
             prediction = dit(model_input, timestep, embeds, mask).float()
         latents = sampler.step(prediction, t, latents).prev_sample
     return latents
+
+
+@dataclass
+class TextToImage:
+    """Prompts and seeds to images in [0, 1]: the frozen text encoder and VAE and the schedule around a DiT.
+
+    The DiT is an argument, not a field, so one instance serves the raw and the EMA weights alike.
+    """
+
+    vae: nn.Module
+    text_encoder: nn.Module
+    schedule: NoiseSchedule
+    latent_shape: tuple[int, int, int]
+    device: torch.device
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        dit: nn.Module,
+        prompts: Sequence[str],
+        seeds: Sequence[int],
+        settings: SamplerSettings,
+        batch_size: int = 32,
+    ) -> torch.Tensor:
+        """(len(prompts), 3, H, W) float32 images, ``batch_size`` at a time; each depends on its seed, not its batch."""
+        images = []
+        for start in range(0, len(prompts), batch_size):
+            latents = generate(
+                dit,
+                self.schedule,
+                self.text_encoder,
+                prompts[start : start + batch_size],
+                seeds[start : start + batch_size],
+                self.latent_shape,
+                settings,
+                self.device,
+            )
+            images.append(((self.vae.decode(latents) + 1) / 2).float())
+        return torch.cat(images)

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import diffusers
 import torch
-from diffusers import DDIMScheduler
+from diffusers import DDIMScheduler, DPMSolverMultistepScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 
-from dit_trainer.config import FALLBACK_BETA_SCHEDULES, ConfigError, DiffusionConfig
+from dit_trainer.config import FALLBACK_BETA_SCHEDULES, SAMPLERS, ConfigError, DiffusionConfig
 
 
 def _betas(schedule: str, num_timesteps: int, beta_start: float, beta_end: float) -> torch.Tensor:
@@ -57,6 +57,7 @@ class FallbackScheduler:
         self.num_train_timesteps = num_train_timesteps
         self.prediction_type = prediction_type
         betas = _betas(beta_schedule, num_train_timesteps, beta_start, beta_end)
+        self.betas = betas.float()
         self.alphas_cumprod = torch.cumprod(1 - betas, dim=0).float()
         self.timesteps = torch.arange(num_train_timesteps - 1, -1, -1)
 
@@ -76,7 +77,7 @@ class FallbackScheduler:
         stride = self.num_train_timesteps / num_inference_steps
         steps = torch.arange(self.num_train_timesteps, 0, -stride).round().long() - 1
         self.timesteps = steps.to(device)
-        self._stride = stride
+        self._step_back = self.num_train_timesteps // num_inference_steps  # as diffusers' DDIM, so exports match
 
     def scale_model_input(self, sample: torch.Tensor, timestep: torch.Tensor | int | None = None) -> torch.Tensor:
         return sample
@@ -85,7 +86,7 @@ class FallbackScheduler:
         self, model_output: torch.Tensor, timestep: torch.Tensor | int, sample: torch.Tensor, **_
     ) -> SchedulerStep:
         t = int(timestep)
-        previous = t - round(self._stride)
+        previous = t - self._step_back
         alpha_bar = self.alphas_cumprod[t].item()
         alpha_bar_prev = self.alphas_cumprod[previous].item() if previous >= 0 else 1.0
         if self.prediction_type == "epsilon":
@@ -123,21 +124,35 @@ class NoiseSchedule:
             return noise
         return self.scheduler.get_velocity(x0, noise, timesteps)
 
-    def sampler(self, num_steps: int, device: torch.device) -> SchedulerMixin | FallbackScheduler:
-        """A fresh deterministic DDIM sampler over the same ``alphas_cumprod``, timesteps set."""
-        if self.is_fallback:
+    def sampler(self, num_steps: int, device: torch.device, kind: str = "ddim") -> SchedulerMixin | FallbackScheduler:
+        """A fresh deterministic sampler of ``kind`` (``ddim`` | ``dpmsolver++``) over the same ``alphas_cumprod``,
+        timesteps set. Without a diffusers scheduler, ``ddim`` is the fallback schedule's own sampler."""
+        if self.is_fallback and kind == "ddim":
             sampler = FallbackScheduler.__new__(FallbackScheduler)
             sampler.__dict__.update(self.scheduler.__dict__)
         else:
-            sampler = DDIMScheduler.from_config(
-                self.scheduler.config,
-                prediction_type=self.objective,
-                clip_sample=False,  # DDIM's default clips to [-1, 1]: wrong for latents
-                set_alpha_to_one=True,
-                timestep_spacing="trailing",  # start from the last training timestep, pure noise
-            )
+            sampler = self.diffusers_sampler(kind)
         sampler.set_timesteps(num_steps, device=device)
         return sampler
+
+    def diffusers_sampler(self, kind: str = "ddim") -> SchedulerMixin:
+        """The diffusers scheduler that samples this schedule with ``kind``: what an exported pipeline ships.
+
+        Trailing timestep spacing starts sampling at the last training timestep (pure noise), and ``clip_sample``
+        is off because latents are not bounded to [-1, 1].
+        """
+        if self.is_fallback:
+            config = {"num_train_timesteps": self.num_train_timesteps, "trained_betas": self.scheduler.betas.tolist()}
+        else:
+            config = self.scheduler.config
+        common = {"prediction_type": self.objective, "timestep_spacing": "trailing"}
+        if kind == "ddim":
+            return DDIMScheduler.from_config(config, clip_sample=False, set_alpha_to_one=True, **common)
+        if kind == "dpmsolver++":
+            return DPMSolverMultistepScheduler.from_config(
+                config, algorithm_type="dpmsolver++", solver_order=2, final_sigmas_type="zero", **common
+            )
+        raise ConfigError("diffusion.sampler", kind, f"accepted values are {', '.join(SAMPLERS)}")
 
 
 def _diffusers_scheduler(cfg: DiffusionConfig) -> SchedulerMixin:

@@ -1,98 +1,157 @@
-"""Periodic sample grids: fixed prompts and seeds, EMA weights, ``no_grad``, main process only."""
+"""Monitors: periodic work on the EMA weights that watches training and never changes it.
+
+Every monitor runs under ``torch.no_grad()`` on the main process only (the other ranks wait at a barrier), with
+the global RNG state forked, so the training that follows is bit-identical to training without the monitor.
+"""
 
 from __future__ import annotations
 
-import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 from diffusers.training_utils import EMAModel
-from PIL import Image
 from torch import nn
 
 from dit_trainer.config import LoggerConfig
-from dit_trainer.diffusion.sampler import generate
-from dit_trainer.diffusion.schedule import NoiseSchedule
+from dit_trainer.diffusion.sampler import SamplerSettings, TextToImage
+from dit_trainer.images import image_grid
+from dit_trainer.rewards import WeightedReward, reward_metrics
 from dit_trainer.training.trackers import log_image
 
 
-def image_grid(images: torch.Tensor, columns: int, min_tile: int = 64) -> Image.Image:
-    """(N, 3, H, W) in [0, 1] -> one PIL grid; tiny images are upscaled (nearest) so they stay visible."""
-    count, _, height, width = images.shape
-    scale = max(1, math.ceil(min_tile / max(height, width)))
-    rows = math.ceil(count / columns)
-    pixels = (images.clamp(0, 1) * 255).round().to(torch.uint8).cpu()
-    grid = Image.new("RGB", (columns * width * scale, rows * height * scale), "white")
-    for index, image in enumerate(pixels):
-        tile = Image.fromarray(image.permute(1, 2, 0).numpy()).resize((width * scale, height * scale), Image.NEAREST)
-        grid.paste(tile, ((index % columns) * width * scale, (index // columns) * height * scale))
-    return grid
+@contextmanager
+def sampling_weights(accelerator: Accelerator, dit: nn.Module, ema: EMAModel | None) -> Iterator[nn.Module]:
+    """The unwrapped DiT with the EMA weights swapped in, in eval mode, under ``no_grad`` and autocast.
+
+    The global RNG state is forked and the raw weights and mode are restored afterwards, so whatever runs inside
+    leaves training exactly as it found it.
+    """
+    model = accelerator.unwrap_model(dit)
+    parameters = list(model.transformer.parameters())
+    device = accelerator.device
+    devices = [] if device.type == "cpu" else [device.index or 0]
+    was_training = model.training
+    with torch.random.fork_rng(devices=devices, device_type=device.type), torch.no_grad(), accelerator.autocast():
+        if ema is not None:
+            ema.store(parameters)
+            ema.copy_to(parameters)
+        model.eval()
+        try:
+            yield model
+        finally:
+            model.train(was_training)
+            if ema is not None:
+                ema.restore(parameters)
 
 
-class SampleGridMonitor:
+@dataclass
+class MonitorContext:
+    """What every monitor of a run shares: where it runs, how it turns prompts into images, where it logs."""
+
+    accelerator: Accelerator
+    text_to_image: TextToImage
+    ema: EMAModel | None
+    logger: LoggerConfig
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """What a monitor samples: ``group_size`` images per prompt, image ``j`` of every prompt with seed ``seed + j``,
+    so images compare across prompts, steps and runs."""
+
+    prompts: list[str]
+    group_size: int
+    seed: int
+    settings: SamplerSettings
+    batch_size: int = 32
+
+    @property
+    def image_prompts(self) -> list[str]:
+        return [prompt for prompt in self.prompts for _ in range(self.group_size)]
+
+    @property
+    def image_seeds(self) -> list[int]:
+        return [self.seed + j for _ in self.prompts for j in range(self.group_size)]
+
+
+class Monitor:
+    """Runs ``run`` on the main process every ``every_n_steps`` (and at the last step); others wait at a barrier.
+
+    ``__call__`` returns the metrics to log at that step (empty on other ranks).
+    """
+
+    def __init__(self, context: MonitorContext, plan: SamplingPlan, out_dir: Path, every_n_steps: int) -> None:
+        self.context = context
+        self.plan = plan
+        self.out_dir = out_dir
+        self.every_n_steps = every_n_steps
+
+    def __call__(self, dit: nn.Module, step: int) -> dict[str, float]:
+        accelerator = self.context.accelerator
+        metrics = self.run(dit, step) if accelerator.is_main_process else {}
+        accelerator.wait_for_everyone()
+        return metrics
+
+    def run(self, dit: nn.Module, step: int) -> dict[str, float]:
+        raise NotImplementedError
+
+    def _sample(self, dit: nn.Module) -> torch.Tensor:
+        """The plan's images with the EMA weights: (prompts x group_size, 3, H, W) in [0, 1]."""
+        plan = self.plan
+        with sampling_weights(self.context.accelerator, dit, self.context.ema) as model:
+            return self.context.text_to_image(
+                model, plan.image_prompts, plan.image_seeds, plan.settings, plan.batch_size
+            )
+
+    def _save_grid(self, images: torch.Tensor, key: str, step: int, labels: list[str] | None = None) -> Path:
+        """``out_dir/step_<N>.png``, one row per prompt, also sent to the tracker as ``key``."""
+        grid = image_grid(images, self.plan.group_size, labels=labels, row_labels=self.plan.prompts)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / f"step_{step:07d}.png"
+        grid.save(path)
+        log_image(self.context.accelerator, self.context.logger, key, grid, step)
+        return path
+
+
+class SampleGridMonitor(Monitor):
     """Writes ``samples/step_<N>.png``: one row per prompt, one column per seed, sampled with the EMA weights."""
+
+    def run(self, dit: nn.Module, step: int) -> dict[str, float]:
+        start = time.perf_counter()
+        self._save_grid(self._sample(dit), "samples", step)
+        return {"samples/seconds": time.perf_counter() - start}
+
+
+class GRPORewardMonitor(Monitor):
+    """Rewards of ``group_size`` images per prompt and GRPO's group statistics, the way GRPO fine-tuning sees them.
+
+    Writes ``rewards/step_<N>.png`` (one row per prompt, each image captioned with its reward).
+    """
 
     def __init__(
         self,
-        accelerator: Accelerator,
-        vae,
-        text_encoder,
-        schedule: NoiseSchedule,
-        latent_shape: tuple[int, int, int],
-        prompts: list[str],
-        seeds: list[int],
-        num_steps: int,
-        guidance_scale: float,
+        context: MonitorContext,
+        plan: SamplingPlan,
         out_dir: Path,
-        logger: LoggerConfig,
-        ema: EMAModel | None,
+        every_n_steps: int,
+        reward: WeightedReward | None,
+        eps: float,
     ) -> None:
-        self.accelerator = accelerator
-        self.vae = vae
-        self.text_encoder = text_encoder
-        self.schedule = schedule
-        self.latent_shape = latent_shape
-        self.prompts = prompts
-        self.seeds = seeds
-        self.num_steps = num_steps
-        self.guidance_scale = guidance_scale
-        self.out_dir = out_dir
-        self.logger = logger
-        self.ema = ema
+        super().__init__(context, plan, out_dir, every_n_steps)
+        self.reward = reward  # None on processes other than the main one: they never score
+        self.eps = eps
 
-    @torch.no_grad()
-    def __call__(self, dit: nn.Module, step: int) -> Path | None:
-        path = None
-        if self.accelerator.is_main_process:
-            model = self.accelerator.unwrap_model(dit)
-            parameters = list(model.transformer.parameters())
-            if self.ema is not None:
-                self.ema.store(parameters)
-                self.ema.copy_to(parameters)
-            model.eval()
-            try:
-                with self.accelerator.autocast():
-                    latents = generate(
-                        model,
-                        self.schedule,
-                        self.text_encoder,
-                        [p for p in self.prompts for _ in self.seeds],
-                        [s for _ in self.prompts for s in self.seeds],
-                        self.latent_shape,
-                        self.num_steps,
-                        self.guidance_scale,
-                        self.accelerator.device,
-                    )
-                images = (self.vae.decode(latents) + 1) / 2
-            finally:
-                model.train()
-                if self.ema is not None:
-                    self.ema.restore(parameters)
-            grid = image_grid(images, columns=len(self.seeds))
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            path = self.out_dir / f"step_{step:07d}.png"
-            grid.save(path)
-            log_image(self.accelerator, self.logger, "samples", grid, step)
-        self.accelerator.wait_for_everyone()
-        return path
+    def run(self, dit: nn.Module, step: int) -> dict[str, float]:
+        start = time.perf_counter()
+        images = self._sample(dit)
+        prompts = self.plan.image_prompts
+        scores = self.reward.scores(images, prompts)
+        rewards = self.reward.combine(scores).float().cpu()
+        self._save_grid(images, "rewards", step, labels=[f"{value:.2f}" for value in rewards.tolist()])
+        metrics = reward_metrics(scores, rewards, self.plan.group_size, self.eps)
+        return metrics | {"monitor/seconds": time.perf_counter() - start}

@@ -16,12 +16,20 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from dit_trainer.components import DiTAdapter, build_dit, build_text_encoder, build_vae
-from dit_trainer.config import TrainConfig, validate
+from dit_trainer.config import TrainConfig, load_prompts, validate
 from dit_trainer.data import build_dataset
 from dit_trainer.data.latent_cache import encode_dataset
+from dit_trainer.diffusion.sampler import SamplerSettings, TextToImage
 from dit_trainer.diffusion.schedule import NoiseSchedule, build_noise_schedule
+from dit_trainer.rewards import build_reward
 from dit_trainer.training.checkpoint import check_run_folder
-from dit_trainer.training.monitors import SampleGridMonitor
+from dit_trainer.training.monitors import (
+    GRPORewardMonitor,
+    Monitor,
+    MonitorContext,
+    SampleGridMonitor,
+    SamplingPlan,
+)
 from dit_trainer.training.precision import resolve_mixed_precision, weight_dtype
 from dit_trainer.training.trackers import start_trackers, tracker_name
 from dit_trainer.training.trainer import Trainer, TrainResult
@@ -88,6 +96,37 @@ def build_optimizer(cfg: TrainConfig, parameters) -> torch.optim.Optimizer:
     )
 
 
+def build_monitors(
+    cfg: TrainConfig, context: MonitorContext, run_dir: Path, frozen_dtype: torch.dtype
+) -> list[Monitor]:
+    """The sample grid, and the GRPO reward monitor when ``monitor.grpo.enabled``. Reward models are loaded on
+    the main process only: the others never score."""
+    d, t, grpo = cfg.diffusion, cfg.trainer, cfg.monitor.grpo
+    grid_plan = SamplingPlan(
+        list(t.sample_prompts),
+        SAMPLE_SEEDS_PER_PROMPT,
+        t.sample_seed,
+        SamplerSettings(d.sample_steps, d.guidance_scale, d.sampler),
+    )
+    monitors: list[Monitor] = [SampleGridMonitor(context, grid_plan, run_dir / "samples", t.sample_every)]
+    if grpo.enabled:
+        accelerator = context.accelerator
+        reward = build_reward(cfg.reward, accelerator.device, frozen_dtype) if accelerator.is_main_process else None
+        plan = SamplingPlan(
+            load_prompts(grpo.prompts, grpo.prompt_file, "monitor.grpo."),
+            grpo.group_size,
+            grpo.seed,
+            SamplerSettings(
+                grpo.sample_steps or d.sample_steps,
+                d.guidance_scale if grpo.guidance_scale is None else grpo.guidance_scale,
+                d.sampler,
+            ),
+            grpo.batch_size,
+        )
+        monitors.append(GRPORewardMonitor(context, plan, run_dir / "rewards", grpo.every_n_steps, reward, grpo.eps))
+    return monitors
+
+
 def save_resolved_config(cfg: TrainConfig, path: Path) -> None:
     """The config exactly as trained (interpolations resolved): what ``scripts/sample.py`` rebuilds from."""
     path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)), encoding="utf-8")
@@ -130,22 +169,15 @@ def run(cfg: TrainConfig, run_dir: str | Path) -> TrainResult:
     dit, optimizer, dataloader, lr_scheduler = accelerator.prepare(dit, optimizer, dataloader, lr_scheduler)
     start_trackers(accelerator, cfg.logger, run_dir, dataclasses.asdict(cfg))
 
-    sampler = SampleGridMonitor(
+    context = MonitorContext(
         accelerator,
-        vae,
-        text_encoder,
-        schedule,
-        parts.latent_shape,
-        list(cfg.trainer.sample_prompts),
-        [cfg.trainer.sample_seed + i for i in range(SAMPLE_SEEDS_PER_PROMPT)],
-        cfg.diffusion.sample_steps,
-        cfg.diffusion.guidance_scale,
-        run_dir / "samples",
-        cfg.logger,
+        TextToImage(vae, text_encoder, schedule, parts.latent_shape, accelerator.device),
         ema,
+        cfg.logger,
     )
+    monitors = build_monitors(cfg, context, run_dir, weight_dtype(accelerator.mixed_precision))
     trainer = Trainer(
-        cfg, run_dir, accelerator, dit, vae, text_encoder, schedule, dataloader, optimizer, lr_scheduler, ema, sampler
+        cfg, run_dir, accelerator, dit, vae, text_encoder, schedule, dataloader, optimizer, lr_scheduler, ema, monitors
     )
     trainer.resume()
     return trainer.fit()

@@ -20,7 +20,7 @@ from dit_trainer.config import TrainConfig
 from dit_trainer.diffusion.schedule import NoiseSchedule
 from dit_trainer.training.checkpoint import Checkpointer, resolve_checkpoint
 from dit_trainer.training.metrics import MetricsFile, save_loss_curve
-from dit_trainer.training.monitors import SampleGridMonitor
+from dit_trainer.training.monitors import Monitor
 from dit_trainer.training.step import diffusion_loss
 
 logger = get_logger(__name__)
@@ -51,6 +51,7 @@ class TrainResult:
     final_loss: float
     seconds: float
     run_dir: Path
+    monitor_seconds: float = 0.0  # of ``seconds``, the time spent in monitors (sample grids, reward monitor)
 
 
 def preflight(loss: torch.Tensor, dit: nn.Module) -> None:
@@ -98,7 +99,7 @@ class Trainer:
         optimizer: torch.optim.Optimizer,
         lr_scheduler,
         ema: EMAModel | None,
-        sampler: SampleGridMonitor,
+        monitors: list[Monitor],
     ) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
@@ -111,7 +112,7 @@ class Trainer:
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.ema = ema
-        self.sampler = sampler
+        self.monitors = monitors
         generator = torch.Generator(accelerator.device).manual_seed(cfg.trainer.seed + accelerator.process_index)
         self.state = TrainingState(generator)
         accelerator.register_for_checkpointing(self.state)
@@ -179,22 +180,34 @@ class Trainer:
         step = self.state.step
         return step == self.cfg.trainer.max_steps or (every > 0 and step % every == 0)
 
-    def _log(self, losses: list[torch.Tensor], grad_norm: torch.Tensor, since: float, images_per_step: int) -> dict:
-        """One line of metrics.jsonl (and the trackers) for the steps since the last log; returns it."""
+    def _train_metrics(
+        self, losses: list[torch.Tensor], grad_norm: torch.Tensor, since: float, images_per_step: int
+    ) -> dict[str, float]:
+        """Loss (mean over the steps since the last log and over processes), lr, grad norm and throughput."""
         loss = self.accelerator.reduce(torch.stack(losses).mean(), reduction="mean").item()
         seconds = time.perf_counter() - since  # measured after .item(): the device has caught up
-        record = {
-            "step": self.state.step,
-            "loss": loss,  # mean over the steps since the last log and over processes
+        return {
+            "loss": loss,
             "lr": self.lr_scheduler.get_last_lr()[0],
             "grad_norm": float(grad_norm),
             "images_per_sec": images_per_step * len(losses) / seconds,
             "seconds_per_step": seconds / len(losses),
         }
+
+    def _run_monitors(self) -> tuple[dict[str, float], float]:
+        """The monitors due at this step: their metrics and the seconds they took."""
+        metrics, start = {}, time.perf_counter()
+        for monitor in self.monitors:
+            if self._is_due(monitor.every_n_steps):
+                metrics.update(monitor(self.dit, self.state.step))
+        return metrics, time.perf_counter() - start
+
+    def _write(self, metrics: dict[str, float]) -> None:
+        """One line of metrics.jsonl and one tracker log for this step. Training metrics go to trackers as
+        ``train/<name>``; monitor metrics already carry their section (``reward/mean``)."""
         if self.accelerator.is_main_process:
-            self.metrics.write(record)
-        self.accelerator.log({f"train/{k}": v for k, v in record.items() if k != "step"}, step=self.state.step)
-        return record
+            self.metrics.write({"step": self.state.step, **metrics})
+        self.accelerator.log({k if "/" in k else f"train/{k}": v for k, v in metrics.items()}, step=self.state.step)
 
     def fit(self) -> TrainResult:
         trainer = self.cfg.trainer
@@ -208,26 +221,29 @@ class Trainer:
             dynamic_ncols=True,
         )
         start = time.perf_counter()
-        window_start, window_losses, loss = time.perf_counter(), [], float("nan")
+        window_start, window_losses, loss, monitor_seconds = time.perf_counter(), [], float("nan"), 0.0
         while self.state.step < trainer.max_steps:
             step_loss, grad_norm = self._optimizer_step(batches)
             self.state.step += 1
             window_losses.append(step_loss)
             progress.update(1)
+            metrics = {}
             if self._is_due(trainer.log_every):
-                record = self._log(window_losses, grad_norm, window_start, images_per_step)
-                loss = record["loss"]
-                progress.set_postfix(loss=f"{loss:.4f}", img_s=f"{record['images_per_sec']:.0f}")
+                metrics = self._train_metrics(window_losses, grad_norm, window_start, images_per_step)
+                loss = metrics["loss"]
+                progress.set_postfix(loss=f"{loss:.4f}", img_s=f"{metrics['images_per_sec']:.0f}")
                 window_start, window_losses = time.perf_counter(), []
-            monitors_start = time.perf_counter()
+            checkpoint_start = time.perf_counter()
             if self._is_due(trainer.checkpoint_every):
                 self.checkpointer.save(self.state.step)
-            if self._is_due(trainer.sample_every):
-                self.sampler(self.dit, self.state.step)
-            window_start += time.perf_counter() - monitors_start  # checkpoints and samples are not training time
+            monitor_metrics, seconds = self._run_monitors()
+            monitor_seconds += seconds
+            if metrics or monitor_metrics:
+                self._write(metrics | monitor_metrics)
+            window_start += time.perf_counter() - checkpoint_start  # checkpoints and monitors are not training time
         progress.close()
         seconds = time.perf_counter() - start
         if self.accelerator.is_main_process:
             save_loss_curve(self.metrics.read(), self.run_dir / "loss_curve.png")
         self.accelerator.end_training()
-        return TrainResult(self.state.step, loss, seconds, self.run_dir)
+        return TrainResult(self.state.step, loss, seconds, self.run_dir, monitor_seconds)

@@ -1,0 +1,272 @@
+"""Export one checkpoint of a run for the diffusers ecosystem (``scripts/export.py``).
+
+Two layouts, chosen by the run's text encoder:
+
+- **T5 runs** (``T5EncoderModel``, as PixArt-alpha) become a complete ``PixArtAlphaPipeline`` folder
+  (``transformer/``, ``vae/``, ``text_encoder/``, ``tokenizer/``, ``scheduler/``, ``model_index.json``), so
+  ``PixArtAlphaPipeline.from_pretrained(folder)`` generates images with no dit-trainer installed.
+- **Other text encoders** (the shapes default's MiniLM/BERT, CLIP) are not copied: the folder holds
+  ``transformer/``, ``vae/`` and ``scheduler/`` in diffusers format, and ``dit_trainer_export.json`` names the text
+  encoder (id or path, subfolders, ``max_length``). ``PixArtAlphaPipeline`` only calls
+  ``text_encoder(input_ids, attention_mask=mask)[0]``, which is the last hidden state our ``FrozenTextEncoder``
+  conditions on, so the pieces assemble into the same pipeline class (the JSON's ``usage`` shows how).
+
+Both layouts write ``dit_trainer_export.json``: which checkpoint and weights (EMA or raw), the dtype, and the
+generation settings that reproduce the run's sampler (``max_sequence_length`` must be the run's
+``text_encoder.max_length``; resolution binning must be off for sample sizes other than PixArt's own).
+
+Latent normalisation is folded into the exported VAE. ``FrozenVAE`` normalises latents per channel,
+``(z - mean) * scaling_factor / std``, but ``PixArtAlphaPipeline`` decodes ``latents / vae.config.scaling_factor``
+with no per-channel statistics and no shift. Both are affine maps per channel, and the autoencoder's 1x1
+``post_quant_conv`` (decode side) and ``quant_conv`` (encode side) are affine too, so the statistics are folded
+into those convolutions exactly and dropped from the exported config. The exported VAE then speaks the
+normalised latent space divided by ``scaling_factor``: ``decode(z / scaling_factor)`` is ``FrozenVAE.decode(z)``
+and ``encode(x).latent_dist.mean * scaling_factor`` is ``FrozenVAE.encode(x)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from diffusers import AutoencoderKL, PixArtAlphaPipeline, PixArtTransformer2DModel
+from transformers import T5EncoderModel
+
+from dit_trainer.components.vae import FrozenVAE
+from dit_trainer.config import SAMPLERS, ConfigError, ExportConfig, TrainConfig
+from dit_trainer.inference import find_checkpoint, load_run, read_run_config
+from dit_trainer.training.checkpoint import EMA_DIR
+
+MANIFEST = "dit_trainer_export.json"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class ExportResult:
+    out_dir: Path
+    pipeline: bool  # True: a PixArtAlphaPipeline folder; False: transformer/vae/scheduler + the manifest
+    manifest: dict
+
+    @property
+    def message(self) -> str:
+        kind = "a PixArtAlphaPipeline folder" if self.pipeline else "transformer/, vae/, scheduler/ and " + MANIFEST
+        return f"Exported {self.manifest['checkpoint']} ({self.manifest['weights']} weights) as {kind} to " + (
+            f"{self.out_dir}. Load and generate with:\n\n{self.manifest['usage']}"
+        )
+
+
+def fold_latent_normalisation(vae: FrozenVAE) -> AutoencoderKL:
+    """A float32 copy of ``vae``'s autoencoder with its per-channel latent statistics folded into the 1x1 convs.
+
+    Decode side, ``post_quant_conv(z * std + mean)`` = ``W' z + b'`` with ``W' = W diag(std)``, ``b' = W mean + b``.
+    Encode side, the posterior's mean rows become ``(W h + b - mean) / std`` and its log-variance rows shift by
+    ``-2 log std``. ``scaling_factor`` is kept (the pipeline divides by it); ``shift_factor`` and
+    ``latents_mean``/``latents_std`` are removed because they now live in the weights.
+    """
+    autoencoder = copy.deepcopy(vae.autoencoder).float()
+    mean = vae.latents_mean.flatten().double()
+    std = vae.latents_std.flatten().double()
+    autoencoder.register_to_config(latents_mean=None, latents_std=None, shift_factor=None)
+    if torch.all(mean == 0) and torch.all(std == 1):
+        return autoencoder
+    config = autoencoder.config
+    if not (config.use_quant_conv and config.use_post_quant_conv):
+        raise ConfigError(
+            "vae.pretrained",
+            str(getattr(config, "_name_or_path", "the run's VAE")),
+            "its config has per-channel latent statistics (latents_mean/latents_std or shift_factor) that the "
+            "diffusers PixArt pipeline does not apply, and with `use_quant_conv`/`use_post_quant_conv` false there "
+            "is no 1x1 convolution to fold them into",
+            "export from a run whose VAE keeps its quant convolutions, or apply the statistics yourself when "
+            "decoding: `vae.decode(latents * std / scaling_factor + mean)`",
+        )
+    post, quant = autoencoder.post_quant_conv, autoencoder.quant_conv
+    channels = mean.numel()
+    with torch.no_grad():
+        weight, bias = post.weight.double()[:, :, 0, 0], post.bias.double()
+        post.bias.copy_(weight @ mean + bias)
+        post.weight.copy_((weight * std[None, :])[:, :, None, None])
+        weight, bias = quant.weight.double()[:, :, 0, 0].clone(), quant.bias.double().clone()
+        weight[:channels] /= std[:, None]
+        bias[:channels] = (bias[:channels] - mean) / std
+        bias[channels:] -= 2 * std.log()
+        quant.weight.copy_(weight[:, :, None, None])
+        quant.bias.copy_(bias)
+    return autoencoder
+
+
+def clean_transformer(transformer: PixArtTransformer2DModel) -> PixArtTransformer2DModel:
+    """A copy whose config holds only the model's own arguments (EMA checkpoints add ``decay``, ``power``, ...)."""
+    accepted = inspect.signature(PixArtTransformer2DModel.__init__).parameters
+    config = {key: value for key, value in transformer.config.items() if key in accepted}
+    clean = PixArtTransformer2DModel.from_config(config)
+    clean.load_state_dict(transformer.state_dict())
+    return clean.eval()
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise ConfigError(
+            "out_dir",
+            str(out_dir),
+            "it already exists and is not an empty folder, and an export never overwrites",
+            "remove it first, or pass another `out_dir=...`",
+        )
+
+
+def _staging_dir(out_dir: Path) -> Path:
+    """An empty sibling of ``out_dir`` to write into; renamed at the end so a failed export leaves nothing half."""
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+    except OSError as error:
+        raise ConfigError(
+            "out_dir",
+            str(out_dir),
+            f"it cannot be written ({error.strerror or error})",
+            "pass a writable `out_dir=...`",
+        ) from error
+
+
+def _cast(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    return module if dtype == torch.float32 else module.to(dtype)  # float32 already; .to() would only warn
+
+
+def _kwargs(**values) -> str:
+    return ", ".join(f"{key}={value!r}" for key, value in values.items() if value is not None)
+
+
+def _usage(out_dir: Path, cfg: TrainConfig, manifest: dict, text_encoder_class: str | None) -> str:
+    generation = manifest["generation"]
+    call = (
+        f'image = pipe("a red circle", height={generation["height"]}, width={generation["width"]}, '
+        f"num_inference_steps={generation['num_inference_steps']}, guidance_scale={generation['guidance_scale']},\n"
+        f"             max_sequence_length={generation['max_sequence_length']}, use_resolution_binning=False, "
+        "clean_caption=False).images[0]"
+    )
+    dtype = manifest["dtype"]
+    cast = dtype != "float32"
+    imports, to_dtype = ("import torch\n", f".to(torch.{dtype})") if cast else ("", "")
+    torch_dtype = f", torch_dtype=torch.{dtype}" if cast else ""
+    if text_encoder_class is None:
+        return (
+            f"{imports}from diffusers import PixArtAlphaPipeline\n\n"
+            f"pipe = PixArtAlphaPipeline.from_pretrained({str(out_dir)!r}{torch_dtype})"
+            f"\n{call}"
+        )
+    te = cfg.text_encoder
+    te_args = _kwargs(subfolder=te.subfolder, revision=te.revision)
+    tok_args = _kwargs(subfolder=te.tokenizer_subfolder, revision=te.revision)
+    scheduler = manifest["scheduler_class"]
+    return (
+        f"{imports}from diffusers import AutoencoderKL, {scheduler}, PixArtAlphaPipeline, "
+        f"PixArtTransformer2DModel\nfrom transformers import AutoTokenizer, {text_encoder_class}\n\n"
+        f"folder, text_encoder = {str(out_dir)!r}, {te.pretrained!r}\n"
+        "pipe = PixArtAlphaPipeline(\n"
+        f"    tokenizer=AutoTokenizer.from_pretrained(text_encoder{', ' + tok_args if tok_args else ''}),\n"
+        f"    text_encoder={text_encoder_class}.from_pretrained(text_encoder{', ' + te_args if te_args else ''}),\n"
+        '    transformer=PixArtTransformer2DModel.from_pretrained(folder, subfolder="transformer"),\n'
+        '    vae=AutoencoderKL.from_pretrained(folder, subfolder="vae"),\n'
+        f'    scheduler={scheduler}.from_pretrained(folder, subfolder="scheduler"),\n'
+        f"){to_dtype}\n{call}"
+    )
+
+
+def export_run(cfg: ExportConfig) -> ExportResult:
+    """Write ``cfg.checkpoint`` of ``cfg.run_dir`` to ``cfg.out_dir`` (see the module docstring for the layouts).
+
+    Everything that can be checked without loading models is checked first, and the folder is written under a
+    temporary name and renamed at the end: a refused or failed export leaves ``out_dir`` as it was.
+    """
+    if cfg.dtype not in DTYPES:
+        raise ConfigError("dtype", cfg.dtype, f"accepted values are {', '.join(DTYPES)}")
+    if cfg.sampler is not None and cfg.sampler not in SAMPLERS:
+        raise ConfigError("sampler", cfg.sampler, f"accepted values are {', '.join(SAMPLERS)}")
+    run_dir = Path(cfg.run_dir).expanduser()
+    train_cfg = read_run_config(run_dir)
+    if train_cfg.vae.kind == "pixel":
+        raise ConfigError(
+            "vae.kind",
+            "pixel",
+            f"the run {run_dir} diffuses in pixel space, and a diffusers PixArtAlphaPipeline (and this export's "
+            "layout) needs an AutoencoderKL to decode latents",
+            "generate with `scripts/sample.py` instead; the checkpoint's `transformer/` folder is already a "
+            "diffusers PixArtTransformer2DModel",
+        )
+    checkpoint = find_checkpoint(run_dir, cfg.checkpoint)
+    out_dir = Path(cfg.out_dir).expanduser() if cfg.out_dir else run_dir / "export" / checkpoint.name
+    _check_out_dir(out_dir)
+    sampler = cfg.sampler or train_cfg.diffusion.sampler
+    dtype = DTYPES[cfg.dtype]
+
+    staging = _staging_dir(out_dir)
+    try:
+        run = load_run(run_dir, str(checkpoint), cfg.ema, device="cpu")
+        parts = run.text_to_image
+        transformer = _cast(clean_transformer(run.dit.transformer), dtype)
+        vae = _cast(fold_latent_normalisation(parts.vae), dtype)
+        scheduler = parts.schedule.diffusers_sampler(sampler)
+        text_encoder = parts.text_encoder
+        is_t5 = isinstance(text_encoder.model, T5EncoderModel)
+        te = train_cfg.text_encoder
+        manifest = {
+            "format": "dit-trainer export 1",
+            "run_dir": str(run_dir.resolve()),
+            "checkpoint": checkpoint.name,
+            "weights": "ema" if cfg.ema and (checkpoint / EMA_DIR).is_dir() else "raw",
+            "dtype": cfg.dtype,
+            "pipeline": "PixArtAlphaPipeline" if is_t5 else None,
+            "scheduler_class": type(scheduler).__name__,
+            "text_encoder": {
+                "bundled": is_t5,
+                "pretrained": "text_encoder" if is_t5 else te.pretrained,
+                "subfolder": None if is_t5 else te.subfolder,
+                "tokenizer_subfolder": "tokenizer" if is_t5 else te.tokenizer_subfolder,
+                "revision": None if is_t5 else te.revision,
+                "class": type(text_encoder.model).__name__,
+                "max_length": te.max_length,
+                "conditioning": "last_hidden_state and attention_mask of the prompt tokenized with "
+                "padding='max_length', truncation=True, max_length=max_length; the empty prompt '' is the "
+                "unconditional branch of classifier-free guidance",
+            },
+            "latents": "per-channel normalisation folded into vae/ (quant_conv, post_quant_conv): decode with "
+            "vae.decode(latents / vae.config.scaling_factor), as PixArtAlphaPipeline does",
+            "generation": {
+                "height": train_cfg.data.resolution,
+                "width": train_cfg.data.resolution,
+                "num_inference_steps": train_cfg.diffusion.sample_steps,
+                "guidance_scale": train_cfg.diffusion.guidance_scale,
+                "negative_prompt": "",
+                "max_sequence_length": te.max_length,
+                "use_resolution_binning": False,
+                "clean_caption": False,
+            },
+        }
+        manifest["usage"] = _usage(out_dir, train_cfg, manifest, None if is_t5 else type(text_encoder.model).__name__)
+        if is_t5:
+            pipeline = PixArtAlphaPipeline(
+                tokenizer=text_encoder.tokenizer,
+                text_encoder=_cast(text_encoder.model, dtype),
+                vae=vae,
+                transformer=transformer,
+                scheduler=scheduler,
+            )
+            pipeline.save_pretrained(staging)
+        else:
+            transformer.save_pretrained(staging / "transformer")
+            vae.save_pretrained(staging / "vae")
+            scheduler.save_pretrained(staging / "scheduler")
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        if out_dir.is_dir():
+            out_dir.rmdir()  # empty (checked above); rename cannot replace a directory on every platform
+        staging.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return ExportResult(out_dir, is_t5, manifest)

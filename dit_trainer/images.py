@@ -1,0 +1,44 @@
+"""Image tensors to PIL: single images and labelled grids, for sample folders, monitors and reports."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from PIL import Image, ImageDraw
+
+LABEL_HEIGHT = 12  # a line of PIL's default font
+CHAR_WIDTH = 6
+
+
+def to_pil(image: torch.Tensor) -> Image.Image:
+    """(3, H, W) in [0, 1] -> an RGB PIL image."""
+    pixels = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+    return Image.fromarray(pixels)
+
+
+def image_grid(
+    images: torch.Tensor,
+    columns: int,
+    labels: list[str] | None = None,
+    row_labels: list[str] | None = None,
+    min_tile: int = 64,
+) -> Image.Image:
+    """(N, 3, H, W) in [0, 1] -> one grid: ``labels`` (one per image) under the tiles, ``row_labels`` (one per row,
+    e.g. the prompt) in a left margin. Tiny images are upscaled (nearest) so they stay visible."""
+    count, _, height, width = images.shape
+    scale = max(1, math.ceil(min_tile / max(height, width)))
+    tile_width, tile_height = width * scale, height * scale
+    cell_height = tile_height + (LABEL_HEIGHT if labels else 0)
+    margin = CHAR_WIDTH * max(map(len, row_labels)) + 8 if row_labels else 0
+    rows = math.ceil(count / columns)
+    grid = Image.new("RGB", (margin + columns * tile_width, rows * cell_height), "white")
+    draw = ImageDraw.Draw(grid)
+    for row, text in enumerate(row_labels or []):
+        draw.text((4, row * cell_height + tile_height // 2 - LABEL_HEIGHT // 2), text, fill="black")
+    for index, image in enumerate(images):
+        left, top = margin + (index % columns) * tile_width, (index // columns) * cell_height
+        grid.paste(to_pil(image).resize((tile_width, tile_height), Image.NEAREST), (left, top))
+        if labels:
+            draw.text((left + 2, top + tile_height), labels[index], fill="black")
+    return grid

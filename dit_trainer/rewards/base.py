@@ -1,0 +1,51 @@
+"""The reward protocol and the weighted sum that combines several reward functions.
+
+A reward function maps images in [0, 1] with shape (B, 3, H, W) and their prompts to a float32 tensor of shape
+(B,) on the images' device. It is pure and runs under ``torch.no_grad()``: rewards here are a monitoring signal
+(and later the input of GRPO's advantages), never something to back-propagate through sampled images.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+
+class RewardFunction(Protocol):
+    name: str
+
+    def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor: ...
+
+
+def check_reward_inputs(images: torch.Tensor, prompts: Sequence[str]) -> None:
+    """Fail with a readable message rather than deep inside a model when the protocol is not followed."""
+    if images.ndim != 4 or images.shape[1] != 3:
+        raise ValueError(f"reward functions take images of shape (B, 3, H, W), got {tuple(images.shape)}")
+    if len(prompts) != images.shape[0]:
+        raise ValueError(f"reward functions take one prompt per image: got {len(prompts)} for {images.shape[0]}")
+
+
+class WeightedReward:
+    """``sum_k weight_k * reward_k(images, prompts)``; ``scores`` also exposes each term, for per-reward logging."""
+
+    name = "weighted"
+
+    def __init__(self, terms: dict[str, tuple[float, RewardFunction]]) -> None:
+        if not terms:
+            raise ValueError("a WeightedReward needs at least one reward function")
+        self.terms = terms
+
+    @torch.no_grad()
+    def scores(self, images: torch.Tensor, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Each reward function's (B,) scores, unweighted, by name."""
+        check_reward_inputs(images, prompts)
+        return {name: reward(images, prompts).float() for name, (_, reward) in self.terms.items()}
+
+    def combine(self, scores: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The weighted sum of ``scores`` (as returned by ``scores``): shape (B,)."""
+        return sum(weight * scores[name] for name, (weight, _) in self.terms.items())
+
+    def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        return self.combine(self.scores(images, prompts))
