@@ -172,14 +172,14 @@ class GRPOMonitorConfig:
     """Periodic reward monitoring in GRPO's shape: ``prompts`` x ``group_size`` images, fixed seeds, EMA weights."""
 
     enabled: bool = False
-    every_n_steps: int = 500  # also runs at the last step
+    every_n_steps: int = 1000  # also runs at the last step
     prompts: list[str] = field(default_factory=list)
     prompt_file: str | None = None  # one prompt per line; used instead of `prompts` when set
     group_size: int = 4  # G: images per prompt
     seed: int = 0  # image j of every prompt uses seed + j, so groups are comparable across prompts and runs
     sample_steps: int | None = None  # default: diffusion.sample_steps
     guidance_scale: float | None = None  # default: diffusion.guidance_scale
-    batch_size: int = 64  # images sampled at once
+    batch_size: int = 32  # images sampled at once
     eps: float = 1e-4  # advantages are (r - mean) / (std + eps)
 
 
@@ -470,6 +470,9 @@ class EvaluateConfig:
     checkpoint: str = "latest"
     ema: bool = True
     batch_size: int = 32
+    # Score with these rewards (name -> weight) instead of the run's `reward.weights`: weights.clip_score=1.0 ...
+    weights: dict[str, float] = field(default_factory=dict)
+    clip_model: str | None = None  # instead of the run's reward.clip_model
 
 
 @dataclass

@@ -4,11 +4,12 @@ the shapes data (read from the pixels)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from dit_trainer.config import ConfigError, EvaluateConfig, TrainConfig, load_prompts
+from dit_trainer.config import REWARDS, ConfigError, EvaluateConfig, RewardConfig, TrainConfig, load_prompts
 from dit_trainer.data.shapes import CAPTIONS, alignment_components
 from dit_trainer.images import image_grid
 from dit_trainer.inference import TrainedRun, load_run
@@ -28,6 +29,23 @@ def evaluation_prompts(cfg: EvaluateConfig, run_cfg: TrainConfig) -> list[str]:
     return list(run_cfg.trainer.sample_prompts)
 
 
+def evaluation_reward(cfg: EvaluateConfig, run_cfg: TrainConfig) -> RewardConfig:
+    """The run's reward config, with the weights and CLIP model given on the command line taking precedence."""
+    reward = replace(
+        run_cfg.reward,
+        weights=dict(cfg.weights or run_cfg.reward.weights),
+        clip_model=cfg.clip_model or run_cfg.reward.clip_model,
+    )
+    if not reward.weights:
+        raise ConfigError(
+            "weights",
+            {},
+            "the run configures no reward function (its `reward.weights` is empty) and none was given",
+            f"pass the rewards to score with, e.g. `weights.{REWARDS[0]}=1.0` (names: {', '.join(REWARDS)})",
+        )
+    return reward
+
+
 def shapes_accuracy(images: torch.Tensor, prompts: list[str]) -> dict[str, float]:
     """Share of images showing the captioned colour, and the captioned shape."""
     color_ok, shape_ok = alignment_components(images, prompts)
@@ -45,7 +63,8 @@ def evaluate(run: TrainedRun, cfg: EvaluateConfig) -> tuple[dict, torch.Tensor, 
     seeds = [cfg.seed + j for _ in prompts for j in range(group)]
     settings = run.settings(cfg.steps, cfg.guidance_scale, cfg.sampler)
     images = run.generate_images(all_prompts, seeds, settings, cfg.batch_size)
-    reward = build_reward(run.cfg.reward, run.text_to_image.device)
+    reward_cfg = evaluation_reward(cfg, run.cfg)
+    reward = build_reward(reward_cfg, run.text_to_image.device)
     scores = reward.scores(images, all_prompts)
     rewards = reward.combine(scores).float().cpu()
     report = {
@@ -56,7 +75,7 @@ def evaluate(run: TrainedRun, cfg: EvaluateConfig) -> tuple[dict, torch.Tensor, 
         "guidance_scale": settings.guidance_scale,
         "prompts": len(prompts),
         "images_per_prompt": group,
-        "rewards": dict(run.cfg.reward.weights),
+        "rewards": reward_cfg.weights,
         **reward_metrics(scores, rewards, group),
     }
     if run.cfg.data.source == "shapes":

@@ -2,10 +2,12 @@
 
     python scripts/evaluate.py outputs/RUN [out_dir=RUN/eval/CHECKPOINT] [images_per_prompt=4] [prompt_file=FILE]
         [seed=0] [steps=..] [guidance_scale=..] [sampler=ddim|dpmsolver++] [checkpoint=latest|PATH] [ema=true]
+        [weights.clip_score=1.0 weights.jpeg_compressibility=0.05 ...] [clip_model=ID_OR_PATH]
 
-Prompts default to the run's reward-monitor prompts (shapes: all 24 captions). Writes ``report.json`` (reward
-mean/std per reward function, GRPO group statistics, per-prompt rewards, colour and shape accuracy for shapes)
-and ``grid.png`` (one row per prompt, each image captioned with its reward), and prints the headline numbers.
+Prompts default to the run's reward-monitor prompts (shapes: all 24 captions) and rewards to the run's `reward`.
+Writes ``report.json`` (reward mean/std per reward function, GRPO group statistics, per-prompt rewards, colour and
+shape accuracy for shapes) and ``grid.png`` (one row per prompt, each image captioned with its reward), and prints
+the headline numbers.
 """
 
 from __future__ import annotations

@@ -207,3 +207,29 @@ def test_a_fresh_run_refuses_a_folder_with_checkpoints(tmp_path):
     assert result.returncode == 2
     assert "trainer.resume=latest" in result.stderr and "checkpoint-2" in result.stderr
     assert checkpoint.read_bytes() == before and len(_metrics(run_dir)) == 2
+
+
+def test_evaluate_scores_with_rewards_given_on_the_command_line(shapes_run, tmp_path):
+    result = run_script(
+        [
+            "scripts/evaluate.py",
+            str(shapes_run[0]),
+            "weights.jpeg_compressibility=1.0",
+            "prompts=[a red circle]",
+            "images_per_prompt=2",
+            "steps=2",
+            f"out_dir={tmp_path / 'eval'}",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert report["rewards"] == {"jpeg_compressibility": 1.0} and report["reward/mean"] < 0
+    assert set(report) >= {"color", "shape"} and len(report["per_prompt"][0]["rewards"]) == 2
+
+
+def test_evaluate_needs_a_reward_when_the_run_configures_none():
+    from dit_trainer.config import ConfigError, EvaluateConfig, TrainConfig
+    from dit_trainer.evaluation import evaluation_reward
+
+    with pytest.raises(ConfigError, match="`weights`"):
+        evaluation_reward(EvaluateConfig(run_dir="run"), TrainConfig())
