@@ -57,7 +57,21 @@ class ModelConfig:
     patch_size: int = 2
     learned_sigma: bool = False  # out_channels = 2 x latent channels; the variance half is ignored by the loss
     dropout: float = 0.0
-    gradient_checkpointing: bool = False
+
+
+@dataclass
+class LoRAConfig:
+    """LoRA fine-tuning (peft) of a pretrained DiT: the base is frozen, only adapters (and ``train_modules``) train."""
+
+    enabled: bool = False
+    rank: int = 16
+    alpha: float = 16.0
+    dropout: float = 0.0
+    # Module name suffixes to adapt: PixArt's attention projections and feed-forward layers.
+    target_modules: list[str] = field(
+        default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2"]
+    )
+    train_modules: list[str] = field(default_factory=list)  # also trained in full, e.g. [caption_projection]
 
 
 @dataclass
@@ -135,6 +149,10 @@ class TrainerConfig:
     max_steps: int = 1000
     batch_size: int = 32  # per process
     gradient_accumulation_steps: int = 1
+    gradient_checkpointing: bool = False  # recompute each DiT block's activations in backward: less memory
+    # torch's re-entrant variant (use_reentrant=True): it gives no gradient to a block whose inputs do not require
+    # grad, e.g. LoRA on a frozen patch embedding; the step-0 preflight says so. Off: the non-re-entrant variant.
+    reentrant_checkpointing: bool = False
     seed: int = 0
     mixed_precision: str = "auto"  # auto | no | fp16 | bf16
     ema_decay: float = 0.9999  # 0 disables EMA
@@ -191,6 +209,7 @@ class MonitorConfig:
 @dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
     vae: VAEConfig = field(default_factory=VAEConfig)
     text_encoder: TextEncoderConfig = field(default_factory=TextEncoderConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -315,6 +334,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             "`vae.kind=autoencoder_kl` needs a hub id or a local path",
             "set `vae.pretrained=...` or use `vae=pixel`",
         )
+    if cfg.lora.enabled:
+        _validate_lora(cfg.lora, m)
     validate_reward(cfg.reward)
     if cfg.monitor.grpo.enabled:
         _validate_grpo_monitor(cfg.monitor.grpo, cfg.reward)
@@ -336,6 +357,26 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             "point `data.path` at the folder that holds metadata.jsonl and the images",
         )
     return cfg
+
+
+def _validate_lora(cfg: LoRAConfig, model: ModelConfig) -> None:
+    _require(
+        bool(model.pretrained),
+        "model.pretrained",
+        model.pretrained,
+        "`lora.enabled=true` fine-tunes a pretrained DiT, and none is set (the base would stay random and frozen)",
+        "set `model.pretrained=<hub id or path>` (with `model.subfolder=transformer` for a pipeline repository)",
+    )
+    _require(cfg.rank >= 1, "lora.rank", cfg.rank, "it must be a whole number >= 1", "set e.g. `lora.rank=16`")
+    _require(cfg.alpha > 0, "lora.alpha", cfg.alpha, "it must be > 0", "set e.g. `lora.alpha=16` (the usual: = rank)")
+    _require(0 <= cfg.dropout < 1, "lora.dropout", cfg.dropout, "it must be in [0, 1)")
+    _require(
+        bool(cfg.target_modules),
+        "lora.target_modules",
+        list(cfg.target_modules),
+        "at least one module must carry an adapter",
+        "set e.g. `lora.target_modules=[to_q,to_k,to_v,to_out.0]`",
+    )
 
 
 def validate_reward(cfg: RewardConfig, required: bool = False) -> None:

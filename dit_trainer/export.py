@@ -38,10 +38,12 @@ import torch
 from diffusers import AutoencoderKL, PixArtAlphaPipeline, PixArtTransformer2DModel
 from transformers import T5EncoderModel
 
+from dit_trainer.components import load_transformer
 from dit_trainer.components.vae import FrozenVAE
 from dit_trainer.config import SAMPLERS, ConfigError, ExportConfig, TrainConfig
 from dit_trainer.inference import find_checkpoint, load_run, read_run_config
-from dit_trainer.training.checkpoint import EMA_DIR
+from dit_trainer.training.checkpoint import weights_format
+from dit_trainer.training.lora import merge_adapter
 
 MANIFEST = "dit_trainer_export.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -209,7 +211,11 @@ def export_run(cfg: ExportConfig) -> ExportResult:
     try:
         run = load_run(run_dir, str(checkpoint), cfg.ema, device="cpu")
         parts = run.text_to_image
-        transformer = _cast(clean_transformer(run.dit.transformer), dtype)
+        weights = weights_format(train_cfg.lora.enabled).weights_dir(checkpoint, cfg.ema)
+        transformer = run.dit.transformer
+        if train_cfg.lora.enabled:  # a plain diffusers transformer: the base with the adapter merged in
+            transformer = merge_adapter(load_transformer(train_cfg.model), train_cfg.lora, weights)
+        transformer = _cast(clean_transformer(transformer), dtype)
         vae = _cast(fold_latent_normalisation(parts.vae), dtype)
         scheduler = parts.schedule.diffusers_sampler(sampler)
         text_encoder = parts.text_encoder
@@ -219,7 +225,7 @@ def export_run(cfg: ExportConfig) -> ExportResult:
             "format": "dit-trainer export 1",
             "run_dir": str(run_dir.resolve()),
             "checkpoint": checkpoint.name,
-            "weights": "ema" if cfg.ema and (checkpoint / EMA_DIR).is_dir() else "raw",
+            "weights": "ema" if weights.name.endswith("_ema") else "raw",
             "dtype": cfg.dtype,
             "pipeline": "PixArtAlphaPipeline" if is_t5 else None,
             "scheduler_class": type(scheduler).__name__,

@@ -13,7 +13,8 @@ from dit_trainer.components import DiTAdapter
 from dit_trainer.config import SAMPLERS, ConfigError, SampleConfig, TrainConfig, load_prompts, to_train_config
 from dit_trainer.diffusion import SamplerSettings, TextToImage
 from dit_trainer.images import to_pil
-from dit_trainer.training.checkpoint import EMA_DIR, TRANSFORMER_DIR, resolve_checkpoint
+from dit_trainer.training.checkpoint import is_checkpoint, resolve_checkpoint, weights_format
+from dit_trainer.training.lora import load_adapter
 from dit_trainer.training.run import build_components
 
 
@@ -62,11 +63,11 @@ def read_run_config(run_dir: Path) -> TrainConfig:
 def find_checkpoint(run_dir: Path, spec: str) -> Path:
     """``latest`` (the run's newest checkpoint) or the path of a checkpoint folder, checked."""
     path = Path(spec).expanduser() if spec != "latest" else None
-    if path is not None and not (path / TRANSFORMER_DIR).is_dir():
+    if path is not None and not is_checkpoint(path):
         raise ConfigError(
             "checkpoint",
             spec,
-            "it is not a checkpoint folder (one with a `transformer/` inside)",
+            "it is not a checkpoint folder (one with a `transformer/` or `transformer_lora/` inside)",
             f"use `checkpoint=latest` or a folder such as {run_dir}/checkpoints/checkpoint-1000",
         )
     path = path or resolve_checkpoint(spec, run_dir / "checkpoints")
@@ -88,12 +89,16 @@ def load_run(
     run_dir = Path(run_dir).expanduser()
     cfg = read_run_config(run_dir)
     path = find_checkpoint(run_dir, checkpoint)
-    weights = path / EMA_DIR if ema and (path / EMA_DIR).is_dir() else path / TRANSFORMER_DIR
+    weights = weights_format(cfg.lora.enabled).weights_dir(path, ema)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    parts = build_components(
-        replace(cfg, model=replace(cfg.model, pretrained=str(weights), subfolder=None)), device, dtype
-    )
+    if cfg.lora.enabled:  # the base model, adapters injected, then the checkpoint's adapter weights
+        parts = build_components(cfg, device, dtype)
+        load_adapter(parts.dit.transformer, weights)
+    else:  # the checkpoint's folder is a whole diffusers transformer
+        parts = build_components(
+            replace(cfg, model=replace(cfg.model, pretrained=str(weights), subfolder=None)), device, dtype
+        )
     text_to_image = TextToImage(parts.vae, parts.text_encoder, parts.schedule, parts.latent_shape, device)
     return TrainedRun(cfg, path, parts.dit.to(device, dtype).eval(), text_to_image)
 

@@ -90,3 +90,17 @@ def tiny_t5_dir(tmp_path_factory, minilm_path) -> Path:
     T5EncoderModel(config).save_pretrained(root / "text_encoder")
     AutoTokenizer.from_pretrained(minilm_path).save_pretrained(root / "tokenizer")
     return root
+
+
+@pytest.fixture(scope="session")
+def tiny_pixart_dir(tmp_path_factory) -> Path:
+    """A randomly initialised 2-layer PixArt sized for the shapes data (4 x 16 x 16 latents, MiniLM's 384-dim text
+    features): the "pretrained" base that LoRA tests fine-tune."""
+    from dit_trainer.components import build_dit
+    from dit_trainer.config import ModelConfig
+
+    root = tmp_path_factory.mktemp("tiny_pixart")
+    torch.manual_seed(0)
+    model = ModelConfig(num_layers=2, num_attention_heads=4, attention_head_dim=32, patch_size=4)
+    build_dit(model, in_channels=4, sample_size=16, caption_channels=384).transformer.save_pretrained(root)
+    return root

@@ -6,7 +6,7 @@ from dit_trainer.data.shapes import ShapesDataset
 from dit_trainer.training import GradientFlowError
 from dit_trainer.training.run import build_components, build_optimizer
 from dit_trainer.training.step import diffusion_loss, drop_captions
-from dit_trainer.training.trainer import check_gradients_reached, preflight
+from dit_trainer.training.trainer import preflight
 
 from .conftest import TINY_SHAPES, compose_config
 
@@ -66,24 +66,28 @@ def test_caption_dropout_replaces_captions_with_the_empty_prompt():
     assert drop_captions(captions, 0.0, torch.Generator()) == captions
 
 
-def test_preflight_explains_a_forward_run_under_no_grad(parts, batch):
-    forward = parts.dit.forward
-    parts.dit.forward = torch.no_grad()(forward)  # the planted bug
-    with pytest.raises(GradientFlowError, match="no grad_fn") as caught:
-        preflight(_loss(parts, batch).mean(), parts.dit)
-    assert "torch.no_grad()" in str(caught.value) and "eval()" in str(caught.value)
+def test_preflight_turns_a_planted_no_grad_into_the_doctor_s_explanation(parts, batch):
+    parts.dit.forward = torch.no_grad()(parts.dit.forward)  # the planted bug
+    with pytest.raises(GradientFlowError) as caught:
+        preflight(parts.dit, lambda: _loss(parts, batch).mean())
+    message = str(caught.value)
+    assert "[grad_disabled]" in message and "DiTAdapter" in message and "torch.no_grad" in message
+    assert not isinstance(caught.value.__cause__, RuntimeError)  # the doctor's words, not PyTorch's error
 
 
-def test_preflight_names_parameters_that_got_no_gradient(parts, batch):
+def test_preflight_names_parameters_that_get_no_gradient(parts, batch):
     parts.dit.transformer.register_parameter("orphan", torch.nn.Parameter(torch.zeros(3)))
-    loss = _loss(parts, batch).mean()
-    preflight(loss, parts.dit)  # the loss itself is fine
-    loss.backward()
-    with pytest.raises(GradientFlowError, match="transformer.orphan"):
-        check_gradients_reached(parts.dit)
+    with pytest.raises(GradientFlowError, match=r"(?s)\[unused_params\].*`transformer\.orphan`"):
+        preflight(parts.dit, lambda: _loss(parts, batch).mean())
 
 
 def test_preflight_refuses_a_fully_frozen_dit(parts, batch):
     parts.dit.requires_grad_(False)
-    with pytest.raises(GradientFlowError, match="no trainable parameters"):
-        preflight(_loss(parts, batch).mean(), parts.dit)
+    with pytest.raises(GradientFlowError, match=r"\[no_trainable_params\]"):
+        preflight(parts.dit, lambda: _loss(parts, batch).mean())
+
+
+def test_preflight_passes_a_healthy_step_and_changes_nothing(parts, batch):
+    before = {name: p.detach().clone() for name, p in parts.dit.named_parameters()}
+    preflight(parts.dit, lambda: _loss(parts, batch).mean())
+    assert all(p.grad is None and torch.equal(p, before[n]) for n, p in parts.dit.named_parameters())

@@ -1,7 +1,7 @@
 """The three components behind one call signature each: frozen VAE, frozen text encoder, trainable DiT."""
 
-from dit_trainer.components.dit import DiTAdapter, build_dit
-from dit_trainer.components.freeze import freeze
+from dit_trainer.components.dit import DiTAdapter, build_dit, enable_gradient_checkpointing, load_transformer
+from dit_trainer.components.freeze import freeze, trainable_parameters
 from dit_trainer.components.text_encoder import FrozenTextEncoder, build_text_encoder
 from dit_trainer.components.vae import FrozenVAE, PixelVAE, build_vae
 
@@ -13,5 +13,8 @@ __all__ = [
     "build_dit",
     "build_text_encoder",
     "build_vae",
+    "enable_gradient_checkpointing",
     "freeze",
+    "load_transformer",
+    "trainable_parameters",
 ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.utils.checkpoint
 from diffusers import PixArtTransformer2DModel
 from torch import nn
 
@@ -47,16 +48,31 @@ class DiTAdapter(nn.Module):
     predict = forward
 
 
+def load_transformer(cfg: ModelConfig) -> PixArtTransformer2DModel:
+    """The pretrained transformer ``model.pretrained`` names (hub id or local path)."""
+    return load_pretrained(
+        PixArtTransformer2DModel.from_pretrained,
+        cfg.pretrained,
+        "model.pretrained",
+        subfolder=cfg.subfolder,
+        revision=cfg.revision,
+    )
+
+
+def enable_gradient_checkpointing(dit: DiTAdapter, reentrant: bool = False) -> None:
+    """Recompute each transformer block in backward. ``reentrant`` picks torch's ``use_reentrant=True`` variant,
+    which gives no gradient to a block whose inputs do not require grad (LoRA on a frozen patch embedding)."""
+
+    def checkpoint(block: nn.Module, *args):
+        return torch.utils.checkpoint.checkpoint(block.__call__, *args, use_reentrant=reentrant)
+
+    dit.transformer.enable_gradient_checkpointing(checkpoint)
+
+
 def build_dit(cfg: ModelConfig, in_channels: int, sample_size: int, caption_channels: int) -> DiTAdapter:
     """A PixArt transformer sized by ``cfg`` whose input follows the VAE (``in_channels``, ``sample_size``)."""
     if cfg.pretrained:
-        transformer = load_pretrained(
-            PixArtTransformer2DModel.from_pretrained,
-            cfg.pretrained,
-            "model.pretrained",
-            subfolder=cfg.subfolder,
-            revision=cfg.revision,
-        )
+        transformer = load_transformer(cfg)
         config = transformer.config
         if config.in_channels != in_channels:
             raise ConfigError(
@@ -95,6 +111,4 @@ def build_dit(cfg: ModelConfig, in_channels: int, sample_size: int, caption_chan
             f"the latent size {sample_size} must be divisible by it",
             "pick a patch size that divides the latent size, or change `data.resolution`",
         )
-    if cfg.gradient_checkpointing:
-        transformer.enable_gradient_checkpointing()
     return DiTAdapter(transformer.train())

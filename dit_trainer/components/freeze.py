@@ -13,3 +13,8 @@ def freeze(module: nn.Module) -> nn.Module:
     """
     module.requires_grad_(False)
     return module.eval()
+
+
+def trainable_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters that train, in a fixed order: what the optimizer, EMA and checkpoints all work on."""
+    return [parameter for parameter in module.parameters() if parameter.requires_grad]

@@ -1,21 +1,65 @@
-"""Checkpoints: accelerate state (optimizer, LR schedule, RNG, trainer state) plus the DiT and its EMA in
-diffusers ``save_pretrained`` format, so a checkpoint folder is directly loadable by diffusers."""
+"""Checkpoints: accelerate state (optimizer, LR schedule, RNG, trainer state) plus what trains, and its EMA, in a
+format other tools load: the whole DiT as a diffusers ``save_pretrained`` folder, or a LoRA run's adapter in
+peft's format (the frozen base is not saved again)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from accelerate import Accelerator
 from diffusers import PixArtTransformer2DModel
 from diffusers.training_utils import EMAModel
 
+from dit_trainer.components import trainable_parameters
 from dit_trainer.config import ConfigError
+from dit_trainer.training.lora import load_adapter, save_adapter
 
 CHECKPOINT_PATTERN = re.compile(r"checkpoint-(\d+)$")
-TRANSFORMER_DIR = "transformer"
-EMA_DIR = "transformer_ema"
+EMA_STATE = "ema_state.json"
+
+
+@dataclass(frozen=True)
+class WeightsFormat:
+    """Where and how a checkpoint keeps the trained weights: the raw ones in ``directory``, the EMA ones in
+    ``ema_directory``."""
+
+    directory: str
+    ema_directory: str
+    lora: bool
+
+    def save(self, transformer: PixArtTransformer2DModel, path: Path) -> None:
+        if self.lora:
+            save_adapter(transformer, path)
+        else:
+            transformer.save_pretrained(path)
+
+    def load(self, transformer: PixArtTransformer2DModel, path: Path) -> None:
+        if self.lora:
+            load_adapter(transformer, path)
+        else:
+            transformer.load_state_dict(PixArtTransformer2DModel.from_pretrained(path).state_dict())
+
+    def weights_dir(self, checkpoint: Path, ema: bool) -> Path:
+        """The EMA weights if asked for and saved, else the raw ones."""
+        return checkpoint / (
+            self.ema_directory if ema and (checkpoint / self.ema_directory).is_dir() else self.directory
+        )
+
+
+FULL_WEIGHTS = WeightsFormat("transformer", "transformer_ema", lora=False)
+LORA_WEIGHTS = WeightsFormat("transformer_lora", "transformer_lora_ema", lora=True)
+
+
+def weights_format(lora: bool) -> WeightsFormat:
+    return LORA_WEIGHTS if lora else FULL_WEIGHTS
+
+
+def is_checkpoint(path: Path) -> bool:
+    return any((path / fmt.directory).is_dir() for fmt in (FULL_WEIGHTS, LORA_WEIGHTS))
 
 
 def checkpoint_step(path: Path) -> int:
@@ -41,11 +85,11 @@ def resolve_checkpoint(spec: str | None, checkpoints_dir: Path) -> Path | None:
         found = list_checkpoints(checkpoints_dir)
         return found[-1] if found else None
     path = Path(spec).expanduser()
-    if not (path.is_dir() and (path / TRANSFORMER_DIR).is_dir()):
+    if not is_checkpoint(path):
         raise ConfigError(
             "trainer.resume",
             spec,
-            "it is not a checkpoint folder (one with a `transformer/` inside)",
+            "it is not a checkpoint folder (one with a `transformer/` or `transformer_lora/` inside)",
             f"use `trainer.resume=latest` or a folder such as {checkpoints_dir}/checkpoint-1000",
         )
     return path
@@ -65,15 +109,25 @@ def check_run_folder(run_dir: Path, resume: str | None) -> None:
 
 
 class Checkpointer:
-    """Writes and restores checkpoints through accelerate's hooks (the pattern of diffusers' training examples)."""
+    """Writes and restores checkpoints through accelerate's hooks (the pattern of diffusers' training examples).
+
+    The EMA weights are saved in the same format as the raw ones (swapped in for the write), with the EMA's
+    counters in ``ema_state.json`` beside them.
+    """
 
     def __init__(
-        self, accelerator: Accelerator, checkpoints_dir: Path, ema: EMAModel | None, total_limit: int | None
+        self,
+        accelerator: Accelerator,
+        checkpoints_dir: Path,
+        ema: EMAModel | None,
+        total_limit: int | None,
+        weights: WeightsFormat = FULL_WEIGHTS,
     ) -> None:
         self.accelerator = accelerator
         self.checkpoints_dir = checkpoints_dir
         self.ema = ema
         self.total_limit = total_limit
+        self.weights = weights
         accelerator.register_save_state_pre_hook(self._save_models)
         accelerator.register_load_state_pre_hook(self._load_models)
 
@@ -81,20 +135,38 @@ class Checkpointer:
         if not self.accelerator.is_main_process:
             return
         for model in models:
-            self.accelerator.unwrap_model(model).transformer.save_pretrained(Path(output_dir) / TRANSFORMER_DIR)
-            weights.pop()  # saved above in diffusers format; accelerate need not save it again
-        if self.ema is not None:
-            self.ema.save_pretrained(Path(output_dir) / EMA_DIR)
+            transformer = self.accelerator.unwrap_model(model).transformer
+            self.weights.save(transformer, Path(output_dir) / self.weights.directory)
+            weights.pop()  # saved above; accelerate need not save it again
+            if self.ema is not None:
+                self._save_ema(transformer, Path(output_dir) / self.weights.ema_directory)
+
+    def _save_ema(self, transformer: PixArtTransformer2DModel, path: Path) -> None:
+        parameters = trainable_parameters(transformer)
+        self.ema.store(parameters)
+        self.ema.copy_to(parameters)
+        try:
+            self.weights.save(transformer, path)
+        finally:
+            self.ema.restore(parameters)
+        counters = {k: v for k, v in self.ema.state_dict().items() if k != "shadow_params"}
+        (path / EMA_STATE).write_text(json.dumps(counters), encoding="utf-8")
 
     def _load_models(self, models: list, input_dir: str) -> None:
         while models:
-            model = self.accelerator.unwrap_model(models.pop())
-            saved = PixArtTransformer2DModel.from_pretrained(Path(input_dir) / TRANSFORMER_DIR)
-            model.transformer.load_state_dict(saved.state_dict())
-        if self.ema is not None:
-            saved_ema = EMAModel.from_pretrained(Path(input_dir) / EMA_DIR, PixArtTransformer2DModel)
-            self.ema.load_state_dict(saved_ema.state_dict())
-            self.ema.to(self.accelerator.device)
+            transformer = self.accelerator.unwrap_model(models.pop()).transformer
+            if self.ema is not None:
+                self._load_ema(transformer, Path(input_dir) / self.weights.ema_directory)
+            self.weights.load(transformer, Path(input_dir) / self.weights.directory)
+
+    def _load_ema(self, transformer: PixArtTransformer2DModel, path: Path) -> None:
+        """Load the EMA weights into the model to read them out as the EMA's shadow; the raw ones follow."""
+        self.weights.load(transformer, path)
+        # Checkpoints written by EMAModel.save_pretrained keep the counters in config.json.
+        counters = json.loads((path / EMA_STATE if (path / EMA_STATE).is_file() else path / "config.json").read_text())
+        shadow = [parameter.detach().clone() for parameter in trainable_parameters(transformer)]
+        self.ema.load_state_dict({**counters, "shadow_params": shadow})
+        self.ema.to(self.accelerator.device)
 
     def save(self, step: int) -> Path:
         path = self.checkpoints_dir / f"checkpoint-{step}"

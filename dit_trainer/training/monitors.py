@@ -17,6 +17,7 @@ from accelerate import Accelerator
 from diffusers.training_utils import EMAModel
 from torch import nn
 
+from dit_trainer.components import trainable_parameters
 from dit_trainer.config import LoggerConfig
 from dit_trainer.diffusion.sampler import SamplerSettings, TextToImage
 from dit_trainer.images import image_grid
@@ -32,7 +33,7 @@ def sampling_weights(accelerator: Accelerator, dit: nn.Module, ema: EMAModel | N
     leaves training exactly as it found it.
     """
     model = accelerator.unwrap_model(dit)
-    parameters = list(model.transformer.parameters())
+    parameters = trainable_parameters(model.transformer)
     device = accelerator.device
     devices = [] if device.type == "cpu" else [device.index or 0]
     was_training = model.training

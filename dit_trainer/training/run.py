@@ -9,13 +9,19 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
-from diffusers import PixArtTransformer2DModel
 from diffusers.optimization import get_scheduler
 from diffusers.training_utils import EMAModel
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
-from dit_trainer.components import DiTAdapter, build_dit, build_text_encoder, build_vae
+from dit_trainer.components import (
+    DiTAdapter,
+    build_dit,
+    build_text_encoder,
+    build_vae,
+    enable_gradient_checkpointing,
+    trainable_parameters,
+)
 from dit_trainer.config import TrainConfig, load_prompts, validate
 from dit_trainer.data import build_dataset
 from dit_trainer.data.latent_cache import encode_dataset
@@ -23,6 +29,7 @@ from dit_trainer.diffusion.sampler import SamplerSettings, TextToImage
 from dit_trainer.diffusion.schedule import NoiseSchedule, build_noise_schedule
 from dit_trainer.rewards import build_reward
 from dit_trainer.training.checkpoint import check_run_folder
+from dit_trainer.training.lora import apply_lora
 from dit_trainer.training.monitors import (
     GRPORewardMonitor,
     Monitor,
@@ -55,6 +62,10 @@ def build_components(cfg: TrainConfig, device: torch.device, frozen_dtype: torch
     text_encoder = build_text_encoder(cfg.text_encoder, device, frozen_dtype)
     latent_size = cfg.data.resolution // vae.downsample_factor
     dit = build_dit(cfg.model, vae.latent_channels, latent_size, text_encoder.hidden_size)
+    if cfg.lora.enabled:
+        apply_lora(dit.transformer, cfg.lora)
+    if cfg.trainer.gradient_checkpointing:
+        enable_gradient_checkpointing(dit, cfg.trainer.reentrant_checkpointing)
     schedule = build_noise_schedule(cfg.diffusion)
     return Components(vae, text_encoder, dit, schedule, (vae.latent_channels, latent_size, latent_size))
 
@@ -146,8 +157,7 @@ def run(cfg: TrainConfig, run_dir: str | Path) -> TrainResult:
     parts = build_components(cfg, accelerator.device, weight_dtype(accelerator.mixed_precision))
     dit, vae, text_encoder, schedule = parts.dit, parts.vae, parts.text_encoder, parts.schedule
 
-    trainable = [p for p in dit.parameters() if p.requires_grad]
-    optimizer = build_optimizer(cfg, trainable)
+    optimizer = build_optimizer(cfg, trainable_parameters(dit))
     lr_scheduler = get_scheduler(
         cfg.optim.lr_schedule,
         optimizer,
@@ -155,15 +165,8 @@ def run(cfg: TrainConfig, run_dir: str | Path) -> TrainResult:
         num_training_steps=cfg.trainer.max_steps * accelerator.num_processes,
     )
     ema = None
-    if cfg.trainer.ema_decay > 0:
-        transformer = dit.transformer
-        ema = EMAModel(
-            transformer.parameters(),
-            decay=cfg.trainer.ema_decay,
-            model_cls=PixArtTransformer2DModel,
-            model_config=transformer.config,
-            foreach=True,
-        )
+    if cfg.trainer.ema_decay > 0:  # of what trains: the whole DiT, or a LoRA run's adapters
+        ema = EMAModel(trainable_parameters(dit.transformer), decay=cfg.trainer.ema_decay, foreach=True)
         ema.to(accelerator.device)
     dataloader = build_dataloader(cfg, accelerator, vae)
     dit, optimizer, dataloader, lr_scheduler = accelerator.prepare(dit, optimizer, dataloader, lr_scheduler)

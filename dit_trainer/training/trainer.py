@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,9 +16,11 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from dit_trainer.components import trainable_parameters
 from dit_trainer.config import TrainConfig
+from dit_trainer.diagnostics import diagnose_gradient_flow
 from dit_trainer.diffusion.schedule import NoiseSchedule
-from dit_trainer.training.checkpoint import Checkpointer, resolve_checkpoint
+from dit_trainer.training.checkpoint import Checkpointer, resolve_checkpoint, weights_format
 from dit_trainer.training.metrics import MetricsFile, save_loss_curve
 from dit_trainer.training.monitors import Monitor
 from dit_trainer.training.step import diffusion_loss
@@ -27,7 +29,7 @@ logger = get_logger(__name__)
 
 
 class GradientFlowError(RuntimeError):
-    """The step-0 preflight found that the loss cannot train the DiT."""
+    """The preflight before the first step found that the loss cannot train the DiT (the message says why)."""
 
 
 class TrainingState:
@@ -54,33 +56,20 @@ class TrainResult:
     monitor_seconds: float = 0.0  # of ``seconds``, the time spent in monitors (sample grids, reward monitor)
 
 
-def preflight(loss: torch.Tensor, dit: nn.Module) -> None:
-    """Before the first backward: a loss that cannot reach the DiT's parameters is a bug, explained here."""
-    trainable = [name for name, p in dit.named_parameters() if p.requires_grad]
-    if not trainable:
-        raise GradientFlowError(
-            "The DiT has no trainable parameters (every parameter has requires_grad=False), so there is nothing to "
-            "train. Something froze it: only the VAE and the text encoder should be frozen."
-        )
-    if loss.grad_fn is None:
-        raise GradientFlowError(
-            "The training loss has no grad_fn: it does not depend on any DiT parameter that requires grad, so "
-            "backward() would fail. The graph was cut between the DiT's parameters and the loss. Usual causes: the "
-            "DiT's forward ran under torch.no_grad()/torch.inference_mode(), or its output was detached (.detach(), "
-            ".data, a .cpu().numpy() round trip). Frozen components (requires_grad=False, eval()) are not the cause."
-        )
+# What a finding means in this trainer's config, appended to the doctor's generic advice.
+CONFIG_HINTS = {
+    "reentrant_checkpoint": "In this trainer: set `trainer.reentrant_checkpointing=false`.",
+    "no_trainable_params": "In this trainer only the VAE and the text encoder are frozen (and the base under LoRA).",
+}
 
 
-def check_gradients_reached(dit: nn.Module) -> None:
-    """After the first backward: every trainable parameter must have received a gradient."""
-    missing = [name for name, p in dit.named_parameters() if p.requires_grad and p.grad is None]
-    if missing:
-        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-        raise GradientFlowError(
-            f"{len(missing)} trainable DiT parameter(s) received no gradient after the first backward: {shown}. "
-            "They are not used in the forward pass that produced the loss (or a detach cut them off). Freeze them "
-            "(requires_grad_(False)) if they are meant to be unused, or fix the forward."
-        )
+def preflight(dit: nn.Module, compute_loss: Callable[[], torch.Tensor]) -> None:
+    """Before the first step: the gradient-flow doctor on the real loss. A problem becomes a ``GradientFlowError``
+    that explains its cause (rather than PyTorch's "does not require grad" from deep inside backward)."""
+    report = diagnose_gradient_flow(dit, compute_loss)
+    if not report.ok:
+        hints = [CONFIG_HINTS[code] for code in report.codes if code in CONFIG_HINTS]
+        raise GradientFlowError("\n".join([str(report), *hints]))
 
 
 class Trainer:
@@ -113,10 +102,17 @@ class Trainer:
         self.lr_scheduler = lr_scheduler
         self.ema = ema
         self.monitors = monitors
+        self._preflight_done = False
         generator = torch.Generator(accelerator.device).manual_seed(cfg.trainer.seed + accelerator.process_index)
         self.state = TrainingState(generator)
         accelerator.register_for_checkpointing(self.state)
-        self.checkpointer = Checkpointer(accelerator, run_dir / "checkpoints", ema, cfg.trainer.checkpoints_total_limit)
+        self.checkpointer = Checkpointer(
+            accelerator,
+            run_dir / "checkpoints",
+            ema,
+            cfg.trainer.checkpoints_total_limit,
+            weights_format(cfg.lora.enabled),
+        )
         self.metrics = MetricsFile(run_dir / "metrics.jsonl")
 
     def resume(self) -> None:
@@ -149,22 +145,12 @@ class Trainer:
         """
         trainer, losses, grad_norm = self.cfg.trainer, [], torch.tensor(float("nan"))
         for _ in range(trainer.gradient_accumulation_steps):
+            batch = next(batches)
+            if not self._preflight_done:
+                self._preflight(batch)
             with self.accelerator.accumulate(self.dit):
-                per_sample, _ = diffusion_loss(
-                    next(batches),
-                    self.dit,
-                    self.vae,
-                    self.text_encoder,
-                    self.schedule,
-                    self.state.generator,
-                    self.cfg.data.caption_dropout,
-                )
-                loss = per_sample.mean()
-                if self.state.step == 0:
-                    preflight(loss, self.dit)
+                loss = self._loss(batch, self.dit, self.state.generator).mean()
                 self.accelerator.backward(loss)
-                if self.state.step == 0:
-                    check_gradients_reached(self.dit)
                 if self.accelerator.sync_gradients:
                     max_norm = self.cfg.optim.max_grad_norm or float("inf")
                     grad_norm = self.accelerator.clip_grad_norm_(self.dit.parameters(), max_norm)
@@ -173,8 +159,28 @@ class Trainer:
                 self.optimizer.zero_grad(set_to_none=True)
             losses.append(loss.detach())
         if self.ema is not None:
-            self.ema.step(self.accelerator.unwrap_model(self.dit).transformer.parameters())
+            self.ema.step(trainable_parameters(self.accelerator.unwrap_model(self.dit).transformer))
         return torch.stack(losses).mean(), grad_norm
+
+    def _loss(self, batch: dict, dit: nn.Module, generator: torch.Generator) -> torch.Tensor:
+        """The per-sample training loss (B,) of ``batch``."""
+        return diffusion_loss(
+            batch, dit, self.vae, self.text_encoder, self.schedule, generator, self.cfg.data.caption_dropout
+        )[0]
+
+    def _preflight(self, batch: dict) -> None:
+        """The doctor on the first batch of this process, with a copy of the trainer's generator: the step that
+        follows draws exactly what it would have drawn without the check."""
+        model = self.accelerator.unwrap_model(self.dit)
+        generator = torch.Generator(self.state.generator.device)
+        generator.set_state(self.state.generator.get_state())
+
+        def compute_loss() -> torch.Tensor:
+            with self.accelerator.autocast():
+                return self._loss(batch, model, generator).mean()
+
+        preflight(model, compute_loss)
+        self._preflight_done = True
 
     def _is_due(self, every: int) -> bool:
         step = self.state.step

@@ -1,0 +1,70 @@
+"""LoRA fine-tuning with peft: adapters injected into the DiT in place, the base frozen.
+
+Adapters are saved in peft's own format (``adapter_config.json`` + ``adapter_model.safetensors``), so a checkpoint
+holds only what trains and ``peft`` users can load it onto the same base model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from diffusers import PixArtTransformer2DModel
+from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
+from peft.tuners.lora import LoraModel
+from safetensors.torch import load_file, save_file
+
+from dit_trainer.config import ConfigError, LoRAConfig
+
+ADAPTER_NAME = "default"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def peft_config(cfg: LoRAConfig) -> LoraConfig:
+    return LoraConfig(
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=list(cfg.target_modules),
+        modules_to_save=list(cfg.train_modules) or None,
+    )
+
+
+def apply_lora(transformer: PixArtTransformer2DModel, cfg: LoRAConfig) -> LoraModel:
+    """Freeze ``transformer`` and inject adapters into it in place; returns peft's tuner, which can merge them."""
+    transformer.requires_grad_(False)
+    try:
+        return LoraModel(transformer, peft_config(cfg), ADAPTER_NAME)
+    except ValueError as error:  # peft: "Target modules {...} not found in the base model"
+        raise ConfigError(
+            "lora.target_modules",
+            list(cfg.target_modules),
+            f"peft could not adapt them ({str(error).splitlines()[0]})",
+            "name the DiT's Linear layers by suffix, e.g. `lora.target_modules=[to_q,to_k,to_v,to_out.0]`",
+        ) from error
+
+
+def save_adapter(transformer: PixArtTransformer2DModel, directory: Path) -> None:
+    """The adapter (and ``train_modules``) weights of ``transformer`` in peft's format."""
+    directory.mkdir(parents=True, exist_ok=True)
+    transformer.peft_config[ADAPTER_NAME].save_pretrained(str(directory))
+    state = get_peft_model_state_dict(transformer, adapter_name=ADAPTER_NAME)
+    save_file({name: tensor.detach().contiguous() for name, tensor in state.items()}, directory / ADAPTER_WEIGHTS)
+
+
+def load_adapter(transformer: PixArtTransformer2DModel, directory: Path) -> None:
+    """Load adapter weights saved by ``save_adapter`` into a transformer that ``apply_lora`` prepared."""
+    result = set_peft_model_state_dict(transformer, load_file(directory / ADAPTER_WEIGHTS), adapter_name=ADAPTER_NAME)
+    if result.unexpected_keys:
+        raise ConfigError(
+            "lora",
+            str(directory),
+            f"its adapter does not fit this model (unexpected weights such as {result.unexpected_keys[0]})",
+            "use the run's own config (rank, target_modules, train_modules) and base model",
+        )
+
+
+def merge_adapter(base: PixArtTransformer2DModel, cfg: LoRAConfig, directory: Path) -> PixArtTransformer2DModel:
+    """``base`` with the adapter in ``directory`` merged into its weights: a plain diffusers transformer."""
+    tuner = apply_lora(base, cfg)
+    load_adapter(base, directory)
+    return tuner.merge_and_unload()

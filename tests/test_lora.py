@@ -1,0 +1,128 @@
+"""LoRA fine-tuning: only adapters train, checkpoints hold only them, resume continues them, and the
+sample/export paths load base + adapter."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader
+
+from dit_trainer.components import trainable_parameters
+from dit_trainer.config import ConfigError
+from dit_trainer.data.shapes import ShapesDataset
+from dit_trainer.training.run import build_components, build_optimizer
+from dit_trainer.training.step import diffusion_loss
+
+from .conftest import TINY_SHAPES, compose_config, run_script, train
+
+CPU = torch.device("cpu")
+
+
+def _lora(base) -> list[str]:
+    return [
+        f"model.pretrained={base}",
+        "lora.enabled=true",
+        "lora.rank=4",
+        "lora.train_modules=[caption_projection]",
+        "trainer.gradient_checkpointing=true",
+    ]
+
+
+def _metrics(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_lora_with_gradient_checkpointing_trains_adapters_and_leaves_the_base_bit_identical(tiny_pixart_dir):
+    cfg = compose_config([*TINY_SHAPES, *_lora(tiny_pixart_dir)])
+    torch.manual_seed(0)
+    parts = build_components(cfg, CPU, torch.float32)
+    transformer = parts.dit.transformer
+    assert transformer.is_gradient_checkpointing
+    named = dict(transformer.named_parameters())
+    trainable = {name for name, p in named.items() if p.requires_grad}
+    assert trainable and all("lora_" in name or "modules_to_save" in name for name in trainable)
+    assert any("caption_projection" in name for name in trainable)
+    before = {name: p.detach().clone() for name, p in named.items()}
+
+    optimizer = build_optimizer(cfg, trainable_parameters(parts.dit))
+    batch = next(iter(DataLoader(ShapesDataset(16, seed=1), batch_size=16)))
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(2):  # two steps: LoRA's B starts at zero, so A first moves at the second step
+        loss = diffusion_loss(batch, parts.dit, parts.vae, parts.text_encoder, parts.schedule, generator)[0].mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    for name, p in named.items():
+        if name in trainable:
+            assert not torch.equal(p, before[name]), f"{name} did not train"
+        else:
+            assert torch.equal(p, before[name]), f"frozen {name} changed"
+
+
+@pytest.fixture(scope="module")
+def lora_runs(tmp_path_factory, tiny_pixart_dir):
+    root = tmp_path_factory.mktemp("lora")
+    common = (*_lora(tiny_pixart_dir), "trainer.log_every=1", "trainer.sample_every=0", "trainer.checkpoint_every=3")
+    train(root / "straight", "trainer.max_steps=6", *common)
+    train(root / "resumed", "trainer.max_steps=3", *common)
+    train(root / "resumed", "trainer.max_steps=6", "trainer.resume=latest", *common)
+    return root
+
+
+def test_a_lora_checkpoint_holds_only_the_adapter_in_peft_format(lora_runs, tiny_pixart_dir):
+    checkpoint = lora_runs / "straight" / "checkpoints" / "checkpoint-6"
+    assert not (checkpoint / "transformer").exists()
+    for part in ("transformer_lora", "transformer_lora_ema"):
+        assert json.loads((checkpoint / part / "adapter_config.json").read_text())["r"] == 4
+    adapter = (checkpoint / "transformer_lora" / "adapter_model.safetensors").stat().st_size
+    base = (tiny_pixart_dir / "diffusion_pytorch_model.safetensors").stat().st_size
+    assert adapter < 0.2 * base
+
+
+def test_a_resumed_lora_run_matches_the_uninterrupted_one_and_keeps_training(lora_runs):
+    straight = {r["step"]: r["loss"] for r in _metrics(lora_runs / "straight")}
+    resumed = {r["step"]: r["loss"] for r in _metrics(lora_runs / "resumed")}
+    assert sorted(resumed) == list(range(1, 7))
+    assert [resumed[s] for s in range(4, 7)] == pytest.approx([straight[s] for s in range(4, 7)], rel=1e-6)
+    checkpoints = lora_runs / "resumed" / "checkpoints"
+    at_3 = load_file(checkpoints / "checkpoint-3" / "transformer_lora" / "adapter_model.safetensors")
+    at_6 = load_file(checkpoints / "checkpoint-6" / "transformer_lora" / "adapter_model.safetensors")
+    lora_b = [name for name in at_3 if "lora_B" in name]
+    assert lora_b and all(not torch.equal(at_3[name], at_6[name]) for name in lora_b)
+
+
+def test_sample_and_export_load_base_plus_adapter(lora_runs, tmp_path):
+    from diffusers import PixArtTransformer2DModel
+
+    from dit_trainer.config import ExportConfig
+    from dit_trainer.export import export_run
+    from dit_trainer.inference import load_run
+
+    run_dir = lora_runs / "straight"
+    result = run_script(
+        ["scripts/sample.py", f"run_dir={run_dir}", "prompts=[a red circle]", "images_per_prompt=1", "steps=2",
+         f"out_dir={tmp_path / 'samples'}"]
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "samples" / "00000.png").is_file()
+
+    export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(tmp_path / "export")))
+    merged = PixArtTransformer2DModel.from_pretrained(tmp_path / "export" / "transformer")
+    assert not any("lora" in name or "modules_to_save" in name for name in merged.state_dict())
+    run = load_run(run_dir, device="cpu")  # EMA adapter, as the export
+    x, t = torch.randn(1, 4, 16, 16), torch.tensor([500])
+    embeds = torch.randn(1, 8, 384)
+    kwargs = {"timestep": t, "added_cond_kwargs": {"resolution": None, "aspect_ratio": None}, "return_dict": False}
+    with torch.no_grad():
+        ours = run.dit.transformer(x, encoder_hidden_states=embeds, **kwargs)[0]
+        theirs = merged(x, encoder_hidden_states=embeds, **kwargs)[0]
+    torch.testing.assert_close(theirs, ours, atol=1e-5, rtol=1e-5)
+
+
+def test_lora_needs_a_pretrained_base_and_known_target_modules(tiny_pixart_dir):
+    with pytest.raises(ConfigError, match="`model.pretrained`"):
+        compose_config([*TINY_SHAPES, "lora.enabled=true"])
+    cfg = compose_config([*TINY_SHAPES, *_lora(tiny_pixart_dir), "lora.target_modules=[no_such_layer]"])
+    with pytest.raises(ConfigError, match="`lora.target_modules`"):
+        build_components(cfg, CPU, torch.float32)
