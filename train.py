@@ -1,4 +1,9 @@
-"""Train a text-conditioned DiT: ``python train.py +experiment=shapes`` (CPU) or ``+experiment=dit`` (cluster)."""
+"""Train a text-conditioned DiT: ``python train.py +experiment=shapes`` (CPU) or ``+experiment=dit`` (cluster).
+
+Exit codes: 0 trained to ``trainer.max_steps``; 2 a bad config value, a missing model or a gradient-flow problem
+(nothing trained); 3 preempted by SIGTERM/SIGUSR1 after writing a checkpoint (requeue with
+``trainer.resume=latest``); 4 stopped after ``trainer.max_consecutive_nonfinite`` non-finite steps.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,8 @@ from omegaconf import DictConfig
 
 from dit_trainer.config import ConfigError, register_configs, to_train_config
 from dit_trainer.hub import ModelLoadError
-from dit_trainer.training import GradientFlowError, run
+from dit_trainer.training import GradientFlowError, NonFiniteError, run
+from dit_trainer.training.preemption import EXIT_NONFINITE, EXIT_PREEMPTED
 
 register_configs()
 
@@ -22,6 +28,15 @@ def main(cfg: DictConfig) -> None:
     except (ConfigError, ModelLoadError, GradientFlowError) as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    except NonFiniteError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(EXIT_NONFINITE)
+    if result.preempted:
+        print(
+            f"Preempted at step {result.steps}; checkpoint written. Resume with trainer.resume=latest in "
+            f"{result.run_dir}."
+        )
+        sys.exit(EXIT_PREEMPTED)
     print(
         f"Trained {result.steps} steps in {result.seconds:.0f} s ({result.seconds / max(result.steps, 1):.3f} s/step), "
         f"final loss {result.final_loss:.4f}; monitors took {result.monitor_seconds:.1f} s "

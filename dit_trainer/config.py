@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
@@ -163,6 +166,8 @@ class TrainerConfig:
     sample_prompts: list[str] = field(default_factory=lambda: ["a photo of a cat"])
     sample_seed: int = 0
     resume: str | None = None  # latest | path to a checkpoint folder
+    # Steps with NaN/inf loss or gradients are skipped; this many in a row stop the run with a report.
+    max_consecutive_nonfinite: int = 10
 
 
 @dataclass
@@ -242,9 +247,23 @@ def _package_model_path(module_name: str) -> str:
     return str(module.get_model_path())
 
 
+def _launch_time(pattern: str) -> str:
+    """``${launch_time:PATTERN}``: Hydra's ``${now:PATTERN}``, but one time for all processes of a launch on a node.
+
+    Under ``accelerate launch``/``torchrun`` every rank composes its config itself, so ``now`` (each rank's clock)
+    can name a different run folder per rank. The launcher's start time is the same for all of them. Ranks on other
+    nodes have their own launcher: multi-node jobs set ``hydra.run.dir`` explicitly.
+    """
+    launched = datetime.now()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "LOCAL_RANK" in os.environ:
+        launched = datetime.fromtimestamp(psutil.Process(os.getppid()).create_time())
+    return launched.strftime(pattern)
+
+
 def register_configs() -> None:
-    """Register the schema with Hydra and the path resolvers with OmegaConf (idempotent)."""
+    """Register the schema with Hydra and the resolvers with OmegaConf (idempotent)."""
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    OmegaConf.register_new_resolver("launch_time", _launch_time, use_cache=True, replace=True)
     OmegaConf.register_new_resolver("asset", _asset_path, replace=True)
     OmegaConf.register_new_resolver("package_model", _package_model_path, replace=True)
 
@@ -280,7 +299,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _require_choice("optim.lr_schedule", o.lr_schedule, LR_SCHEDULES)
     _require(o.warmup_steps >= 0, "optim.warmup_steps", o.warmup_steps, "it must be >= 0")
     _require(o.max_grad_norm >= 0, "optim.max_grad_norm", o.max_grad_norm, "it must be >= 0 (0 disables clipping)")
-    for key in ("max_steps", "batch_size", "gradient_accumulation_steps", "log_every"):
+    for key in ("max_steps", "batch_size", "gradient_accumulation_steps", "log_every", "max_consecutive_nonfinite"):
         value = getattr(t, key)
         _require(value >= 1, f"trainer.{key}", value, "it must be a whole number >= 1", f"set e.g. `trainer.{key}=1`")
     for key in ("checkpoint_every", "sample_every"):

@@ -1,25 +1,56 @@
-"""Checkpoints: accelerate state (optimizer, LR schedule, RNG, trainer state) plus what trains, and its EMA, in a
+"""Checkpoints: accelerate state (optimizer, LR schedule, RNG, data position) plus what trains, and its EMA, in a
 format other tools load: the whole DiT as a diffusers ``save_pretrained`` folder, or a LoRA run's adapter in
-peft's format (the frozen base is not saved again)."""
+peft's format (the frozen base is not saved again).
+
+A checkpoint is written to ``.checkpoint-N.partial`` and renamed to ``checkpoint-N`` only when every file is in
+place, with ``manifest.json`` listing them and their sizes; only checkpoints whose manifest matches the disk count,
+so a job killed mid-write leaves the previous checkpoint as ``latest``. Everything a checkpoint holds is read with
+safetensors, JSON or ``torch.load(weights_only=True)``.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from accelerate import Accelerator
+from accelerate.logging import get_logger
 from diffusers import PixArtTransformer2DModel
 from diffusers.training_utils import EMAModel
+from safetensors.torch import load_file, save_file
 
 from dit_trainer.components import trainable_parameters
 from dit_trainer.config import ConfigError
 from dit_trainer.training.lora import load_adapter, save_adapter
 
+logger = get_logger(__name__)
 CHECKPOINT_PATTERN = re.compile(r"checkpoint-(\d+)$")
 EMA_STATE = "ema_state.json"
+MANIFEST = "manifest.json"
+
+
+class TrainingState:
+    """What accelerate does not checkpoint by itself: the step counter, the count of steps skipped for non-finite
+    gradients, and the trainer's random generator (one per process)."""
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self.step = 0
+        self.skipped_steps = 0
+        self.generator = generator
+
+    def save(self, path: Path) -> None:
+        counters = torch.tensor([self.step, self.skipped_steps], dtype=torch.int64)
+        save_file({"counters": counters, "generator": self.generator.get_state()}, path)
+
+    def load(self, path: Path) -> None:
+        state = load_file(path)
+        self.step, self.skipped_steps = (int(v) for v in state["counters"])
+        self.generator.set_state(state["generator"])
 
 
 @dataclass(frozen=True)
@@ -69,12 +100,31 @@ def checkpoint_step(path: Path) -> int:
     return int(match.group(1))
 
 
+def incomplete_reason(path: Path) -> str | None:
+    """Why ``path`` is not a complete checkpoint (None when it is): no manifest, or a listed file missing or of
+    another size than written."""
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        return f"it has no {MANIFEST} (its write did not finish)"
+    try:
+        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+    except (ValueError, KeyError):
+        return f"its {MANIFEST} is unreadable"
+    for name, size in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes where {size} were written (truncated or replaced)"
+    return None
+
+
 def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
-    """Checkpoint folders, oldest first."""
+    """Complete checkpoint folders, oldest first."""
     if not checkpoints_dir.is_dir():
         return []
     found = [p for p in checkpoints_dir.iterdir() if p.is_dir() and CHECKPOINT_PATTERN.search(p.name)]
-    return sorted(found, key=checkpoint_step)
+    return sorted((p for p in found if incomplete_reason(p) is None), key=checkpoint_step)
 
 
 def resolve_checkpoint(spec: str | None, checkpoints_dir: Path) -> Path | None:
@@ -85,12 +135,16 @@ def resolve_checkpoint(spec: str | None, checkpoints_dir: Path) -> Path | None:
         found = list_checkpoints(checkpoints_dir)
         return found[-1] if found else None
     path = Path(spec).expanduser()
-    if not is_checkpoint(path):
+    reason = incomplete_reason(path) if is_checkpoint(path) else None
+    if not is_checkpoint(path) or reason:
         raise ConfigError(
             "trainer.resume",
             spec,
-            "it is not a checkpoint folder (one with a `transformer/` or `transformer_lora/` inside)",
-            f"use `trainer.resume=latest` or a folder such as {checkpoints_dir}/checkpoint-1000",
+            f"it is not a complete checkpoint folder ({reason})"
+            if reason
+            else "it is not a checkpoint folder (one with a `transformer/` or `transformer_lora/` inside)",
+            f"use `trainer.resume=latest` (the newest complete checkpoint) or a folder such as "
+            f"{checkpoints_dir}/checkpoint-1000",
         )
     return path
 
@@ -119,15 +173,19 @@ class Checkpointer:
         self,
         accelerator: Accelerator,
         checkpoints_dir: Path,
+        state: TrainingState,
         ema: EMAModel | None,
         total_limit: int | None,
         weights: WeightsFormat = FULL_WEIGHTS,
+        config_hash: str = "",
     ) -> None:
         self.accelerator = accelerator
         self.checkpoints_dir = checkpoints_dir
+        self.state = state
         self.ema = ema
         self.total_limit = total_limit
         self.weights = weights
+        self.config_hash = config_hash
         accelerator.register_save_state_pre_hook(self._save_models)
         accelerator.register_load_state_pre_hook(self._load_models)
 
@@ -169,14 +227,56 @@ class Checkpointer:
         self.ema.to(self.accelerator.device)
 
     def save(self, step: int) -> Path:
+        """Write ``checkpoint-<step>`` atomically (all processes take part); prune old ones after it is complete."""
+        accelerator = self.accelerator
         path = self.checkpoints_dir / f"checkpoint-{step}"
-        self.accelerator.save_state(str(path))
-        if self.accelerator.is_main_process and self.total_limit:
-            for old in list_checkpoints(self.checkpoints_dir)[: -self.total_limit]:
-                shutil.rmtree(old)
+        partial = self.checkpoints_dir / f".checkpoint-{step}.partial"
+        if accelerator.is_main_process and partial.exists():
+            shutil.rmtree(partial)  # left by a job killed while writing
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(partial))
+        self.state.save(partial / f"trainer_state_{accelerator.process_index}.safetensors")
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            self._write_manifest(partial, step)
+            if path.exists():  # the same step saved again (e.g. a resumed run stopped at once): replace it whole
+                shutil.rmtree(path)
+            partial.rename(path)
+            if self.total_limit:
+                for old in list_checkpoints(self.checkpoints_dir)[: -self.total_limit]:
+                    shutil.rmtree(old)
+        accelerator.wait_for_everyone()
         return path
 
+    def _write_manifest(self, folder: Path, step: int) -> None:
+        files = {str(f.relative_to(folder)): f.stat().st_size for f in sorted(folder.rglob("*")) if f.is_file()}
+        manifest = {"step": step, "config_hash": self.config_hash, "files": files}
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+
     def load(self, path: Path) -> int:
-        """Restore everything from ``path``; returns its step."""
-        self.accelerator.load_state(str(path))
-        return checkpoint_step(path)
+        """Restore everything from ``path``; returns its step. Warns when the run's config changed since."""
+        saved = json.loads((path / MANIFEST).read_text(encoding="utf-8")).get("config_hash")
+        if saved != self.config_hash:
+            logger.warning(f"The config differs from the one {path.name} was trained with; continuing with this one.")
+        try:
+            self.accelerator.load_state(str(path))
+        except RuntimeError as error:  # load_state_dict: missing/unexpected keys or size mismatches
+            if "state_dict" not in str(error):
+                raise
+            raise ConfigError(
+                "trainer.resume",
+                str(path),
+                f"its weights do not fit the configured model ({' '.join(str(error).split())[:300]})",
+                "resume with the settings that run was trained with (its config.yaml), or start a fresh run in a "
+                "new `hydra.run.dir`",
+            ) from error
+        self.state.load(path / f"trainer_state_{self.accelerator.process_index}.safetensors")
+        return self.state.step
+
+
+def config_hash(config: dict) -> str:
+    """A short fingerprint of the training config (``trainer.resume`` and ``trainer.max_steps`` excluded: changing
+    them is what resuming is for)."""
+    trainer = {k: v for k, v in config["trainer"].items() if k not in ("resume", "max_steps")}
+    text = json.dumps({**config, "trainer": trainer}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

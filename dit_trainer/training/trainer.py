@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -20,9 +21,16 @@ from dit_trainer.components import trainable_parameters
 from dit_trainer.config import TrainConfig
 from dit_trainer.diagnostics import diagnose_gradient_flow
 from dit_trainer.diffusion.schedule import NoiseSchedule
-from dit_trainer.training.checkpoint import Checkpointer, resolve_checkpoint, weights_format
+from dit_trainer.training.checkpoint import (
+    Checkpointer,
+    TrainingState,
+    config_hash,
+    resolve_checkpoint,
+    weights_format,
+)
 from dit_trainer.training.metrics import MetricsFile, save_loss_curve
 from dit_trainer.training.monitors import Monitor
+from dit_trainer.training.preemption import PreemptionHandler
 from dit_trainer.training.step import diffusion_loss
 
 logger = get_logger(__name__)
@@ -32,19 +40,8 @@ class GradientFlowError(RuntimeError):
     """The preflight before the first step found that the loss cannot train the DiT (the message says why)."""
 
 
-class TrainingState:
-    """What accelerate does not checkpoint by itself: the step counter and the trainer's random generator."""
-
-    def __init__(self, generator: torch.Generator) -> None:
-        self.step = 0
-        self.generator = generator
-
-    def state_dict(self) -> dict:
-        return {"step": self.step, "generator": self.generator.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.step = int(state["step"])
-        self.generator.set_state(state["generator"])
+class NonFiniteError(RuntimeError):
+    """Too many consecutive steps with non-finite loss or gradients; the message reports what and suggests fixes."""
 
 
 @dataclass
@@ -54,6 +51,7 @@ class TrainResult:
     seconds: float
     run_dir: Path
     monitor_seconds: float = 0.0  # of ``seconds``, the time spent in monitors (sample grids, reward monitor)
+    preempted: bool = False  # stopped by a signal after writing a checkpoint
 
 
 # What a finding means in this trainer's config, appended to the doctor's generic advice.
@@ -105,14 +103,16 @@ class Trainer:
         self._preflight_done = False
         generator = torch.Generator(accelerator.device).manual_seed(cfg.trainer.seed + accelerator.process_index)
         self.state = TrainingState(generator)
-        accelerator.register_for_checkpointing(self.state)
         self.checkpointer = Checkpointer(
             accelerator,
             run_dir / "checkpoints",
+            self.state,
             ema,
             cfg.trainer.checkpoints_total_limit,
             weights_format(cfg.lora.enabled),
+            config_hash(dataclasses.asdict(cfg)),
         )
+        self._consecutive_nonfinite = 0
         self.metrics = MetricsFile(run_dir / "metrics.jsonl")
 
     def resume(self) -> None:
@@ -144,6 +144,7 @@ class Trainer:
         Both stay tensors on the device: reading them (a GPU sync) waits for the next log step.
         """
         trainer, losses, grad_norm = self.cfg.trainer, [], torch.tensor(float("nan"))
+        finite = True
         for _ in range(trainer.gradient_accumulation_steps):
             batch = next(batches)
             if not self._preflight_done:
@@ -151,16 +152,57 @@ class Trainer:
             with self.accelerator.accumulate(self.dit):
                 loss = self._loss(batch, self.dit, self.state.generator).mean()
                 self.accelerator.backward(loss)
+                losses.append(loss.detach())
                 if self.accelerator.sync_gradients:
                     max_norm = self.cfg.optim.max_grad_norm or float("inf")
                     grad_norm = self.accelerator.clip_grad_norm_(self.dit.parameters(), max_norm)
-                self.optimizer.step()
-                self.lr_scheduler.step()
+                    finite = self._check_finite(torch.stack(losses).mean(), grad_norm)
+                # fp16's grad scaler must see the step to skip it and lower its scale itself.
+                if finite or self.accelerator.scaler is not None:
+                    self.optimizer.step()
+                    self.lr_scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.detach())
-        if self.ema is not None:
+        if finite and self.ema is not None:
             self.ema.step(trainable_parameters(self.accelerator.unwrap_model(self.dit).transformer))
         return torch.stack(losses).mean(), grad_norm
+
+    def _check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+        """Whether this step's loss and gradients are finite on every process (one sync per step). A non-finite
+        step is skipped and counted; ``trainer.max_consecutive_nonfinite`` of them in a row stop the run."""
+        bad = (~torch.isfinite(loss) | ~torch.isfinite(grad_norm)).float()
+        if self.accelerator.num_processes > 1:
+            bad = self.accelerator.reduce(bad, reduction="sum")
+        if not bad.item():
+            self._consecutive_nonfinite = 0
+            return True
+        self.state.skipped_steps += 1
+        self._consecutive_nonfinite += 1
+        if self._consecutive_nonfinite >= self.cfg.trainer.max_consecutive_nonfinite:
+            raise NonFiniteError(self._nonfinite_report(loss, grad_norm))
+        logger.warning(
+            f"step {self.state.step + 1}: non-finite loss ({loss.item():.4g}) or gradient norm "
+            f"({grad_norm.item():.4g}); the update is skipped"
+        )
+        return False
+
+    def _nonfinite_report(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> str:
+        model = self.accelerator.unwrap_model(self.dit)
+        bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+        shown = ", ".join(bad[:6]) + (f" and {len(bad) - 6} more" if len(bad) > 6 else "") if bad else "none"
+        t, o = self.cfg.trainer, self.cfg.optim
+        suggestions = [f"lower the learning rate (`optim.lr={o.lr:g}` -> e.g. `optim.lr={o.lr / 10:g}`)"]
+        if self.accelerator.mixed_precision == "fp16":
+            suggestions.append("train in bf16 (`trainer.mixed_precision=bf16`), whose range does not overflow")
+        if not o.max_grad_norm:
+            suggestions.append("clip gradients (`optim.max_grad_norm=1.0`)")
+        return (
+            f"Training stopped at step {self.state.step + 1}: the loss or the gradients were NaN/inf for "
+            f"{self._consecutive_nonfinite} consecutive steps (`trainer.max_consecutive_nonfinite="
+            f"{t.max_consecutive_nonfinite}`), and each of those updates was skipped. Last step: loss "
+            f"{loss.item():.4g}, gradient norm {grad_norm.item():.4g}, lr {self.lr_scheduler.get_last_lr()[0]:.4g}. "
+            f"Parameters with non-finite gradients: {shown}. To fix it, {'; or '.join(suggestions)}. Checkpoints "
+            "written so far are intact; `trainer.resume=latest` continues from the newest."
+        )
 
     def _loss(self, batch: dict, dit: nn.Module, generator: torch.Generator) -> torch.Tensor:
         """The per-sample training loss (B,) of ``batch``."""
@@ -196,6 +238,7 @@ class Trainer:
             "loss": loss,
             "lr": self.lr_scheduler.get_last_lr()[0],
             "grad_norm": float(grad_norm),
+            "skipped_steps": self.state.skipped_steps,  # so far: updates skipped for non-finite loss or gradients
             "images_per_sec": images_per_step * len(losses) / seconds,
             "seconds_per_step": seconds / len(losses),
         }
@@ -228,28 +271,49 @@ class Trainer:
         )
         start = time.perf_counter()
         window_start, window_losses, loss, monitor_seconds = time.perf_counter(), [], float("nan"), 0.0
-        while self.state.step < trainer.max_steps:
-            step_loss, grad_norm = self._optimizer_step(batches)
-            self.state.step += 1
-            window_losses.append(step_loss)
-            progress.update(1)
-            metrics = {}
-            if self._is_due(trainer.log_every):
-                metrics = self._train_metrics(window_losses, grad_norm, window_start, images_per_step)
-                loss = metrics["loss"]
-                progress.set_postfix(loss=f"{loss:.4f}", img_s=f"{metrics['images_per_sec']:.0f}")
-                window_start, window_losses = time.perf_counter(), []
-            checkpoint_start = time.perf_counter()
-            if self._is_due(trainer.checkpoint_every):
-                self.checkpointer.save(self.state.step)
-            monitor_metrics, seconds = self._run_monitors()
-            monitor_seconds += seconds
-            if metrics or monitor_metrics:
-                self._write(metrics | monitor_metrics)
-            window_start += time.perf_counter() - checkpoint_start  # checkpoints and monitors are not training time
+        saved_step, preempted = None, False
+        with PreemptionHandler() as preemption:
+            while self.state.step < trainer.max_steps:
+                step_loss, grad_norm = self._optimizer_step(batches)
+                self.state.step += 1
+                window_losses.append(step_loss)
+                progress.update(1)
+                metrics = {}
+                if self._is_due(trainer.log_every):
+                    metrics = self._train_metrics(window_losses, grad_norm, window_start, images_per_step)
+                    loss = metrics["loss"]
+                    progress.set_postfix(loss=f"{loss:.4f}", img_s=f"{metrics['images_per_sec']:.0f}")
+                    window_start, window_losses = time.perf_counter(), []
+                checkpoint_start = time.perf_counter()
+                if self._is_due(trainer.checkpoint_every):
+                    self.checkpointer.save(self.state.step)
+                    saved_step = self.state.step
+                monitor_metrics, seconds = self._run_monitors()
+                monitor_seconds += seconds
+                if metrics or monitor_metrics:
+                    self._write(metrics | monitor_metrics)
+                window_start += time.perf_counter() - checkpoint_start  # checkpoints and monitors are not training
+                if self._stop_requested(preemption):
+                    if saved_step != self.state.step:
+                        self.checkpointer.save(self.state.step)
+                    logger.warning(
+                        f"Stopped by {preemption.requested.name} at step {self.state.step} after writing a "
+                        "checkpoint; continue with trainer.resume=latest",
+                        main_process_only=True,
+                    )
+                    preempted = True
+                    break
         progress.close()
         seconds = time.perf_counter() - start
         if self.accelerator.is_main_process:
             save_loss_curve(self.metrics.read(), self.run_dir / "loss_curve.png")
+        self.accelerator.wait_for_everyone()  # every rank done before the process group goes away
         self.accelerator.end_training()
-        return TrainResult(self.state.step, loss, seconds, self.run_dir, monitor_seconds)
+        return TrainResult(self.state.step, loss, seconds, self.run_dir, monitor_seconds, preempted)
+
+    def _stop_requested(self, preemption: PreemptionHandler) -> bool:
+        """Whether any process got a stop signal: all of them must stop at the same step."""
+        if self.accelerator.num_processes == 1:
+            return preemption.requested is not None
+        flag = torch.tensor(float(preemption.requested is not None), device=self.accelerator.device)
+        return bool(self.accelerator.reduce(flag, reduction="sum").item())

@@ -1,0 +1,142 @@
+"""The bad-input table: each bad value, path or file gets one paragraph naming the problem and the fix, and nothing
+already written (a checkpoint, the metrics) is modified."""
+
+import hashlib
+import json
+
+import pytest
+
+from dit_trainer.config import ConfigError
+from dit_trainer.hub import ModelLoadError
+
+from .conftest import TINY_SHAPES, compose_config, run_script, train
+
+# (override, the key the message must name, a fragment of the value or reason)
+CONFIG_VALUES = [
+    ("diffusion.objective=x0", "diffusion.objective", "'x0'"),
+    ("optim.lr=-1", "optim.lr", "-1"),
+    ("optim.lr_schedule=exponential", "optim.lr_schedule", "'exponential'"),
+    ("trainer.batch_size=0", "trainer.batch_size", "0"),
+    ("trainer.mixed_precision=fp8", "trainer.mixed_precision", "'fp8'"),
+    ("trainer.max_consecutive_nonfinite=0", "trainer.max_consecutive_nonfinite", "0"),
+    ("trainer.ema_decay=1.5", "trainer.ema_decay", "1.5"),
+    ("model.cross_attention_dim=100", "model.cross_attention_dim", "100"),
+    ("data.caption_dropout=1.5", "data.caption_dropout", "1.5"),
+    ("data.resolution=4", "data.resolution", "4"),
+    ("diffusion.sample_steps=5000", "diffusion.sample_steps", "5000"),
+    ("diffusion.sampler=euler", "diffusion.sampler", "'euler'"),
+    ("monitor.grpo.group_size=1", "monitor.grpo.group_size", "1"),
+    ("+reward.weights.aesthetic=1.0", "reward.weights.aesthetic", "aesthetic"),
+    ("reward.jpeg_quality=0", "reward.jpeg_quality", "0"),
+    ("lora.enabled=true", "model.pretrained", "pretrained DiT"),
+    ("data=imagefolder", "data.path", "None"),
+    ("data=imagefolder data.path=/no/such/folder", "data.path", "metadata.jsonl"),
+    ("monitor.grpo.prompt_file=/no/such/prompts.txt", "monitor.grpo.prompt_file", "no such file"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key", "fragment"), CONFIG_VALUES)
+def test_a_bad_config_value_is_one_paragraph_naming_key_and_fix(overrides, key, fragment):
+    with pytest.raises(ConfigError) as caught:
+        compose_config(["+experiment=shapes", *overrides.split()])
+    message = str(caught.value)
+    assert f"`{key}`" in message and fragment in message
+    assert "\n" not in message and "To fix it" in message
+
+
+def test_an_empty_prompt_file_is_refused(tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n  \n")
+    with pytest.raises(ConfigError, match="no prompts were given"):
+        compose_config(["+experiment=shapes", f"monitor.grpo.prompt_file={prompts}"])
+
+
+@pytest.mark.parametrize("key", ["vae.pretrained", "text_encoder.pretrained", "model.pretrained"])
+def test_a_missing_model_folder_names_its_key(key, tmp_path):
+    with pytest.raises(ModelLoadError) as caught:
+        compose_config(["+experiment=shapes", f"{key}=org/no-such-model-{tmp_path.name}"])
+    assert f"{key}=org/no-such-model" in str(caught.value) and f"{key}=DIR" in str(caught.value)
+
+
+def _digest(folder) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*")
+            if p.is_file()}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("bad_inputs") / "run"
+    train(run_dir, "trainer.max_steps=2", "trainer.log_every=1", "trainer.sample_every=0")
+    return run_dir
+
+
+def _refused(run_dir, *overrides: str, into=None) -> str:
+    """Run train.py with ``overrides`` into ``into`` (default: the finished run); it must exit 2 without a
+    traceback and leave the finished run's files as they were. Returns stderr."""
+    before = _digest(run_dir)
+    result = run_script(
+        ["train.py", *TINY_SHAPES, f"hydra.run.dir={into or run_dir}", "trainer.sample_every=0", *overrides],
+        timeout=240,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert {k: v for k, v in _digest(run_dir).items() if k.startswith(("checkpoints", "metrics"))} == {
+        k: v for k, v in before.items() if k.startswith(("checkpoints", "metrics"))
+    }
+    return result.stderr
+
+
+def test_a_fresh_run_over_a_finished_one_is_refused(finished_run):
+    assert "already holds checkpoints" in _refused(finished_run, "trainer.max_steps=4")
+
+
+def test_resuming_from_a_folder_that_is_not_a_checkpoint_is_refused(finished_run, tmp_path):
+    stderr = _refused(finished_run, "trainer.max_steps=4", f"trainer.resume={tmp_path}", into=tmp_path / "new")
+    assert "`trainer.resume`" in stderr and "not a checkpoint folder" in stderr
+
+
+def test_resuming_a_checkpoint_of_another_model_shape_is_refused(finished_run, tmp_path):
+    checkpoint = finished_run / "checkpoints" / "checkpoint-2"
+    stderr = _refused(finished_run, "model.num_layers=3", f"trainer.resume={checkpoint}", into=tmp_path / "new")
+    assert "its weights do not fit the configured model" in stderr and "config.yaml" in stderr
+
+
+def test_resuming_a_truncated_checkpoint_is_refused(finished_run, tmp_path):
+    copy = tmp_path / "checkpoint-2"
+    import shutil
+
+    shutil.copytree(finished_run / "checkpoints" / "checkpoint-2", copy)
+    weights = copy / "transformer" / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    stderr = _refused(finished_run, f"trainer.resume={copy}", into=tmp_path / "new")
+    assert "not a complete checkpoint" in stderr and "diffusion_pytorch_model.safetensors" in stderr
+
+
+def test_an_image_folder_that_lists_no_images_is_refused(finished_run, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "metadata.jsonl").write_text("")
+    stderr = _refused(finished_run, "data=imagefolder", f"data.path={data}", "vae=pixel", "data.resolution=16",
+                      into=tmp_path / "new")  # fmt: skip
+    assert "`data.path`" in stderr and "lists no images" in stderr
+
+
+def test_a_metadata_line_that_is_not_json_names_the_line(finished_run, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "x"}\nnot json\n')
+    stderr = _refused(finished_run, "data=imagefolder", f"data.path={data}", "vae=pixel", "data.resolution=16",
+                      into=tmp_path / "new")  # fmt: skip
+    assert "metadata.jsonl" in stderr and "2" in stderr
+
+
+def test_a_missing_prompt_file_for_sampling_is_refused(finished_run, tmp_path):
+    result = run_script(["scripts/sample.py", f"run_dir={finished_run}", f"prompt_file={tmp_path / 'nope.txt'}",
+                         f"out_dir={tmp_path / 'out'}"])  # fmt: skip
+    assert result.returncode == 2 and "no such file" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_metrics_of_a_refused_resume_are_kept(finished_run):
+    records = [json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
