@@ -55,8 +55,8 @@ def run_script(args: list[str], timeout: float = 300, env: dict | None = None) -
     )
 
 
-def train(run_dir: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    result = run_script(["train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", *overrides], timeout=timeout)
+def train(run_dir: Path, *overrides: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    result = run_script(["train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", *overrides], timeout=timeout, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 

@@ -157,18 +157,22 @@ def test_dit_experiment_offline_fails_fast_naming_the_model(tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_wandb_offline_writes_a_run_inside_the_run_folder(tmp_path):
+def test_wandb_offline_writes_a_run_inside_the_run_folder_and_no_secret(tmp_path):
     run_dir = tmp_path / "run"
-    train(
+    secret = "sentinel-api-key-0123456789abcdef0123456789abcdef"
+    result = train(
         run_dir,
         "logger=wandb",
         "logger.mode=offline",
         "trainer.max_steps=3",
         "trainer.log_every=1",
         "trainer.sample_every=3",
+        env={"WANDB_API_KEY": secret},
     )
     runs = list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1 and runs[0].stat().st_size > 0
+    assert secret not in result.stdout + result.stderr
+    assert not [p for p in run_dir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
 
 
 def test_tensorboard_writes_event_files(tmp_path):
