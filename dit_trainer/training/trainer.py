@@ -293,7 +293,7 @@ class Trainer:
                 if metrics or monitor_metrics:
                     self._write(metrics | monitor_metrics)
                 window_start += time.perf_counter() - checkpoint_start  # checkpoints and monitors are not training
-                if self._stop_requested(preemption):
+                if self.state.step < trainer.max_steps and self._stop_requested(preemption):
                     if saved_step != self.state.step:
                         self.checkpointer.save(self.state.step)
                     logger.warning(
