@@ -133,6 +133,13 @@ def test_a_missing_prompt_file_for_sampling_is_refused(finished_run, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_an_unwritable_run_folder_is_refused_before_anything_is_written(finished_run, tmp_path):
+    blocker = tmp_path / "a_file"  # as root no permission bit stops a write; a file where a folder must be does
+    blocker.write_text("")
+    stderr = _refused(finished_run, into=blocker / "run")
+    assert "`hydra.run.dir`" in stderr and f"{blocker} is a file" in stderr and "To fix it" in stderr
+
+
 def test_the_metrics_of_a_refused_resume_are_kept(finished_run):
     records = [json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]

@@ -355,5 +355,32 @@ def test_multi_node_sbatch_forwards_usr1_to_every_node_and_requeues(tmp_path):
     assert rc == 1  # the agents exit 1 after forwarding a signal; the script requeued because it forwarded one
 
 
+def mean_worker() -> None:
+    """One CPU rank: rank r logged losses [r, r + 2]; every rank must report the mean over both ranks."""
+    import torch
+    from accelerate import Accelerator
+
+    from dit_trainer.training.metrics import mean_over_processes
+
+    accelerator = Accelerator(cpu=True)
+    rank = float(accelerator.process_index)
+    mean = mean_over_processes(accelerator, [torch.tensor(rank), torch.tensor(rank + 2)])
+    print(f"rank {accelerator.process_index}: mean {mean}", flush=True)
+    accelerator.end_training()
+
+
+def test_logged_losses_are_the_mean_over_processes():
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__,
+         "--mean-worker"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(result.stdout.split("\n")[:2]) == ["rank 0: mean 1.5", "rank 1: mean 1.5"]  # (0+2+1+3)/4
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["--fsdp-worker"]:
     fsdp_worker(sys.argv[2])
+elif __name__ == "__main__" and sys.argv[1:2] == ["--mean-worker"]:
+    mean_worker()

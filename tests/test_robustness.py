@@ -10,7 +10,7 @@ import time
 import pytest
 
 from dit_trainer.training.checkpoint import MANIFEST, incomplete_reason, list_checkpoints
-from dit_trainer.training.preemption import EXIT_NONFINITE, EXIT_PREEMPTED
+from dit_trainer.training.preemption import EXIT_CHECKPOINT_FAILED, EXIT_NONFINITE, EXIT_PREEMPTED
 
 from .conftest import REPO, TINY_SHAPES, run_script, train
 
@@ -86,6 +86,29 @@ def test_kill_9_during_a_checkpoint_write_leaves_the_previous_one_as_latest(tmp_
     assert not partial.exists()
     assert {p.name: p.read_bytes() for p in previous.rglob("*") if p.is_file()} == before
     assert json.loads((run_dir / "checkpoints" / "checkpoint-20" / MANIFEST).read_text())["step"] == 20
+
+
+PLANT_FULL_DISK = """
+import errno, os
+from dit_trainer.training import checkpoint
+save = checkpoint.TrainingState.save
+def full(self, path):
+    if self.step == 20:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    save(self, path)
+checkpoint.TrainingState.save = full
+"""
+
+
+def test_a_full_disk_during_a_checkpoint_write_stops_with_exit_5_and_keeps_the_previous_one(tmp_path):
+    run_dir = tmp_path / "run"
+    process = _start(run_dir, "trainer.max_steps=30", "trainer.checkpoint_every=10", code=PLANT_FULL_DISK)
+    _, stderr = process.communicate(timeout=240)
+    assert process.returncode == EXIT_CHECKPOINT_FAILED, stderr[-3000:]
+    assert "Could not write the checkpoint of step 20" in stderr and "No space left on device" in stderr
+    assert "checkpoint-10, is intact" in stderr and "Traceback" not in stderr
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-10"]  # partial removed
+    assert incomplete_reason(run_dir / "checkpoints" / "checkpoint-10") is None
 
 
 def test_a_truncated_checkpoint_is_not_latest_and_is_refused_by_path(tmp_path):

@@ -34,6 +34,18 @@ EMA_STATE = "ema_state.json"
 MANIFEST = "manifest.json"
 
 
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (disk full, quota, permissions); earlier checkpoints are untouched."""
+
+    def __init__(self, step: int, folder: Path, cause: OSError, complete: list[Path]) -> None:
+        newest = f"the newest complete one, {complete[-1]}, is intact" if complete else "no earlier checkpoint exists"
+        super().__init__(
+            f"Could not write the checkpoint of step {step} to {folder}: {cause.strerror or cause} "
+            f"({cause.filename or folder}). The partial folder was removed and {newest}. To fix it, free space or "
+            "point `hydra.run.dir` at a larger, writable disk, then continue with `trainer.resume=latest`."
+        )
+
+
 class TrainingState:
     """What accelerate does not checkpoint by itself: the step counter, the count of steps skipped for non-finite
     gradients, and the trainer's random generator (one per process)."""
@@ -234,17 +246,21 @@ class Checkpointer:
         if accelerator.is_main_process and partial.exists():
             shutil.rmtree(partial)  # left by a job killed while writing
         accelerator.wait_for_everyone()
-        accelerator.save_state(str(partial))
-        self.state.save(partial / f"trainer_state_{accelerator.process_index}.safetensors")
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            self._write_manifest(partial, step)
-            if path.exists():  # the same step saved again (e.g. a resumed run stopped at once): replace it whole
-                shutil.rmtree(path)
-            partial.rename(path)
-            if self.total_limit:
-                for old in list_checkpoints(self.checkpoints_dir)[: -self.total_limit]:
-                    shutil.rmtree(old)
+        try:
+            accelerator.save_state(str(partial))
+            self.state.save(partial / f"trainer_state_{accelerator.process_index}.safetensors")
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                self._write_manifest(partial, step)
+                if path.exists():  # the same step saved again (e.g. a resumed run stopped at once): replace it
+                    shutil.rmtree(path)
+                partial.rename(path)
+        except OSError as error:
+            shutil.rmtree(partial, ignore_errors=True)  # give back the space a full disk needs most
+            raise CheckpointWriteError(step, partial, error, list_checkpoints(self.checkpoints_dir)) from error
+        if accelerator.is_main_process and self.total_limit:
+            for old in list_checkpoints(self.checkpoints_dir)[: -self.total_limit]:
+                shutil.rmtree(old)
         accelerator.wait_for_everyone()
         return path
 

@@ -6,7 +6,15 @@ import json
 import math
 from pathlib import Path
 
+import torch
+from accelerate import Accelerator
 from PIL import Image, ImageDraw
+
+
+def mean_over_processes(accelerator: Accelerator, values: list[torch.Tensor]) -> float:
+    """The mean of ``values`` (this process's per-step losses) over steps and then over processes: every rank
+    trains on its own shard, so one rank's loss alone is a noisier, biased view of the run."""
+    return accelerator.reduce(torch.stack(values).mean(), reduction="mean").item()
 
 
 class MetricsFile:

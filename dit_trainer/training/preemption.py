@@ -9,6 +9,7 @@ from types import FrameType
 
 EXIT_PREEMPTED = 3  # a checkpoint was written; requeue with trainer.resume=latest
 EXIT_NONFINITE = 4  # stopped after too many consecutive non-finite steps (see the report)
+EXIT_CHECKPOINT_FAILED = 5  # a checkpoint could not be written (disk full); earlier ones are intact
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 

@@ -28,7 +28,7 @@ from dit_trainer.training.checkpoint import (
     resolve_checkpoint,
     weights_format,
 )
-from dit_trainer.training.metrics import MetricsFile, save_loss_curve
+from dit_trainer.training.metrics import MetricsFile, mean_over_processes, save_loss_curve
 from dit_trainer.training.monitors import Monitor
 from dit_trainer.training.preemption import PreemptionHandler
 from dit_trainer.training.step import diffusion_loss
@@ -232,7 +232,7 @@ class Trainer:
         self, losses: list[torch.Tensor], grad_norm: torch.Tensor, since: float, images_per_step: int
     ) -> dict[str, float]:
         """Loss (mean over the steps since the last log and over processes), lr, grad norm and throughput."""
-        loss = self.accelerator.reduce(torch.stack(losses).mean(), reduction="mean").item()
+        loss = mean_over_processes(self.accelerator, losses)
         seconds = time.perf_counter() - since  # measured after .item(): the device has caught up
         return {
             "loss": loss,
