@@ -27,7 +27,9 @@ OBJECTIVES = ("epsilon", "v_prediction")
 MIXED_PRECISIONS = ("auto", "no", "fp16", "bf16")
 VAE_KINDS = ("autoencoder_kl", "pixel")
 TEXT_ENCODER_KINDS = ("auto", "t5", "clip")
-DATA_SOURCES = ("shapes", "imagefolder")
+DATA_SOURCES = ("shapes", "imagefolder", "hf", "webdataset")
+CROPS = ("center", "random", "none")
+CACHE_DTYPES = ("float16", "bfloat16", "float32")
 LOGGERS = ("none", "wandb", "tensorboard")
 WANDB_MODES = ("online", "offline", "disabled")
 LR_SCHEDULES = ("constant_with_warmup", "constant", "linear", "cosine", "cosine_with_restarts", "polynomial")
@@ -104,16 +106,37 @@ class TextEncoderConfig:
 
 @dataclass
 class DataConfig:
-    source: str = "shapes"  # shapes | imagefolder
-    path: str | None = None  # imagefolder: a folder with images and metadata.jsonl
+    """Where images and captions come from, how they are prepared, and how they are fed (see configs/data/)."""
+
+    source: str = "shapes"  # shapes | imagefolder | hf | webdataset
+    # imagefolder: a folder with images and metadata.jsonl; hf: a dataset name on the hub or a folder written by
+    # `save_to_disk`; webdataset: tar shards in brace notation, e.g. /data/shards/{000000..000099}.tar
+    path: str | None = None
+    split: str = "train"  # hf: the split to train on
+    image_column: str = "image"  # hf: the column holding images
+    # The caption: a metadata.jsonl key (imagefolder), a column (hf), or for webdataset `txt` (a .txt file per
+    # sample) or a key of the sample's .json.
     caption_column: str = "text"
+    # Several captions per image (e.g. short and long): each item draws one of these columns at random, and
+    # `caption_column` is ignored. Empty: use `caption_column`.
+    caption_columns: list[str] = field(default_factory=list)
     resolution: int = 32
-    center_crop: bool = True
+    crop: str = "center"  # center | random | none (squash the whole image to a square)
+    horizontal_flip: bool = False
     caption_dropout: float = 0.1  # probability of training on the empty prompt, for classifier-free guidance
+    # Unreadable images are skipped and counted (`data/skipped`); above this fraction of all files read, the run
+    # stops and names the first bad files.
+    max_bad_fraction: float = 0.01
     num_workers: int = 0
+    prefetch_factor: int = 2  # batches each worker prepares ahead (only with num_workers > 0)
     # Encode every image once with the frozen VAE before training and keep the posteriors in memory (for data
     # sets that fit in RAM; fresh latents are still drawn every epoch).
     cache_latents: bool = False
+    # A cache written by `scripts/precompute.py`: VAE posteriors and text embeddings, read instead of encoding;
+    # the VAE encoder and the text encoder are then never loaded. Refused when it was made with other settings.
+    cache_dir: str | None = None
+    cache_dtype: str = "float16"  # float32 | float16 | bfloat16: how precompute stores the tensors
+    cache_shard_size: int = 1024  # items per cache shard file (T5-XXL embeddings: ~1 MB per item in float16)
     length: int = 20_000  # shapes: number of distinct images
     seed: int = 0  # shapes: which images
 
@@ -311,6 +334,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _require(data.resolution >= 8, "data.resolution", data.resolution, "it must be at least 8 pixels")
     _require(0 <= data.caption_dropout < 1, "data.caption_dropout", data.caption_dropout, "it must be in [0, 1)")
     _require(data.num_workers >= 0, "data.num_workers", data.num_workers, "it must be >= 0")
+    _require(data.prefetch_factor >= 1, "data.prefetch_factor", data.prefetch_factor, "it must be >= 1")
+    _require_choice("data.crop", data.crop, CROPS)
+    _require_choice("data.cache_dtype", data.cache_dtype, CACHE_DTYPES)
+    _require(0 <= data.max_bad_fraction < 1, "data.max_bad_fraction", data.max_bad_fraction, "it must be in [0, 1)")
+    _require(data.cache_shard_size >= 1, "data.cache_shard_size", data.cache_shard_size, "it must be >= 1")
     _require(data.length >= 1, "data.length", data.length, "it must be >= 1")
     _require(d.num_train_timesteps >= 2, "diffusion.num_train_timesteps", d.num_train_timesteps, "it must be >= 2")
     _require(
@@ -359,14 +387,29 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if cfg.monitor.grpo.enabled:
         _validate_grpo_monitor(cfg.monitor.grpo, cfg.reward)
     _require_offline_models(cfg)
+    _validate_data_path(data)
+    return cfg
+
+
+DATA_PATH_MEANING = {
+    "imagefolder": ("the folder that holds your images and metadata.jsonl", "/path/to/images"),
+    "hf": ("a dataset name on the hub or a folder written by `Dataset.save_to_disk`", "/path/to/dataset"),
+    "webdataset": ("tar shards in brace notation", "'/data/shards/{000000..000099}.tar'"),
+}
+
+
+def _validate_data_path(data: DataConfig) -> None:
+    if data.source not in DATA_PATH_MEANING:
+        return
+    meaning, example = DATA_PATH_MEANING[data.source]
+    _require(
+        bool(data.path),
+        "data.path",
+        data.path,
+        f"`data={data.source}` needs {meaning}",
+        f"add `data.path={example}` to the command line",
+    )
     if data.source == "imagefolder":
-        _require(
-            bool(data.path),
-            "data.path",
-            data.path,
-            "`data=imagefolder` needs the folder that holds your images and metadata.jsonl",
-            "add `data.path=/path/to/images` to the command line",
-        )
         path = Path(str(data.path)).expanduser()
         _require(
             (path / "metadata.jsonl").is_file(),
@@ -375,7 +418,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
             "no metadata.jsonl was found there (one JSON object per image with `file_name` and a caption column)",
             "point `data.path` at the folder that holds metadata.jsonl and the images",
         )
-    return cfg
 
 
 def _validate_lora(cfg: LoRAConfig, model: ModelConfig) -> None:

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from dit_trainer.components import trainable_parameters
 from dit_trainer.config import TrainConfig
-from dit_trainer.data import build_dataset
+from dit_trainer.data import build_dataset, collate_batch
 from dit_trainer.diagnostics import GradientReport, diagnose_gradient_flow
 from dit_trainer.diagnostics.parameters import (
     ParameterCount,
@@ -79,7 +79,8 @@ def verify_training_setup(cfg: TrainConfig, device: torch.device | None = None) 
         for c in counts
         if c.component != TRAINED and c.trainable
     ]
-    batch = next(iter(DataLoader(build_dataset(cfg.data), batch_size=VERIFY_BATCH_SIZE, shuffle=False)))
+    loader = DataLoader(build_dataset(cfg.data), batch_size=VERIFY_BATCH_SIZE, collate_fn=collate_batch)
+    batch = next(iter(loader))
     generator = torch.Generator(device).manual_seed(cfg.trainer.seed)
 
     def compute_loss() -> torch.Tensor:

@@ -13,24 +13,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-from hydra.errors import HydraException
-from omegaconf.errors import OmegaConfBaseException
-
-from dit_trainer.config import ConfigError, register_configs, to_train_config
-from dit_trainer.hub import ModelLoadError
+from dit_trainer.cli import INPUT_ERRORS, compose_train_config
 from dit_trainer.verification import verify_training_setup
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
 def main(overrides: list[str]) -> int:
-    register_configs()
     try:
-        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-            cfg = to_train_config(compose(config_name="train", overrides=overrides))
-        report = verify_training_setup(cfg)
-    except (ConfigError, ModelLoadError, HydraException, OmegaConfBaseException) as error:
+        report = verify_training_setup(compose_train_config(CONFIG_DIR, overrides))
+    except INPUT_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(report)

@@ -50,10 +50,14 @@ def test_bad_metadata_names_the_line_and_the_fix(tmp_path):
         ImageFolderDataset(tmp_path, resolution=16)
 
 
-def test_unreadable_image_names_the_file(tmp_path):
+def test_unreadable_images_are_skipped_and_named_until_none_is_left(tmp_path):
     (tmp_path / "broken.png").write_bytes(b"not a png")
-    _write(tmp_path, [{"file_name": "broken.png", "text": "x"}, {"file_name": "missing.png", "text": "y"}])
-    dataset = ImageFolderDataset(tmp_path, resolution=16)
-    for index, name in enumerate(["broken.png", "missing.png"]):
-        with pytest.raises(ConfigError, match=name):
-            dataset[index]
+    Image.new("RGB", (8, 8)).save(tmp_path / "good.png")
+    rows = [{"file_name": name, "text": name} for name in ("broken.png", "missing.png", "good.png")]
+    _write(tmp_path, rows)
+    item = ImageFolderDataset(tmp_path, resolution=16)[0]
+    assert item["caption"] == "good.png"
+    assert item["bad_files"] == ["broken.png: not an image PIL can read", "missing.png: file not found"]
+    _write(tmp_path, rows[:2])
+    with pytest.raises(ConfigError, match=r"data.path.*every one of the last 2 files was unreadable.*broken.png"):
+        ImageFolderDataset(tmp_path, resolution=16)[1]

@@ -35,6 +35,11 @@ class FrozenVAE(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.autoencoder.dtype
 
+    def drop_encoder(self) -> None:
+        """Free the encoder's memory when latents come from a cache: only the decoder is used (sample grids)."""
+        self.autoencoder.encoder = None
+        self.autoencoder.quant_conv = None
+
     @torch.no_grad()
     def encode_posterior(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, 3, H, W) in [-1, 1] -> the raw posterior's (mean, std), float32: what a latent cache stores."""
@@ -87,6 +92,9 @@ class PixelVAE(nn.Module):
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return latents.float().clamp(-1, 1)
+
+    def drop_encoder(self) -> None:
+        """Nothing to free: the identity has no weights."""
 
 
 def build_vae(cfg: VAEConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> FrozenVAE | PixelVAE:

@@ -3,30 +3,39 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
-import torch
 from PIL import Image
-from torch.utils.data import Dataset
 
 from dit_trainer.config import ConfigError
-from dit_trainer.data.transforms import to_model_input
+from dit_trainer.data.collate import SkipUnreadable
+from dit_trainer.data.transforms import caption_keys, decode_image, pick_caption
 
 
-class ImageFolderDataset(Dataset):
+class ImageFolderDataset(SkipUnreadable):
     """Images listed in ``root/metadata.jsonl`` (``{"file_name": ..., "<caption_column>": ...}`` per line).
 
-    Only listed files are used, so stray files in the folder never leak into training.
+    Only listed files are used, so stray files in the folder never leak into training. A listed file that cannot
+    be read is skipped and reported in ``"bad_files"`` (see ``SkipUnreadable``); a bad metadata line is an error.
     """
 
-    def __init__(self, root: str | Path, resolution: int, caption_column: str = "text", center_crop: bool = True):
+    def __init__(
+        self,
+        root: str | Path,
+        resolution: int,
+        caption_column: str = "text",
+        crop: str = "center",
+        horizontal_flip: bool = False,
+        caption_columns: Sequence[str] = (),
+    ) -> None:
         self.root = Path(root).expanduser()
-        self.resolution = resolution
-        self.center_crop = center_crop
-        self.records = self._read_metadata(self.root / "metadata.jsonl", caption_column)
+        self.path = str(self.root)
+        self.resolution, self.crop, self.horizontal_flip = resolution, crop, horizontal_flip
+        self.records = self._read_metadata(self.root / "metadata.jsonl", *caption_keys(caption_column, caption_columns))
 
     @staticmethod
-    def _read_metadata(path: Path, caption_column: str) -> list[tuple[str, str]]:
+    def _read_metadata(path: Path, key: str, columns: list[str]) -> list[tuple[str, tuple[str, ...]]]:
         records = []
         with path.open(encoding="utf-8") as lines:
             for number, line in enumerate(lines, start=1):
@@ -41,15 +50,15 @@ class ImageFolderDataset(Dataset):
                         f"line {number} of metadata.jsonl is not JSON ({error.msg})",
                         "fix or remove that line",
                     ) from error
-                if "file_name" not in row or caption_column not in row:
+                if "file_name" not in row or any(column not in row for column in columns):
                     raise ConfigError(
-                        "data.caption_column",
-                        caption_column,
+                        key,
+                        columns if key == "data.caption_columns" else columns[0],
                         f"line {number} of {path} has keys {sorted(row)}; each line needs `file_name` "
-                        f"and the caption column",
-                        "set `data.caption_column` to the key holding captions",
+                        f"and the caption column(s)",
+                        f"set `{key}` to the key(s) holding captions",
                     )
-                records.append((str(row["file_name"]), str(row[caption_column])))
+                records.append((str(row["file_name"]), tuple(row[column] for column in columns)))
         if not records:
             raise ConfigError(
                 "data.path",
@@ -62,16 +71,9 @@ class ImageFolderDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor | str]:
-        file_name, caption = self.records[index]
-        path = self.root / file_name
-        try:
-            with Image.open(path) as image:
-                return {"image": to_model_input(image, self.resolution, self.center_crop), "caption": caption}
-        except OSError as error:  # missing, truncated or not an image (PIL's UnidentifiedImageError is an OSError)
-            raise ConfigError(
-                "data.path",
-                str(self.root),
-                f"the image {file_name} listed in metadata.jsonl cannot be read ({type(error).__name__}: {error})",
-                "replace the file or remove its line from metadata.jsonl",
-            ) from error
+    def name(self, index: int) -> str:
+        return self.records[index][0]
+
+    def read(self, index: int) -> tuple[Image.Image, str]:
+        file_name, captions = self.records[index]
+        return decode_image((self.root / file_name).read_bytes()), pick_caption(captions)

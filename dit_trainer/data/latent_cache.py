@@ -7,9 +7,15 @@ mean and std, not one latent, so each epoch still draws a fresh latent, exactly 
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
+
+from dit_trainer.data.collate import collate_batch
+
+logger = logging.getLogger(__name__)
 
 
 class LatentDataset(Dataset):
@@ -30,11 +36,14 @@ def encode_dataset(
     dataset: Dataset, vae, device: torch.device, batch_size: int = 256, num_workers: int = 0, show_progress: bool = True
 ) -> LatentDataset:
     """Run the VAE encoder over ``dataset`` once; results stay on the CPU."""
-    means, stds, captions = [], [], []
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers)
+    means, stds, captions, bad_files = [], [], [], []
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_batch)
     for batch in tqdm(loader, desc="encode latents", disable=not show_progress):
+        bad_files += batch["bad_files"]
         mean, std = vae.encode_posterior(batch["image"].to(device))
         means.append(mean.cpu())
         stds.append(std.cpu())
         captions.extend(batch["caption"])
+    if bad_files:
+        logger.warning(f"{len(bad_files)} unreadable files were skipped while caching latents: {bad_files[:5]}")
     return LatentDataset(torch.cat(means), torch.cat(stds), captions)

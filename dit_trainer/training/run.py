@@ -12,7 +12,7 @@ from accelerate.utils import DataLoaderConfiguration, DistributedType, ProjectCo
 from diffusers.optimization import get_scheduler
 from diffusers.training_utils import EMAModel
 from omegaconf import OmegaConf
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from dit_trainer.components import (
     DiTAdapter,
@@ -23,8 +23,9 @@ from dit_trainer.components import (
     trainable_parameters,
 )
 from dit_trainer.config import ConfigError, TrainConfig, load_prompts, validate
-from dit_trainer.data import build_dataset
-from dit_trainer.data.latent_cache import encode_dataset
+from dit_trainer.data import build_dataset, collate_batch
+from dit_trainer.data.cache import CacheDataset, CachedPrompts, open_cache
+from dit_trainer.data.latent_cache import LatentDataset, encode_dataset
 from dit_trainer.diffusion.sampler import SamplerSettings, TextToImage
 from dit_trainer.diffusion.schedule import NoiseSchedule, build_noise_schedule
 from dit_trainer.rewards import build_reward
@@ -55,11 +56,16 @@ class Components:
     latent_shape: tuple[int, int, int]
 
 
-def build_components(cfg: TrainConfig, device: torch.device, frozen_dtype: torch.dtype) -> Components:
+def build_components(
+    cfg: TrainConfig, device: torch.device, frozen_dtype: torch.dtype, cached_text: CachedPrompts | None = None
+) -> Components:
     """Frozen VAE and text encoder on ``device`` in ``frozen_dtype``; the DiT (float32 master weights) sized by
-    the VAE's latent channels, the resolution, and the text encoder's hidden size."""
+    the VAE's latent channels, the resolution, and the text encoder's hidden size. Training from a cache passes
+    its ``cached_text`` embeddings: the text encoder is then not loaded and the VAE keeps only its decoder."""
     vae = build_vae(cfg.vae, device, frozen_dtype)
-    text_encoder = build_text_encoder(cfg.text_encoder, device, frozen_dtype)
+    if cached_text is not None:
+        vae.drop_encoder()
+    text_encoder = cached_text or build_text_encoder(cfg.text_encoder, device, frozen_dtype)
     latent_size = cfg.data.resolution // vae.downsample_factor
     dit = build_dit(cfg.model, vae.latent_channels, latent_size, text_encoder.hidden_size)
     if cfg.lora.enabled:
@@ -94,22 +100,35 @@ def refuse_fsdp(accelerator: Accelerator) -> None:
         )
 
 
-def build_dataloader(cfg: TrainConfig, accelerator: Accelerator, vae) -> DataLoader:
-    workers = cfg.data.num_workers
+def build_training_data(cfg: TrainConfig, accelerator: Accelerator, vae, cache: CacheDataset | None) -> Dataset:
+    """The disk cache when there is one; else the source data set, its posteriors kept in memory with
+    ``data.cache_latents``."""
+    if cache is not None:
+        return cache
     dataset = build_dataset(cfg.data)
     if cfg.data.cache_latents:
-        dataset = encode_dataset(
-            dataset, vae, accelerator.device, num_workers=workers, show_progress=accelerator.is_main_process
-        )
-        workers = 0  # items are now slices of in-memory tensors
+        return encode_dataset(
+            dataset, vae, accelerator.device, num_workers=cfg.data.num_workers,
+            show_progress=accelerator.is_main_process,
+        )  # fmt: skip
+    return dataset
+
+
+def build_dataloader(cfg: TrainConfig, dataset: Dataset, device: torch.device) -> DataLoader:
+    """Worker processes when the items need decoding (an in-memory latent cache does not), pinned memory for
+    CUDA, workers kept alive across epochs. Map-style data sets are shuffled; an iterable one (webdataset)
+    shuffles and splits its shards itself."""
+    workers = 0 if isinstance(dataset, LatentDataset) else cfg.data.num_workers
     return DataLoader(
         dataset,
         batch_size=cfg.trainer.batch_size,
-        shuffle=True,
+        shuffle=not isinstance(dataset, IterableDataset),
         drop_last=True,
         num_workers=workers,
-        pin_memory=accelerator.device.type == "cuda",
-        persistent_workers=workers > 0,
+        collate_fn=collate_batch,
+        pin_memory=device.type == "cuda",
+        persistent_workers=workers > 0 and not isinstance(dataset, IterableDataset),  # set_epoch reaches workers
+        prefetch_factor=cfg.data.prefetch_factor if workers > 0 else None,
     )
 
 
@@ -157,8 +176,8 @@ def save_resolved_config(cfg: TrainConfig, path: Path) -> None:
     path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)), encoding="utf-8")
 
 
-def run(cfg: TrainConfig, run_dir: str | Path) -> TrainResult:
-    """Train as configured, writing everything into ``run_dir``."""
+def build_trainer(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
+    """Every component built, prepared by accelerate and handed to a ``Trainer`` (resumed if configured)."""
     cfg = validate(cfg)
     run_dir = Path(run_dir)
     check_run_folder(run_dir, cfg.trainer.resume)
@@ -169,7 +188,8 @@ def run(cfg: TrainConfig, run_dir: str | Path) -> TrainResult:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_resolved_config(cfg, run_dir / "config.yaml")
 
-    parts = build_components(cfg, accelerator.device, weight_dtype(accelerator.mixed_precision))
+    cache, cached_text = open_cache(cfg, accelerator.device) if cfg.data.cache_dir else (None, None)
+    parts = build_components(cfg, accelerator.device, weight_dtype(accelerator.mixed_precision), cached_text)
     dit, vae, text_encoder, schedule = parts.dit, parts.vae, parts.text_encoder, parts.schedule
 
     optimizer = build_optimizer(cfg, trainable_parameters(dit))
@@ -183,8 +203,11 @@ def run(cfg: TrainConfig, run_dir: str | Path) -> TrainResult:
     if cfg.trainer.ema_decay > 0:  # of what trains: the whole DiT, or a LoRA run's adapters
         ema = EMAModel(trainable_parameters(dit.transformer), decay=cfg.trainer.ema_decay, foreach=True)
         ema.to(accelerator.device)
-    dataloader = build_dataloader(cfg, accelerator, vae)
-    dit, optimizer, dataloader, lr_scheduler = accelerator.prepare(dit, optimizer, dataloader, lr_scheduler)
+    dataloader = build_dataloader(cfg, build_training_data(cfg, accelerator, vae, cache), accelerator.device)
+    if isinstance(dataloader.dataset, IterableDataset):  # it splits its shards by rank itself: not accelerate
+        dit, optimizer, lr_scheduler = accelerator.prepare(dit, optimizer, lr_scheduler)
+    else:
+        dit, optimizer, dataloader, lr_scheduler = accelerator.prepare(dit, optimizer, dataloader, lr_scheduler)
     start_trackers(accelerator, cfg.logger, run_dir, dataclasses.asdict(cfg))
 
     context = MonitorContext(
@@ -198,4 +221,9 @@ def run(cfg: TrainConfig, run_dir: str | Path) -> TrainResult:
         cfg, run_dir, accelerator, dit, vae, text_encoder, schedule, dataloader, optimizer, lr_scheduler, ema, monitors
     )
     trainer.resume()
-    return trainer.fit()
+    return trainer
+
+
+def run(cfg: TrainConfig, run_dir: str | Path) -> TrainResult:
+    """Train as configured, writing everything into ``run_dir``."""
+    return build_trainer(cfg, run_dir).fit()

@@ -9,12 +9,31 @@ from dit_trainer.diffusion.loss import per_sample_mse
 from dit_trainer.diffusion.schedule import NoiseSchedule
 
 
-def drop_captions(captions: list[str], probability: float, generator: torch.Generator) -> list[str]:
-    """Replace each caption by the empty prompt with ``probability``: the unconditional branch of CFG."""
+def kept_captions(count: int, probability: float, generator: torch.Generator) -> torch.Tensor | None:
+    """Which of ``count`` captions to keep (None: all); each is dropped for the empty prompt with ``probability``,
+    which trains the unconditional branch of CFG."""
     if probability == 0:
-        return list(captions)
-    keep = torch.rand(len(captions), generator=generator, device=generator.device) >= probability
-    return [caption if kept else "" for caption, kept in zip(captions, keep.tolist())]
+        return None
+    return torch.rand(count, generator=generator, device=generator.device) >= probability
+
+
+def drop_captions(captions: list[str], probability: float, generator: torch.Generator) -> list[str]:
+    keep = kept_captions(len(captions), probability, generator)
+    return list(captions) if keep is None else [c if kept else "" for c, kept in zip(captions, keep.tolist())]
+
+
+def text_condition(batch: dict, text_encoder, probability: float, generator: torch.Generator):
+    """(embeds, mask) of the batch's captions after dropout: encoded now, or read from the cache (then a dropped
+    caption takes the cached embedding of ""). Both draw the same random numbers, so the two paths agree."""
+    if "text_embeds" not in batch:
+        return text_encoder.encode(drop_captions(batch["caption"], probability, generator))
+    device = generator.device
+    embeds, mask = batch["text_embeds"].to(device), batch["text_mask"].to(device)
+    keep = kept_captions(len(embeds), probability, generator)
+    if keep is None:
+        return embeds, mask
+    empty_embeds, empty_mask = text_encoder.encode([""])
+    return torch.where(keep[:, None, None], embeds, empty_embeds), torch.where(keep[:, None], mask, empty_mask)
 
 
 def diffusion_loss(
@@ -37,7 +56,7 @@ def diffusion_loss(
             latents = vae.latents_from_posterior(mean, std, generator)
         else:
             latents = vae.encode(batch["image"].to(device, non_blocking=True), generator)
-        embeds, mask = text_encoder.encode(drop_captions(batch["caption"], caption_dropout, generator))
+        embeds, mask = text_condition(batch, text_encoder, caption_dropout, generator)
     noise = torch.randn(latents.shape, generator=generator, device=latents.device, dtype=latents.dtype)
     timesteps = schedule.sample_timesteps(latents.shape[0], latents.device, generator)
     noisy = schedule.add_noise(latents, noise, timesteps)

@@ -14,11 +14,11 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from diffusers.training_utils import EMAModel
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 from tqdm.auto import tqdm
 
 from dit_trainer.components import trainable_parameters
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import ConfigError, TrainConfig
 from dit_trainer.diagnostics import diagnose_gradient_flow
 from dit_trainer.diffusion.schedule import NoiseSchedule
 from dit_trainer.training.checkpoint import (
@@ -28,6 +28,7 @@ from dit_trainer.training.checkpoint import (
     resolve_checkpoint,
     weights_format,
 )
+from dit_trainer.training.data_health import BadFileCounter
 from dit_trainer.training.metrics import MetricsFile, mean_over_processes, save_loss_curve
 from dit_trainer.training.monitors import Monitor
 from dit_trainer.training.preemption import PreemptionHandler
@@ -114,6 +115,8 @@ class Trainer:
         )
         self._consecutive_nonfinite = 0
         self.metrics = MetricsFile(run_dir / "metrics.jsonl")
+        self.bad_files = BadFileCounter(accelerator, cfg.data.max_bad_fraction, cfg.data.path)
+        self._ema_parameters = trainable_parameters(accelerator.unwrap_model(dit).transformer)
 
     def resume(self) -> None:
         """Continue from ``trainer.resume`` (``latest`` or a path) if set; metrics logged after that step (by an
@@ -128,9 +131,12 @@ class Trainer:
             kept = [r for r in self.metrics.read() if r["step"] <= self.state.step]
             self.metrics.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
 
-    def _batches(self) -> Iterator[dict]:
+    def batches(self) -> Iterator[dict]:
         """Endless batches, continuing the epoch and position a resumed run stopped at."""
         micro_steps = self.state.step * self.cfg.trainer.gradient_accumulation_steps
+        if isinstance(self.dataloader.dataset, IterableDataset):
+            yield from self._stream_batches(micro_steps)
+            return
         epoch, skip = divmod(micro_steps, len(self.dataloader))
         while True:
             self.dataloader.set_epoch(epoch)
@@ -138,7 +144,30 @@ class Trainer:
             yield from loader
             epoch, skip = epoch + 1, 0
 
-    def _optimizer_step(self, batches: Iterator[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _stream_batches(self, skip: int) -> Iterator[dict]:
+        """Batches of a streamed data set (webdataset): its length is unknown, so a resumed run reads and drops
+        the batches it already trained on (same order: the shard shuffle is seeded by the epoch)."""
+        epoch = 0
+        while True:
+            self.dataloader.dataset.set_epoch(epoch)
+            batches = 0
+            for batch in self.dataloader:
+                batches += 1
+                if skip:
+                    skip -= 1
+                    continue
+                yield batch
+            if batches == 0:
+                raise ConfigError(
+                    "data.path",
+                    self.cfg.data.path,
+                    f"an epoch of it gave this process no complete batch of {self.cfg.trainer.batch_size}",
+                    "check the shards (and that there are at least as many as processes x workers), or lower "
+                    "`trainer.batch_size`",
+                )
+            epoch += 1
+
+    def train_step(self, batches: Iterator[dict]) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over ``gradient_accumulation_steps`` micro-batches; returns (loss, grad norm).
 
         Both stay tensors on the device: reading them (a GPU sync) waits for the next log step.
@@ -147,6 +176,7 @@ class Trainer:
         finite = True
         for _ in range(trainer.gradient_accumulation_steps):
             batch = next(batches)
+            self.bad_files.add(batch)
             if not self._preflight_done:
                 self._preflight(batch)
             with self.accelerator.accumulate(self.dit):
@@ -163,7 +193,7 @@ class Trainer:
                     self.lr_scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
         if finite and self.ema is not None:
-            self.ema.step(trainable_parameters(self.accelerator.unwrap_model(self.dit).transformer))
+            self.ema.step(self._ema_parameters)
         return torch.stack(losses).mean(), grad_norm
 
     def _check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
@@ -261,7 +291,7 @@ class Trainer:
     def fit(self) -> TrainResult:
         trainer = self.cfg.trainer
         images_per_step = trainer.batch_size * trainer.gradient_accumulation_steps * self.accelerator.num_processes
-        batches = self._batches()
+        batches = self.batches()
         progress = tqdm(
             total=trainer.max_steps,
             initial=self.state.step,
@@ -274,13 +304,14 @@ class Trainer:
         saved_step, preempted = None, False
         with PreemptionHandler() as preemption:
             while self.state.step < trainer.max_steps:
-                step_loss, grad_norm = self._optimizer_step(batches)
+                step_loss, grad_norm = self.train_step(batches)
                 self.state.step += 1
                 window_losses.append(step_loss)
                 progress.update(1)
                 metrics = {}
                 if self._is_due(trainer.log_every):
                     metrics = self._train_metrics(window_losses, grad_norm, window_start, images_per_step)
+                    metrics |= self.bad_files.check()
                     loss = metrics["loss"]
                     progress.set_postfix(loss=f"{loss:.4f}", img_s=f"{metrics['images_per_sec']:.0f}")
                     window_start, window_losses = time.perf_counter(), []

@@ -1,0 +1,80 @@
+"""Batches, and how skipped files travel from the data sources to the trainer.
+
+A corrupt JPEG among millions must not end a week-long run, nor vanish unnoticed. So a source skips it and
+records it in the next item's ``"bad_files"`` (``"name: reason"`` strings); ``collate_batch`` gathers those per
+batch, and the trainer counts them against ``data.max_bad_fraction``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from dit_trainer.config import ConfigError
+from dit_trainer.data.transforms import UNREADABLE_ERRORS, describe_failure, to_model_input
+
+# A map-style item gives up after this many unreadable files in a row: by then the data set itself (the folder, the
+# column) is wrong, and one clear error beats an endless search.
+MAX_CONSECUTIVE_BAD = 100
+
+
+def collate_batch(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tensors stacked, everything else (captions) as lists, and ``"bad_files"`` always present (maybe empty).
+
+    Unlike the DataLoader's default collate, it accepts items with and without ``"bad_files"`` in one batch.
+    """
+    batch: dict[str, Any] = {}
+    for key in items[0]:
+        if key == "bad_files":
+            continue
+        values = [item[key] for item in items]
+        batch[key] = torch.stack(values) if isinstance(values[0], torch.Tensor) else values
+    batch["bad_files"] = [name for item in items for name in item.get("bad_files", ())]
+    return batch
+
+
+class SkipUnreadable(Dataset):
+    """Map-style base: item ``i`` is the first readable image at ``i, i+1, ...`` (wrapping), with the files passed
+    over in ``"bad_files"``. Subclasses set the attributes below and implement ``read`` and ``name``.
+    """
+
+    path: str  # data.path, for the error message
+    resolution: int
+    crop: str
+    horizontal_flip: bool
+
+    def read(self, index: int) -> tuple[Image.Image, str]:
+        """The fully decoded image and the caption of ``index``; raises one of ``UNREADABLE_ERRORS`` if unreadable."""
+        raise NotImplementedError
+
+    def name(self, index: int) -> str:
+        """How the bad-file record names ``index`` (a file name, or a row number)."""
+        raise NotImplementedError
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not 0 <= index < len(self):
+            raise IndexError(index)  # ends `for item in dataset`, which would otherwise wrap around forever
+        bad: list[str] = []
+        tries = min(MAX_CONSECUTIVE_BAD, len(self))
+        for offset in range(tries):
+            current = (index + offset) % len(self)
+            try:
+                image, caption = self.read(current)
+            except UNREADABLE_ERRORS as error:
+                bad.append(describe_failure(self.name(current), error))
+                continue
+            item = {
+                "image": to_model_input(image, self.resolution, self.crop, self.horizontal_flip),
+                "caption": caption,
+            }
+            return {**item, "bad_files": bad} if bad else item
+        raise ConfigError(
+            "data.path",
+            self.path,
+            f"every one of the last {tries} files was unreadable (the first: {'; '.join(bad[:3])})",
+            "check that `data.path` (and the image column) point at the images you meant, and that the files are "
+            "complete",
+        )

@@ -1,0 +1,115 @@
+"""A Hugging Face ``datasets`` data set: a folder written by ``save_to_disk``, a local data folder, or a hub id.
+
+``datasets`` is imported when one is built, so runs on other sources do not pay its second of import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from PIL import Image
+
+from dit_trainer.config import ConfigError
+from dit_trainer.data.collate import SkipUnreadable
+from dit_trainer.data.transforms import caption_keys, decode_image, pick_caption
+
+
+def load_split(path: str, split: str) -> Any:
+    """The ``split`` of the data set at ``path`` as a ``datasets.Dataset``; every failure is a ``ConfigError``."""
+    import datasets
+
+    local = Path(path).expanduser()
+    saved = local.is_dir() and any(
+        (local / name).is_file()
+        for name in (datasets.config.DATASET_STATE_JSON_FILENAME, datasets.config.DATASETDICT_JSON_FILENAME)
+    )
+    try:
+        loaded = datasets.load_from_disk(str(local)) if saved else datasets.load_dataset(path, split=split)
+    except (OSError, datasets.exceptions.DatasetsError) as error:  # not found, offline, not a data set
+        raise ConfigError(
+            "data.path",
+            path,
+            f"no data set could be loaded from it ({type(error).__name__}: {str(error)[:300]})",
+            "pass a folder written by `Dataset.save_to_disk`, a local data folder, or a hub id; with "
+            "HF_HUB_OFFLINE=1 a hub data set must already be in the local cache (download it once online)",
+        ) from error
+    except ValueError as error:  # load_dataset's unknown split
+        if "split" not in str(error).lower():
+            raise
+        raise ConfigError("data.split", split, str(error), "set `data.split` to one of the splits named") from error
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise ConfigError(
+                "data.split", split, f"the data set at {path} has the splits {sorted(loaded)}", "pick one of them"
+            )
+        loaded = loaded[split]
+    return loaded
+
+
+class HFImageDataset(SkipUnreadable):
+    """Rows of a ``datasets`` split: an image column and one or more caption columns.
+
+    Images are cast to ``datasets.Image(decode=False)`` so that decoding happens here, where an unreadable image
+    is skipped and reported in ``"bad_files"`` (see ``SkipUnreadable``) rather than raised deep inside ``datasets``.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        resolution: int,
+        split: str = "train",
+        image_column: str = "image",
+        caption_column: str = "text",
+        crop: str = "center",
+        horizontal_flip: bool = False,
+        caption_columns: Sequence[str] = (),
+    ) -> None:
+        import datasets
+
+        self.path, self.resolution, self.crop, self.horizontal_flip = path, resolution, crop, horizontal_flip
+        self.image_column = image_column
+        key, self.caption_columns = caption_keys(caption_column, caption_columns)
+        dataset = load_split(path, split)
+        available = ", ".join(dataset.column_names)
+        if image_column not in dataset.column_names:
+            raise ConfigError(
+                "data.image_column", image_column, f"the data set has the columns {available}", "name the image column"
+            )
+        missing = [column for column in self.caption_columns if column not in dataset.column_names]
+        if missing:
+            raise ConfigError(
+                key,
+                missing[0] if key == "data.caption_column" else self.caption_columns,
+                f"the data set has no column {missing[0]!r}; its columns are {available}",
+                f"set `{key}` to the column(s) holding captions",
+            )
+        dataset = dataset.select_columns([image_column, *self.caption_columns])
+        try:
+            self.dataset = dataset.cast_column(image_column, datasets.Image(decode=False))
+        except (ValueError, TypeError, NotImplementedError) as error:
+            raise ConfigError(
+                "data.image_column",
+                image_column,
+                f"that column holds {dataset.features[image_column]}, not images, paths or image bytes",
+                f"name the image column (the columns are {available})",
+            ) from error
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def name(self, index: int) -> str:
+        path = (self.dataset[index][self.image_column] or {}).get("path")
+        return f"row {index}" + (f" ({path})" if path else "")
+
+    def read(self, index: int) -> tuple[Image.Image, str]:
+        row = self.dataset[index]
+        image = row[self.image_column] or {}  # {"bytes": ... or None, "path": ... or None}, or a null cell
+        if image.get("bytes") is not None:
+            data = image["bytes"]
+        elif image.get("path"):
+            data = Path(image["path"]).read_bytes()
+        else:
+            raise ValueError("the row has no image")
+        return decode_image(data), pick_caption([row[column] for column in self.caption_columns])

@@ -1,0 +1,168 @@
+"""Write the cache (see ``dit_trainer.data.cache``): encode the data set once with the frozen VAE and text encoder.
+
+Run as ``python scripts/precompute.py <train.py overrides>``, or under ``accelerate launch`` to split the data set
+across processes: each rank encodes every N-th item (a webdataset splits by shard) and writes its own shards; rank 0
+writes ``index.json`` when all are done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from accelerate import PartialState
+from accelerate.utils import parse_flag_from_env
+from safetensors.torch import save_file
+from torch.utils.data import DataLoader, IterableDataset, Subset
+from tqdm.auto import tqdm
+
+from dit_trainer.components import build_text_encoder, build_vae
+from dit_trainer.config import ConfigError, TrainConfig
+from dit_trainer.data import build_dataset, collate_batch
+from dit_trainer.data.cache import (
+    INDEX,
+    PROMPTS,
+    STORAGE_DTYPES,
+    cache_fingerprint,
+    cache_prompts,
+    check_fingerprint,
+    save_shard,
+    shard_name,
+)
+from dit_trainer.training.precision import resolve_mixed_precision, weight_dtype
+
+SHARD_LIST = "shards-{rank:05d}.json"  # one rank's shards, read by rank 0 to write the index
+
+
+@dataclass
+class PrecomputeResult:
+    cache_dir: Path
+    items: int  # encoded now (0 when the cache existed and only prompts were added)
+    bad_files: list[str]
+
+
+def _refuse_random_augmentation(cfg: TrainConfig) -> None:
+    data = cfg.data
+    for key, frozen in (("data.crop", data.crop == "random"), ("data.horizontal_flip", data.horizontal_flip)):
+        if frozen:
+            raise ConfigError(
+                key,
+                getattr(data, key.split(".")[1]),
+                "a cache stores one encoding per image, so a random augmentation would be drawn once and frozen",
+                "cache with `data.crop=center data.horizontal_flip=false`, or train without `data.cache_dir`",
+            )
+
+
+def _cache_dir(cfg: TrainConfig) -> Path:
+    if not cfg.data.cache_dir:
+        raise ConfigError(
+            "data.cache_dir", None, "precompute needs a folder to write the cache into", "add `data.cache_dir=DIR`"
+        )
+    return Path(cfg.data.cache_dir).expanduser()
+
+
+def _rank_share(dataset, state: PartialState):
+    """This rank's part of the data set: every N-th item (an iterable data set splits itself by rank)."""
+    if isinstance(dataset, IterableDataset) or state.num_processes == 1:
+        return dataset
+    return Subset(dataset, range(state.process_index, len(dataset), state.num_processes))
+
+
+@torch.no_grad()
+def _encode_images(cfg: TrainConfig, cache_dir: Path, state: PartialState, vae, text_encoder) -> tuple[int, list]:
+    """Encode this rank's share into shards; returns (items, bad files) and leaves its shard list beside them."""
+    device = state.device
+    loader = DataLoader(
+        _rank_share(build_dataset(cfg.data), state),
+        batch_size=cfg.trainer.batch_size,
+        num_workers=cfg.data.num_workers,
+        collate_fn=collate_batch,
+    )
+    storage, shards, pending, bad_files, items = STORAGE_DTYPES[cfg.data.cache_dtype], [], [], [], 0
+
+    def flush() -> None:
+        tensors = {k: torch.cat([p[k] for p in pending]) for k in pending[0] if k != "caption"}
+        captions = [c for p in pending for c in p["caption"]]
+        name = shard_name(state.process_index, len(shards))
+        save_shard(cache_dir / name, tensors, captions, storage)
+        shards.append({"file": name, "items": len(captions)})
+        pending.clear()
+
+    for batch in tqdm(loader, desc="precompute", disable=not state.is_main_process):
+        bad_files += batch["bad_files"]
+        mean, std = vae.encode_posterior(batch["image"].to(device))
+        embeds, mask = text_encoder.encode(batch["caption"])
+        pending.append({"latent_mean": mean.cpu(), "latent_std": std.cpu(), "text_embeds": embeds.float().cpu(),
+                        "text_mask": mask.cpu(), "caption": list(batch["caption"])})  # fmt: skip
+        items += len(batch["caption"])
+        if sum(len(p["caption"]) for p in pending) >= cfg.data.cache_shard_size:
+            flush()
+    if pending:
+        flush()
+    record = {"shards": shards, "bad_files": bad_files}
+    (cache_dir / SHARD_LIST.format(rank=state.process_index)).write_text(json.dumps(record), encoding="utf-8")
+    return items, bad_files
+
+
+def _write_prompts(cfg: TrainConfig, cache_dir: Path, known: list[str], text_encoder) -> list[str]:
+    """Embed the run's extra prompts (and keep those already cached): small, so rank 0 does it alone."""
+    prompts = list(dict.fromkeys([*known, *cache_prompts(cfg)]))
+    embeds, mask = text_encoder.encode(prompts)
+    save_file({"embeds": embeds.float().cpu().contiguous(), "mask": mask.cpu().contiguous()}, cache_dir / PROMPTS)
+    return prompts
+
+
+def _write_index(cfg: TrainConfig, cache_dir: Path, num_processes: int, prompts: list[str]) -> dict:
+    shards, bad_files = [], []
+    for rank in range(num_processes):
+        record = json.loads((cache_dir / SHARD_LIST.format(rank=rank)).read_text(encoding="utf-8"))
+        shards += record["shards"]
+        bad_files += record["bad_files"]
+    index = {
+        "fingerprint": cache_fingerprint(cfg),
+        "items": sum(s["items"] for s in shards),
+        "dtype": cfg.data.cache_dtype,
+        "shards": shards,
+        "prompts": prompts,
+        "bad_files": bad_files,
+    }
+    temporary = cache_dir / f".{INDEX}.partial"
+    temporary.write_text(json.dumps(index, indent=1), encoding="utf-8")
+    os.replace(temporary, cache_dir / INDEX)  # the index appears only when the cache is complete
+    for rank in range(num_processes):
+        (cache_dir / SHARD_LIST.format(rank=rank)).unlink()
+    return index
+
+
+def precompute(cfg: TrainConfig) -> PrecomputeResult:
+    """Write (or complete) the cache at ``data.cache_dir`` for ``cfg``. An existing complete cache for the same
+    settings only gets the prompts it lacks; one made with other settings is refused, never overwritten."""
+    cache_dir = _cache_dir(cfg)
+    _refuse_random_augmentation(cfg)
+    state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
+    dtype = weight_dtype(resolve_mixed_precision(cfg.trainer.mixed_precision))
+    existing = cache_dir / INDEX
+    text_encoder = build_text_encoder(cfg.text_encoder, state.device, dtype)
+    if existing.is_file():
+        index = json.loads(existing.read_text(encoding="utf-8"))
+        check_fingerprint(index, cfg, cache_dir)
+        items, bad_files = 0, []
+        if state.is_main_process:
+            index["prompts"] = _write_prompts(cfg, cache_dir, index["prompts"], text_encoder)
+            existing.write_text(json.dumps(index, indent=1), encoding="utf-8")
+    else:
+        if state.is_main_process:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            for stale in cache_dir.glob("shard*"):  # left by a precompute that did not finish
+                stale.unlink()
+        state.wait_for_everyone()
+        vae = build_vae(cfg.vae, state.device, dtype)
+        items, bad_files = _encode_images(cfg, cache_dir, state, vae, text_encoder)
+        state.wait_for_everyone()
+        if state.is_main_process:
+            _write_index(cfg, cache_dir, state.num_processes, _write_prompts(cfg, cache_dir, [], text_encoder))
+    state.wait_for_everyone()
+    return PrecomputeResult(cache_dir, items, bad_files)

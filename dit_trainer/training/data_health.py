@@ -1,0 +1,43 @@
+"""Unreadable images are skipped by the data sources (``batch["bad_files"]``); this counts them across processes
+and stops the run when they are more than ``data.max_bad_fraction`` of the files read: a few corrupt files in a
+scraped data set are normal, a mostly unreadable one (wrong path, wrong format) is not worth training on."""
+
+from __future__ import annotations
+
+import torch
+from accelerate import Accelerator
+
+from dit_trainer.config import ConfigError
+
+MIN_BAD_TO_STOP = 5  # so that one unlucky corrupt file in the first batch never stops a run
+SHOWN = 5
+
+
+class BadFileCounter:
+    def __init__(self, accelerator: Accelerator, max_bad_fraction: float, data_path: str | None) -> None:
+        self.accelerator = accelerator
+        self.max_bad_fraction = max_bad_fraction
+        self.data_path = data_path
+        self.read = 0  # on this process: files read, good or bad
+        self.bad: list[str] = []  # on this process
+
+    def add(self, batch: dict) -> None:
+        self.read += len(batch["caption"]) + len(batch["bad_files"])
+        self.bad += batch["bad_files"]
+
+    def check(self) -> dict[str, int]:
+        """Sum over processes (every process calls this at the same step) -> ``{"data/skipped": n}``; raises
+        ``ConfigError`` naming ``data.path`` and the first bad files when there are too many."""
+        counts = torch.tensor([len(self.bad), self.read], device=self.accelerator.device)
+        bad, read = (int(v) for v in self.accelerator.reduce(counts, reduction="sum"))
+        if bad >= MIN_BAD_TO_STOP and bad > self.max_bad_fraction * read:
+            shown = "; ".join(list(dict.fromkeys(self.bad))[:SHOWN]) or "(on other processes)"
+            raise ConfigError(
+                "data.path",
+                self.data_path,
+                f"{bad} of the {read} files read so far ({bad / read:.0%}) were unreadable and skipped, more than "
+                f"`data.max_bad_fraction={self.max_bad_fraction:g}` allows; the first: {shown}",
+                "replace or remove the bad files (or their lines in the metadata), check that `data.path` points at "
+                "the data you meant, or raise `data.max_bad_fraction`",
+            )
+        return {"data/skipped": bad}

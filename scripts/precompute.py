@@ -1,0 +1,36 @@
+"""Encode a data set once with the frozen VAE and text encoder; training then reads the cache instead.
+
+    python scripts/precompute.py +experiment=dit data.path=/data/my_images data.cache_dir=/scratch/cache/my_images
+    accelerate launch --multi_gpu --num_processes 8 scripts/precompute.py ...     # the ranks split the data set
+    python train.py +experiment=dit data.path=/data/my_images data.cache_dir=/scratch/cache/my_images
+
+Takes train.py's overrides: the cache is made for exactly that config, and training refuses a cache whose VAE,
+text encoder, resolution, crop, max_length, dtype or data source differ. Run it again after changing the sample or
+monitor prompts: an existing cache only gets the prompts it lacks. Exit code 2 for a bad config value.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from dit_trainer.cli import INPUT_ERRORS, compose_train_config
+from dit_trainer.data.precompute import precompute
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def main(overrides: list[str]) -> int:
+    try:
+        result = precompute(compose_train_config(CONFIG_DIR, overrides))
+    except INPUT_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    skipped = f", {len(result.bad_files)} unreadable files skipped" if result.bad_files else ""
+    done = f"encoded {result.items} items{skipped}" if result.items else "already complete; prompts updated"
+    print(f"Cache {result.cache_dir}: {done}.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

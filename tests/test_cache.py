@@ -1,0 +1,123 @@
+"""The on-disk cache: scripts/precompute.py writes it, training reads it instead of encoding, and refuses a cache
+made with other settings."""
+
+import json
+import socket
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dit_trainer.config import ConfigError
+from dit_trainer.data import ShapesDataset
+from dit_trainer.data.cache import INDEX, CachedPrompts, open_cache, save_shard
+from dit_trainer.data.precompute import precompute
+from dit_trainer.training.run import build_components
+
+from .conftest import TINY_SHAPES, compose_config, run_script, train
+
+CPU = torch.device("cpu")
+CACHE = ["data.length=40", "data.cache_dtype=float32", "data.cache_shard_size=16"]
+SMALL = [*TINY_SHAPES, *CACHE]
+
+
+def _losses(run_dir) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cache") / "shapes"
+    result = run_script(["scripts/precompute.py", *SMALL, f"data.cache_dir={folder}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "encoded 40 items" in result.stdout
+    return folder
+
+
+def test_precompute_writes_sharded_posteriors_and_embeddings(cache_dir):
+    index = json.loads((cache_dir / INDEX).read_text())
+    assert index["items"] == 40 and [s["items"] for s in index["shards"]] == [16, 16, 8]
+    cfg = compose_config([*SMALL, f"data.cache_dir={cache_dir}"])
+    parts = build_components(cfg, CPU, torch.float32)
+    first = load_file(cache_dir / index["shards"][0]["file"])
+    images = torch.stack([ShapesDataset(40, 32)[i]["image"] for i in range(16)])
+    mean, std = parts.vae.encode_posterior(images)
+    embeds, mask = parts.text_encoder.encode([ShapesDataset(40, 32)[i]["caption"] for i in range(16)])
+    torch.testing.assert_close(first["latent_mean"], mean)
+    torch.testing.assert_close(first["latent_std"], std)
+    torch.testing.assert_close(first["text_embeds"], embeds, atol=1e-5, rtol=1e-5)
+    assert torch.equal(first["text_mask"].long(), mask)
+    assert index["prompts"][0] == "" and set(cfg.trainer.sample_prompts) <= set(index["prompts"])
+
+
+def test_training_from_the_cache_matches_encoding_every_batch(cache_dir, tmp_path):
+    common = [*CACHE, "trainer.max_steps=8", "trainer.log_every=1", "trainer.sample_every=0"]
+    train(tmp_path / "encoded", *common, "data.cache_latents=false")
+    train(tmp_path / "cached", *common, "data.cache_latents=false", f"data.cache_dir={cache_dir}")
+    encoded, cached = _losses(tmp_path / "encoded"), _losses(tmp_path / "cached")
+    assert len(cached) == 8 and cached == pytest.approx(encoded, rel=1e-5)
+
+
+def test_training_from_the_cache_loads_no_encoder(cache_dir):
+    cfg = compose_config([*SMALL, f"data.cache_dir={cache_dir}"])
+    dataset, text = open_cache(cfg, CPU)
+    parts = build_components(cfg, CPU, torch.float32, text)
+    assert isinstance(parts.text_encoder, CachedPrompts) and parts.vae.autoencoder.encoder is None
+    assert len(dataset) == 40 and dataset.in_memory
+    assert parts.vae.decode(torch.zeros(1, *parts.latent_shape)).shape == (1, 3, 32, 32)  # the decoder samples
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [("text_encoder.max_length=16", "text_encoder.max_length"), ("data.resolution=64", "data.resolution"),
+     ("data.cache_dtype=float16", "data.cache_dtype"), ("data.seed=1", "data.seed")],
+)  # fmt: skip
+def test_a_cache_made_with_other_settings_is_refused(cache_dir, override, named):
+    cfg = compose_config([*SMALL, f"data.cache_dir={cache_dir}", override])
+    with pytest.raises(ConfigError) as caught:
+        open_cache(cfg, CPU)
+    message = str(caught.value)
+    assert "`data.cache_dir`" in message and "other settings" in message
+    assert named.split(".", 1)[1] in message and "precompute.py" in message
+
+
+def test_new_sample_prompts_are_added_without_reencoding(cache_dir):
+    with_prompt = [*SMALL, f"data.cache_dir={cache_dir}", "trainer.sample_prompts=[a tiny green triangle]"]
+    with pytest.raises(ConfigError, match="no embedding for the prompts"):
+        open_cache(compose_config(with_prompt), CPU)
+    shards = {p.name: p.stat().st_mtime_ns for p in cache_dir.glob("shard-*")}
+    assert precompute(compose_config(with_prompt)).items == 0
+    _, text = open_cache(compose_config(with_prompt), CPU)
+    assert text.encode(["a tiny green triangle"])[0].shape == (1, 8, 384)
+    assert {p.name: p.stat().st_mtime_ns for p in cache_dir.glob("shard-*")} == shards
+
+
+def test_an_incomplete_cache_and_random_augmentation_are_refused(tmp_path):
+    (tmp_path / "shard-00000-00000.safetensors").write_bytes(b"")
+    with pytest.raises(ConfigError, match="no complete cache there"):
+        open_cache(compose_config([*SMALL, f"data.cache_dir={tmp_path}"]), CPU)
+    with pytest.raises(ConfigError, match="`data.horizontal_flip`.*drawn once and frozen"):
+        precompute(compose_config([*SMALL, f"data.cache_dir={tmp_path}", "data.horizontal_flip=true"]))
+
+
+@pytest.mark.parametrize(("value", "dtype"), [(float("nan"), torch.float32), (1e6, torch.float16)])
+def test_non_finite_values_are_refused_at_write_time(tmp_path, value, dtype):
+    tensors = {"latent_mean": torch.zeros(3, 4, 2, 2), "text_mask": torch.ones(3, 8)}
+    tensors["latent_mean"][1, 0, 0, 0] = value
+    with pytest.raises(ConfigError, match="latent_mean is NaN/inf for 1 items.*'b'"):
+        save_shard(tmp_path / "shard.safetensors", tensors, ["a", "b", "c"], dtype)
+    assert not (tmp_path / "shard.safetensors").exists()
+
+
+def test_two_processes_split_the_precompute(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port)]  # fmt: skip
+    result = run_script([*launch, "scripts/precompute.py", *SMALL, f"data.cache_dir={tmp_path}"],
+                        env={"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    index = json.loads((tmp_path / INDEX).read_text())
+    assert [s["file"][:11] for s in index["shards"]] == ["shard-00000", "shard-00000", "shard-00001", "shard-00001"]
+    assert index["items"] == 40 and not list(tmp_path.glob("shards-*.json"))
