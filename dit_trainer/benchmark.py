@@ -74,12 +74,15 @@ def measure(steps: dict[str, Callable[[], object]], batch_size: int, warmup: int
 
 
 def fixed_batch(cfg: TrainConfig, parts: Components, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """What one training step feeds the DiT: noisy latents, timesteps, text embeddings and mask."""
+    """What one training step feeds the DiT, made once from the first batch of the real data (real captions:
+    their token masks change the attention's cost): noisy latents, timesteps, text embeddings and mask."""
     generator = torch.Generator(device).manual_seed(0)
-    batch, (channels, height, width) = cfg.trainer.batch_size, parts.latent_shape
-    x_t = torch.randn(batch, channels, height, width, generator=generator, device=device)
-    t = torch.randint(0, cfg.diffusion.num_train_timesteps, (batch,), generator=generator, device=device)
-    embeds, mask = parts.text_encoder.encode(["a caption for the benchmark"] * batch)
+    loader = DataLoader(build_dataset(cfg.data), batch_size=cfg.trainer.batch_size, collate_fn=collate_batch)
+    batch = next(iter(loader))
+    latents = parts.vae.encode(batch["image"].to(device), generator)
+    embeds, mask = parts.text_encoder.encode(batch["caption"])
+    t = parts.schedule.sample_timesteps(len(latents), device, generator)
+    x_t = parts.schedule.add_noise(latents, torch.randn(latents.shape, generator=generator, device=device), t)
     return x_t, t, embeds, mask
 
 

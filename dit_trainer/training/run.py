@@ -10,7 +10,6 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, DistributedType, ProjectConfiguration, set_seed
 from diffusers.optimization import get_scheduler
-from diffusers.training_utils import EMAModel
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
@@ -30,6 +29,7 @@ from dit_trainer.diffusion.sampler import SamplerSettings, TextToImage
 from dit_trainer.diffusion.schedule import NoiseSchedule, build_noise_schedule
 from dit_trainer.rewards import build_reward
 from dit_trainer.training.checkpoint import check_run_folder
+from dit_trainer.training.ema import FusedEMA
 from dit_trainer.training.lora import apply_lora
 from dit_trainer.training.monitors import (
     GRPORewardMonitor,
@@ -201,7 +201,7 @@ def build_trainer(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
     )
     ema = None
     if cfg.trainer.ema_decay > 0:  # of what trains: the whole DiT, or a LoRA run's adapters
-        ema = EMAModel(trainable_parameters(dit.transformer), decay=cfg.trainer.ema_decay, foreach=True)
+        ema = FusedEMA(trainable_parameters(dit.transformer), decay=cfg.trainer.ema_decay)
         ema.to(accelerator.device)
     dataloader = build_dataloader(cfg, build_training_data(cfg, accelerator, vae, cache), accelerator.device)
     if isinstance(dataloader.dataset, IterableDataset):  # it splits its shards by rank itself: not accelerate

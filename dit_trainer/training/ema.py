@@ -1,0 +1,24 @@
+"""The EMA of the trained weights: diffusers' ``EMAModel`` (its decay schedule, state dict and checkpoint format),
+with the update done in place by one fused kernel."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from diffusers.training_utils import EMAModel
+
+
+class FusedEMA(EMAModel):
+    """``shadow += (1 - decay) * (param - shadow)`` as one ``torch._foreach_lerp_`` over all parameters.
+
+    diffusers' foreach update first materialises ``shadow - param`` for every parameter; on a small DiT that
+    temporary copy made the EMA cost 5 % of a training step (measured on 2 CPU cores), most of the trainer's
+    overhead over the bare forward/backward/AdamW step. Every parameter handed here trains (``requires_grad``).
+    """
+
+    @torch.no_grad()
+    def step(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        self.optimization_step += 1
+        self.cur_decay_value = self.get_decay(self.optimization_step)
+        torch._foreach_lerp_(self.shadow_params, [p.detach() for p in parameters], 1 - self.cur_decay_value)
