@@ -46,13 +46,17 @@ class PrecomputeResult:
 
 def _refuse_random_augmentation(cfg: TrainConfig) -> None:
     data = cfg.data
-    for key, frozen in (("data.crop", data.crop == "random"), ("data.horizontal_flip", data.horizontal_flip)):
+    drawn = (("data.crop", data.crop == "random"), ("data.horizontal_flip", data.horizontal_flip),
+             ("data.caption_columns", bool(data.caption_columns)))  # fmt: skip
+    for key, frozen in drawn:
         if frozen:
             raise ConfigError(
                 key,
                 getattr(data, key.split(".")[1]),
-                "a cache stores one encoding per image, so a random augmentation would be drawn once and frozen",
-                "cache with `data.crop=center data.horizontal_flip=false`, or train without `data.cache_dir`",
+                "a cache stores one encoding per image, so a random choice (crop, flip, caption) would be drawn "
+                "once and frozen",
+                "cache with `data.crop=center data.horizontal_flip=false` and one `data.caption_column` (with "
+                "`data.caption_columns=[]`), or train without `data.cache_dir`",
             )
 
 
