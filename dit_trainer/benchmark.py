@@ -89,7 +89,7 @@ def fixed_batch(cfg: TrainConfig, parts: Components, device: torch.device) -> tu
 def bare_step(cfg: TrainConfig, parts: Components, device: torch.device) -> Callable[[], None]:
     """(a): forward, backward and the trainer's own (fused) AdamW, nothing else."""
     dit = copy.deepcopy(parts.dit).to(device).train()
-    optimizer = build_optimizer(cfg, [p for p in dit.parameters() if p.requires_grad])
+    optimizer = build_optimizer(cfg, dit)
     x_t, t, embeds, mask = fixed_batch(cfg, parts, device)
     dtype = weight_dtype(resolve_mixed_precision(cfg.trainer.mixed_precision))
 

@@ -23,7 +23,9 @@ from dit_trainer.hub import require_offline_copy
 
 ASSETS_DIR = Path(__file__).parent / "assets"
 
-OBJECTIVES = ("epsilon", "v_prediction")
+OBJECTIVES = ("epsilon", "v_prediction", "flow_matching")
+TIMESTEP_SAMPLINGS = ("uniform", "logit_normal", "mode", "cosmap")
+FLOW_WEIGHTINGS = ("none", "sigma_sqrt", "cosmap")
 MIXED_PRECISIONS = ("auto", "no", "fp16", "bf16")
 VAE_KINDS = ("autoencoder_kl", "pixel")
 TEXT_ENCODER_KINDS = ("auto", "t5", "clip")
@@ -34,7 +36,7 @@ LOGGERS = ("none", "wandb", "tensorboard")
 WANDB_MODES = ("online", "offline", "disabled")
 LR_SCHEDULES = ("constant_with_warmup", "constant", "linear", "cosine", "cosine_with_restarts", "polynomial")
 FALLBACK_BETA_SCHEDULES = ("linear", "scaled_linear", "squaredcos_cap_v2")
-SAMPLERS = ("ddim", "dpmsolver++")
+SAMPLERS = ("ddim", "dpmsolver++", "euler")
 REWARDS = ("shapes_alignment", "clip_score", "jpeg_compressibility")
 
 
@@ -146,12 +148,22 @@ class DiffusionConfig:
     # A diffusers scheduler class name (DDPMScheduler, DDIMScheduler, ...); null uses the built-in fallback.
     scheduler: str | None = "DDPMScheduler"
     scheduler_pretrained: str | None = None  # load the scheduler config from a hub id or path (subfolder scheduler)
-    objective: str = "epsilon"  # epsilon | v_prediction
+    # epsilon | v_prediction (DDPM noise, x_t = sqrt(a) x0 + sqrt(1-a) eps) | flow_matching (rectified flow,
+    # x_t = (1 - sigma) x0 + sigma eps, target eps - x0, with scheduler FlowMatchEulerDiscreteScheduler or null)
+    objective: str = "epsilon"
     num_train_timesteps: int = 1000
     beta_schedule: str = "linear"
     beta_start: float = 0.0001
     beta_end: float = 0.02
-    # ddim (the fallback schedule's own DDIM when no diffusers scheduler is configured) | dpmsolver++
+    shift: float = 1.0  # flow_matching: sigma -> shift sigma / (1 + (shift - 1) sigma); > 1 for higher resolutions
+    # Where training timesteps fall: uniform | logit_normal | mode | cosmap (SD3's densities)
+    timestep_sampling: str = "uniform"
+    logit_mean: float = 0.0  # logit_normal
+    logit_std: float = 1.0  # logit_normal
+    mode_scale: float = 1.29  # mode
+    snr_gamma: float | None = None  # epsilon / v_prediction: min-SNR-gamma loss weighting (5.0 is usual)
+    flow_weighting: str = "none"  # flow_matching: none | sigma_sqrt | cosmap
+    # ddim | dpmsolver++ for epsilon / v_prediction (the fallback schedule has its own DDIM); euler for flow_matching
     sampler: str = "ddim"
     sample_steps: int = 25
     guidance_scale: float = 3.0
@@ -313,6 +325,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _require_choice("logger.name", cfg.logger.name, LOGGERS)
     _require_choice("logger.mode", cfg.logger.mode, WANDB_MODES)
     _require_choice("diffusion.sampler", d.sampler, SAMPLERS)
+    _validate_objective(d)
     if d.scheduler is None:
         _require_choice("diffusion.beta_schedule", d.beta_schedule, FALLBACK_BETA_SCHEDULES)
 
@@ -389,6 +402,47 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _require_offline_models(cfg)
     _validate_data_path(data)
     return cfg
+
+
+def _validate_objective(d: DiffusionConfig) -> None:
+    """The objective decides which sampler, weighting and scheduler fit; a mismatch would train and sample
+    different processes."""
+    flow = d.objective == "flow_matching"
+    _require_choice("diffusion.timestep_sampling", d.timestep_sampling, TIMESTEP_SAMPLINGS)
+    _require_choice("diffusion.flow_weighting", d.flow_weighting, FLOW_WEIGHTINGS)
+    _require(d.logit_std > 0, "diffusion.logit_std", d.logit_std, "it must be > 0")
+    _require(
+        (d.sampler == "euler") == flow,
+        "diffusion.sampler",
+        d.sampler,
+        "flow matching samples with `euler`, and epsilon / v_prediction with `ddim` or `dpmsolver++`",
+        f"set `diffusion.sampler={'euler' if flow else 'ddim'}`",
+    )
+    if flow:
+        _require(d.shift > 0, "diffusion.shift", d.shift, "it must be > 0 (1 means no shift)")
+        _require(
+            d.snr_gamma is None,
+            "diffusion.snr_gamma",
+            d.snr_gamma,
+            "min-SNR weighting is for epsilon / v_prediction; flow matching weights with `diffusion.flow_weighting`",
+            "set `diffusion.snr_gamma=null` and e.g. `diffusion.flow_weighting=sigma_sqrt`",
+        )
+        _require(
+            d.scheduler in (None, "FlowMatchEulerDiscreteScheduler"),
+            "diffusion.scheduler",
+            d.scheduler,
+            "flow matching uses `FlowMatchEulerDiscreteScheduler` (or null for the built-in Euler)",
+            "set `diffusion.scheduler=FlowMatchEulerDiscreteScheduler` (configs/diffusion/flow.yaml does)",
+        )
+    else:
+        _require(
+            d.flow_weighting == "none",
+            "diffusion.flow_weighting",
+            d.flow_weighting,
+            "it applies to flow matching only; epsilon / v_prediction weight with `diffusion.snr_gamma`",
+            "set `diffusion.flow_weighting=none`",
+        )
+        _require(d.snr_gamma is None or d.snr_gamma > 0, "diffusion.snr_gamma", d.snr_gamma, "it must be > 0")
 
 
 DATA_PATH_MEANING = {

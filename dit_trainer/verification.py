@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import DataLoader
 
-from dit_trainer.components import trainable_parameters
 from dit_trainer.config import TrainConfig
 from dit_trainer.data import build_dataset, collate_batch
 from dit_trainer.diagnostics import GradientReport, diagnose_gradient_flow
@@ -93,7 +92,7 @@ def verify_training_setup(cfg: TrainConfig, device: torch.device | None = None) 
     if not report.gradient_flow.ok:
         return report
     before = {name: snapshot(module) for name, module in components.items()}
-    optimizer = build_optimizer(cfg, trainable_parameters(parts.dit))
+    optimizer = build_optimizer(cfg, parts.dit)
     for step in range(2):
         compute_loss().backward()
         if step == 0:

@@ -1,6 +1,6 @@
 import pytest
 
-from dit_trainer.config import ConfigError
+from dit_trainer.config import OBJECTIVES, ConfigError
 from dit_trainer.hub import ModelLoadError
 
 from .conftest import EXPERIMENTS, compose_config, run_script
@@ -21,7 +21,7 @@ def test_every_experiment_composes_and_validates(experiment, tmp_path, online):
     (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
     cfg = compose_config([f"+experiment={experiment}", f"data.path={tmp_path}"])
     assert cfg.trainer.max_steps >= 1
-    assert cfg.diffusion.objective in ("epsilon", "v_prediction")
+    assert cfg.diffusion.objective in OBJECTIVES
 
 
 def test_dit_experiment_is_the_cluster_recipe(tmp_path, online):

@@ -40,8 +40,10 @@ def test_shapes_run_logs_every_metric_and_the_loss_goes_down(shapes_run):
     records = _metrics(shapes_run[0])
     assert [r["step"] for r in records] == [5, 10, 15, 20, 25, 30]
     for record in records:
-        assert {"step", "loss", "lr", "grad_norm", "images_per_sec"} <= set(record)
+        assert {"step", "loss", "lr", "grad_norm", "images_per_sec", "data/skipped"} <= set(record)
         assert record["images_per_sec"] > 0
+        buckets = [key for key in record if key.startswith("loss/t_")]  # 80 samples: most tenths have some
+        assert len(buckets) >= 6 and all(record[key] > 0 for key in buckets)
     assert records[-1]["loss"] < 0.9 * records[0]["loss"]
 
 

@@ -8,7 +8,6 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
-from dit_trainer.components import trainable_parameters
 from dit_trainer.config import ConfigError
 from dit_trainer.data.shapes import ShapesDataset
 from dit_trainer.training.run import build_components, build_optimizer
@@ -45,7 +44,7 @@ def test_lora_with_gradient_checkpointing_trains_adapters_and_leaves_the_base_bi
     assert any("caption_projection" in name for name in trainable)
     before = {name: p.detach().clone() for name, p in named.items()}
 
-    optimizer = build_optimizer(cfg, trainable_parameters(parts.dit))
+    optimizer = build_optimizer(cfg, parts.dit)
     batch = next(iter(DataLoader(ShapesDataset(16, seed=1), batch_size=16)))
     generator = torch.Generator().manual_seed(0)
     for _ in range(2):  # two steps: LoRA's B starts at zero, so A first moves at the second step

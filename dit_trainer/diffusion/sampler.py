@@ -13,7 +13,8 @@ from dit_trainer.diffusion.schedule import NoiseSchedule
 
 @dataclass(frozen=True)
 class SamplerSettings:
-    """How to sample: ``steps`` of the ``sampler`` (``ddim`` | ``dpmsolver++``) with CFG at ``guidance_scale``.
+    """How to sample: ``steps`` of the ``sampler`` (``ddim`` | ``dpmsolver++`` | ``euler`` for flow matching) with
+    CFG at ``guidance_scale``.
 
     ``guidance_scale`` 1 is plain conditional sampling; above 1 mixes in the empty-prompt prediction (CFG).
     """
@@ -38,14 +39,14 @@ def generate(
     noise = [torch.randn(latent_shape, generator=torch.Generator("cpu").manual_seed(int(seed))) for seed in seeds]
     guidance_scale = settings.guidance_scale
     sampler = schedule.sampler(settings.steps, device, settings.sampler)
-    latents = torch.stack(noise).to(device) * sampler.init_noise_sigma
+    latents = torch.stack(noise).to(device) * getattr(sampler, "init_noise_sigma", 1.0)  # flow samplers: none
     embeds, mask = text_encoder.encode(list(prompts))
     guided = guidance_scale != 1.0
     if guided:
         null_embeds, null_mask = text_encoder.encode([""] * len(prompts))
         embeds, mask = torch.cat([embeds, null_embeds]), torch.cat([mask, null_mask])
     for t in sampler.timesteps:
-        model_input = sampler.scale_model_input(latents, t)
+        model_input = sampler.scale_model_input(latents, t) if hasattr(sampler, "scale_model_input") else latents
         timestep = t.reshape(1).to(device)
         if guided:
             cond, uncond = dit(torch.cat([model_input, model_input]), timestep, embeds, mask).float().chunk(2)

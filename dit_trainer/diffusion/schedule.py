@@ -14,8 +14,13 @@ from dataclasses import dataclass
 
 import diffusers
 import torch
-from diffusers import DDIMScheduler, DPMSolverMultistepScheduler
+from diffusers import DDIMScheduler, DPMSolverMultistepScheduler, FlowMatchEulerDiscreteScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
+from diffusers.training_utils import (
+    compute_density_for_timestep_sampling,
+    compute_loss_weighting_for_sd3,
+    compute_snr,
+)
 
 from dit_trainer.config import FALLBACK_BETA_SCHEDULES, SAMPLERS, ConfigError, DiffusionConfig
 
@@ -98,13 +103,44 @@ class FallbackScheduler:
         return SchedulerStep(math.sqrt(alpha_bar_prev) * x0 + math.sqrt(1 - alpha_bar_prev) * eps)
 
 
+def shift_sigmas(sigmas: torch.Tensor, shift: float) -> torch.Tensor:
+    """SD3's resolution shift (diffusers' ``FlowMatchEulerDiscreteScheduler`` applies the same): more noise."""
+    return shift * sigmas / (1 + (shift - 1) * sigmas)
+
+
+class FallbackFlowScheduler:
+    """Rectified flow without diffusers: sigma(t) = shift(t / T) and a plain Euler sampler from sigma 1 to 0."""
+
+    init_noise_sigma = 1.0
+
+    def __init__(self, num_train_timesteps: int = 1000, shift: float = 1.0) -> None:
+        self.num_train_timesteps = num_train_timesteps
+        self.shift = shift
+
+    def set_timesteps(self, num_inference_steps: int, device: torch.device | str | None = None) -> None:
+        self.sigmas = shift_sigmas(torch.linspace(1, 0, num_inference_steps + 1, device=device), self.shift)
+        self.timesteps = self.sigmas[:-1] * self.num_train_timesteps
+        self._index = 0
+
+    def scale_model_input(self, sample: torch.Tensor, timestep: torch.Tensor | None = None) -> torch.Tensor:
+        return sample
+
+    def step(self, model_output: torch.Tensor, timestep: torch.Tensor, sample: torch.Tensor, **_) -> SchedulerStep:
+        """One Euler step along the predicted velocity (eps - x0) to the next sigma."""
+        sigma, sigma_next = self.sigmas[self._index], self.sigmas[self._index + 1]
+        self._index += 1
+        return SchedulerStep(sample + (sigma_next - sigma) * model_output)
+
+
 class NoiseSchedule:
     """Timestep sampling, ``x_t``, the objective's target, and a matching sampler, from one scheduler."""
 
-    def __init__(self, scheduler: SchedulerMixin | FallbackScheduler, objective: str) -> None:
+    def __init__(self, scheduler, objective: str, cfg: DiffusionConfig | None = None) -> None:
         self.scheduler = scheduler
         self.objective = objective
-        self.is_fallback = isinstance(scheduler, FallbackScheduler)
+        self.cfg = cfg or DiffusionConfig(objective=objective)
+        self.is_flow = objective == "flow_matching"
+        self.is_fallback = isinstance(scheduler, FallbackScheduler | FallbackFlowScheduler)
 
     @property
     def num_train_timesteps(self) -> int:
@@ -113,22 +149,52 @@ class NoiseSchedule:
         return self.scheduler.config.num_train_timesteps
 
     def sample_timesteps(self, batch_size: int, device: torch.device, generator: torch.Generator) -> torch.Tensor:
-        """t ~ U{0, ..., T-1}."""
-        return torch.randint(0, self.num_train_timesteps, (batch_size,), generator=generator, device=device)
+        """Training timesteps from ``diffusion.timestep_sampling``: integers in [0, T) for DDPM objectives,
+        floats sigma * T in (0, T] for flow matching (sigma shifted by ``diffusion.shift``)."""
+        T, kind = self.num_train_timesteps, self.cfg.timestep_sampling
+        if kind == "uniform" and not self.is_flow:
+            return torch.randint(0, T, (batch_size,), generator=generator, device=device)
+        u = timestep_density(kind, batch_size, self.cfg, device, generator)
+        if self.is_flow:
+            return shift_sigmas(u, self.cfg.shift) * T
+        return (u * T).long().clamp(max=T - 1)
+
+    def sigmas(self, timesteps: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        """Flow matching's noise level sigma = t / T, shaped to broadcast against ``like``."""
+        return (timesteps.float() / self.num_train_timesteps).view(-1, *([1] * (like.ndim - 1))).to(like.dtype)
 
     def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+        if self.is_flow:
+            sigma = self.sigmas(timesteps, x0)
+            return (1 - sigma) * x0 + sigma * noise
         return self.scheduler.add_noise(x0, noise, timesteps)
 
     def target(self, x0: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
         if self.objective == "epsilon":
             return noise
+        if self.is_flow:
+            return noise - x0
         return self.scheduler.get_velocity(x0, noise, timesteps)
+
+    def loss_weights(self, timesteps: torch.Tensor) -> torch.Tensor | None:
+        """Per-sample weights (B,) for the (B,) loss, or None: min-SNR-gamma for epsilon / v (Hang et al. 2023,
+        with diffusers' ``compute_snr``), ``sigma_sqrt`` / ``cosmap`` for flow (diffusers' SD3 weighting)."""
+        if self.is_flow:
+            if self.cfg.flow_weighting == "none":
+                return None
+            sigmas = timesteps.float() / self.num_train_timesteps
+            return compute_loss_weighting_for_sd3(self.cfg.flow_weighting, sigmas)
+        if self.cfg.snr_gamma is None:
+            return None
+        snr = compute_snr(self.scheduler, timesteps)
+        clipped = torch.minimum(snr, torch.full_like(snr, self.cfg.snr_gamma))
+        return clipped / snr if self.objective == "epsilon" else clipped / (snr + 1)
 
     def sampler(self, num_steps: int, device: torch.device, kind: str = "ddim") -> SchedulerMixin | FallbackScheduler:
         """A fresh deterministic sampler of ``kind`` (``ddim`` | ``dpmsolver++``) over the same ``alphas_cumprod``,
         timesteps set. Without a diffusers scheduler, ``ddim`` is the fallback schedule's own sampler."""
-        if self.is_fallback and kind == "ddim":
-            sampler = FallbackScheduler.__new__(FallbackScheduler)
+        if self.is_fallback and kind in ("ddim", "euler"):
+            sampler = type(self.scheduler).__new__(type(self.scheduler))
             sampler.__dict__.update(self.scheduler.__dict__)
         else:
             sampler = self.diffusers_sampler(kind)
@@ -141,6 +207,10 @@ class NoiseSchedule:
         Trailing timestep spacing starts sampling at the last training timestep (pure noise), and ``clip_sample``
         is off because latents are not bounded to [-1, 1].
         """
+        if self.is_flow:
+            if kind != "euler":
+                raise ConfigError("diffusion.sampler", kind, "flow matching samples with `euler`")
+            return FlowMatchEulerDiscreteScheduler(num_train_timesteps=self.num_train_timesteps, shift=self.cfg.shift)
         if self.is_fallback:
             config = {"num_train_timesteps": self.num_train_timesteps, "trained_betas": self.scheduler.betas.tolist()}
         else:
@@ -174,12 +244,28 @@ def _diffusers_scheduler(cfg: DiffusionConfig) -> SchedulerMixin:
     return scheduler
 
 
+def timestep_density(kind: str, batch_size: int, cfg: DiffusionConfig, device, generator) -> torch.Tensor:
+    """u in [0, 1] from SD3's densities: diffusers' ``compute_density_for_timestep_sampling`` (uniform,
+    logit_normal, mode), and cosmap, which diffusers offers only as a loss weighting: u = 1 - 1 / (tan(pi/2 r) + 1)."""
+    if kind == "cosmap":
+        r = torch.rand(batch_size, device=device, generator=generator)
+        return 1 - 1 / (torch.tan(math.pi / 2 * r) + 1)
+    return compute_density_for_timestep_sampling(
+        kind, batch_size, cfg.logit_mean, cfg.logit_std, cfg.mode_scale, device=device, generator=generator
+    ).clamp(0, 1)
+
+
 def build_noise_schedule(cfg: DiffusionConfig) -> NoiseSchedule:
     """The configured diffusers scheduler, or the fallback (with a warning naming why)."""
     reason = "no `diffusion.scheduler` is configured"
+    if cfg.objective == "flow_matching":  # the math is ours; the scheduler only samples
+        scheduler = FallbackFlowScheduler(cfg.num_train_timesteps, cfg.shift)
+        if cfg.scheduler is not None:
+            scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=cfg.num_train_timesteps, shift=cfg.shift)
+        return NoiseSchedule(scheduler, cfg.objective, cfg)
     if cfg.scheduler is not None:
         try:
-            return NoiseSchedule(_diffusers_scheduler(cfg), cfg.objective)
+            return NoiseSchedule(_diffusers_scheduler(cfg), cfg.objective, cfg)
         except (OSError, ValueError) as error:
             reason = f"`diffusion.scheduler={cfg.scheduler}` could not be loaded ({error})"
     warnings.warn(
@@ -190,4 +276,5 @@ def build_noise_schedule(cfg: DiffusionConfig) -> NoiseSchedule:
     return NoiseSchedule(
         FallbackScheduler(cfg.num_train_timesteps, cfg.beta_schedule, cfg.beta_start, cfg.beta_end, cfg.objective),
         cfg.objective,
+        cfg,
     )

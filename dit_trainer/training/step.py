@@ -45,7 +45,8 @@ def diffusion_loss(
     generator: torch.Generator,
     caption_dropout: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Encode (frozen, no grad) -> noise -> predict -> per-sample loss. Returns (loss (B,), timesteps (B,)).
+    """Encode (frozen, no grad) -> noise -> predict -> per-sample loss, weighted as the schedule says (min-SNR,
+    flow weighting). Returns (loss (B,), timesteps (B,)).
 
     All randomness comes from ``generator`` so a resumed run draws exactly what the uninterrupted one would.
     """
@@ -61,4 +62,6 @@ def diffusion_loss(
     timesteps = schedule.sample_timesteps(latents.shape[0], latents.device, generator)
     noisy = schedule.add_noise(latents, noise, timesteps)
     prediction = dit(noisy, timesteps, embeds, mask)
-    return per_sample_mse(prediction, schedule.target(latents, noise, timesteps)), timesteps
+    loss = per_sample_mse(prediction, schedule.target(latents, noise, timesteps))
+    weights = schedule.loss_weights(timesteps)
+    return (loss if weights is None else loss * weights.to(loss)), timesteps

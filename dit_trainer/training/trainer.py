@@ -29,7 +29,7 @@ from dit_trainer.training.checkpoint import (
     weights_format,
 )
 from dit_trainer.training.data_health import BadFileCounter
-from dit_trainer.training.metrics import MetricsFile, mean_over_processes, save_loss_curve
+from dit_trainer.training.metrics import MetricsFile, TimestepLossBuckets, mean_over_processes, save_loss_curve
 from dit_trainer.training.monitors import Monitor
 from dit_trainer.training.preemption import PreemptionHandler
 from dit_trainer.training.step import diffusion_loss
@@ -117,6 +117,7 @@ class Trainer:
         self.metrics = MetricsFile(run_dir / "metrics.jsonl")
         self.bad_files = BadFileCounter(accelerator, cfg.data.max_bad_fraction, cfg.data.path)
         self._ema_parameters = trainable_parameters(accelerator.unwrap_model(dit).transformer)
+        self.timestep_losses = TimestepLossBuckets(schedule.num_train_timesteps, accelerator.device)
 
     def resume(self) -> None:
         """Continue from ``trainer.resume`` (``latest`` or a path) if set; metrics logged after that step (by an
@@ -180,7 +181,9 @@ class Trainer:
             if not self._preflight_done:
                 self._preflight(batch)
             with self.accelerator.accumulate(self.dit):
-                loss = self._loss(batch, self.dit, self.state.generator).mean()
+                per_sample, timesteps = self._loss(batch, self.dit, self.state.generator)
+                self.timestep_losses.add(per_sample, timesteps)
+                loss = per_sample.mean()
                 self.accelerator.backward(loss)
                 losses.append(loss.detach())
                 if self.accelerator.sync_gradients:
@@ -234,11 +237,11 @@ class Trainer:
             "written so far are intact; `trainer.resume=latest` continues from the newest."
         )
 
-    def _loss(self, batch: dict, dit: nn.Module, generator: torch.Generator) -> torch.Tensor:
-        """The per-sample training loss (B,) of ``batch``."""
+    def _loss(self, batch: dict, dit: nn.Module, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-sample training loss (B,) of ``batch`` and the timesteps (B,) it was taken at."""
         return diffusion_loss(
             batch, dit, self.vae, self.text_encoder, self.schedule, generator, self.cfg.data.caption_dropout
-        )[0]
+        )
 
     def _preflight(self, batch: dict) -> None:
         """The doctor on the first batch of this process, with a copy of the trainer's generator: the step that
@@ -249,7 +252,7 @@ class Trainer:
 
         def compute_loss() -> torch.Tensor:
             with self.accelerator.autocast():
-                return self._loss(batch, model, generator).mean()
+                return self._loss(batch, model, generator)[0].mean()
 
         preflight(model, compute_loss)
         self._preflight_done = True
@@ -311,7 +314,7 @@ class Trainer:
                 metrics = {}
                 if self._is_due(trainer.log_every):
                     metrics = self._train_metrics(window_losses, grad_norm, window_start, images_per_step)
-                    metrics |= self.bad_files.check()
+                    metrics |= self.bad_files.check() | self.timestep_losses.collect(self.accelerator)
                     loss = metrics["loss"]
                     progress.set_postfix(loss=f"{loss:.4f}", img_s=f"{metrics['images_per_sec']:.0f}")
                     window_start, window_losses = time.perf_counter(), []
