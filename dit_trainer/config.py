@@ -124,6 +124,7 @@ class DataConfig:
     caption_columns: list[str] = field(default_factory=list)
     resolution: int = 32
     crop: str = "center"  # center | random | none (squash the whole image to a square)
+    shuffle_buffer: int = 1000  # webdataset: samples shuffled within this window (shards are shuffled whole)
     horizontal_flip: bool = False
     caption_dropout: float = 0.1  # probability of training on the empty prompt, for classifier-free guidance
     # Unreadable images are skipped and counted (`data/skipped`); above this fraction of all files read, the run
@@ -348,6 +349,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _require(0 <= data.caption_dropout < 1, "data.caption_dropout", data.caption_dropout, "it must be in [0, 1)")
     _require(data.num_workers >= 0, "data.num_workers", data.num_workers, "it must be >= 0")
     _require(data.prefetch_factor >= 1, "data.prefetch_factor", data.prefetch_factor, "it must be >= 1")
+    _require(data.shuffle_buffer >= 0, "data.shuffle_buffer", data.shuffle_buffer, "it must be >= 0 (0: tar order)")
     _require_choice("data.crop", data.crop, CROPS)
     _require_choice("data.cache_dtype", data.cache_dtype, CACHE_DTYPES)
     _require(0 <= data.max_bad_fraction < 1, "data.max_bad_fraction", data.max_bad_fraction, "it must be in [0, 1)")

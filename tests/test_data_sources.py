@@ -252,12 +252,13 @@ def _captions(dataset, num_workers: int) -> list[str]:
     return [caption for batch in loader for caption in batch["caption"]]
 
 
-def test_webdataset_shards_split_over_ranks_and_workers_cover_every_sample_once(tmp_path):
+@pytest.mark.parametrize("shuffle_buffer", [0, 4])
+def test_webdataset_shards_split_over_ranks_and_workers_cover_every_sample_once(tmp_path, shuffle_buffer):
     png = _png()
     shards = [[{"__key__": f"s{s}_{i}", "png": png, "txt": f"s{s}_{i}"} for i in range(3)] for s in range(8)]
     pattern = _write_shards(tmp_path, shards)
     everything = sorted(sample["txt"] for shard in shards for sample in shard)
-    ranks = [WebDatasetSource(pattern, 8, rank=rank, world_size=2) for rank in range(2)]
+    ranks = [WebDatasetSource(pattern, 8, rank=rank, world_size=2, shuffle_buffer=shuffle_buffer) for rank in range(2)]
     orders = []
     for epoch in range(2):
         seen = []
@@ -268,6 +269,19 @@ def test_webdataset_shards_split_over_ranks_and_workers_cover_every_sample_once(
         orders.append(seen)
     assert orders[0] != orders[1]  # the same set in another order
     assert [c for dataset in ranks for c in _captions(dataset, num_workers=2)] == orders[1]  # and repeatable
+
+
+def test_webdataset_shuffle_buffer_reorders_samples_within_a_shard(tmp_path):
+    samples = [{"__key__": f"k{i:02d}", "png": _png(), "txt": f"k{i:02d}"} for i in range(12)]
+    pattern = _write_shards(tmp_path, [samples])
+    in_tar_order = [s["txt"] for s in samples]
+    assert _captions(WebDatasetSource(pattern, 8), num_workers=0) == in_tar_order
+    shuffled = WebDatasetSource(pattern, 8, shuffle_buffer=4)
+    first = _captions(shuffled, num_workers=0)
+    assert first != in_tar_order and sorted(first) == in_tar_order
+    assert _captions(shuffled, num_workers=0) == first  # seeded: a resumed run reads the same order
+    shuffled.set_epoch(1)
+    assert _captions(shuffled, num_workers=0) != first
 
 
 def test_webdataset_skips_corrupt_samples_and_truncated_shards(tmp_path):

@@ -22,7 +22,9 @@ def build_dataset(cfg: DataConfig) -> Dataset:
     if cfg.source == "hf":
         return HFImageDataset(cfg.path, cfg.resolution, cfg.split, cfg.image_column, cfg.caption_column, **style)
     if cfg.source == "webdataset":
-        return WebDatasetSource(cfg.path, cfg.resolution, cfg.caption_column, seed=cfg.seed, **style)
+        return WebDatasetSource(
+            cfg.path, cfg.resolution, cfg.caption_column, seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, **style
+        )
     return ShapesDataset(length=cfg.length, resolution=cfg.resolution, seed=cfg.seed)
 
 

@@ -35,7 +35,7 @@ IN_MEMORY_BYTES = 2 << 30  # as stored; float16 doubles in memory
 STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Settings that change nothing in the cached tensors: reading options and training-time augmentation knobs.
 NOT_FINGERPRINTED = ("caption_dropout", "max_bad_fraction", "num_workers", "prefetch_factor", "cache_latents",
-                     "cache_dir", "cache_shard_size")  # fmt: skip
+                     "cache_dir", "cache_shard_size", "shuffle_buffer")  # fmt: skip
 
 
 def cache_fingerprint(cfg: TrainConfig) -> dict:

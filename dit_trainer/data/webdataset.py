@@ -109,9 +109,10 @@ class WebDatasetSource(IterableDataset):
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
+        shuffle_buffer: int = 0,
     ) -> None:
         self.path, self.resolution, self.crop, self.horizontal_flip = path, resolution, crop, horizontal_flip
-        self.seed, self.epoch = seed, 0
+        self.seed, self.epoch, self.shuffle_buffer = seed, 0, shuffle_buffer
         default_rank, default_world_size = process_rank_and_world_size()
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world_size if world_size is None else world_size
@@ -173,25 +174,46 @@ class WebDatasetSource(IterableDataset):
             raise ValueError(f"no caption {missing[0]!r}")
         return decode_image(members[extension]), pick_caption([fields[c] for c in self.caption_columns])
 
+    def samples(self, bad: list[str]) -> Iterator[tuple[str, str, dict[str, bytes]]]:
+        """``(shard, key, members)`` of this worker's shards, still encoded, through a shuffle buffer of
+        ``shuffle_buffer`` samples: tar order puts similar images together (one crawl, one source), and a batch of
+        neighbours is a biased one. The buffer's order is seeded per epoch, rank and worker, so a resumed run
+        reads the same sequence again."""
+        stream = ((shard, key, members) for shard in self.assigned_shards() for key, members in read_shard(shard, bad))
+        if self.shuffle_buffer <= 1:
+            yield from stream
+            return
+        info = get_worker_info()
+        rng = random.Random(hash((self.seed, self.epoch, self.rank, info.id if info else 0)))
+        buffer: list[tuple[str, str, dict[str, bytes]]] = []
+        for sample in stream:
+            if len(buffer) < self.shuffle_buffer:
+                buffer.append(sample)
+                continue
+            index = rng.randrange(len(buffer))
+            yield buffer[index]
+            buffer[index] = sample
+        rng.shuffle(buffer)
+        yield from buffer
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
         # Each item is held back until the next one is ready, so records of bad samples after the last good one
         # still reach the trainer (on that last item) instead of being lost when the stream ends.
         bad: list[str] = []
         previous: dict[str, Any] | None = None
-        for shard in self.assigned_shards():
-            for key, members in read_shard(shard, bad):
-                try:
-                    image, caption = self.decode(members)
-                except UNREADABLE_ERRORS as error:
-                    bad.append(describe_failure(f"{shard}:{key}", error))
-                    continue
-                if previous is not None:
-                    yield previous
-                previous = {"image": to_model_input(image, self.resolution, self.crop, self.horizontal_flip)}
-                previous["caption"] = caption
-                if bad:
-                    previous["bad_files"] = list(bad)
-                    bad.clear()
+        for shard, key, members in self.samples(bad):
+            try:
+                image, caption = self.decode(members)
+            except UNREADABLE_ERRORS as error:
+                bad.append(describe_failure(f"{shard}:{key}", error))
+                continue
+            if previous is not None:
+                yield previous
+            previous = {"image": to_model_input(image, self.resolution, self.crop, self.horizontal_flip)}
+            previous["caption"] = caption
+            if bad:
+                previous["bad_files"] = list(bad)
+                bad.clear()
         if previous is not None:
             if bad:
                 previous["bad_files"] = previous.get("bad_files", []) + bad
