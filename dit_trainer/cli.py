@@ -51,3 +51,15 @@ def compose_train_config(config_dir: Path, overrides: list[str]) -> TrainConfig:
     register_configs()
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
         return to_train_config(compose(config_name="train", overrides=overrides))
+
+
+def run_train_script(config_dir: Path, overrides: list[str], main: Callable[[TrainConfig], tuple[str, int]]) -> int:
+    """Compose ``overrides`` as ``train.py`` would, run ``main`` on the config and print its message; returns its
+    exit code, or 2 with one paragraph for a bad value."""
+    try:
+        message, code = main(compose_train_config(config_dir, overrides))
+    except INPUT_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(message)
+    return code

@@ -16,7 +16,8 @@ from datetime import datetime
 from pathlib import Path
 
 from dit_trainer.benchmark import format_table, run_benchmark
-from dit_trainer.cli import INPUT_ERRORS, compose_train_config
+from dit_trainer.cli import run_train_script
+from dit_trainer.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,15 +30,12 @@ def main(argv: list[str]) -> int:
         "--out", type=Path, default=REPO / "outputs" / "benchmark" / f"{datetime.now():%Y-%m-%d/%H-%M-%S}"
     )
     options, overrides = parser.parse_known_args(argv)
-    try:
-        report = run_benchmark(compose_train_config(REPO / "configs", overrides), options.out, options.warmup,
-                               options.steps)  # fmt: skip
-    except INPUT_ERRORS as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(format_table(report))
-    print(f"Wrote {options.out / 'benchmark.json'}")
-    return 0
+
+    def benchmark(cfg: TrainConfig) -> tuple[str, int]:
+        report = run_benchmark(cfg, options.out, options.warmup, options.steps)
+        return f"{format_table(report)}\nWrote {options.out / 'benchmark.json'}", 0
+
+    return run_train_script(REPO / "configs", overrides, benchmark)
 
 
 if __name__ == "__main__":

@@ -14,23 +14,19 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from dit_trainer.cli import INPUT_ERRORS, compose_train_config
+from dit_trainer.cli import run_train_script
+from dit_trainer.config import TrainConfig
 from dit_trainer.data.precompute import precompute
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
-def main(overrides: list[str]) -> int:
-    try:
-        result = precompute(compose_train_config(CONFIG_DIR, overrides))
-    except INPUT_ERRORS as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+def write_cache(cfg: TrainConfig) -> tuple[str, int]:
+    result = precompute(cfg)
     skipped = f", {len(result.bad_files)} unreadable files skipped" if result.bad_files else ""
     done = f"encoded {result.items} items{skipped}" if result.items else "already complete; prompts updated"
-    print(f"Cache {result.cache_dir}: {done}.")
-    return 0
+    return f"Cache {result.cache_dir}: {done}.", 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_train_script(CONFIG_DIR, sys.argv[1:], write_cache))

@@ -13,21 +13,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from dit_trainer.cli import INPUT_ERRORS, compose_train_config
+from dit_trainer.cli import run_train_script
+from dit_trainer.config import TrainConfig
 from dit_trainer.verification import verify_training_setup
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
-def main(overrides: list[str]) -> int:
-    try:
-        report = verify_training_setup(compose_train_config(CONFIG_DIR, overrides))
-    except INPUT_ERRORS as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(report)
-    return 0 if report.ok else 1
+def verify(cfg: TrainConfig) -> tuple[str, int]:
+    report = verify_training_setup(cfg)
+    return str(report), 0 if report.ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run_train_script(CONFIG_DIR, sys.argv[1:], verify))
