@@ -4,7 +4,9 @@
 (b) ``trainer_cached``: the trainer's own step (``Trainer.train_step``) reading the precomputed cache;
 (c) ``trainer_uncached``: the same step encoding every batch with the frozen VAE and text encoder;
 (d) ``reference``: a straightforward loop in the style of diffusers' training examples (fp32, encode every step,
-    tokenize every step, no cache, the default AdamW).
+    tokenize every step, no cache, the default AdamW);
+(e) ``trainer_private``, with ``privacy.enabled=true``: the trainer's DP-SGD step from the cache (Opacus clipping
+    and noise, Poisson batches of the same expected size), timed alongside (a) and (b) for the cost of DP.
 
 Each is timed per step after a warm-up and reported as the median, in images/s and as a ratio to (a); (a) and (b)
 are timed in alternating blocks so their ratio (the trainer's overhead) survives a noisy machine. FLOPs per image
@@ -166,6 +168,8 @@ def run_benchmark(cfg: TrainConfig, out_dir: Path, warmup: int = 5, steps: int =
     """All four measurements; writes ``out_dir/benchmark.json`` (and the cache in ``out_dir/cache`` unless
     ``data.cache_dir`` names one) and returns what it wrote."""
     cfg = validate(cfg)
+    private = cfg.privacy.enabled
+    cfg = replace(cfg, privacy=replace(cfg.privacy, enabled=False))  # (a)-(d) measure the non-private trainer
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     quiet = replace(cfg.trainer, sample_every=0, log_every=10**9, checkpoint_every=0, resume=None,
@@ -181,18 +185,25 @@ def run_benchmark(cfg: TrainConfig, out_dir: Path, warmup: int = 5, steps: int =
     parts = build_components(cfg, device, torch.float32)
     batch = cfg.trainer.batch_size
     # (a) and (b) are timed interleaved: their ratio is the framework overhead, the number that needs precision.
-    results = measure({"bare": bare_step(cfg, parts, device),
-                       "trainer_cached": trainer_step(cached, out_dir / "trainer_cached")},
-                      batch, warmup, steps, device, rounds=4)  # fmt: skip
+    interleaved = {"bare": bare_step(cfg, parts, device),
+                   "trainer_cached": trainer_step(cached, out_dir / "trainer_cached")}  # fmt: skip
+    if private:  # the noise level does not change the cost: a fixed one spares calibrating for max_steps=10**9
+        dp = replace(cfg.privacy, enabled=True, noise_multiplier=cfg.privacy.noise_multiplier or 1.0,
+                     target_epsilon=None)  # fmt: skip
+        interleaved["trainer_private"] = trainer_step(replace(cached, privacy=dp), out_dir / "trainer_private")
+    results = measure(interleaved, batch, warmup, steps, device, rounds=4)
     results += measure({"trainer_uncached": trainer_step(uncached, out_dir / "trainer_uncached")}, batch, warmup,
                        steps, device)  # fmt: skip
     results += measure({"reference": reference_step(cfg, parts, device)}, batch, warmup, steps, device)
     forward_flops, train_flops = flops_per_image(cfg, parts, device)
-    bare = results[0].images_per_sec
+    speed = {m.name: m.images_per_sec for m in results}
+    bare = speed["bare"]
+    private_cost = {"private_cost_ratio": speed["trainer_cached"] / speed["trainer_private"]} if private else {}
     report = {
         **{f"{m.name}_img_s" if m.name != "bare" else "bare_step_img_s": m.images_per_sec for m in results},
         **{f"{m.name}_ratio_to_bare": m.images_per_sec / bare for m in results},
-        "cached_speedup_over_reference": results[1].images_per_sec / results[3].images_per_sec,
+        "cached_speedup_over_reference": speed["trainer_cached"] / speed["reference"],
+        **private_cost,  # seconds per DP step / seconds per non-DP step
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "peak_cuda_mb": {m.name: m.peak_memory_mb for m in results},
         "forward_flops_per_image": forward_flops,
@@ -211,9 +222,10 @@ def format_table(report: dict) -> str:
     """The four measurements as a table (images/s, ratio to the bare step, peak CUDA memory) and the FLOPs."""
     rows = [("(a) bare DiT step", "bare_step", "bare"), ("(b) trainer, cache", "trainer_cached", "trainer_cached"),
             ("(c) trainer, encode every batch", "trainer_uncached", "trainer_uncached"),
-            ("(d) reference loop (diffusers style)", "reference", "reference")]  # fmt: skip
+            ("(d) reference loop (diffusers style)", "reference", "reference"),
+            ("(e) trainer, cache, DP-SGD", "trainer_private", "trainer_private")]  # fmt: skip
     lines = [f"{'measurement':<38}{'img/s':>10}{'x (a)':>8}{'peak CUDA MB':>14}"]
-    for label, key, name in rows:
+    for label, key, name in (row for row in rows if f"{row[2]}_ratio_to_bare" in report):
         ratio = report[f"{name}_ratio_to_bare"]
         peak = report["peak_cuda_mb"][name]
         lines.append(
@@ -221,7 +233,12 @@ def format_table(report: dict) -> str:
         )
     lines += [
         f"cache vs reference: {report['cached_speedup_over_reference']:.2f}x; peak RSS {report['peak_rss_mb']:.0f} MB; "
-        f"precompute {report['precompute_seconds']:.1f} s",
+        f"precompute {report['precompute_seconds']:.1f} s"
+        + (
+            f"; DP step cost {report['private_cost_ratio']:.2f}x the non-DP step"
+            if "private_cost_ratio" in report
+            else ""
+        ),
         f"DiT FLOPs per image: forward {report['forward_flops_per_image']:.3g}, training "
         f"{report['train_flops_per_image']:.3g} (MFU = img/s x training FLOPs / peak FLOP/s)",
     ]

@@ -37,6 +37,8 @@ WANDB_MODES = ("online", "offline", "disabled")
 LR_SCHEDULES = ("constant_with_warmup", "constant", "linear", "cosine", "cosine_with_restarts", "polynomial")
 FALLBACK_BETA_SCHEDULES = ("linear", "scaled_linear", "squaredcos_cap_v2")
 SAMPLERS = ("ddim", "dpmsolver++", "euler")
+PRIVACY_MODES = ("ghost", "hooks")
+PRIVACY_ACCOUNTANTS = ("prv", "rdp", "gdp")
 REWARDS = ("shapes_alignment", "clip_score", "jpeg_compressibility")
 
 
@@ -79,6 +81,22 @@ class LoRAConfig:
         default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2"]
     )
     train_modules: list[str] = field(default_factory=list)  # also trained in full, e.g. [caption_projection]
+
+
+@dataclass
+class PrivacyConfig:
+    """Differentially private training (DP-SGD with Opacus): each sample's gradient is clipped to
+    ``max_grad_norm``, Gaussian noise is added to their sum, and batches are Poisson-sampled."""
+
+    enabled: bool = False
+    max_grad_norm: float = 1.0  # C: the per-sample clipping norm (optim.max_grad_norm is not used under DP)
+    # Either the noise multiplier sigma (noise std = sigma x C), or a target epsilon that sigma is calibrated to.
+    noise_multiplier: float | None = None
+    target_epsilon: float | None = None
+    epochs: float | None = None  # with target_epsilon: the epochs the budget covers (default: trainer.max_steps)
+    delta: float | None = None  # default: 1 / number of training images
+    mode: str = "ghost"  # ghost: Opacus' ghost clipping (no per-sample gradients stored) | hooks: per-sample grads
+    accountant: str = "prv"  # prv | rdp | gdp (Opacus accountants)
 
 
 @dataclass
@@ -251,6 +269,7 @@ class MonitorConfig:
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     lora: LoRAConfig = field(default_factory=LoRAConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     vae: VAEConfig = field(default_factory=VAEConfig)
     text_encoder: TextEncoderConfig = field(default_factory=TextEncoderConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -398,6 +417,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         )
     if cfg.lora.enabled:
         _validate_lora(cfg.lora, m)
+    if cfg.privacy.enabled:
+        _validate_privacy(cfg)
     validate_reward(cfg.reward)
     if cfg.monitor.grpo.enabled:
         _validate_grpo_monitor(cfg.monitor.grpo, cfg.reward)
@@ -493,6 +514,56 @@ def _validate_lora(cfg: LoRAConfig, model: ModelConfig) -> None:
         list(cfg.target_modules),
         "at least one module must carry an adapter",
         "set e.g. `lora.target_modules=[to_q,to_k,to_v,to_out.0]`",
+    )
+
+
+def _validate_privacy(cfg: TrainConfig) -> None:
+    """DP settings, and the combinations that would void the guarantee or fail inside Opacus."""
+    p, t = cfg.privacy, cfg.trainer
+    _require_choice("privacy.mode", p.mode, PRIVACY_MODES)
+    _require_choice("privacy.accountant", p.accountant, PRIVACY_ACCOUNTANTS)
+    _require(p.max_grad_norm > 0, "privacy.max_grad_norm", p.max_grad_norm, "the clipping norm must be > 0")
+    _require(
+        (p.noise_multiplier is None) != (p.target_epsilon is None),
+        "privacy.noise_multiplier/target_epsilon",
+        (p.noise_multiplier, p.target_epsilon),
+        "exactly one of them must be set (the noise, or the budget the noise is calibrated to)",
+        "set e.g. `privacy.target_epsilon=8` and `privacy.noise_multiplier=null`",
+    )
+    for key in ("noise_multiplier", "target_epsilon", "epochs"):
+        value = getattr(p, key)
+        _require(value is None or value > 0, f"privacy.{key}", value, "it must be > 0 (or null)")
+    _require(p.delta is None or 0 < p.delta < 1, "privacy.delta", p.delta, "it must be in (0, 1) (null: 1/N)")
+    _require(
+        t.gradient_accumulation_steps == 1,
+        "trainer.gradient_accumulation_steps",
+        t.gradient_accumulation_steps,
+        "under `privacy.enabled=true` each optimizer step must see one Poisson-sampled batch (accumulating "
+        "several would change the sampling rate the privacy accounting assumes)",
+        f"set `trainer.gradient_accumulation_steps=1` and "
+        f"`trainer.batch_size={t.batch_size * t.gradient_accumulation_steps}` (the expected batch size)",
+    )
+    _require(
+        not t.gradient_checkpointing,
+        "trainer.gradient_checkpointing",
+        t.gradient_checkpointing,
+        "Opacus computes per-sample gradients from hooks that checkpointing's recomputation would run twice",
+        "set `trainer.gradient_checkpointing=false` (lower `trainer.batch_size` if memory is short)",
+    )
+    _require(
+        t.mixed_precision != "fp16",
+        "trainer.mixed_precision",
+        t.mixed_precision,
+        "fp16's loss scaling would scale the per-sample gradients that DP clips",
+        "use `trainer.mixed_precision=bf16` (or `no`)",
+    )
+    _require(
+        cfg.data.source != "webdataset",
+        "data.source",
+        cfg.data.source,
+        "DP needs Poisson sampling (each image drawn independently at every step), which a stream of tar shards "
+        "cannot do",
+        "use a random-access source (`data=imagefolder` or `data=hf`) or a latent cache (`data.cache_dir`)",
     )
 
 

@@ -24,6 +24,7 @@ from dit_trainer.diagnostics.parameters import (
     snapshot,
     step_changes,
 )
+from dit_trainer.training.privacy import coverage_report, without_per_sample_gradients
 from dit_trainer.training.run import build_components, build_optimizer
 from dit_trainer.training.step import diffusion_loss
 
@@ -37,6 +38,7 @@ class VerificationReport:
     warnings: list[str]
     gradient_flow: GradientReport
     gradient_norms: dict[str, float] = field(default_factory=dict)  # per component, at the first step
+    privacy: list[str] = field(default_factory=list)  # with privacy.enabled: per-sample gradient coverage
     changes: StepChanges | None = None  # None when the doctor found a problem and no step was taken
 
     @property
@@ -47,6 +49,7 @@ class VerificationReport:
         lines = ["Parameters", format_parameter_table(self.counts), ""]
         lines += [f"warning: {warning}" for warning in self.warnings]
         lines += ["Gradient flow", str(self.gradient_flow), ""]
+        lines += [*self.privacy, ""] if self.privacy else []
         if self.gradient_norms:
             lines.append("Gradient norms at the first step: " + ", ".join(
                 f"{name} {norm:.4g}" for name, norm in self.gradient_norms.items()
@@ -88,7 +91,11 @@ def verify_training_setup(cfg: TrainConfig, device: torch.device | None = None) 
         )
         return per_sample.mean()
 
+    if cfg.privacy.enabled and without_per_sample_gradients(parts.dit):
+        warnings.append("some trainable parameters get no per-sample gradient: DP training would refuse this DiT")
     report = VerificationReport(counts, warnings, diagnose_gradient_flow(parts.dit, compute_loss))
+    if cfg.privacy.enabled:
+        report.privacy = coverage_report(parts.dit)
     if not report.gradient_flow.ok:
         return report
     before = {name: snapshot(module) for name, module in components.items()}

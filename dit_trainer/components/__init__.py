@@ -2,6 +2,7 @@
 
 from dit_trainer.components.dit import DiTAdapter, build_dit, enable_gradient_checkpointing, load_transformer
 from dit_trainer.components.freeze import freeze, trainable_parameters
+from dit_trainer.components.modulation import expose_modulation_tables
 from dit_trainer.components.text_encoder import FrozenTextEncoder, build_text_encoder
 from dit_trainer.components.vae import FrozenVAE, PixelVAE, build_vae
 
@@ -14,6 +15,7 @@ __all__ = [
     "build_text_encoder",
     "build_vae",
     "enable_gradient_checkpointing",
+    "expose_modulation_tables",
     "freeze",
     "load_transformer",
     "trainable_parameters",

@@ -16,6 +16,7 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 from accelerate import Accelerator
@@ -48,21 +49,25 @@ class CheckpointWriteError(RuntimeError):
 
 class TrainingState:
     """What accelerate does not checkpoint by itself: the step counter, the count of steps skipped for non-finite
-    gradients, and the trainer's random generator (one per process)."""
+    gradients, the trainer's random generator (one per process), and other named generators (DP noise)."""
 
-    def __init__(self, generator: torch.Generator) -> None:
+    def __init__(self, generator: torch.Generator, other_generators: dict[str, torch.Generator] | None = None) -> None:
         self.step = 0
         self.skipped_steps = 0
         self.generator = generator
+        self.other_generators = other_generators or {}
 
     def save(self, path: Path) -> None:
         counters = torch.tensor([self.step, self.skipped_steps], dtype=torch.int64)
-        save_file({"counters": counters, "generator": self.generator.get_state()}, path)
+        generators = {f"generator.{name}": g.get_state() for name, g in self.other_generators.items()}
+        save_file({"counters": counters, "generator": self.generator.get_state(), **generators}, path)
 
     def load(self, path: Path) -> None:
         state = load_file(path)
         self.step, self.skipped_steps = (int(v) for v in state["counters"])
         self.generator.set_state(state["generator"])
+        for name, generator in self.other_generators.items():
+            generator.set_state(state[f"generator.{name}"])
 
 
 @dataclass(frozen=True)
@@ -174,11 +179,18 @@ def check_run_folder(run_dir: Path, resume: str | None) -> None:
         )
 
 
+class JSONState(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
 class Checkpointer:
     """Writes and restores checkpoints through accelerate's hooks (the pattern of diffusers' training examples).
 
     The EMA weights are saved in the same format as the raw ones (swapped in for the write), with the EMA's
-    counters in ``ema_state.json`` beside them.
+    counters in ``ema_state.json`` beside them. ``json_states`` (e.g. the DP accountant) are saved by the main
+    process as ``<name>.json``.
     """
 
     def __init__(
@@ -190,6 +202,7 @@ class Checkpointer:
         total_limit: int | None,
         weights: WeightsFormat = FULL_WEIGHTS,
         config_hash: str = "",
+        json_states: dict[str, JSONState] | None = None,
     ) -> None:
         self.accelerator = accelerator
         self.checkpoints_dir = checkpoints_dir
@@ -198,6 +211,7 @@ class Checkpointer:
         self.total_limit = total_limit
         self.weights = weights
         self.config_hash = config_hash
+        self.json_states = json_states or {}
         accelerator.register_save_state_pre_hook(self._save_models)
         accelerator.register_load_state_pre_hook(self._load_models)
 
@@ -251,6 +265,8 @@ class Checkpointer:
             self.state.save(partial / f"trainer_state_{accelerator.process_index}.safetensors")
             accelerator.wait_for_everyone()
             if accelerator.is_main_process:
+                for name, state in self.json_states.items():
+                    (partial / f"{name}.json").write_text(json.dumps(state.state_dict()), encoding="utf-8")
                 self._write_manifest(partial, step)
                 if path.exists():  # the same step saved again (e.g. a resumed run stopped at once): replace it
                     shutil.rmtree(path)
@@ -287,6 +303,17 @@ class Checkpointer:
                 "new `hydra.run.dir`",
             ) from error
         self.state.load(path / f"trainer_state_{self.accelerator.process_index}.safetensors")
+        for name, state in self.json_states.items():
+            file = path / f"{name}.json"
+            if not file.is_file():
+                raise ConfigError(
+                    "trainer.resume",
+                    str(path),
+                    f"this run needs its {name} state, and the checkpoint has no {file.name} (it was written by a "
+                    "run configured differently)",
+                    "resume with the settings that run was trained with (its config.yaml)",
+                )
+            state.load_state_dict(json.loads(file.read_text(encoding="utf-8")))
         return self.state.step
 
 

@@ -19,6 +19,7 @@ from dit_trainer.components import (
     build_text_encoder,
     build_vae,
     enable_gradient_checkpointing,
+    expose_modulation_tables,
     trainable_parameters,
 )
 from dit_trainer.config import ConfigError, TrainConfig, load_prompts, validate
@@ -39,6 +40,7 @@ from dit_trainer.training.monitors import (
     SamplingPlan,
 )
 from dit_trainer.training.precision import resolve_mixed_precision, weight_dtype
+from dit_trainer.training.privacy import check_private_launch, make_private
 from dit_trainer.training.trackers import start_trackers, tracker_name
 from dit_trainer.training.trainer import Trainer, TrainResult
 
@@ -70,6 +72,8 @@ def build_components(
     dit = build_dit(cfg.model, vae.latent_channels, latent_size, text_encoder.hidden_size)
     if cfg.lora.enabled:
         apply_lora(dit.transformer, cfg.lora)
+    if cfg.privacy.enabled:  # before the optimizer and EMA collect the parameters: their order changes
+        expose_modulation_tables(dit.transformer)
     if cfg.trainer.gradient_checkpointing:
         enable_gradient_checkpointing(dit, cfg.trainer.reentrant_checkpointing)
     schedule = build_noise_schedule(cfg.diffusion)
@@ -114,21 +118,27 @@ def build_training_data(cfg: TrainConfig, accelerator: Accelerator, vae, cache: 
     return dataset
 
 
-def build_dataloader(cfg: TrainConfig, dataset: Dataset, device: torch.device) -> DataLoader:
+def loader_options(cfg: TrainConfig, dataset: Dataset, device: torch.device) -> dict:
     """Worker processes when the items need decoding (an in-memory latent cache does not), pinned memory for
-    CUDA, workers kept alive across epochs. Map-style data sets are shuffled; an iterable one (webdataset)
-    shuffles and splits its shards itself."""
+    CUDA, workers kept alive across epochs."""
     workers = 0 if isinstance(dataset, LatentDataset) else cfg.data.num_workers
+    return {
+        "num_workers": workers,
+        "pin_memory": device.type == "cuda",
+        "persistent_workers": workers > 0 and not isinstance(dataset, IterableDataset),  # set_epoch reaches workers
+        "prefetch_factor": cfg.data.prefetch_factor if workers > 0 else None,
+    }
+
+
+def build_dataloader(cfg: TrainConfig, dataset: Dataset, device: torch.device) -> DataLoader:
+    """Map-style data sets are shuffled; an iterable one (webdataset) shuffles and splits its shards itself."""
     return DataLoader(
         dataset,
         batch_size=cfg.trainer.batch_size,
         shuffle=not isinstance(dataset, IterableDataset),
         drop_last=True,
-        num_workers=workers,
         collate_fn=collate_batch,
-        pin_memory=device.type == "cuda",
-        persistent_workers=workers > 0 and not isinstance(dataset, IterableDataset),  # set_epoch reaches workers
-        prefetch_factor=cfg.data.prefetch_factor if workers > 0 else None,
+        **loader_options(cfg, dataset, device),
     )
 
 
@@ -223,8 +233,18 @@ def build_trainer(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
     if cfg.trainer.ema_decay > 0:  # of what trains: the whole DiT, or a LoRA run's adapters
         ema = FusedEMA(trainable_parameters(dit.transformer), decay=cfg.trainer.ema_decay)
         ema.to(accelerator.device)
-    dataloader = build_dataloader(cfg, build_training_data(cfg, accelerator, vae, cache), accelerator.device)
-    if isinstance(dataloader.dataset, IterableDataset):  # it splits its shards by rank itself: not accelerate
+    dataset = build_training_data(cfg, accelerator, vae, cache)
+    privacy = None
+    if cfg.privacy.enabled:  # Poisson batches and the DP optimizer; the loader is Opacus' business, not accelerate's
+        check_private_launch(accelerator)
+        t = cfg.trainer
+        privacy, optimizer, dataloader = make_private(
+            cfg.privacy, dit, optimizer, dataset, t.batch_size, t.max_steps, t.seed,
+            loader_options(cfg, dataset, accelerator.device), accelerator.device,
+        )  # fmt: skip
+    else:
+        dataloader = build_dataloader(cfg, dataset, accelerator.device)
+    if privacy is not None or isinstance(dataset, IterableDataset):  # not sharded or re-sampled by accelerate
         dit, optimizer, lr_scheduler = accelerator.prepare(dit, optimizer, lr_scheduler)
     else:
         dit, optimizer, dataloader, lr_scheduler = accelerator.prepare(dit, optimizer, dataloader, lr_scheduler)
@@ -238,8 +258,9 @@ def build_trainer(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
     )
     monitors = build_monitors(cfg, context, run_dir, weight_dtype(accelerator.mixed_precision))
     trainer = Trainer(
-        cfg, run_dir, accelerator, dit, vae, text_encoder, schedule, dataloader, optimizer, lr_scheduler, ema, monitors
-    )
+        cfg, run_dir, accelerator, dit, vae, text_encoder, schedule, dataloader, optimizer, lr_scheduler, ema, monitors,
+        privacy,
+    )  # fmt: skip
     trainer.resume()
     return trainer
 

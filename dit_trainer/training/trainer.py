@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import time
@@ -32,6 +33,7 @@ from dit_trainer.training.data_health import BadFileCounter
 from dit_trainer.training.metrics import MetricsFile, TimestepLossBuckets, mean_over_processes, save_loss_curve
 from dit_trainer.training.monitors import Monitor
 from dit_trainer.training.preemption import PreemptionHandler
+from dit_trainer.training.privacy import PrivateTraining, is_empty
 from dit_trainer.training.step import diffusion_loss
 
 logger = get_logger(__name__)
@@ -62,6 +64,10 @@ CONFIG_HINTS = {
 }
 
 
+def _value(tensor: torch.Tensor | None) -> float:
+    return float("nan") if tensor is None else tensor.item()
+
+
 def preflight(dit: nn.Module, compute_loss: Callable[[], torch.Tensor]) -> None:
     """Before the first step: the gradient-flow doctor on the real loss. A problem becomes a ``GradientFlowError``
     that explains its cause (rather than PyTorch's "does not require grad" from deep inside backward)."""
@@ -88,6 +94,7 @@ class Trainer:
         lr_scheduler,
         ema: EMAModel | None,
         monitors: list[Monitor],
+        privacy: PrivateTraining | None = None,
     ) -> None:
         self.cfg = cfg
         self.run_dir = run_dir
@@ -101,9 +108,12 @@ class Trainer:
         self.lr_scheduler = lr_scheduler
         self.ema = ema
         self.monitors = monitors
+        self.privacy = privacy
+        if privacy is not None:
+            logger.info(privacy.describe(), main_process_only=True)
         self._preflight_done = False
         generator = torch.Generator(accelerator.device).manual_seed(cfg.trainer.seed + accelerator.process_index)
-        self.state = TrainingState(generator)
+        self.state = TrainingState(generator, {"dp_noise": privacy.optimizer.generator} if privacy else None)
         self.checkpointer = Checkpointer(
             accelerator,
             run_dir / "checkpoints",
@@ -112,6 +122,7 @@ class Trainer:
             cfg.trainer.checkpoints_total_limit,
             weights_format(cfg.lora.enabled),
             config_hash(dataclasses.asdict(cfg)),
+            {"privacy_accountant": privacy} if privacy else None,
         )
         self._consecutive_nonfinite = 0
         self.metrics = MetricsFile(run_dir / "metrics.jsonl")
@@ -135,6 +146,10 @@ class Trainer:
     def batches(self) -> Iterator[dict]:
         """Endless batches, continuing the epoch and position a resumed run stopped at."""
         micro_steps = self.state.step * self.cfg.trainer.gradient_accumulation_steps
+        if self.privacy is not None:  # Poisson batches: step s's draw depends only on s
+            self.dataloader.batch_sampler.next_step = self.state.step
+            while True:
+                yield from self.dataloader
         if isinstance(self.dataloader.dataset, IterableDataset):
             yield from self._stream_batches(micro_steps)
             return
@@ -173,6 +188,8 @@ class Trainer:
 
         Both stay tensors on the device: reading them (a GPU sync) waits for the next log step.
         """
+        if self.privacy is not None:
+            return self._private_step(next(batches))
         trainer, losses, grad_norm = self.cfg.trainer, [], torch.tensor(float("nan"))
         finite = True
         for _ in range(trainer.gradient_accumulation_steps):
@@ -199,10 +216,38 @@ class Trainer:
             self.ema.step(self._ema_parameters)
         return torch.stack(losses).mean(), grad_norm
 
-    def _check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+    def _private_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """One DP-SGD step on a Poisson-sampled batch: Opacus clips each sample's gradient to
+        ``privacy.max_grad_norm`` (so ``optim.max_grad_norm`` is not applied) and adds noise; the grad norm
+        returned is that of the noised gradient the optimizer applied, which is as private as the weights."""
+        self.bad_files.add(batch)
+        if is_empty(batch):  # no image drawn: the step still adds noise, as the accounting assumes
+            loss = torch.tensor(0.0, device=self.accelerator.device)
+            self.privacy.backward_empty()
+        else:
+            if not self._preflight_done:
+                self._preflight(batch)
+            per_sample, timesteps = self._loss(batch, self.dit, self.state.generator)
+            self.timestep_losses.add(per_sample, timesteps)
+            loss = per_sample.detach().mean()
+            self.privacy.backward(per_sample)
+        grad_norm = torch.tensor(float("nan"))
+        finite = self._check_finite(loss)
+        if finite:
+            self.optimizer.step()
+            self.lr_scheduler.step()
+            grads = [p.grad for p in self.privacy.optimizer.params if p.grad is not None]
+            grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        self.optimizer.zero_grad(set_to_none=True)
+        if finite and self.ema is not None:
+            self.ema.step(self._ema_parameters)
+        return loss, grad_norm
+
+    def _check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor | None = None) -> bool:
         """Whether this step's loss and gradients are finite on every process (one sync per step). A non-finite
         step is skipped and counted; ``trainer.max_consecutive_nonfinite`` of them in a row stop the run."""
-        bad = (~torch.isfinite(loss) | ~torch.isfinite(grad_norm)).float()
+        bad = ~torch.isfinite(loss) if grad_norm is None else ~torch.isfinite(loss) | ~torch.isfinite(grad_norm)
+        bad = bad.float()
         if self.accelerator.num_processes > 1:
             bad = self.accelerator.reduce(bad, reduction="sum")
         if not bad.item():
@@ -214,11 +259,11 @@ class Trainer:
             raise NonFiniteError(self._nonfinite_report(loss, grad_norm))
         logger.warning(
             f"step {self.state.step + 1}: non-finite loss ({loss.item():.4g}) or gradient norm "
-            f"({grad_norm.item():.4g}); the update is skipped"
+            f"({_value(grad_norm):.4g}); the update is skipped"
         )
         return False
 
-    def _nonfinite_report(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> str:
+    def _nonfinite_report(self, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> str:
         model = self.accelerator.unwrap_model(self.dit)
         bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
         shown = ", ".join(bad[:6]) + (f" and {len(bad) - 6} more" if len(bad) > 6 else "") if bad else "none"
@@ -232,7 +277,7 @@ class Trainer:
             f"Training stopped at step {self.state.step + 1}: the loss or the gradients were NaN/inf for "
             f"{self._consecutive_nonfinite} consecutive steps (`trainer.max_consecutive_nonfinite="
             f"{t.max_consecutive_nonfinite}`), and each of those updates was skipped. Last step: loss "
-            f"{loss.item():.4g}, gradient norm {grad_norm.item():.4g}, lr {self.lr_scheduler.get_last_lr()[0]:.4g}. "
+            f"{loss.item():.4g}, gradient norm {_value(grad_norm):.4g}, lr {self.lr_scheduler.get_last_lr()[0]:.4g}. "
             f"Parameters with non-finite gradients: {shown}. To fix it, {'; or '.join(suggestions)}. Checkpoints "
             "written so far are intact; `trainer.resume=latest` continues from the newest."
         )
@@ -254,7 +299,8 @@ class Trainer:
             with self.accelerator.autocast():
                 return self._loss(batch, model, generator)[0].mean()
 
-        preflight(model, compute_loss)
+        with self.privacy.hooks_paused() if self.privacy else contextlib.nullcontext():
+            preflight(model, compute_loss)
         self._preflight_done = True
 
     def _is_due(self, every: int) -> bool:
@@ -267,7 +313,9 @@ class Trainer:
         """Loss (mean over the steps since the last log and over processes), lr, grad norm and throughput."""
         loss = mean_over_processes(self.accelerator, losses)
         seconds = time.perf_counter() - since  # measured after .item(): the device has caught up
+        privacy = {"privacy/epsilon": self.privacy.epsilon()} if self.privacy else {}
         return {
+            **privacy,
             "loss": loss,
             "lr": self.lr_scheduler.get_last_lr()[0],
             "grad_norm": float(grad_norm),

@@ -1,0 +1,198 @@
+"""Differential privacy: per-sample gradients and clipping against a one-sample-at-a-time reference, the PixArt
+modulation tables made visible to Opacus, Poisson batches, the accountant through logs and resume, and the
+combinations that are refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from opacus.accountants import PRVAccountant
+from torch.utils.data import TensorDataset
+
+from dit_trainer.components import build_dit, expose_modulation_tables
+from dit_trainer.config import ConfigError, ModelConfig, PrivacyConfig
+from dit_trainer.diffusion.loss import per_sample_mse
+from dit_trainer.training.privacy import PoissonBatchSampler, check_model, make_private, noise_multiplier
+from dit_trainer.training.run import build_trainer
+
+from .conftest import TINY_SHAPES, compose_config, run_script
+
+TINY_DIT = ModelConfig(num_layers=2, num_attention_heads=2, attention_head_dim=8, patch_size=2)
+BATCH = 6
+
+
+def tiny_dit():
+    torch.manual_seed(0)
+    return build_dit(TINY_DIT, in_channels=4, sample_size=8, caption_channels=12)
+
+
+def tiny_batch():
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(BATCH, 4, 8, 8, generator=generator)
+    t = torch.randint(0, 1000, (BATCH,), generator=generator)
+    embeds = torch.randn(BATCH, 5, 12, generator=generator)
+    return x, t, embeds, torch.ones(BATCH, 5), torch.randn(BATCH, 4, 8, 8, generator=generator)
+
+
+def per_sample_loss(dit, x, t, embeds, mask, target) -> torch.Tensor:
+    return per_sample_mse(dit(x, t, embeds, mask), target)
+
+
+def test_moved_modulation_tables_keep_outputs_and_diffusers_state_dict():
+    plain, exposed = tiny_dit(), tiny_dit()
+    moved = expose_modulation_tables(exposed.transformer)
+    assert moved == ["transformer_blocks.0.scale_shift_table", "transformer_blocks.1.scale_shift_table",
+                     "scale_shift_table"]  # fmt: skip
+    x, t, embeds, mask, _ = tiny_batch()
+    torch.testing.assert_close(exposed(x, t, embeds, mask), plain(x, t, embeds, mask), atol=1e-6, rtol=0)
+    expected = plain.state_dict()
+    saved = exposed.state_dict()
+    assert saved.keys() == expected.keys()
+    assert all(torch.equal(saved[key], expected[key]) for key in expected)
+    with torch.no_grad():  # a diffusers state dict loads into the moved tables
+        plain.transformer.scale_shift_table.add_(1.0)
+    exposed.load_state_dict(plain.state_dict())
+    assert torch.equal(exposed.transformer.output_modulation.table, plain.transformer.scale_shift_table)
+
+
+@pytest.mark.parametrize("mode", ["ghost", "hooks"])
+def test_per_sample_norms_and_clipping_match_one_sample_at_a_time(mode):
+    dit = tiny_dit()
+    expose_modulation_tables(dit.transformer)
+    max_grad_norm = 2.0
+    cfg = PrivacyConfig(enabled=True, max_grad_norm=max_grad_norm, noise_multiplier=1.0, mode=mode)
+    optimizer = torch.optim.SGD(dit.parameters(), lr=0.1)
+    private, dp_optimizer, _ = make_private(
+        cfg, dit, optimizer, TensorDataset(torch.arange(60)), 6, 10, 0, {}, torch.device("cpu")
+    )
+    params = dp_optimizer.params
+    assert len(params) == len(list(dit.parameters()))  # every parameter is clipped: none excluded or frozen
+    batch = tiny_batch()
+
+    reference = []
+    with private.hooks_paused():
+        for i in range(BATCH):
+            loss = per_sample_loss(dit, *(tensor[i : i + 1] for tensor in batch)).sum()
+            reference.append(torch.autograd.grad(loss, params))
+    norms = torch.stack([torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])) for grads in reference])
+    assert (norms > max_grad_norm).any() and (norms < max_grad_norm).any(), norms  # clipping bites, not always
+    factors = (max_grad_norm / norms).clamp(max=1.0)
+    clipped_sum = [sum(f * grads[k] for f, grads in zip(factors, reference)) for k in range(len(params))]
+
+    private.backward(per_sample_loss(dit, *batch))
+    if mode == "ghost":
+        dp_norms = private.hooks.per_sample_gradient_norms
+        summed = [p.grad for p in params]
+        coefficients = private.hooks.get_clipping_coef()
+    else:
+        dp_norms = torch.stack([p.grad_sample.flatten(1).norm(dim=1) for p in params], dim=1).norm(dim=1)
+        dp_optimizer.clip_and_accumulate()
+        summed = [p.summed_grad for p in params]
+        coefficients = (max_grad_norm / (dp_norms + 1e-6)).clamp(max=1.0)  # as DPOptimizer.clip_and_accumulate
+    torch.testing.assert_close(dp_norms, norms, rtol=1e-4, atol=1e-6)
+    assert (coefficients * dp_norms <= max_grad_norm * (1 + 1e-5)).all()  # each contribution within the norm
+    # The clipped sum the optimizer adds noise to is the sum of the reference gradients, each clipped.
+    for got, want in zip(summed, clipped_sum):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_poisson_batches_are_reproducible_per_step_and_may_be_empty():
+    sampler = PoissonBatchSampler(num_samples=1000, steps_per_epoch=100, seed=3)
+    first = list(sampler)
+    sizes = torch.tensor([len(b) for b in first], dtype=torch.float)
+    assert sizes.std() > 0 and 7 < sizes.mean() < 13  # expected size 10, varying
+    resumed = PoissonBatchSampler(num_samples=1000, steps_per_epoch=100, seed=3)
+    resumed.next_step = 40
+    assert next(iter(resumed)) == first[40]
+    assert list(PoissonBatchSampler(num_samples=3, steps_per_epoch=100, seed=0))[0] == []  # q = 0.01
+
+
+def test_empty_draw_is_a_noise_only_step():
+    dit = tiny_dit()
+    expose_modulation_tables(dit.transformer)
+    cfg = PrivacyConfig(enabled=True, noise_multiplier=1.0)
+    before = [p.detach().clone() for p in dit.parameters()]
+    private, dp_optimizer, _ = make_private(
+        cfg, dit, torch.optim.SGD(dit.parameters(), lr=0.1), TensorDataset(torch.arange(60)), 6, 10, 0, {},
+        torch.device("cpu"),
+    )  # fmt: skip
+    private.backward_empty()
+    dp_optimizer.step()
+    assert all(not torch.equal(a, p) for a, p in zip(before, dit.parameters()))  # noise moved every parameter
+    assert private.engine.accountant.history == [(1.0, 0.1, 1)]
+
+
+def test_noise_for_target_epsilon_and_budget_overrun():
+    cfg = PrivacyConfig(enabled=True, target_epsilon=4.0, epochs=2.0)
+    sigma = noise_multiplier(cfg, sample_rate=0.1, max_steps=20, delta=1e-3)
+    accountant = PRVAccountant()
+    for _ in range(20):
+        accountant.step(noise_multiplier=sigma, sample_rate=0.1)
+    assert accountant.get_epsilon(1e-3) == pytest.approx(4.0, abs=0.1)
+    with pytest.raises(ConfigError, match=r"privacy.epochs.*calibrated for 20 steps.*max_steps. is 30"):
+        noise_multiplier(cfg, sample_rate=0.1, max_steps=30, delta=1e-3)
+
+
+def test_batchnorm_is_refused_with_the_fix():
+    dit = tiny_dit()
+    dit.transformer.pos_norm = torch.nn.BatchNorm2d(4)
+    with pytest.raises(ConfigError, match=r"privacy.enabled.*BatchNorm.*GroupNorm"):
+        check_model(dit)
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("trainer.gradient_accumulation_steps=2", "trainer.gradient_accumulation_steps"),
+        ("trainer.gradient_checkpointing=true", "trainer.gradient_checkpointing"),
+        ("trainer.mixed_precision=fp16", "trainer.mixed_precision"),
+        ("privacy.noise_multiplier=1.0", "privacy.noise_multiplier/target_epsilon"),  # both set
+        ("privacy.target_epsilon=null", "privacy.noise_multiplier/target_epsilon"),  # neither
+        ("privacy.mode=exact", "privacy.mode"),
+    ],
+)
+def test_refused_combinations_name_the_key(override, key):
+    with pytest.raises(ConfigError, match=f"`{key}`.*To fix it"):
+        compose_config(["+experiment=shapes_dp", override])
+
+
+TINY_DP = [*TINY_SHAPES, "privacy.enabled=true", "privacy.noise_multiplier=1.0", "trainer.ema_decay=0.9"]
+
+
+def test_epsilon_is_logged_saved_and_continues_after_resume(tmp_path):
+    overrides = [*TINY_DP, "trainer.max_steps=4", "trainer.log_every=2", "trainer.checkpoint_every=2"]
+    full = build_trainer(compose_config(overrides), tmp_path / "full")
+    full.fit()
+    sample_rate = 1 / (256 // 16)
+    accountant = PRVAccountant()
+    expected = {}
+    for step in range(1, 5):
+        accountant.step(noise_multiplier=1.0, sample_rate=sample_rate)
+        expected[step] = accountant.get_epsilon(1 / 256)
+    logged = {r["step"]: r["privacy/epsilon"] for r in map(json.loads, (tmp_path / "full/metrics.jsonl").open())}
+    assert logged == pytest.approx({2: expected[2], 4: expected[4]}, rel=1e-6)
+    assert logged[4] > logged[2]
+    saved = json.loads((tmp_path / "full/checkpoints/checkpoint-2/privacy_accountant.json").read_text())
+    assert saved["history"] == [[1.0, sample_rate, 2]]
+
+    interrupted = tmp_path / "interrupted"
+    build_trainer(compose_config([*overrides, "trainer.max_steps=2"]), interrupted).fit()
+    resumed = build_trainer(compose_config([*overrides, "trainer.resume=latest"]), interrupted)
+    assert resumed.state.step == 2 and resumed.privacy.epsilon() == pytest.approx(expected[2], rel=1e-6)
+    resumed.fit()
+    assert resumed.privacy.epsilon() == pytest.approx(expected[4], rel=1e-6)
+    for a, b in zip(full.dit.parameters(), resumed.dit.parameters()):  # same batches, noise and steps
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_shapes_dp_trains(tmp_path):
+    tiny = [o for o in TINY_SHAPES if not o.startswith("+experiment=")]
+    overrides = ["trainer.max_steps=40", "trainer.log_every=10", "trainer.checkpoint_every=0", "optim.warmup_steps=0"]
+    result = run_script(["train.py", "+experiment=shapes_dp", *tiny, *overrides, f"hydra.run.dir={tmp_path}"])
+    assert result.returncode == 0, result.stderr[-4000:]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    assert records[-1]["loss"] < 0.95 * records[0]["loss"], [r["loss"] for r in records]
+    epsilons = [r["privacy/epsilon"] for r in records]
+    assert epsilons == sorted(epsilons) and 0 < epsilons[-1] <= 8.0 + 0.1  # the experiment's target
