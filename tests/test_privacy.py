@@ -196,3 +196,14 @@ def test_shapes_dp_trains(tmp_path):
     assert records[-1]["loss"] < 0.95 * records[0]["loss"], [r["loss"] for r in records]
     epsilons = [r["privacy/epsilon"] for r in records]
     assert epsilons == sorted(epsilons) and 0 < epsilons[-1] <= 8.0 + 0.1  # the experiment's target
+
+
+def test_dp_lora_trains_only_the_adapters(tmp_path, tiny_pixart_dir):
+    overrides = [*TINY_DP, f"model.pretrained={tiny_pixart_dir}", "lora.enabled=true", "lora.rank=4",
+                 "trainer.max_steps=2"]  # fmt: skip
+    trainer = build_trainer(compose_config(overrides), tmp_path)
+    before = {name: p.detach().clone() for name, p in trainer.dit.named_parameters()}
+    trainer.fit()
+    changed = {name for name, p in trainer.dit.named_parameters() if not torch.equal(before[name], p)}
+    trainable = {name for name, p in trainer.dit.named_parameters() if p.requires_grad}
+    assert changed == trainable and all("lora_" in name for name in changed)

@@ -236,8 +236,7 @@ class Trainer:
         if finite:
             self.optimizer.step()
             self.lr_scheduler.step()
-            grads = [p.grad for p in self.privacy.optimizer.params if p.grad is not None]
-            grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.privacy.optimizer.params])
         self.optimizer.zero_grad(set_to_none=True)
         if finite and self.ema is not None:
             self.ema.step(self._ema_parameters)
@@ -271,7 +270,7 @@ class Trainer:
         suggestions = [f"lower the learning rate (`optim.lr={o.lr:g}` -> e.g. `optim.lr={o.lr / 10:g}`)"]
         if self.accelerator.mixed_precision == "fp16":
             suggestions.append("train in bf16 (`trainer.mixed_precision=bf16`), whose range does not overflow")
-        if not o.max_grad_norm:
+        if not o.max_grad_norm and self.privacy is None:  # under DP, Opacus clips every sample
             suggestions.append("clip gradients (`optim.max_grad_norm=1.0`)")
         return (
             f"Training stopped at step {self.state.step + 1}: the loss or the gradients were NaN/inf for "
