@@ -7,11 +7,13 @@ import socket
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.utils.data import DataLoader
 
 from dit_trainer.config import ConfigError
 from dit_trainer.data import ShapesDataset
 from dit_trainer.data.cache import INDEX, CachedPrompts, open_cache, save_shard
 from dit_trainer.data.precompute import precompute
+from dit_trainer.training.privacy import collate_poisson, is_empty
 from dit_trainer.training.run import build_components
 
 from .conftest import TINY_SHAPES, compose_config, run_script, train
@@ -56,6 +58,19 @@ def test_training_from_the_cache_matches_encoding_every_batch(cache_dir, tmp_pat
     train(tmp_path / "cached", *common, "data.cache_latents=false", f"data.cache_dir={cache_dir}")
     encoded, cached = _losses(tmp_path / "encoded"), _losses(tmp_path / "cached")
     assert len(cached) == 8 and cached == pytest.approx(encoded, rel=1e-5)
+
+
+def test_the_in_memory_cache_gathers_whole_batches_which_may_be_empty(cache_dir):
+    """One gather per tensor hands the DataLoader its batch; a Poisson draw (DP) that selected nothing stays the
+    empty batch rather than an indexing error."""
+    dataset, _ = open_cache(compose_config([*SMALL, f"data.cache_dir={cache_dir}"]), CPU)
+    assert dataset.in_memory
+    loader = DataLoader(dataset, batch_sampler=[[], [3, 17, 5]], collate_fn=collate_poisson)
+    empty, batch = list(loader)
+    assert is_empty(empty)
+    assert batch["caption"] == [dataset[i]["caption"] for i in (3, 17, 5)] and batch["bad_files"] == []
+    for key in ("latent_mean", "latent_std", "text_embeds", "text_mask"):
+        assert torch.equal(batch[key], torch.stack([dataset[i][key] for i in (3, 17, 5)]))
 
 
 def test_training_from_the_cache_loads_no_encoder(cache_dir):

@@ -4,7 +4,7 @@ from torch.utils.data import DataLoader
 
 from dit_trainer.data.shapes import ShapesDataset
 from dit_trainer.training import GradientFlowError
-from dit_trainer.training.run import build_components, build_optimizer
+from dit_trainer.training.run import build_components, build_optimizer, build_trainer
 from dit_trainer.training.step import diffusion_loss, drop_captions
 from dit_trainer.training.trainer import preflight
 
@@ -90,3 +90,20 @@ def test_preflight_passes_a_healthy_step_and_changes_nothing(parts, batch):
     before = {name: p.detach().clone() for name, p in parts.dit.named_parameters()}
     preflight(parts.dit, lambda: _loss(parts, batch).mean())
     assert all(p.grad is None and torch.equal(p, before[n]) for n, p in parts.dit.named_parameters())
+
+
+@pytest.mark.parametrize("max_grad_norm", [1e-3, 1e6, 0.0])
+def test_the_optimizer_steps_on_gradients_clipped_to_max_grad_norm(tmp_path, max_grad_norm):
+    """The trainer clips (its own path, not accelerate's) and returns the norm before clipping: the optimizer sees
+    min(norm, max_grad_norm), and untouched gradients when the norm is under the limit or clipping is off."""
+    cfg = compose_config([*TINY_SHAPES, "monitor.grpo.enabled=false", f"optim.max_grad_norm={max_grad_norm}"])
+    trainer = build_trainer(cfg, tmp_path)
+    seen = []
+    trainer.optimizer.optimizer.register_step_pre_hook(
+        lambda optimizer, args, kwargs: seen.append(
+            torch.nn.utils.get_total_norm([p.grad for p in trainer.dit.parameters()])
+        )
+    )
+    _, grad_norm = trainer.train_step(trainer.batches())
+    expected = min(grad_norm.item(), max_grad_norm or float("inf"))
+    assert grad_norm.item() > 1e-3 and seen[0].item() == pytest.approx(expected, rel=1e-5)

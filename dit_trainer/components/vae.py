@@ -53,7 +53,9 @@ class FrozenVAE(nn.Module):
         latents = (
             mean
             if generator is None
-            else mean + std * torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+            else torch.addcmul(
+                mean, std, torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+            )
         )
         return (latents - self.latents_mean) * self.scaling_factor / self.latents_std
 

@@ -21,11 +21,15 @@ from dit_trainer.data.transforms import UNREADABLE_ERRORS, describe_failure, to_
 MAX_CONSECUTIVE_BAD = 100
 
 
-def collate_batch(items: list[dict[str, Any]]) -> dict[str, Any]:
+def collate_batch(items: list[dict[str, Any]] | dict[str, Any]) -> dict[str, Any]:
     """Tensors stacked, everything else (captions) as lists, and ``"bad_files"`` always present (maybe empty).
 
-    Unlike the DataLoader's default collate, it accepts items with and without ``"bad_files"`` in one batch.
+    Unlike the DataLoader's default collate, it accepts items with and without ``"bad_files"`` in one batch. A data
+    set that gathers whole batches itself (``__getitems__`` returning a dict, as the in-memory cache does) has
+    collated already: its batch passes through.
     """
+    if isinstance(items, dict):
+        return items
     batch: dict[str, Any] = {}
     for key in items[0]:
         if key == "bad_files":

@@ -127,7 +127,7 @@ class Trainer:
         self._consecutive_nonfinite = 0
         self.metrics = MetricsFile(run_dir / "metrics.jsonl")
         self.bad_files = BadFileCounter(accelerator, cfg.data.max_bad_fraction, cfg.data.path)
-        self._ema_parameters = trainable_parameters(accelerator.unwrap_model(dit).transformer)
+        self._trainable_parameters = trainable_parameters(accelerator.unwrap_model(dit).transformer)
         self.timestep_losses = TimestepLossBuckets(schedule.num_train_timesteps, accelerator.device)
 
     def resume(self) -> None:
@@ -204,17 +204,35 @@ class Trainer:
                 self.accelerator.backward(loss)
                 losses.append(loss.detach())
                 if self.accelerator.sync_gradients:
-                    max_norm = self.cfg.optim.max_grad_norm or float("inf")
-                    grad_norm = self.accelerator.clip_grad_norm_(self.dit.parameters(), max_norm)
+                    grad_norm = self._gradient_norm()
                     finite = self._check_finite(torch.stack(losses).mean(), grad_norm)
+                    if finite:
+                        self._clip_gradients(grad_norm)
                 # fp16's grad scaler must see the step to skip it and lower its scale itself.
                 if finite or self.accelerator.scaler is not None:
                     self.optimizer.step()
                     self.lr_scheduler.step()
                 self.optimizer.zero_grad(set_to_none=True)
         if finite and self.ema is not None:
-            self.ema.step(self._ema_parameters)
+            self.ema.step(self._trainable_parameters)
         return torch.stack(losses).mean(), grad_norm
+
+    def _gradient_norm(self) -> torch.Tensor:
+        """The total norm of the (fp16: unscaled) gradients over the parameters that train."""
+        self.accelerator.unscale_gradients()
+        return torch.nn.utils.get_total_norm([p.grad for p in self._trainable_parameters if p.grad is not None])
+
+    def _clip_gradients(self, grad_norm: torch.Tensor) -> None:
+        """Scale the gradients down to ``optim.max_grad_norm`` when their norm is above it.
+
+        What ``accelerator.clip_grad_norm_`` does for the single-process and DDP models this trainer prepares (FSDP
+        is refused), without its two costs per step: walking the module for its parameters and rescaling every
+        gradient even when the norm is under the limit (together 1-2 % of a small DiT's step on CPU). The
+        comparison reads the norm that the finite check has just synchronised, so it adds no device sync.
+        """
+        max_norm = self.cfg.optim.max_grad_norm
+        if max_norm and grad_norm.item() > max_norm:
+            torch.nn.utils.clip_grads_with_norm_(self._trainable_parameters, max_norm, grad_norm)
 
     def _private_step(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """One DP-SGD step on a Poisson-sampled batch: Opacus clips each sample's gradient to
@@ -239,7 +257,7 @@ class Trainer:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.privacy.optimizer.params])
         self.optimizer.zero_grad(set_to_none=True)
         if finite and self.ema is not None:
-            self.ema.step(self._ema_parameters)
+            self.ema.step(self._trainable_parameters)
         return loss, grad_norm
 
     def _check_finite(self, loss: torch.Tensor, grad_norm: torch.Tensor | None = None) -> bool:
