@@ -19,6 +19,7 @@ import bisect
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import safe_open
@@ -141,7 +142,7 @@ class CacheDataset(Dataset):
         item = {key: self._row(key, index) for key in TENSOR_KEYS}
         return item | {"caption": self.captions[index]}
 
-    def __getitems__(self, indices: list[int]) -> dict[str, list] | list[dict[str, torch.Tensor | str]]:
+    def __getitems__(self, indices: list[int]) -> dict[str, Any] | list[dict[str, Any]]:
         """A whole batch at once (the DataLoader calls this when it exists). In memory: one gather per tensor,
         handed to ``collate_batch`` as the batch itself, so no per-item views are made and stacked again."""
         if not self.in_memory or not indices:  # an empty list: a Poisson draw (DP) that selected nothing

@@ -254,7 +254,7 @@ class Trainer:
         if finite:
             self.optimizer.step()
             self.lr_scheduler.step()
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.privacy.optimizer.params])
+            grad_norm = self._gradient_norm()
         self.optimizer.zero_grad(set_to_none=True)
         if finite and self.ema is not None:
             self.ema.step(self._trainable_parameters)
