@@ -21,4 +21,4 @@ class FusedEMA(EMAModel):
     def step(self, parameters: Iterable[torch.nn.Parameter]) -> None:
         self.optimization_step += 1
         self.cur_decay_value = self.get_decay(self.optimization_step)
-        torch._foreach_lerp_(self.shadow_params, [p.detach() for p in parameters], 1 - self.cur_decay_value)
+        torch._foreach_lerp_(self.shadow_params, list(parameters), 1 - self.cur_decay_value)  # no_grad: read only

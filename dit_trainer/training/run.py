@@ -244,10 +244,11 @@ def build_trainer(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
         )  # fmt: skip
     else:
         dataloader = build_dataloader(cfg, dataset, accelerator.device)
-    if privacy is not None or isinstance(dataset, IterableDataset):  # not sharded or re-sampled by accelerate
-        dit, optimizer, lr_scheduler = accelerator.prepare(dit, optimizer, lr_scheduler)
-    else:
-        dit, optimizer, dataloader, lr_scheduler = accelerator.prepare(dit, optimizer, dataloader, lr_scheduler)
+    dit, optimizer, lr_scheduler = accelerator.prepare(dit, optimizer, lr_scheduler)
+    if privacy is None and not isinstance(dataset, IterableDataset):  # those are not sharded by accelerate
+        # Sharded, without device placement: the step moves the tensors it uses (as for the loaders above), so
+        # accelerate's per-batch walk through every caption string is not paid.
+        dataloader = accelerator.prepare_data_loader(dataloader, device_placement=False)
     start_trackers(accelerator, cfg.logger, run_dir, dataclasses.asdict(cfg))
 
     context = MonitorContext(

@@ -28,7 +28,7 @@ def text_condition(batch: dict, text_encoder, probability: float, generator: tor
     if "text_embeds" not in batch:
         return text_encoder.encode(drop_captions(batch["caption"], probability, generator))
     device = generator.device
-    embeds, mask = batch["text_embeds"].to(device), batch["text_mask"].to(device)
+    embeds, mask = (batch[key].to(device, non_blocking=True) for key in ("text_embeds", "text_mask"))
     keep = kept_captions(len(embeds), probability, generator)
     if keep is None:
         return embeds, mask
@@ -53,7 +53,7 @@ def diffusion_loss(
     device = generator.device
     with torch.no_grad():
         if "latent_mean" in batch:  # from the latent cache: the VAE encoder already ran once per image
-            mean, std = batch["latent_mean"].to(device), batch["latent_std"].to(device)
+            mean, std = (batch[key].to(device, non_blocking=True) for key in ("latent_mean", "latent_std"))
             latents = vae.latents_from_posterior(mean, std, generator)
         else:
             latents = vae.encode(batch["image"].to(device, non_blocking=True), generator)
