@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from diffusers import AutoencoderKL, PixArtAlphaPipeline, PixArtTransformer2DModel
+from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, PixArtAlphaPipeline, PixArtTransformer2DModel
 from transformers import T5EncoderModel
 
 from dit_trainer.components import load_transformer
@@ -144,9 +144,20 @@ def _kwargs(**values) -> str:
     return ", ".join(f"{key}={value!r}" for key, value in values.items() if value is not None)
 
 
+# PixArtAlphaPipeline predates flow matching: it scales the first latents by the scheduler's ``init_noise_sigma`` and
+# calls ``scale_model_input``, which FlowMatchEulerDiscreteScheduler lacks. For flow matching both are the identity,
+# so the printed recipe supplies them (the exported pipeline then reproduces our sampler).
+FLOW_MATCHING_PATCH = (
+    "# PixArtAlphaPipeline predates flow matching: give the scheduler the two identity members it expects\n"
+    "pipe.scheduler.init_noise_sigma = 1.0\n"
+    "pipe.scheduler.scale_model_input = lambda sample, timestep=None: sample\n"
+)
+
+
 def _usage(out_dir: Path, cfg: TrainConfig, manifest: dict, text_encoder_class: str | None) -> str:
     generation = manifest["generation"]
-    call = (
+    patch = FLOW_MATCHING_PATCH if manifest["scheduler_class"] == FlowMatchEulerDiscreteScheduler.__name__ else ""
+    call = patch + (
         f'image = pipe("a red circle", height={generation["height"]}, width={generation["width"]}, '
         f"num_inference_steps={generation['num_inference_steps']}, guidance_scale={generation['guidance_scale']},\n"
         f"             max_sequence_length={generation['max_sequence_length']}, use_resolution_binning=False, "

@@ -115,6 +115,23 @@ def test_minilm_run_exports_pieces_and_a_manifest_whose_usage_reproduces_our_sam
     torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
 
 
+def test_a_flow_matching_run_exports_a_recipe_that_reproduces_our_euler_sampler(tmp_path):
+    """PixArtAlphaPipeline expects two scheduler members FlowMatchEulerDiscreteScheduler lacks; the printed recipe
+    supplies them, and the pipeline then matches our sampler (without them it fails on ``init_noise_sigma``)."""
+    run_dir = tmp_path / "flow_run"
+    train(run_dir, *QUICK, "diffusion=flow", "diffusion.objective=flow_matching", "diffusion.shift=3")
+    manifest = export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(tmp_path / "flow_export"))).manifest
+    assert manifest["scheduler_class"] == "FlowMatchEulerDiscreteScheduler"
+    namespace = {}
+    exec(manifest["usage"].split("image = pipe(")[0], namespace)
+    run, ours, noise = _our_images_and_noise(run_dir, steps=3)
+    theirs = namespace["pipe"](
+        PROMPTS, latents=noise, num_inference_steps=3, guidance_scale=3.0, max_sequence_length=8,
+        output_type="pt", **GENERATE,
+    ).images  # fmt: skip
+    torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
+
+
 def _tiny_autoencoder(**config) -> AutoencoderKL:
     torch.manual_seed(0)
     return AutoencoderKL(
