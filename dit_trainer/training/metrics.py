@@ -35,33 +35,29 @@ class MetricsFile:
 
 class TimestepLossBuckets:
     """The per-sample training loss averaged in ten timestep buckets (``loss/t_0-99`` ... for T = 1000) over the
-    steps since the last log: how well each noise level is learned, which the mean loss hides. Steps only keep their
-    (B,) losses; the bucketing runs once per log, off the training step."""
+    steps since the last log: how well each noise level is learned, which the mean loss hides."""
 
     BUCKETS = 10
 
     def __init__(self, num_timesteps: int, device: torch.device) -> None:
         self.num_timesteps = num_timesteps
-        self.device = device
-        self.pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.sums = torch.zeros(self.BUCKETS, device=device)
+        self.counts = torch.zeros(self.BUCKETS, device=device)
         width = num_timesteps / self.BUCKETS
         self.names = [f"loss/t_{round(k * width)}-{round((k + 1) * width) - 1}" for k in range(self.BUCKETS)]
 
     def add(self, losses: torch.Tensor, timesteps: torch.Tensor) -> None:
         """``losses`` (B,) at ``timesteps`` (B,): integers in [0, T) or flow matching's sigma * T in (0, T]."""
-        self.pending.append((losses.detach(), timesteps))
+        index = (timesteps.float() * self.BUCKETS / self.num_timesteps).long().clamp(0, self.BUCKETS - 1)
+        self.sums.index_add_(0, index, losses.detach().float())
+        self.counts.index_add_(0, index, torch.ones_like(self.sums[index]))
 
     def collect(self, accelerator: Accelerator) -> dict[str, float]:
         """Means over every process since the last call (every process calls it at the same step), then reset."""
-        totals = torch.zeros(2, self.BUCKETS, device=self.device)
-        if self.pending:
-            losses, timesteps = (torch.cat(column) for column in zip(*self.pending))
-            index = (timesteps.float() * self.BUCKETS / self.num_timesteps).long().clamp(0, self.BUCKETS - 1)
-            totals[0].index_add_(0, index, losses.float())
-            totals[1].index_add_(0, index, torch.ones_like(losses, dtype=totals.dtype))
-        self.pending.clear()
-        sums, counts = accelerator.reduce(totals, reduction="sum").tolist()
-        return {name: total / count for name, total, count in zip(self.names, sums, counts) if count}
+        totals = accelerator.reduce(torch.stack([self.sums, self.counts]), reduction="sum").tolist()
+        self.sums.zero_()
+        self.counts.zero_()
+        return {name: total / count for name, total, count in zip(self.names, *totals) if count}
 
 
 def save_loss_curve(records: list[dict], path: Path, size: tuple[int, int] = (640, 360)) -> None:
