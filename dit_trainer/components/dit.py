@@ -35,9 +35,10 @@ class DiTAdapter(nn.Module):
                 "resolution": torch.tensor([[height, width]], device=x_t.device, dtype=x_t.dtype).repeat(batch, 1),
                 "aspect_ratio": torch.tensor([[height / width]], device=x_t.device, dtype=x_t.dtype).repeat(batch, 1),
             }
+        dtype = self.compute_dtype
         output = self.transformer(
-            x_t.to(self.transformer.dtype),
-            encoder_hidden_states=embeds.to(self.transformer.dtype),
+            x_t.to(dtype),
+            encoder_hidden_states=embeds.to(dtype),
             encoder_attention_mask=mask,
             timestep=t.expand(x_t.shape[0]),
             added_cond_kwargs=added_cond_kwargs,
@@ -46,6 +47,13 @@ class DiTAdapter(nn.Module):
         return output[:, : x_t.shape[1]]
 
     predict = forward
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the inputs are cast to: that of the patch embedding, the first layer they meet. (diffusers'
+        ``ModelMixin.dtype`` walks every submodule looking for casting hooks on each call: 0.3 ms a lookup, twice a
+        forward, which made 0.7 % of a small DiT's training step on CPU.)"""
+        return self.transformer.pos_embed.proj.weight.dtype
 
 
 def load_transformer(cfg: ModelConfig) -> PixArtTransformer2DModel:
