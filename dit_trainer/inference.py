@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from dit_trainer.components import DiTAdapter
 from dit_trainer.config import SAMPLERS, ConfigError, SampleConfig, TrainConfig, load_prompts, to_train_config
@@ -57,7 +58,19 @@ def read_run_config(run_dir: Path) -> TrainConfig:
             "it holds no config.yaml, so it is not a dit-trainer run folder",
             "pass the folder train.py wrote (its hydra.run.dir)",
         )
-    return to_train_config(OmegaConf.load(config_path))
+    saved = OmegaConf.load(config_path)
+    try:
+        return to_train_config(saved)
+    except OmegaConfBaseException as error:  # a setting renamed, removed or retyped since the run was trained
+        key = error.full_key or "?"
+        raise ConfigError(
+            key,
+            OmegaConf.select(saved, key, default=None),
+            f"this version of dit-trainer does not accept it in {config_path} ({error.msg.splitlines()[0]}; the "
+            "file was written by another version, or edited)",
+            f"edit that key in {config_path} to the current setting (`python train.py --cfg job` prints them "
+            "all) or remove it, then run again",
+        ) from None
 
 
 def find_checkpoint(run_dir: Path, spec: str) -> Path:

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from dit_trainer.components.vae import FrozenVAE
 from dit_trainer.config import ConfigError, ExportConfig
 from dit_trainer.export import MANIFEST, export_run, fold_latent_normalisation
-from dit_trainer.inference import load_run
+from dit_trainer.inference import load_run, read_run_config
 
 from .conftest import REPO, run_script, train
 
@@ -194,3 +194,15 @@ def test_export_explains_a_folder_that_is_not_a_run_or_a_pixel_run(tmp_path, min
         export_run(ExportConfig(run_dir=str(fresh)))
     with pytest.raises(ConfigError, match="float32, bfloat16, float16"):
         export_run(ExportConfig(run_dir=str(minilm_run), dtype="float8"))
+
+
+def test_a_run_config_from_another_version_is_explained(tmp_path, minilm_run):
+    """A key this version does not know (here `data.center_crop`, since renamed to `data.crop`) names the key, its
+    value and the file to edit, instead of OmegaConf's merge error."""
+    config = (minilm_run / "config.yaml").read_text()
+    assert "\n  crop: center\n" in config
+    (tmp_path / "config.yaml").write_text(config.replace("\n  crop: center\n", "\n  center_crop: true\n", 1))
+    with pytest.raises(ConfigError, match="another version") as caught:
+        read_run_config(tmp_path)
+    message = str(caught.value)
+    assert "`data.center_crop` is True" in message and str(tmp_path / "config.yaml") in message
