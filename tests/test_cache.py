@@ -2,7 +2,9 @@
 made with other settings."""
 
 import json
+import shutil
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -105,6 +107,25 @@ def test_new_sample_prompts_are_added_without_reencoding(cache_dir):
     _, text = open_cache(compose_config(with_prompt), CPU)
     assert text.encode(["a tiny green triangle"])[0].shape == (1, 8, 384)
     assert {p.name: p.stat().st_mtime_ns for p in cache_dir.glob("shard-*")} == shards
+
+
+def test_adding_prompts_interrupted_mid_write_leaves_the_cache_intact(cache_dir, tmp_path, monkeypatch):
+    """A precompute killed while it rewrites the prompt embeddings (here: half a file written, then an interrupt)
+    must not corrupt a cache that training can use: the files are replaced only once written whole."""
+    copy = shutil.copytree(cache_dir, tmp_path / "cache")
+    before = {p.name: p.read_bytes() for p in copy.iterdir()}
+
+    def killed_mid_write(tensors, path, metadata=None):
+        Path(path).write_bytes(b"\x00" * 100)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("dit_trainer.data.precompute.save_file", killed_mid_write)
+    with_prompt = [*SMALL, f"data.cache_dir={copy}", "trainer.sample_prompts=[a tiny green triangle]"]
+    with pytest.raises(KeyboardInterrupt):
+        precompute(compose_config(with_prompt))
+    assert {p.name: p.read_bytes() for p in copy.iterdir() if p.name in before} == before
+    _, text = open_cache(compose_config([*SMALL, f"data.cache_dir={copy}"]), CPU)
+    assert text.encode([""])[0].shape == (1, 8, 384)
 
 
 def test_an_incomplete_cache_and_random_augmentation_are_refused(tmp_path):

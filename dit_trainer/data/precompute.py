@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,11 +112,24 @@ def _encode_images(cfg: TrainConfig, cache_dir: Path, state: PartialState, vae, 
     return items, bad_files
 
 
+def _write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """``write`` to a temporary file, then put it in place: an interrupted write leaves the old file intact."""
+    temporary = path.with_name(f".{path.name}.partial")
+    write(temporary)
+    os.replace(temporary, path)
+
+
+def _write_json(path: Path, record: dict) -> None:
+    _write_atomically(path, lambda file: file.write_text(json.dumps(record, indent=1), encoding="utf-8"))
+
+
 def _write_prompts(cfg: TrainConfig, cache_dir: Path, known: list[str], text_encoder) -> list[str]:
-    """Embed the run's extra prompts (and keep those already cached): small, so rank 0 does it alone."""
+    """Embed the run's extra prompts (and keep those already cached, in their rows): small, so rank 0 does it
+    alone."""
     prompts = list(dict.fromkeys([*known, *cache_prompts(cfg)]))
     embeds, mask = text_encoder.encode(prompts)
-    save_file({"embeds": embeds.float().cpu().contiguous(), "mask": mask.cpu().contiguous()}, cache_dir / PROMPTS)
+    tensors = {"embeds": embeds.float().cpu().contiguous(), "mask": mask.cpu().contiguous()}
+    _write_atomically(cache_dir / PROMPTS, lambda file: save_file(tensors, file))
     return prompts
 
 
@@ -133,9 +147,7 @@ def _write_index(cfg: TrainConfig, cache_dir: Path, num_processes: int, prompts:
         "prompts": prompts,
         "bad_files": bad_files,
     }
-    temporary = cache_dir / f".{INDEX}.partial"
-    temporary.write_text(json.dumps(index, indent=1), encoding="utf-8")
-    os.replace(temporary, cache_dir / INDEX)  # the index appears only when the cache is complete
+    _write_json(cache_dir / INDEX, index)  # the index appears only when the cache is complete
     for rank in range(num_processes):
         (cache_dir / SHARD_LIST.format(rank=rank)).unlink()
     return index
@@ -149,20 +161,21 @@ def precompute(cfg: TrainConfig) -> PrecomputeResult:
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     dtype = weight_dtype(resolve_mixed_precision(cfg.trainer.mixed_precision))
     existing = cache_dir / INDEX
-    text_encoder = build_text_encoder(cfg.text_encoder, state.device, dtype)
     if existing.is_file():
         index = json.loads(existing.read_text(encoding="utf-8"))
         check_fingerprint(index, cfg, cache_dir)
         items, bad_files = 0, []
-        if state.is_main_process:
+        if state.is_main_process:  # the prompts file first: until the index names them, extra rows are unused
+            text_encoder = build_text_encoder(cfg.text_encoder, state.device, dtype)
             index["prompts"] = _write_prompts(cfg, cache_dir, index["prompts"], text_encoder)
-            existing.write_text(json.dumps(index, indent=1), encoding="utf-8")
+            _write_json(existing, index)
     else:
         if state.is_main_process:
             cache_dir.mkdir(parents=True, exist_ok=True)
             for stale in cache_dir.glob("shard*"):  # left by a precompute that did not finish
                 stale.unlink()
         state.wait_for_everyone()
+        text_encoder = build_text_encoder(cfg.text_encoder, state.device, dtype)
         vae = build_vae(cfg.vae, state.device, dtype)
         items, bad_files = _encode_images(cfg, cache_dir, state, vae, text_encoder)
         state.wait_for_everyone()
