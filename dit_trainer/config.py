@@ -435,6 +435,14 @@ def _validate_objective(d: DiffusionConfig) -> None:
     _require_choice("diffusion.flow_weighting", d.flow_weighting, FLOW_WEIGHTINGS)
     _require(d.logit_std > 0, "diffusion.logit_std", d.logit_std, "it must be > 0")
     _require(
+        flow or d.scheduler != "FlowMatchEulerDiscreteScheduler",
+        "diffusion.objective",
+        d.objective,
+        "`FlowMatchEulerDiscreteScheduler` (configs/diffusion/flow.yaml) trains with flow matching",
+        "set `diffusion.objective=flow_matching` as well (an experiment that sets its own objective keeps it when "
+        "`diffusion=flow` is picked; `+experiment=shapes_flow` is shapes with flow matching)",
+    )
+    _require(
         (d.sampler == "euler") == flow,
         "diffusion.sampler",
         d.sampler,

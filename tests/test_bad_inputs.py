@@ -26,6 +26,7 @@ CONFIG_VALUES = [
     ("data.resolution=4", "data.resolution", "4"),
     ("diffusion.sample_steps=5000", "diffusion.sample_steps", "5000"),
     ("diffusion.sampler=euler", "diffusion.sampler", "'euler'"),
+    ("diffusion=flow", "diffusion.objective", "'v_prediction'"),  # the experiment's objective stays
     ("monitor.grpo.group_size=1", "monitor.grpo.group_size", "1"),
     ("+reward.weights.aesthetic=1.0", "reward.weights.aesthetic", "aesthetic"),
     ("reward.jpeg_quality=0", "reward.jpeg_quality", "0"),
