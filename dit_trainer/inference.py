@@ -62,12 +62,12 @@ def read_run_config(run_dir: Path) -> TrainConfig:
     try:
         return to_train_config(saved)
     except OmegaConfBaseException as error:  # a setting renamed, removed or retyped since the run was trained
-        key = error.full_key or "?"
+        key, reason = error.full_key or "config.yaml", str(error).partition("\n")[0]
         raise ConfigError(
             key,
-            OmegaConf.select(saved, key, default=None),
-            f"this version of dit-trainer does not accept it in {config_path} ({error.msg.splitlines()[0]}; the "
-            "file was written by another version, or edited)",
+            OmegaConf.select(saved, error.full_key, default=None) if error.full_key else None,
+            f"this version of dit-trainer does not accept it in {config_path} ({reason}; "
+            "the file was written by another version, or edited)",
             f"edit that key in {config_path} to the current setting (`python train.py --cfg job` prints them "
             "all) or remove it, then run again",
         ) from None
