@@ -1,9 +1,9 @@
 """Train a text-conditioned DiT: ``python train.py +experiment=shapes`` (CPU) or ``+experiment=dit`` (cluster).
 
-Exit codes: 0 trained to ``trainer.max_steps``; 2 a bad config value, a missing model, an unwritable run folder or a
-gradient-flow problem (nothing trained); 3 preempted by SIGTERM/SIGUSR1 after writing a checkpoint (requeue with
-``trainer.resume=latest``); 4 stopped after ``trainer.max_consecutive_nonfinite`` non-finite steps; 5 a checkpoint
-could not be written (disk full, quota), earlier checkpoints are intact.
+Exit codes (``dit_trainer.errors``): 0 trained to ``trainer.max_steps``; 2 a bad config value, a missing model, an
+unwritable run folder or a gradient-flow problem (nothing trained); 3 preempted by SIGTERM/SIGUSR1 after writing a
+checkpoint (requeue with ``trainer.resume=latest``); 4 stopped after ``trainer.max_consecutive_nonfinite``
+non-finite steps; 5 a checkpoint could not be written (disk full, quota), earlier checkpoints are intact.
 """
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from dit_trainer.config import ConfigError, register_configs, to_train_config
-from dit_trainer.hub import ModelLoadError
-from dit_trainer.training import GradientFlowError, NonFiniteError, run
-from dit_trainer.training.checkpoint import CheckpointWriteError
-from dit_trainer.training.preemption import EXIT_CHECKPOINT_FAILED, EXIT_NONFINITE, EXIT_PREEMPTED
+from dit_trainer.config import register_configs, to_train_config
+from dit_trainer.errors import EXIT_PREEMPTED, USER_ERRORS, exit_code
+from dit_trainer.training import run
 
 register_configs()
 
@@ -27,15 +25,9 @@ register_configs()
 def main(cfg: DictConfig) -> None:
     try:
         result = run(to_train_config(cfg), HydraConfig.get().runtime.output_dir)
-    except (ConfigError, ModelLoadError, GradientFlowError) as error:
+    except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    except NonFiniteError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(EXIT_NONFINITE)
-    except CheckpointWriteError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(EXIT_CHECKPOINT_FAILED)
+        sys.exit(exit_code(error))
     if result.preempted:
         print(
             f"Preempted at step {result.steps}; checkpoint written. Resume with trainer.resume=latest in "

@@ -30,11 +30,12 @@ from diffusers import DDPMScheduler
 from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode
 
-from dit_trainer.config import TrainConfig, validate
+from dit_trainer.components import Components, build_components
+from dit_trainer.config import TrainConfig, to_train_config
 from dit_trainer.data import build_dataset, collate_batch
 from dit_trainer.data.precompute import precompute
-from dit_trainer.training.precision import resolve_mixed_precision, weight_dtype
-from dit_trainer.training.run import Components, build_components, build_optimizer, build_trainer
+from dit_trainer.precision import resolve_mixed_precision, weight_dtype
+from dit_trainer.training.run import build_optimizer, build_trainer
 
 
 @dataclass
@@ -65,8 +66,9 @@ def time_steps(steps: dict[str, Callable[[], object]], warmup: int, count: int, 
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def measure(steps: dict[str, Callable[[], object]], batch_size: int, warmup: int, count: int, device,
-            rounds: int = 1) -> list[Measurement]:  # fmt: skip
+def measure(
+    steps: dict[str, Callable[[], object]], batch_size: int, warmup: int, count: int, device, rounds: int = 1
+) -> list[Measurement]:
     """``steps`` timed together (see ``time_steps``); on CUDA the peak memory is that of all of them together."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -123,16 +125,23 @@ def reference_step(cfg: TrainConfig, parts: Components, device: torch.device) ->
     transformer = copy.deepcopy(parts.dit.transformer).to(device).train()
     optimizer = torch.optim.AdamW(transformer.parameters(), lr=cfg.optim.lr)
     scheduler = DDPMScheduler(num_train_timesteps=cfg.diffusion.num_train_timesteps)
-    loader = DataLoader(build_dataset(cfg.data), batch_size=cfg.trainer.batch_size, shuffle=True, drop_last=True,
-                        num_workers=cfg.data.num_workers, collate_fn=collate_batch)  # fmt: skip
+    loader = DataLoader(
+        build_dataset(cfg.data),
+        batch_size=cfg.trainer.batch_size,
+        shuffle=True,
+        drop_last=True,
+        num_workers=cfg.data.num_workers,
+        collate_fn=collate_batch,
+    )
     batches = _endless(loader)
 
     def step() -> None:
         batch = next(batches)
         with torch.no_grad():
             latents = vae.encode(batch["image"].to(device)).latent_dist.sample() * vae.config.scaling_factor
-            tokens = text.tokenizer(batch["caption"], max_length=text.max_length, padding="max_length",
-                                    truncation=True, return_tensors="pt").to(device)  # fmt: skip
+            tokens = text.tokenizer(
+                batch["caption"], max_length=text.max_length, padding="max_length", truncation=True, return_tensors="pt"
+            ).to(device)
             embeds = text.model(tokens.input_ids, attention_mask=tokens.attention_mask)[0]
         noise = torch.randn_like(latents)
         t = torch.randint(0, scheduler.config.num_train_timesteps, (latents.shape[0],), device=device)
@@ -167,13 +176,12 @@ def flops_per_image(cfg: TrainConfig, parts: Components, device: torch.device) -
 def run_benchmark(cfg: TrainConfig, out_dir: Path, warmup: int = 5, steps: int = 20) -> dict:
     """All four measurements; writes ``out_dir/benchmark.json`` (and the cache in ``out_dir/cache`` unless
     ``data.cache_dir`` names one) and returns what it wrote."""
-    cfg = validate(cfg)
+    cfg = to_train_config(cfg)
     private = cfg.privacy.enabled
     cfg = replace(cfg, privacy=replace(cfg.privacy, enabled=False))  # (a)-(d) measure the non-private trainer
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    quiet = replace(cfg.trainer, sample_every=0, log_every=10**9, checkpoint_every=0, resume=None,
-                    max_steps=10**9)  # fmt: skip
+    quiet = replace(cfg.trainer, sample_every=0, log_every=10**9, checkpoint_every=0, resume=None, max_steps=10**9)
     cfg = replace(cfg, trainer=quiet, monitor=replace(cfg.monitor, grpo=replace(cfg.monitor.grpo, enabled=False)))
     cached = replace(cfg, data=replace(cfg.data, cache_dir=cfg.data.cache_dir or str(out_dir / "cache")))
     start = time.perf_counter()
@@ -185,15 +193,19 @@ def run_benchmark(cfg: TrainConfig, out_dir: Path, warmup: int = 5, steps: int =
     parts = build_components(cfg, device, torch.float32)
     batch = cfg.trainer.batch_size
     # (a) and (b) are timed interleaved: their ratio is the framework overhead, the number that needs precision.
-    interleaved = {"bare": bare_step(cfg, parts, device),
-                   "trainer_cached": trainer_step(cached, out_dir / "trainer_cached")}  # fmt: skip
+    interleaved = {
+        "bare": bare_step(cfg, parts, device),
+        "trainer_cached": trainer_step(cached, out_dir / "trainer_cached"),
+    }
     if private:  # the noise level does not change the cost: a fixed one spares calibrating for max_steps=10**9
-        dp = replace(cfg.privacy, enabled=True, noise_multiplier=cfg.privacy.noise_multiplier or 1.0,
-                     target_epsilon=None)  # fmt: skip
+        dp = replace(
+            cfg.privacy, enabled=True, noise_multiplier=cfg.privacy.noise_multiplier or 1.0, target_epsilon=None
+        )
         interleaved["trainer_private"] = trainer_step(replace(cached, privacy=dp), out_dir / "trainer_private")
     results = measure(interleaved, batch, warmup, steps, device, rounds=4)
-    results += measure({"trainer_uncached": trainer_step(uncached, out_dir / "trainer_uncached")}, batch, warmup,
-                       steps, device)  # fmt: skip
+    results += measure(
+        {"trainer_uncached": trainer_step(uncached, out_dir / "trainer_uncached")}, batch, warmup, steps, device
+    )
     results += measure({"reference": reference_step(cfg, parts, device)}, batch, warmup, steps, device)
     forward_flops, train_flops = flops_per_image(cfg, parts, device)
     speed = {m.name: m.images_per_sec for m in results}
@@ -220,10 +232,13 @@ def run_benchmark(cfg: TrainConfig, out_dir: Path, warmup: int = 5, steps: int =
 
 def format_table(report: dict) -> str:
     """The four measurements as a table (images/s, ratio to the bare step, peak CUDA memory) and the FLOPs."""
-    rows = [("(a) bare DiT step", "bare_step", "bare"), ("(b) trainer, cache", "trainer_cached", "trainer_cached"),
-            ("(c) trainer, encode every batch", "trainer_uncached", "trainer_uncached"),
-            ("(d) reference loop (diffusers style)", "reference", "reference"),
-            ("(e) trainer, cache, DP-SGD", "trainer_private", "trainer_private")]  # fmt: skip
+    rows = [
+        ("(a) bare DiT step", "bare_step", "bare"),
+        ("(b) trainer, cache", "trainer_cached", "trainer_cached"),
+        ("(c) trainer, encode every batch", "trainer_uncached", "trainer_uncached"),
+        ("(d) reference loop (diffusers style)", "reference", "reference"),
+        ("(e) trainer, cache, DP-SGD", "trainer_private", "trainer_private"),
+    ]
     lines = [f"{'measurement':<38}{'img/s':>10}{'x (a)':>8}{'peak CUDA MB':>14}"]
     for label, key, name in (row for row in rows if f"{row[2]}_ratio_to_bare" in report):
         ratio = report[f"{name}_ratio_to_bare"]

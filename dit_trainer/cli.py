@@ -4,6 +4,7 @@ Those that work on a finished run (sample, evaluate, export) take ``key=value`` 
 like Hydra but without creating an output folder, and a bare first argument names the run folder:
 ``scripts/evaluate.py outputs/RUN steps=50``. Those that take train.py's own overrides (verify_gradients,
 precompute, benchmark) compose the training config with Hydra's compose API, again without an output folder.
+Either way a bad value prints one paragraph and exits with ``errors.exit_code`` (2).
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from dit_trainer.config import ConfigError, TrainConfig, register_configs, to_train_config
-from dit_trainer.hub import ModelLoadError
+from dit_trainer.config import TrainConfig, register_configs, to_train_config
+from dit_trainer.errors import EXIT_BAD_INPUT, USER_ERRORS, exit_code
 
-# What a bad command line, config value or model path raises: the scripts print it as one paragraph, exit 2.
-INPUT_ERRORS = (ConfigError, ModelLoadError, HydraException, OmegaConfBaseException)
+# A bad override (an unknown key, a value of the wrong type) is bad input too.
+PARSE_ERRORS = (HydraException, OmegaConfBaseException)
 
 T = TypeVar("T")
 
@@ -34,16 +35,22 @@ def parse_cli(schema: type[T], argv: list[str], positional: str = "run_dir") -> 
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.from_dotlist(argv)))
 
 
-def run_cli(main: Callable[[T], str], schema: type[T], argv: list[str], usage: str) -> int:
-    """Parse, run ``main`` and print what it returns; a bad value prints one paragraph and the usage (exit 2)."""
-    register_configs()
+def _report(main: Callable[[], tuple[str, int]], usage: str | None = None) -> int:
+    """Run ``main``, print its message and return its exit code; a user error prints one paragraph (and the
+    usage) to stderr and returns the error's exit code."""
     try:
-        message = main(parse_cli(schema, argv))
-    except INPUT_ERRORS as error:
-        print(f"error: {error}\n\n{usage}", file=sys.stderr)
-        return 2
+        message, code = main()
+    except (*USER_ERRORS, *PARSE_ERRORS) as error:
+        print(f"error: {error}" + (f"\n\n{usage}" if usage else ""), file=sys.stderr)
+        return EXIT_BAD_INPUT if isinstance(error, PARSE_ERRORS) else exit_code(error)
     print(message)
-    return 0
+    return code
+
+
+def run_cli(main: Callable[[T], str], schema: type[T], argv: list[str], usage: str) -> int:
+    """Parse ``argv`` onto ``schema``, run ``main`` and print what it returns."""
+    register_configs()
+    return _report(lambda: (main(parse_cli(schema, argv)), 0), usage)
 
 
 def compose_train_config(config_dir: Path, overrides: list[str]) -> TrainConfig:
@@ -55,11 +62,5 @@ def compose_train_config(config_dir: Path, overrides: list[str]) -> TrainConfig:
 
 def run_train_script(config_dir: Path, overrides: list[str], main: Callable[[TrainConfig], tuple[str, int]]) -> int:
     """Compose ``overrides`` as ``train.py`` would, run ``main`` on the config and print its message; returns its
-    exit code, or 2 with one paragraph for a bad value."""
-    try:
-        message, code = main(compose_train_config(config_dir, overrides))
-    except INPUT_ERRORS as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(message)
-    return code
+    exit code."""
+    return _report(lambda: main(compose_train_config(config_dir, overrides)))

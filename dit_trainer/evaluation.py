@@ -9,11 +9,13 @@ from pathlib import Path
 
 import torch
 
-from dit_trainer.config import REWARDS, ConfigError, EvaluateConfig, RewardConfig, TrainConfig, load_prompts
+from dit_trainer.config import EvaluateConfig, RewardConfig, TrainConfig, check_fields
 from dit_trainer.data.shapes import CAPTIONS, alignment_components
+from dit_trainer.errors import ConfigError
 from dit_trainer.images import image_grid
 from dit_trainer.inference import TrainedRun, load_run
-from dit_trainer.rewards import build_reward, reward_metrics
+from dit_trainer.prompts import load_prompts
+from dit_trainer.rewards import REWARDS, build_reward, reward_metrics
 
 
 def evaluation_prompts(cfg: EvaluateConfig, run_cfg: TrainConfig) -> list[str]:
@@ -41,7 +43,7 @@ def evaluation_reward(cfg: EvaluateConfig, run_cfg: TrainConfig) -> RewardConfig
             "weights",
             {},
             "the run configures no reward function (its `reward.weights` is empty) and none was given",
-            f"pass the rewards to score with, e.g. `weights.{REWARDS[0]}=1.0` (names: {', '.join(REWARDS)})",
+            f"pass the rewards to score with, e.g. `weights.{next(iter(REWARDS))}=1.0` (names: {', '.join(REWARDS)})",
         )
     return reward
 
@@ -89,8 +91,7 @@ def evaluate(run: TrainedRun, cfg: EvaluateConfig) -> tuple[dict, torch.Tensor, 
 
 def evaluate_to_folder(cfg: EvaluateConfig) -> tuple[Path, dict]:
     """Write ``report.json`` and ``grid.png`` (one row per prompt, each image captioned with its reward)."""
-    if cfg.images_per_prompt < 1:
-        raise ConfigError("images_per_prompt", cfg.images_per_prompt, "it must be >= 1")
+    check_fields(cfg)
     run = load_run(cfg.run_dir, cfg.checkpoint, cfg.ema)
     out_dir = Path(cfg.out_dir).expanduser() if cfg.out_dir else Path(cfg.run_dir) / "eval" / run.checkpoint.name
     report, images, rewards = evaluate(run, cfg)

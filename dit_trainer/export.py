@@ -38,15 +38,14 @@ import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, PixArtAlphaPipeline, PixArtTransformer2DModel
 from transformers import T5EncoderModel
 
-from dit_trainer.components import load_transformer
+from dit_trainer.components import load_transformer, merge_adapter
 from dit_trainer.components.vae import FrozenVAE
-from dit_trainer.config import SAMPLERS, ConfigError, ExportConfig, TrainConfig
-from dit_trainer.inference import find_checkpoint, load_run, read_run_config
-from dit_trainer.training.checkpoint import weights_format
-from dit_trainer.training.lora import merge_adapter
+from dit_trainer.config import ExportConfig, TrainConfig, check_fields
+from dit_trainer.errors import ConfigError
+from dit_trainer.inference import find_checkpoint, load_run
+from dit_trainer.run_folder import read_run_config, weights_format
 
 MANIFEST = "dit_trainer_export.json"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -197,10 +196,7 @@ def export_run(cfg: ExportConfig) -> ExportResult:
     Everything that can be checked without loading models is checked first, and the folder is written under a
     temporary name and renamed at the end: a refused or failed export leaves ``out_dir`` as it was.
     """
-    if cfg.dtype not in DTYPES:
-        raise ConfigError("dtype", cfg.dtype, f"accepted values are {', '.join(DTYPES)}")
-    if cfg.sampler is not None and cfg.sampler not in SAMPLERS:
-        raise ConfigError("sampler", cfg.sampler, f"accepted values are {', '.join(SAMPLERS)}")
+    check_fields(cfg)
     run_dir = Path(cfg.run_dir).expanduser()
     train_cfg = read_run_config(run_dir)
     if train_cfg.vae.kind == "pixel":
@@ -216,7 +212,7 @@ def export_run(cfg: ExportConfig) -> ExportResult:
     out_dir = Path(cfg.out_dir).expanduser() if cfg.out_dir else run_dir / "export" / checkpoint.name
     _check_out_dir(out_dir)
     sampler = cfg.sampler or train_cfg.diffusion.sampler
-    dtype = DTYPES[cfg.dtype]
+    dtype = getattr(torch, cfg.dtype)
 
     staging = _staging_dir(out_dir)
     try:

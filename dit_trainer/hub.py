@@ -10,11 +10,9 @@ from typing import TypeVar
 from huggingface_hub import snapshot_download
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
+from dit_trainer.errors import ModelLoadError
+
 T = TypeVar("T")
-
-
-class ModelLoadError(RuntimeError):
-    """A model could not be loaded; the message names the id/path, the config key and the way out."""
 
 
 def hub_offline() -> bool:

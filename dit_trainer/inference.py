@@ -7,16 +7,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from dit_trainer.components import DiTAdapter
-from dit_trainer.config import SAMPLERS, ConfigError, SampleConfig, TrainConfig, load_prompts, to_train_config
+from dit_trainer.components import DiTAdapter, build_components, load_adapter
+from dit_trainer.config import SampleConfig, TrainConfig, check_fields
 from dit_trainer.diffusion import SamplerSettings, TextToImage
+from dit_trainer.errors import ConfigError
 from dit_trainer.images import to_pil
-from dit_trainer.training.checkpoint import is_checkpoint, resolve_checkpoint, weights_format
-from dit_trainer.training.lora import load_adapter
-from dit_trainer.training.run import build_components
+from dit_trainer.prompts import load_prompts
+from dit_trainer.run_folder import CHECKPOINTS, is_checkpoint, read_run_config, resolve_checkpoint, weights_format
 
 
 @dataclass
@@ -33,8 +31,6 @@ class TrainedRun:
     ) -> SamplerSettings:
         """Sampler settings: the run's own ``diffusion.*`` values where an argument is None."""
         diffusion = self.cfg.diffusion
-        if sampler is not None and sampler not in SAMPLERS:
-            raise ConfigError("sampler", sampler, f"accepted values are {', '.join(SAMPLERS)}")
         return SamplerSettings(
             steps or diffusion.sample_steps,
             diffusion.guidance_scale if guidance_scale is None else guidance_scale,
@@ -48,47 +44,23 @@ class TrainedRun:
         return self.text_to_image(self.dit, prompts, seeds, settings, batch_size)
 
 
-def read_run_config(run_dir: Path) -> TrainConfig:
-    """The validated config a run folder was trained with."""
-    config_path = run_dir / "config.yaml"
-    if not config_path.is_file():
-        raise ConfigError(
-            "run_dir",
-            str(run_dir),
-            "it holds no config.yaml, so it is not a dit-trainer run folder",
-            "pass the folder train.py wrote (its hydra.run.dir)",
-        )
-    saved = OmegaConf.load(config_path)
-    try:
-        return to_train_config(saved)
-    except OmegaConfBaseException as error:  # a setting renamed, removed or retyped since the run was trained
-        key, reason = error.full_key or "config.yaml", str(error).partition("\n")[0]
-        raise ConfigError(
-            key,
-            OmegaConf.select(saved, error.full_key, default=None) if error.full_key else None,
-            f"this version of dit-trainer does not accept it in {config_path} ({reason}; "
-            "the file was written by another version, or edited)",
-            f"edit that key in {config_path} to the current setting (`python train.py --cfg job` prints them "
-            "all) or remove it, then run again",
-        ) from None
-
-
 def find_checkpoint(run_dir: Path, spec: str) -> Path:
-    """``latest`` (the run's newest checkpoint) or the path of a checkpoint folder, checked."""
+    """``latest`` (the run's newest complete checkpoint) or the path of a checkpoint folder (one written before
+    checkpoints had a manifest too: reading weights needs no more)."""
     path = Path(spec).expanduser() if spec != "latest" else None
     if path is not None and not is_checkpoint(path):
         raise ConfigError(
             "checkpoint",
             spec,
             "it is not a checkpoint folder (one with a `transformer/` or `transformer_lora/` inside)",
-            f"use `checkpoint=latest` or a folder such as {run_dir}/checkpoints/checkpoint-1000",
+            f"use `checkpoint=latest` or a folder such as {run_dir / CHECKPOINTS}/checkpoint-1000",
         )
-    path = path or resolve_checkpoint(spec, run_dir / "checkpoints")
+    path = path or resolve_checkpoint(spec, run_dir / CHECKPOINTS)
     if path is None:
         raise ConfigError(
             "checkpoint",
             spec,
-            f"{run_dir}/checkpoints holds no checkpoint yet",
+            f"{run_dir / CHECKPOINTS} holds no checkpoint yet",
             "train longer (checkpoints are written every `trainer.checkpoint_every` steps and at the end), "
             "or pass `checkpoint=PATH`",
         )
@@ -118,9 +90,8 @@ def load_run(
 
 def sample_to_folder(cfg: SampleConfig) -> Path:
     """Write one PNG per image and ``index.jsonl`` (``{"file", "prompt", "seed"}`` per image) into ``out_dir``."""
+    check_fields(cfg)
     prompts = load_prompts(cfg.prompts, cfg.prompt_file)
-    if cfg.images_per_prompt < 1:
-        raise ConfigError("images_per_prompt", cfg.images_per_prompt, "it must be >= 1")
     run = load_run(cfg.run_dir, cfg.checkpoint, cfg.ema)
     settings = run.settings(cfg.steps, cfg.guidance_scale, cfg.sampler)
     jobs = [

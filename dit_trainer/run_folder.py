@@ -1,17 +1,157 @@
-"""The run folder is checked before Hydra creates it: an unwritable or impossible path (a full or read-only disk, a
-file where a folder should be) becomes one paragraph naming ``hydra.run.dir`` instead of a traceback from Hydra."""
+"""A run folder: what ``train.py`` writes there and how other tools find it again.
+
+Layout: ``config.yaml`` (the resolved config), ``metrics.jsonl``, ``checkpoints/checkpoint-N/`` (each complete one
+with a ``manifest.json`` listing its files and sizes, the trained weights in one of the ``WeightsFormat`` layouts),
+``samples/`` and ``rewards/``. The run folder is also checked before Hydra creates it: an unwritable or impossible
+path (a full or read-only disk, a file where a folder should be) becomes one paragraph naming ``hydra.run.dir``
+instead of a traceback from Hydra.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from diffusers import PixArtTransformer2DModel
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from dit_trainer.config import ConfigError
+from dit_trainer.components.lora import load_adapter, save_adapter
+from dit_trainer.config import TrainConfig, to_train_config
+from dit_trainer.errors import ConfigError, exit_code
+
+CONFIG = "config.yaml"
+CHECKPOINTS = "checkpoints"
+CHECKPOINT_PATTERN = re.compile(r"checkpoint-(\d+)$")
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class WeightsFormat:
+    """Where and how a checkpoint keeps the trained weights: the raw ones in ``directory``, the EMA ones in
+    ``ema_directory``."""
+
+    directory: str
+    ema_directory: str
+    lora: bool
+
+    def save(self, transformer: PixArtTransformer2DModel, path: Path) -> None:
+        if self.lora:
+            save_adapter(transformer, path)
+        else:
+            transformer.save_pretrained(path)
+
+    def load(self, transformer: PixArtTransformer2DModel, path: Path) -> None:
+        if self.lora:
+            load_adapter(transformer, path)
+        else:
+            transformer.load_state_dict(PixArtTransformer2DModel.from_pretrained(path).state_dict())
+
+    def weights_dir(self, checkpoint: Path, ema: bool) -> Path:
+        """The EMA weights if asked for and saved, else the raw ones."""
+        return checkpoint / (
+            self.ema_directory if ema and (checkpoint / self.ema_directory).is_dir() else self.directory
+        )
+
+
+FULL_WEIGHTS = WeightsFormat("transformer", "transformer_ema", lora=False)
+LORA_WEIGHTS = WeightsFormat("transformer_lora", "transformer_lora_ema", lora=True)
+
+
+def weights_format(lora: bool) -> WeightsFormat:
+    return LORA_WEIGHTS if lora else FULL_WEIGHTS
+
+
+def is_checkpoint(path: Path) -> bool:
+    return any((path / fmt.directory).is_dir() for fmt in (FULL_WEIGHTS, LORA_WEIGHTS))
+
+
+def checkpoint_step(path: Path) -> int:
+    match = CHECKPOINT_PATTERN.search(path.name)
+    if match is None:
+        raise ValueError(f"{path} is not named checkpoint-<step>")
+    return int(match.group(1))
+
+
+def incomplete_reason(path: Path) -> str | None:
+    """Why ``path`` is not a complete checkpoint (None when it is): no manifest, or a listed file missing or of
+    another size than written."""
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        return f"it has no {MANIFEST} (its write did not finish)"
+    try:
+        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+    except (ValueError, KeyError):
+        return f"its {MANIFEST} is unreadable"
+    for name, size in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes where {size} were written (truncated or replaced)"
+    return None
+
+
+def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
+    """Complete checkpoint folders, oldest first."""
+    if not checkpoints_dir.is_dir():
+        return []
+    found = [p for p in checkpoints_dir.iterdir() if p.is_dir() and CHECKPOINT_PATTERN.search(p.name)]
+    return sorted((p for p in found if incomplete_reason(p) is None), key=checkpoint_step)
+
+
+def resolve_checkpoint(spec: str | None, checkpoints_dir: Path) -> Path | None:
+    """``latest`` -> the newest complete checkpoint in ``checkpoints_dir`` (None if there is none); a path -> that
+    folder, refused unless it is a complete checkpoint (``trainer.resume``: training continues from all of it)."""
+    if spec is None:
+        return None
+    if spec == "latest":
+        found = list_checkpoints(checkpoints_dir)
+        return found[-1] if found else None
+    path = Path(spec).expanduser()
+    reason = incomplete_reason(path) if is_checkpoint(path) else None
+    if not is_checkpoint(path) or reason:
+        raise ConfigError(
+            "trainer.resume",
+            spec,
+            f"it is not a complete checkpoint folder ({reason})"
+            if reason
+            else "it is not a checkpoint folder (one with a `transformer/` or `transformer_lora/` inside)",
+            f"use `trainer.resume=latest` (the newest complete checkpoint) or a folder such as "
+            f"{checkpoints_dir}/checkpoint-1000",
+        )
+    return path
+
+
+def read_run_config(run_dir: Path) -> TrainConfig:
+    """The validated config a run folder was trained with."""
+    config_path = run_dir / CONFIG
+    if not config_path.is_file():
+        raise ConfigError(
+            "run_dir",
+            str(run_dir),
+            f"it holds no {CONFIG}, so it is not a dit-trainer run folder",
+            "pass the folder train.py wrote (its hydra.run.dir)",
+        )
+    saved = OmegaConf.load(config_path)
+    try:
+        return to_train_config(saved)
+    except OmegaConfBaseException as error:  # a setting renamed, removed or retyped since the run was trained
+        key, reason = error.full_key or CONFIG, str(error).partition("\n")[0]
+        raise ConfigError(
+            key,
+            OmegaConf.select(saved, error.full_key, default=None) if error.full_key else None,
+            f"this version of dit-trainer does not accept it in {config_path} ({reason}; "
+            "the file was written by another version, or edited)",
+            f"edit that key in {config_path} to the current setting (`python train.py --cfg job` prints them "
+            "all) or remove it, then run again",
+        ) from None
 
 
 def check_writable_folder(path: Path, key: str) -> None:
@@ -36,4 +176,4 @@ class RunFolderCheck(Callback):
             check_writable_folder(Path(config.hydra.run.dir), "hydra.run.dir")
         except ConfigError as error:
             print(f"error: {error}", file=sys.stderr)
-            sys.exit(2)
+            sys.exit(exit_code(error))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import DataLoader
 
+from dit_trainer.components import build_components
 from dit_trainer.config import TrainConfig
 from dit_trainer.data import build_dataset, collate_batch
 from dit_trainer.diagnostics import GradientReport, diagnose_gradient_flow
@@ -24,9 +25,9 @@ from dit_trainer.diagnostics.parameters import (
     snapshot,
     step_changes,
 )
+from dit_trainer.training.objective import DiffusionObjective
 from dit_trainer.training.privacy import coverage_report, without_per_sample_gradients
-from dit_trainer.training.run import build_components, build_optimizer
-from dit_trainer.training.step import diffusion_loss
+from dit_trainer.training.run import build_optimizer
 
 TRAINED = "dit"
 VERIFY_BATCH_SIZE = 8  # enough for every code path; small enough for any machine
@@ -51,9 +52,8 @@ class VerificationReport:
         lines += ["Gradient flow", str(self.gradient_flow), ""]
         lines += [*self.privacy, ""] if self.privacy else []
         if self.gradient_norms:
-            lines.append("Gradient norms at the first step: " + ", ".join(
-                f"{name} {norm:.4g}" for name, norm in self.gradient_norms.items()
-            ))  # fmt: skip
+            norms = ", ".join(f"{name} {norm:.4g}" for name, norm in self.gradient_norms.items())
+            lines.append(f"Gradient norms at the first step: {norms}")
         if self.changes is not None:
             lines.append("After 2 optimizer steps:")
             lines.append(_listing("trainable parameters that did not change", self.changes.unchanged_trainable))
@@ -84,12 +84,10 @@ def verify_training_setup(cfg: TrainConfig, device: torch.device | None = None) 
     loader = DataLoader(build_dataset(cfg.data), batch_size=VERIFY_BATCH_SIZE, collate_fn=collate_batch)
     batch = next(iter(loader))
     generator = torch.Generator(device).manual_seed(cfg.trainer.seed)
+    objective = DiffusionObjective(parts.vae, parts.text_encoder, parts.schedule, cfg.data.caption_dropout)
 
     def compute_loss() -> torch.Tensor:
-        per_sample, _ = diffusion_loss(
-            batch, parts.dit, parts.vae, parts.text_encoder, parts.schedule, generator, cfg.data.caption_dropout
-        )
-        return per_sample.mean()
+        return objective(batch, parts.dit, generator)[0].mean()
 
     if cfg.privacy.enabled and without_per_sample_gradients(parts.dit):
         warnings.append("some trainable parameters get no per-sample gradient: DP training would refuse this DiT")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -59,6 +61,58 @@ def train(run_dir: Path, *overrides: str, timeout: float = 300, env: dict | None
     result = run_script(["train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", *overrides], timeout=timeout, env=env)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The records of ``run_dir/metrics.jsonl`` (none before the first log step)."""
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def start_training(run_dir: Path, *overrides: str, code: str | None = None) -> subprocess.Popen:
+    """train.py in the background, logging every step; ``code`` runs first in the same interpreter (to plant a
+    delay or a fault)."""
+    argv = ["train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", "trainer.log_every=1", "trainer.sample_every=0",
+            *overrides]  # fmt: skip
+    launch = f"import runpy, sys\nsys.argv = {argv!r}\nrunpy.run_path('train.py', run_name='__main__')"
+    command = [sys.executable, *argv] if code is None else [sys.executable, "-c", f"{code}\n{launch}"]
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, process: subprocess.Popen, timeout: float = 240) -> None:
+    """Poll ``condition`` while ``process`` runs (its stderr tail is the failure message if it dies)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+@pytest.fixture()
+def tiny_parts():
+    """The TINY_SHAPES components (shipped VAE, MiniLM, a 2-layer PixArt) on the CPU, seeded."""
+    from dit_trainer.components import build_components
+
+    torch.manual_seed(0)
+    return build_components(compose_config(TINY_SHAPES), torch.device("cpu"), torch.float32)
+
+
+@pytest.fixture()
+def image_batch() -> dict:
+    """16 shapes images and captions."""
+    from torch.utils.data import DataLoader
+
+    from dit_trainer.data.shapes import ShapesDataset
+
+    return next(iter(DataLoader(ShapesDataset(16, seed=2), batch_size=16)))
+
+
+def tiny_loss(parts, batch: dict, seed: int = 0) -> torch.Tensor:
+    """The per-sample training loss (B,) of ``batch`` with caption dropout 0.1, drawn from ``seed``."""
+    from dit_trainer.training.objective import DiffusionObjective
+
+    objective = DiffusionObjective(parts.vae, parts.text_encoder, parts.schedule, caption_dropout=0.1)
+    return objective(batch, parts.dit, torch.Generator().manual_seed(seed))[0]
 
 
 @pytest.fixture(autouse=True)

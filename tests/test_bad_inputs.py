@@ -7,8 +7,7 @@ import shutil
 
 import pytest
 
-from dit_trainer.config import ConfigError
-from dit_trainer.hub import ModelLoadError
+from dit_trainer.errors import ConfigError, ModelLoadError
 
 from .conftest import TINY_SHAPES, compose_config, run_script, train
 
@@ -88,21 +87,25 @@ def _refused(run_dir, *overrides: str, into=None) -> str:
     return result.stderr
 
 
+@pytest.mark.slow
 def test_a_fresh_run_over_a_finished_one_is_refused(finished_run):
     assert "already holds checkpoints" in _refused(finished_run, "trainer.max_steps=4")
 
 
+@pytest.mark.slow
 def test_resuming_from_a_folder_that_is_not_a_checkpoint_is_refused(finished_run, tmp_path):
     stderr = _refused(finished_run, "trainer.max_steps=4", f"trainer.resume={tmp_path}", into=tmp_path / "new")
     assert "`trainer.resume`" in stderr and "not a checkpoint folder" in stderr
 
 
+@pytest.mark.slow
 def test_resuming_a_checkpoint_of_another_model_shape_is_refused(finished_run, tmp_path):
     checkpoint = finished_run / "checkpoints" / "checkpoint-2"
     stderr = _refused(finished_run, "model.num_layers=3", f"trainer.resume={checkpoint}", into=tmp_path / "new")
     assert "its weights do not fit the configured model" in stderr and "config.yaml" in stderr
 
 
+@pytest.mark.slow
 def test_resuming_a_truncated_checkpoint_is_refused(finished_run, tmp_path):
     copy = tmp_path / "checkpoint-2"
     shutil.copytree(finished_run / "checkpoints" / "checkpoint-2", copy)
@@ -112,6 +115,7 @@ def test_resuming_a_truncated_checkpoint_is_refused(finished_run, tmp_path):
     assert "not a complete checkpoint" in stderr and "diffusion_pytorch_model.safetensors" in stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("metadata", "expected"),
     [("", "lists no images"), ('{"file_name": "a.png", "text": "x"}\nnot json\n', "line 2")],
@@ -127,6 +131,7 @@ def test_a_bad_image_folder_is_refused(finished_run, tmp_path, metadata, expecte
     assert expected in stderr
 
 
+@pytest.mark.slow
 def test_a_missing_prompt_file_for_sampling_is_refused(finished_run, tmp_path):
     result = run_script(["scripts/sample.py", f"run_dir={finished_run}", f"prompt_file={tmp_path / 'nope.txt'}",
                          f"out_dir={tmp_path / 'out'}"])  # fmt: skip
@@ -134,6 +139,7 @@ def test_a_missing_prompt_file_for_sampling_is_refused(finished_run, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_an_unwritable_run_folder_is_refused_before_anything_is_written(finished_run, tmp_path):
     blocker = tmp_path / "a_file"  # as root no permission bit stops a write; a file where a folder must be does
     blocker.write_text("")
@@ -141,6 +147,7 @@ def test_an_unwritable_run_folder_is_refused_before_anything_is_written(finished
     assert "`hydra.run.dir`" in stderr and f"{blocker} is a file" in stderr and "To fix it" in stderr
 
 
+@pytest.mark.slow
 def test_the_metrics_of_a_refused_resume_are_kept(finished_run):
     records = [json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]

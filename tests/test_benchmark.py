@@ -3,7 +3,11 @@ by running it, not asserted here: timings on a shared 2-core machine are noise).
 
 import json
 
+import pytest
+
 from .conftest import run_script
+
+pytestmark = pytest.mark.slow  # every test here trains or launches processes
 
 KEYS = ("bare_step_img_s", "trainer_cached_img_s", "trainer_uncached_img_s", "reference_img_s", "peak_rss_mb",
         "train_flops_per_image")  # fmt: skip

@@ -11,22 +11,18 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
-from dit_trainer.config import ConfigError
+from dit_trainer.components import build_components
 from dit_trainer.data import ShapesDataset
 from dit_trainer.data.cache import INDEX, CachedPrompts, open_cache, save_shard
+from dit_trainer.data.poisson import collate_poisson, is_empty
 from dit_trainer.data.precompute import precompute
-from dit_trainer.training.privacy import collate_poisson, is_empty
-from dit_trainer.training.run import build_components
+from dit_trainer.errors import ConfigError
 
-from .conftest import TINY_SHAPES, compose_config, run_script, train
+from .conftest import TINY_SHAPES, compose_config, read_metrics, run_script, train
 
 CPU = torch.device("cpu")
 CACHE = ["data.length=40", "data.cache_dtype=float32", "data.cache_shard_size=16"]
 SMALL = [*TINY_SHAPES, *CACHE]
-
-
-def _losses(run_dir) -> list[float]:
-    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +34,7 @@ def cache_dir(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_precompute_writes_sharded_posteriors_and_embeddings(cache_dir):
     index = json.loads((cache_dir / INDEX).read_text())
     assert index["items"] == 40 and [s["items"] for s in index["shards"]] == [16, 16, 8]
@@ -54,14 +51,16 @@ def test_precompute_writes_sharded_posteriors_and_embeddings(cache_dir):
     assert index["prompts"][0] == "" and set(cfg.trainer.sample_prompts) <= set(index["prompts"])
 
 
+@pytest.mark.slow
 def test_training_from_the_cache_matches_encoding_every_batch(cache_dir, tmp_path):
     common = [*CACHE, "trainer.max_steps=8", "trainer.log_every=1", "trainer.sample_every=0"]
     train(tmp_path / "encoded", *common, "data.cache_latents=false")
     train(tmp_path / "cached", *common, "data.cache_latents=false", f"data.cache_dir={cache_dir}")
-    encoded, cached = _losses(tmp_path / "encoded"), _losses(tmp_path / "cached")
+    encoded, cached = ([r["loss"] for r in read_metrics(tmp_path / name)] for name in ("encoded", "cached"))
     assert len(cached) == 8 and cached == pytest.approx(encoded, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_the_in_memory_cache_gathers_whole_batches_which_may_be_empty(cache_dir):
     """One gather per tensor hands the DataLoader its batch; a Poisson draw (DP) that selected nothing stays the
     empty batch rather than an indexing error."""
@@ -75,6 +74,7 @@ def test_the_in_memory_cache_gathers_whole_batches_which_may_be_empty(cache_dir)
         assert torch.equal(batch[key], torch.stack([dataset[i][key] for i in (3, 17, 5)]))
 
 
+@pytest.mark.slow
 def test_training_from_the_cache_loads_no_encoder(cache_dir):
     cfg = compose_config([*SMALL, f"data.cache_dir={cache_dir}"])
     dataset, text = open_cache(cfg, CPU)
@@ -84,6 +84,7 @@ def test_training_from_the_cache_loads_no_encoder(cache_dir):
     assert parts.vae.decode(torch.zeros(1, *parts.latent_shape)).shape == (1, 3, 32, 32)  # the decoder samples
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("override", "named"),
     [("text_encoder.max_length=16", "text_encoder.max_length"), ("data.resolution=64", "data.resolution"),
@@ -98,6 +99,7 @@ def test_a_cache_made_with_other_settings_is_refused(cache_dir, override, named)
     assert named.split(".", 1)[1] in message and "precompute.py" in message
 
 
+@pytest.mark.slow
 def test_new_sample_prompts_are_added_without_reencoding(cache_dir):
     with_prompt = [*SMALL, f"data.cache_dir={cache_dir}", "trainer.sample_prompts=[a tiny green triangle]"]
     with pytest.raises(ConfigError, match="no embedding for the prompts"):
@@ -109,6 +111,7 @@ def test_new_sample_prompts_are_added_without_reencoding(cache_dir):
     assert {p.name: p.stat().st_mtime_ns for p in cache_dir.glob("shard-*")} == shards
 
 
+@pytest.mark.slow
 def test_adding_prompts_interrupted_mid_write_leaves_the_cache_intact(cache_dir, tmp_path, monkeypatch):
     """A precompute killed while it rewrites the prompt embeddings (here: half a file written, then an interrupt)
     must not corrupt a cache that training can use: the files are replaced only once written whole."""
@@ -145,6 +148,7 @@ def test_non_finite_values_are_refused_at_write_time(tmp_path, value, dtype):
     assert not (tmp_path / "shard.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_two_processes_split_the_precompute(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -4,9 +4,9 @@ from diffusers import AutoencoderKL, PixArtTransformer2DModel
 from transformers import BertModel, T5EncoderModel
 
 from dit_trainer.components import DiTAdapter, PixelVAE, build_dit, build_text_encoder, build_vae
-from dit_trainer.config import ASSETS_DIR, ConfigError, ModelConfig, TextEncoderConfig, VAEConfig
+from dit_trainer.config import ASSETS_DIR, ModelConfig, TextEncoderConfig, VAEConfig
 from dit_trainer.data.shapes import ShapesDataset
-from dit_trainer.hub import ModelLoadError
+from dit_trainer.errors import ConfigError, ModelLoadError
 
 CPU = torch.device("cpu")
 

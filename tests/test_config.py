@@ -1,9 +1,10 @@
 import pytest
+import torch
 
-from dit_trainer.config import OBJECTIVES, ConfigError
-from dit_trainer.hub import ModelLoadError
+from dit_trainer.diffusion import OBJECTIVES
+from dit_trainer.errors import ConfigError, ModelLoadError
 
-from .conftest import EXPERIMENTS, compose_config, run_script
+from .conftest import CONFIG_DIR, EXPERIMENTS, compose_config, run_script
 
 
 def test_the_expected_experiments_exist():
@@ -39,6 +40,7 @@ def test_dit_experiment_is_the_cluster_recipe(tmp_path, online):
     assert cfg.trainer.mixed_precision == "bf16"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_cfg_job_prints_the_config(experiment):
     result = run_script(["train.py", f"+experiment={experiment}", "--cfg", "job"], timeout=120)
@@ -59,6 +61,7 @@ def test_missing_data_path_names_the_folder(tmp_path):
     assert "nope" in str(caught.value)
 
 
+@pytest.mark.slow
 def test_cli_reports_a_bad_value_without_a_traceback_before_building_models():
     result = run_script(["train.py", "+experiment=shapes", "trainer.mixed_precision=fp8"], timeout=120)
     assert result.returncode == 2
@@ -68,6 +71,7 @@ def test_cli_reports_a_bad_value_without_a_traceback_before_building_models():
     assert "Loading weights" not in result.stderr  # nothing was built
 
 
+@pytest.mark.slow
 def test_cli_reports_a_type_error_naming_the_key():
     result = run_script(["train.py", "trainer.batch_size=many"], timeout=120)
     assert result.returncode != 0
@@ -92,3 +96,91 @@ def test_offline_validation_names_a_missing_clip_model_only_when_the_monitor_use
     with pytest.raises(ModelLoadError, match="reward.clip_model=openai/clip-vit-base-patch32"):
         compose_config(["+experiment=shapes", "reward=clip_score"])
     assert compose_config(["+experiment=shapes", "reward=clip_score", "monitor.grpo.enabled=false"])
+
+
+def test_the_bare_config_is_the_schema_s_defaults():
+    """`python train.py` with no overrides runs exactly `TrainConfig()`: the YAML groups it selects by default hold
+    no values (interpolations such as `${asset:shapes_vae}` are compared unresolved, as both sides hold them)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from dit_trainer.config import TrainConfig
+
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        composed = compose(config_name="train", overrides=[])
+    bare = OmegaConf.to_container(composed, resolve=False)
+    bare.pop("hydra", None)
+    assert bare == OmegaConf.to_container(OmegaConf.structured(TrainConfig()), resolve=False)
+
+
+def test_field_checks_pass_through_omegaconf_and_catch_a_merged_value():
+    from omegaconf import OmegaConf
+
+    from dit_trainer.config import TrainConfig, check_fields
+
+    merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(["trainer.batch_size=0"]))
+    cfg = OmegaConf.to_object(merged)
+    assert cfg.trainer.batch_size == 0 and cfg.trainer.max_steps == TrainConfig().trainer.max_steps
+    with pytest.raises(ConfigError, match=r"`trainer.batch_size` is 0, but it must be >= 1.*`trainer.batch_size=1`"):
+        check_fields(cfg)
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "registry"),
+    [("data.source=laion", "data.source", "dit_trainer.data:SOURCES"),
+     ("vae.kind=vqgan", "vae.kind", "dit_trainer.components:VAE_KINDS"),
+     ("text_encoder.kind=gemma", "text_encoder.kind", "dit_trainer.components:TEXT_ENCODER_KINDS"),
+     ("diffusion.objective=x0", "diffusion.objective", "dit_trainer.diffusion:OBJECTIVES"),
+     ("diffusion.sampler=heun", "diffusion.sampler", "dit_trainer.diffusion:SAMPLERS"),
+     ("+reward.weights.aesthetic=1", "reward.weights.aesthetic", "dit_trainer.rewards:REWARDS")],
+)  # fmt: skip
+def test_an_unknown_name_is_refused_listing_its_registry(override, key, registry):
+    import importlib
+
+    module, name = registry.split(":")
+    accepted = ", ".join(getattr(importlib.import_module(module), name))
+    with pytest.raises(ConfigError) as caught:
+        compose_config(["+experiment=shapes", override])
+    assert f"`{key}`" in str(caught.value) and accepted in str(caught.value)
+
+
+def test_builders_refuse_an_unknown_name_instead_of_falling_back():
+    from dit_trainer.config import DataConfig, RewardConfig
+    from dit_trainer.data import build_dataset
+    from dit_trainer.rewards import build_reward
+
+    with pytest.raises(ConfigError, match="`data.source` is 'laion'"):
+        build_dataset(DataConfig(source="laion"))
+    with pytest.raises(ConfigError, match="`reward.weights.aesthetic`"):
+        build_reward(RewardConfig(weights={"aesthetic": 1.0}), torch.device("cpu"))
+
+
+def test_a_source_added_to_the_registry_is_accepted_and_built(monkeypatch, tmp_path):
+    """Adding a data source is one registry entry (and its YAML file): validation and building both read it."""
+    from dit_trainer.data import SOURCES, ShapesDataset, Source, build_dataset
+
+    built = []
+    source = Source(lambda cfg: built.append(cfg.path) or ShapesDataset(4, 32), "a folder", "/x")
+    monkeypatch.setitem(SOURCES, "tiny", source)
+    with pytest.raises(ConfigError, match="`data=tiny` needs a folder"):
+        compose_config(["+experiment=shapes", "data.source=tiny"])
+    cfg = compose_config(["+experiment=shapes", "data.source=tiny", f"data.path={tmp_path}"])
+    assert len(build_dataset(cfg.data)) == 4 and built == [str(tmp_path)]
+
+
+def test_dit_lora_is_dit_with_lora(tmp_path, online):
+    """experiment=dit_lora inherits experiment=dit: the recipe's prompts and logging come from one file."""
+    (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
+    dit = compose_config(["+experiment=dit", f"data.path={tmp_path}"])
+    lora = compose_config(["+experiment=dit_lora", f"data.path={tmp_path}"])
+    assert lora.lora.enabled and not dit.lora.enabled
+    assert lora.trainer.sample_prompts == dit.trainer.sample_prompts and lora.logger == dit.logger
+    assert (lora.data.resolution, lora.trainer.batch_size, lora.trainer.max_steps) == (512, 8, 5000)
+
+
+def test_a_python_built_config_resolves_its_interpolations():
+    from dit_trainer.config import ASSETS_DIR, TrainConfig, to_train_config
+
+    cfg = to_train_config(TrainConfig())
+    assert cfg.vae.pretrained == str(ASSETS_DIR / "shapes_vae")
+    assert "${" not in cfg.text_encoder.pretrained

@@ -15,7 +15,7 @@ import webdataset
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from dit_trainer.config import ConfigError, DataConfig
+from dit_trainer.config import DataConfig
 from dit_trainer.data import (
     HFImageDataset,
     ImageFolderDataset,
@@ -25,6 +25,7 @@ from dit_trainer.data import (
     collate_batch,
 )
 from dit_trainer.data.transforms import resize_short_side, to_model_input, to_tensor
+from dit_trainer.errors import ConfigError
 
 from .conftest import TINY_SHAPES, run_script, train
 
@@ -392,6 +393,7 @@ def _training_data(root, source: str, good: int = 11, bad: int = 1) -> str:
     return "'" + _write_shards(root, [samples[::2], samples[1::2]]) + "'"  # quoted: Hydra would parse the braces
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["imagefolder", "hf", "webdataset"])
 def test_each_source_feeds_a_training_run_and_counts_skipped_files(tmp_path, source):
     path = _training_data(tmp_path, source)
@@ -402,6 +404,7 @@ def test_each_source_feeds_a_training_run_and_counts_skipped_files(tmp_path, sou
     assert 1 <= records[-1]["data/skipped"] <= 2  # 20 images read from 12 files: the bad one once or twice
 
 
+@pytest.mark.slow
 def test_a_mostly_unreadable_data_set_stops_the_run_naming_the_files(tmp_path):
     path = _training_data(tmp_path, "imagefolder", good=6, bad=6)
     result = run_script(["train.py", *TINY_SHAPES, f"hydra.run.dir={tmp_path / 'run'}", "data=imagefolder",

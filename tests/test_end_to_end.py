@@ -6,11 +6,7 @@ import time
 import pytest
 from PIL import Image
 
-from .conftest import REPO, TINY_SHAPES, run_script, train
-
-
-def _metrics(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+from .conftest import REPO, read_metrics, run_script, train
 
 
 @pytest.fixture(scope="module")
@@ -20,6 +16,7 @@ def shapes_run(tmp_path_factory):
     return run_dir, result
 
 
+@pytest.mark.slow
 def test_shapes_run_writes_a_complete_run_folder(shapes_run):
     run_dir, result = shapes_run
     assert "Trained 30 steps" in result.stdout
@@ -36,8 +33,9 @@ def test_shapes_run_writes_a_complete_run_folder(shapes_run):
     assert Image.open(run_dir / "loss_curve.png").size[0] > 100
 
 
+@pytest.mark.slow
 def test_shapes_run_logs_every_metric_and_the_loss_goes_down(shapes_run):
-    records = _metrics(shapes_run[0])
+    records = read_metrics(shapes_run[0])
     assert [r["step"] for r in records] == [5, 10, 15, 20, 25, 30]
     for record in records:
         assert {"step", "loss", "lr", "grad_norm", "images_per_sec", "data/skipped"} <= set(record)
@@ -47,6 +45,7 @@ def test_shapes_run_logs_every_metric_and_the_loss_goes_down(shapes_run):
     assert records[-1]["loss"] < 0.9 * records[0]["loss"]
 
 
+@pytest.mark.slow
 def test_checkpoint_is_a_diffusers_model_folder(shapes_run):
     from diffusers import PixArtTransformer2DModel
 
@@ -54,6 +53,7 @@ def test_checkpoint_is_a_diffusers_model_folder(shapes_run):
     assert model.config.in_channels == 4 and model.config.sample_size == 16
 
 
+@pytest.mark.slow
 def test_sample_script_writes_images_and_an_index(shapes_run, tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a red circle\n\na blue square\n")
@@ -77,6 +77,7 @@ def test_sample_script_writes_images_and_an_index(shapes_run, tmp_path):
         assert Image.open(out_dir / entry["file"]).size == (32, 32)
 
 
+@pytest.mark.slow
 def test_sample_script_rejects_an_empty_prompt_file(shapes_run, tmp_path):
     prompts = tmp_path / "empty.txt"
     prompts.write_text("\n\n")
@@ -86,6 +87,7 @@ def test_sample_script_rejects_an_empty_prompt_file(shapes_run, tmp_path):
     assert result.returncode == 2 and "no prompts" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     common = ("trainer.log_every=1", "trainer.checkpoint_every=20", "trainer.sample_every=0")
     train(tmp_path / "straight", "trainer.max_steps=40", *common)
@@ -96,27 +98,30 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
         *common,
         f"trainer.resume={tmp_path / 'first' / 'checkpoints' / 'checkpoint-20'}",
     )
-    straight = {r["step"]: r["loss"] for r in _metrics(tmp_path / "straight")}
-    resumed = {r["step"]: r["loss"] for r in _metrics(tmp_path / "resumed")}
+    straight = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "straight")}
+    resumed = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "resumed")}
     assert sorted(resumed) == list(range(21, 41))
     assert [resumed[s] for s in range(21, 41)] == pytest.approx([straight[s] for s in range(21, 41)], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_resume_latest_continues_in_the_same_run_folder(tmp_path):
     run_dir = tmp_path / "run"
     common = ("trainer.log_every=1", "trainer.checkpoint_every=10", "trainer.sample_every=0")
     train(run_dir, "trainer.max_steps=10", *common)
     result = train(run_dir, "trainer.max_steps=15", "trainer.resume=latest", *common)
     assert "Trained 15 steps" in result.stdout
-    assert [r["step"] for r in _metrics(run_dir)] == list(range(1, 16))
+    assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, 16))
 
 
+@pytest.mark.slow
 def test_fallback_schedule_trains_and_warns(tmp_path):
     result = train(tmp_path / "run", "diffusion=fallback", "trainer.max_steps=5", "trainer.sample_every=5")
     assert "fallback schedule" in result.stderr
     assert (tmp_path / "run" / "samples" / "step_0000005.png").is_file()
 
 
+@pytest.mark.slow
 def test_pixel_space_imagefolder_run(tmp_path):
     data = tmp_path / "images"
     data.mkdir()
@@ -148,6 +153,7 @@ def test_pixel_space_imagefolder_run(tmp_path):
     assert model.config.in_channels == 3 and model.config.sample_size == 16
 
 
+@pytest.mark.slow
 def test_dit_experiment_offline_fails_fast_naming_the_model(tmp_path):
     start = time.perf_counter()
     result = run_script(
@@ -159,6 +165,7 @@ def test_dit_experiment_offline_fails_fast_naming_the_model(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_wandb_offline_writes_a_run_inside_the_run_folder_and_no_secret(tmp_path):
     run_dir = tmp_path / "run"
     secret = "sentinel-api-key-0123456789abcdef0123456789abcdef"
@@ -177,6 +184,7 @@ def test_wandb_offline_writes_a_run_inside_the_run_folder_and_no_secret(tmp_path
     assert not [p for p in run_dir.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
 
 
+@pytest.mark.slow
 def test_tensorboard_writes_event_files(tmp_path):
     run_dir = tmp_path / "run"
     train(run_dir, "logger=tensorboard", "trainer.max_steps=3", "trainer.log_every=1", "trainer.sample_every=3")
@@ -189,6 +197,7 @@ def test_readme_commands_exist():
     assert "bash scripts/install.sh test && python -m pytest" in readme
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_counts_optimizer_steps(tmp_path):
     run_dir = tmp_path / "run"
     train(
@@ -199,22 +208,12 @@ def test_gradient_accumulation_counts_optimizer_steps(tmp_path):
         "trainer.sample_every=0",
         "trainer.checkpoint_every=0",
     )
-    records = _metrics(run_dir)
+    records = read_metrics(run_dir)
     assert [r["step"] for r in records] == [2, 4]
     assert (run_dir / "checkpoints" / "checkpoint-4").is_dir()
 
 
-def test_a_fresh_run_refuses_a_folder_with_checkpoints(tmp_path):
-    run_dir = tmp_path / "run"
-    train(run_dir, "trainer.max_steps=2", "trainer.log_every=1", "trainer.sample_every=0")
-    checkpoint = run_dir / "checkpoints" / "checkpoint-2" / "transformer" / "diffusion_pytorch_model.safetensors"
-    before = checkpoint.read_bytes()
-    result = run_script(["train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", "trainer.max_steps=2"], timeout=120)
-    assert result.returncode == 2
-    assert "trainer.resume=latest" in result.stderr and "checkpoint-2" in result.stderr
-    assert checkpoint.read_bytes() == before and len(_metrics(run_dir)) == 2
-
-
+@pytest.mark.slow
 def test_evaluate_scores_with_rewards_given_on_the_command_line(shapes_run, tmp_path):
     result = run_script(
         [
@@ -234,7 +233,8 @@ def test_evaluate_scores_with_rewards_given_on_the_command_line(shapes_run, tmp_
 
 
 def test_evaluate_needs_a_reward_when_the_run_configures_none():
-    from dit_trainer.config import ConfigError, EvaluateConfig, TrainConfig
+    from dit_trainer.config import EvaluateConfig, TrainConfig
+    from dit_trainer.errors import ConfigError
     from dit_trainer.evaluation import evaluation_reward
 
     with pytest.raises(ConfigError, match="`weights`"):

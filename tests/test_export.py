@@ -9,9 +9,11 @@ from diffusers import AutoencoderKL, PixArtAlphaPipeline, PixArtTransformer2DMod
 from safetensors.torch import load_file
 
 from dit_trainer.components.vae import FrozenVAE
-from dit_trainer.config import ConfigError, ExportConfig
+from dit_trainer.config import ExportConfig
+from dit_trainer.errors import ConfigError
 from dit_trainer.export import MANIFEST, export_run, fold_latent_normalisation
-from dit_trainer.inference import load_run, read_run_config
+from dit_trainer.inference import load_run
+from dit_trainer.run_folder import read_run_config
 
 from .conftest import REPO, run_script, train
 
@@ -53,6 +55,7 @@ def _our_images_and_noise(run_dir, steps=2, guidance_scale=3.0):
     return run, images, noise
 
 
+@pytest.mark.slow
 def test_t5_run_exports_a_pixart_pipeline_that_matches_our_sampler(t5_run):
     result = run_script(["scripts/export.py", str(t5_run)])
     assert result.returncode == 0, result.stderr[-3000:]
@@ -82,6 +85,7 @@ def test_t5_run_exports_a_pixart_pipeline_that_matches_our_sampler(t5_run):
     torch.testing.assert_close(pipe.vae.encode(images).latent_dist.mean * scale, ours_vae.encode(images), **_TOL)
 
 
+@pytest.mark.slow
 def test_export_casts_to_the_requested_dtype(t5_run, tmp_path):
     out_dir = tmp_path / "bf16"
     export_run(ExportConfig(run_dir=str(t5_run), out_dir=str(out_dir), dtype="bfloat16", sampler="dpmsolver++"))
@@ -92,6 +96,7 @@ def test_export_casts_to_the_requested_dtype(t5_run, tmp_path):
     assert "torch_dtype=torch.bfloat16" in json.loads((out_dir / MANIFEST).read_text())["usage"]
 
 
+@pytest.mark.slow
 def test_minilm_run_exports_pieces_and_a_manifest_whose_usage_reproduces_our_sampler(minilm_run, tmp_path):
     out_dir = tmp_path / "minilm_export"
     result = export_run(ExportConfig(run_dir=str(minilm_run), out_dir=str(out_dir), ema=False))
@@ -115,6 +120,7 @@ def test_minilm_run_exports_pieces_and_a_manifest_whose_usage_reproduces_our_sam
     torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_a_flow_matching_run_exports_a_recipe_that_reproduces_our_euler_sampler(tmp_path):
     """PixArtAlphaPipeline expects two scheduler members FlowMatchEulerDiscreteScheduler lacks; the printed recipe
     supplies them, and the pipeline then matches our sampler (without them it fails on ``init_noise_sigma``)."""
@@ -160,6 +166,7 @@ def _export_cli(argv: list[str]) -> int:
     return module.main(argv)
 
 
+@pytest.mark.slow
 def test_export_refuses_a_non_empty_out_dir_and_leaves_it_untouched(minilm_run, tmp_path, capsys):
     out_dir = tmp_path / "taken"
     out_dir.mkdir()
@@ -176,6 +183,7 @@ def test_export_refuses_a_non_empty_out_dir_and_leaves_it_untouched(minilm_run, 
     assert "cannot be written" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_export_explains_a_folder_that_is_not_a_run_or_a_pixel_run(tmp_path, minilm_run):
     result = run_script(["scripts/export.py", str(tmp_path)], timeout=120)
     assert result.returncode == 2 and "Traceback" not in result.stderr
@@ -196,6 +204,7 @@ def test_export_explains_a_folder_that_is_not_a_run_or_a_pixel_run(tmp_path, min
         export_run(ExportConfig(run_dir=str(minilm_run), dtype="float8"))
 
 
+@pytest.mark.slow
 def test_a_run_config_from_another_version_is_explained(tmp_path, minilm_run):
     """A key this version does not know (here `data.center_crop`, since renamed to `data.crop`) names the key, its
     value and the file to edit, instead of OmegaConf's merge error."""

@@ -4,8 +4,8 @@ import pytest
 import torch
 from PIL import Image
 
-from dit_trainer.config import ConfigError
 from dit_trainer.data import ImageFolderDataset
+from dit_trainer.errors import ConfigError
 
 
 def _write(folder, rows):

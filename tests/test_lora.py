@@ -8,12 +8,13 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
-from dit_trainer.config import ConfigError
+from dit_trainer.components import build_components
 from dit_trainer.data.shapes import ShapesDataset
-from dit_trainer.training.run import build_components, build_optimizer
-from dit_trainer.training.step import diffusion_loss
+from dit_trainer.errors import ConfigError
+from dit_trainer.training.objective import diffusion_loss
+from dit_trainer.training.run import build_optimizer
 
-from .conftest import TINY_SHAPES, compose_config, run_script, train
+from .conftest import TINY_SHAPES, compose_config, read_metrics, run_script, train
 
 CPU = torch.device("cpu")
 
@@ -26,10 +27,6 @@ def _lora(base) -> list[str]:
         "lora.train_modules=[caption_projection]",
         "trainer.gradient_checkpointing=true",
     ]
-
-
-def _metrics(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_lora_with_gradient_checkpointing_trains_adapters_and_leaves_the_base_bit_identical(tiny_pixart_dir):
@@ -69,6 +66,7 @@ def lora_runs(tmp_path_factory, tiny_pixart_dir):
     return root
 
 
+@pytest.mark.slow
 def test_a_lora_checkpoint_holds_only_the_adapter_in_peft_format(lora_runs, tiny_pixart_dir):
     checkpoint = lora_runs / "straight" / "checkpoints" / "checkpoint-6"
     assert not (checkpoint / "transformer").exists()
@@ -79,9 +77,10 @@ def test_a_lora_checkpoint_holds_only_the_adapter_in_peft_format(lora_runs, tiny
     assert adapter < 0.2 * base
 
 
+@pytest.mark.slow
 def test_a_resumed_lora_run_matches_the_uninterrupted_one_and_keeps_training(lora_runs):
-    straight = {r["step"]: r["loss"] for r in _metrics(lora_runs / "straight")}
-    resumed = {r["step"]: r["loss"] for r in _metrics(lora_runs / "resumed")}
+    straight = {r["step"]: r["loss"] for r in read_metrics(lora_runs / "straight")}
+    resumed = {r["step"]: r["loss"] for r in read_metrics(lora_runs / "resumed")}
     assert sorted(resumed) == list(range(1, 7))
     assert [resumed[s] for s in range(4, 7)] == pytest.approx([straight[s] for s in range(4, 7)], rel=1e-6)
     checkpoints = lora_runs / "resumed" / "checkpoints"
@@ -91,6 +90,7 @@ def test_a_resumed_lora_run_matches_the_uninterrupted_one_and_keeps_training(lor
     assert lora_b and all(not torch.equal(at_3[name], at_6[name]) for name in lora_b)
 
 
+@pytest.mark.slow
 def test_sample_and_export_load_base_plus_adapter(lora_runs, tmp_path):
     from diffusers import PixArtTransformer2DModel
 

@@ -7,12 +7,13 @@ import pytest
 import torch
 from diffusers.training_utils import compute_density_for_timestep_sampling
 
-from dit_trainer.config import ConfigError, DiffusionConfig
+from dit_trainer.components import build_components
+from dit_trainer.config import DiffusionConfig
 from dit_trainer.data import ShapesDataset, collate_batch
 from dit_trainer.diffusion import build_noise_schedule
-from dit_trainer.training.metrics import TimestepLossBuckets
-from dit_trainer.training.run import build_components, build_optimizer
-from dit_trainer.training.step import diffusion_loss
+from dit_trainer.errors import ConfigError
+from dit_trainer.training.objective import diffusion_loss
+from dit_trainer.training.run import build_optimizer
 
 from .conftest import TINY_SHAPES, compose_config
 
@@ -80,16 +81,6 @@ def test_flow_weightings_and_densities_are_diffusers_formulas():
     cosmap = DiffusionConfig(**FLOW, timestep_sampling="cosmap")
     t = build_noise_schedule(cosmap).sample_timesteps(4096, torch.device("cpu"), torch.Generator().manual_seed(0))
     assert t.min() >= 0 and t.max() <= 1000 and abs(t.float().median().item() - 500) < 40  # symmetric about 0.5
-
-
-def test_timestep_buckets_average_the_loss_per_tenth_of_the_schedule():
-    from accelerate import Accelerator
-
-    buckets = TimestepLossBuckets(1000, torch.device("cpu"))
-    buckets.add(torch.tensor([1.0, 3.0, 5.0]), torch.tensor([5, 99, 950]))
-    buckets.add(torch.tensor([7.0]), torch.tensor([1000.0]))  # flow matching's sigma = 1
-    assert buckets.collect(Accelerator(cpu=True)) == {"loss/t_0-99": 2.0, "loss/t_900-999": 6.0}
-    assert buckets.collect(Accelerator(cpu=True)) == {}
 
 
 @pytest.mark.parametrize(

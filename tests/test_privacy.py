@@ -12,9 +12,11 @@ from opacus.accountants import PRVAccountant
 from torch.utils.data import TensorDataset
 
 from dit_trainer.components import build_dit, expose_modulation_tables
-from dit_trainer.config import ConfigError, ModelConfig, PrivacyConfig
+from dit_trainer.config import ModelConfig, PrivacyConfig
+from dit_trainer.data.poisson import PoissonBatchSampler
 from dit_trainer.diffusion.loss import per_sample_mse
-from dit_trainer.training.privacy import PoissonBatchSampler, check_model, make_private, noise_multiplier
+from dit_trainer.errors import ConfigError
+from dit_trainer.training.privacy import check_model, make_private, noise_multiplier
 from dit_trainer.training.run import build_trainer
 
 from .conftest import TINY_SHAPES, compose_config, run_script
@@ -161,6 +163,7 @@ def test_refused_combinations_name_the_key(override, key):
 TINY_DP = [*TINY_SHAPES, "privacy.enabled=true", "privacy.noise_multiplier=1.0", "trainer.ema_decay=0.9"]
 
 
+@pytest.mark.slow
 def test_epsilon_is_logged_saved_and_continues_after_resume(tmp_path):
     overrides = [*TINY_DP, "trainer.max_steps=4", "trainer.log_every=2", "trainer.checkpoint_every=2"]
     full = build_trainer(compose_config(overrides), tmp_path / "full")
@@ -180,13 +183,14 @@ def test_epsilon_is_logged_saved_and_continues_after_resume(tmp_path):
     interrupted = tmp_path / "interrupted"
     build_trainer(compose_config([*overrides, "trainer.max_steps=2"]), interrupted).fit()
     resumed = build_trainer(compose_config([*overrides, "trainer.resume=latest"]), interrupted)
-    assert resumed.state.step == 2 and resumed.privacy.epsilon() == pytest.approx(expected[2], rel=1e-6)
+    assert resumed.state.step == 2 and resumed.update.privacy.epsilon() == pytest.approx(expected[2], rel=1e-6)
     resumed.fit()
-    assert resumed.privacy.epsilon() == pytest.approx(expected[4], rel=1e-6)
+    assert resumed.update.privacy.epsilon() == pytest.approx(expected[4], rel=1e-6)
     for a, b in zip(full.dit.parameters(), resumed.dit.parameters()):  # same batches, noise and steps
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_shapes_dp_trains(tmp_path):
     tiny = [o for o in TINY_SHAPES if not o.startswith("+experiment=")]
     overrides = ["trainer.max_steps=40", "trainer.log_every=10", "trainer.checkpoint_every=0", "optim.warmup_steps=0"]

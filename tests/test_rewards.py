@@ -2,8 +2,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from dit_trainer.config import ConfigError, RewardConfig
+from dit_trainer.config import RewardConfig
 from dit_trainer.data.shapes import COLORS, SHAPES, ShapesDataset
+from dit_trainer.errors import ConfigError
 from dit_trainer.rewards import (
     JPEGCompressibilityReward,
     ShapesAlignmentReward,
@@ -131,7 +132,7 @@ def test_bad_reward_configs_name_the_key(weights, key):
 
 
 def test_a_missing_clip_model_names_the_config_key(tmp_path):
-    from dit_trainer.hub import ModelLoadError
+    from dit_trainer.errors import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="reward.clip_model"):
         load_clip_score(str(tmp_path / "no-clip-here"), CPU)

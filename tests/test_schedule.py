@@ -2,8 +2,9 @@ import pytest
 import torch
 from diffusers import DDPMScheduler
 
-from dit_trainer.config import ConfigError, DiffusionConfig
+from dit_trainer.config import DiffusionConfig
 from dit_trainer.diffusion import FallbackScheduler, NoiseSchedule, build_noise_schedule, per_sample_mse
+from dit_trainer.errors import ConfigError
 
 
 def test_fallback_forward_process_matches_its_definition():
@@ -106,3 +107,16 @@ class _no_warning:
 
     def __exit__(self, *exc):
         return self._catch.__exit__(*exc)
+
+
+@pytest.mark.parametrize("kind", ["ddim", "dpmsolver++"])
+@pytest.mark.parametrize("scheduler", [None, "DDPMScheduler"])
+def test_samplers_start_from_pure_noise_at_the_last_training_timestep(scheduler, kind):
+    """Trailing spacing and the objective must reach the diffusers sampler (what exports ship too): from_config
+    silently drops config entries it considers defaults, such as timestep_spacing."""
+    with pytest.warns(UserWarning) if scheduler is None else _no_warning():
+        schedule = build_noise_schedule(DiffusionConfig(scheduler=scheduler, objective="v_prediction"))
+    sampler = schedule.diffusers_sampler(kind)
+    assert sampler.config.timestep_spacing == "trailing" and sampler.config.prediction_type == "v_prediction"
+    sampler.set_timesteps(10)
+    assert sampler.timesteps[0] == 999 and schedule.sampler(10, torch.device("cpu"), kind).timesteps[0] == 999

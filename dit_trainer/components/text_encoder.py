@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, CLIPTextModel, PreTrainedModel, T5EncoderModel
 
 from dit_trainer.components.freeze import freeze
-from dit_trainer.config import TextEncoderConfig
 from dit_trainer.hub import load_pretrained
+from dit_trainer.registry import lookup
+
+if TYPE_CHECKING:
+    from dit_trainer.config import TextEncoderConfig
+
+# text_encoder.kind -> the model class to load: T5 and CLIP checkpoints hold more than their text encoder, so they
+# get their encoder-only class; "auto" reads the checkpoint's model type.
+TEXT_ENCODER_KINDS: dict[str, type[PreTrainedModel]] = {"auto": AutoModel, "t5": T5EncoderModel, "clip": CLIPTextModel}
+MODEL_TYPE_KINDS = {"t5": "t5", "umt5": "t5", "clip": "clip", "clip_text_model": "clip"}
 
 
 class FrozenTextEncoder(nn.Module):
@@ -73,12 +82,10 @@ def _load(cfg: TextEncoderConfig, from_pretrained, subfolder: str | None, **kwar
 
 
 def _model_class(cfg: TextEncoderConfig) -> type[PreTrainedModel]:
-    """T5 and CLIP checkpoints hold more than their text encoder: pick the encoder-only class for them."""
     kind = cfg.kind
     if kind == "auto":
-        model_type = _load(cfg, AutoConfig.from_pretrained, cfg.subfolder).model_type
-        kind = {"t5": "t5", "umt5": "t5", "clip": "clip", "clip_text_model": "clip"}.get(model_type, "auto")
-    return {"t5": T5EncoderModel, "clip": CLIPTextModel}.get(kind, AutoModel)
+        kind = MODEL_TYPE_KINDS.get(_load(cfg, AutoConfig.from_pretrained, cfg.subfolder).model_type, "auto")
+    return lookup(TEXT_ENCODER_KINDS, "text_encoder.kind", kind)
 
 
 def build_text_encoder(

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch
 from diffusers import AutoencoderKL
 from torch import nn
 
 from dit_trainer.components.freeze import freeze
-from dit_trainer.config import VAEConfig
 from dit_trainer.hub import load_pretrained
+from dit_trainer.registry import lookup
+
+if TYPE_CHECKING:
+    from dit_trainer.config import VAEConfig
 
 
 class FrozenVAE(nn.Module):
@@ -99,10 +105,7 @@ class PixelVAE(nn.Module):
         """Nothing to free: the identity has no weights."""
 
 
-def build_vae(cfg: VAEConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> FrozenVAE | PixelVAE:
-    """The configured VAE, frozen, on ``device`` in ``dtype`` (its normalisation statistics stay float32)."""
-    if cfg.kind == "pixel":
-        return PixelVAE()
+def _autoencoder_kl(cfg: VAEConfig, device: torch.device, dtype: torch.dtype) -> FrozenVAE:
     autoencoder = load_pretrained(
         AutoencoderKL.from_pretrained,
         cfg.pretrained,
@@ -112,3 +115,15 @@ def build_vae(cfg: VAEConfig, device: torch.device, dtype: torch.dtype = torch.f
         torch_dtype=dtype,
     )
     return FrozenVAE(autoencoder).to(device)
+
+
+# vae.kind -> how to build it
+VAE_KINDS: dict[str, Callable[[VAEConfig, torch.device, torch.dtype], FrozenVAE | PixelVAE]] = {
+    "autoencoder_kl": _autoencoder_kl,
+    "pixel": lambda cfg, device, dtype: PixelVAE(),
+}
+
+
+def build_vae(cfg: VAEConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> FrozenVAE | PixelVAE:
+    """The configured VAE, frozen, on ``device`` in ``dtype`` (its normalisation statistics stay float32)."""
+    return lookup(VAE_KINDS, "vae.kind", cfg.kind)(cfg, device, dtype)

@@ -1,37 +1,86 @@
 """Data sources: each yields ``{"image": (3, H, W) in [-1, 1], "caption": str}``, plus ``"bad_files"`` (the
-unreadable files skipped to produce it) when there were any; ``collate_batch`` turns items into batches."""
+unreadable files skipped to produce it) when there were any; ``collate_batch`` turns items into batches.
+
+``SOURCES`` is the registry ``data.source`` names: adding a source is its module, one entry here and one YAML file
+in ``configs/data/``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from torch.utils.data import Dataset
 
-from dit_trainer.config import DataConfig
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.hf import HFImageDataset
-from dit_trainer.data.imagefolder import ImageFolderDataset
+from dit_trainer.data.imagefolder import ImageFolderDataset, check_image_folder
 from dit_trainer.data.shapes import ShapesDataset
 from dit_trainer.data.webdataset import WebDatasetSource
+from dit_trainer.registry import lookup
+
+if TYPE_CHECKING:
+    from dit_trainer.config import DataConfig
+
+
+@dataclass(frozen=True)
+class Source:
+    """How to build a source from ``DataConfig``, and what its ``data.path`` must be (None: it takes none)."""
+
+    build: Callable[[DataConfig], Dataset]
+    path_meaning: str | None = None  # completes "`data=NAME` needs ..."
+    path_example: str | None = None
+    check_path: Callable[[str], None] | None = None  # a cheap check before any model is built
+    streamed: bool = False  # an IterableDataset: no random access (so no Poisson sampling for DP)
+
+
+def _style(cfg: DataConfig) -> dict:
+    return {"crop": cfg.crop, "horizontal_flip": cfg.horizontal_flip, "caption_columns": cfg.caption_columns}
+
+
+def _shapes(cfg: DataConfig) -> Dataset:
+    return ShapesDataset(length=cfg.length, resolution=cfg.resolution, seed=cfg.seed)
+
+
+def _imagefolder(cfg: DataConfig) -> Dataset:
+    return ImageFolderDataset(cfg.path, cfg.resolution, cfg.caption_column, **_style(cfg))
+
+
+def _hf(cfg: DataConfig) -> Dataset:
+    return HFImageDataset(cfg.path, cfg.resolution, cfg.split, cfg.image_column, cfg.caption_column, **_style(cfg))
+
+
+def _webdataset(cfg: DataConfig) -> Dataset:
+    return WebDatasetSource(
+        cfg.path, cfg.resolution, cfg.caption_column, seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, **_style(cfg)
+    )
+
+
+SOURCES: dict[str, Source] = {
+    "shapes": Source(_shapes),
+    "imagefolder": Source(
+        _imagefolder, "the folder that holds your images and metadata.jsonl", "/path/to/images", check_image_folder
+    ),
+    "hf": Source(_hf, "a dataset name on the hub or a folder written by `Dataset.save_to_disk`", "/path/to/dataset"),
+    "webdataset": Source(
+        _webdataset, "tar shards in brace notation", "'/data/shards/{000000..000099}.tar'", streamed=True
+    ),
+}
 
 
 def build_dataset(cfg: DataConfig) -> Dataset:
     """The source ``cfg.source`` names. ``webdataset`` is an ``IterableDataset`` (no ``len``), sharded by the
     torch.distributed rank of this process; the others are map-style."""
-    style = {"crop": cfg.crop, "horizontal_flip": cfg.horizontal_flip, "caption_columns": cfg.caption_columns}
-    if cfg.source == "imagefolder":
-        return ImageFolderDataset(cfg.path, cfg.resolution, cfg.caption_column, **style)
-    if cfg.source == "hf":
-        return HFImageDataset(cfg.path, cfg.resolution, cfg.split, cfg.image_column, cfg.caption_column, **style)
-    if cfg.source == "webdataset":
-        return WebDatasetSource(
-            cfg.path, cfg.resolution, cfg.caption_column, seed=cfg.seed, shuffle_buffer=cfg.shuffle_buffer, **style
-        )
-    return ShapesDataset(length=cfg.length, resolution=cfg.resolution, seed=cfg.seed)
+    return lookup(SOURCES, "data.source", cfg.source).build(cfg)
 
 
 __all__ = [
+    "SOURCES",
     "HFImageDataset",
     "ImageFolderDataset",
     "ShapesDataset",
+    "Source",
     "WebDatasetSource",
     "build_dataset",
     "collate_batch",

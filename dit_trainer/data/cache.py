@@ -19,24 +19,36 @@ import bisect
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch.utils.data import Dataset
 
-from dit_trainer.config import ConfigError, TrainConfig, load_prompts
+from dit_trainer.errors import ConfigError
+from dit_trainer.prompts import load_prompts
+
+if TYPE_CHECKING:
+    from dit_trainer.config import TrainConfig
 
 INDEX = "index.json"
 PROMPTS = "prompts.safetensors"
 FORMAT_VERSION = 1
 TENSOR_KEYS = ("latent_mean", "latent_std", "text_embeds", "text_mask")
 IN_MEMORY_BYTES = 2 << 30  # as stored; float16 doubles in memory
-STORAGE_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+STORAGE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}  # data.cache_dtype
 # Settings that change nothing in the cached tensors: reading options and training-time augmentation knobs.
-NOT_FINGERPRINTED = ("caption_dropout", "max_bad_fraction", "num_workers", "prefetch_factor", "cache_latents",
-                     "cache_dir", "cache_shard_size", "shuffle_buffer")  # fmt: skip
+NOT_FINGERPRINTED = (
+    "caption_dropout",
+    "max_bad_fraction",
+    "num_workers",
+    "prefetch_factor",
+    "cache_latents",
+    "cache_dir",
+    "cache_shard_size",
+    "shuffle_buffer",
+)
 
 
 def cache_fingerprint(cfg: TrainConfig) -> dict:
@@ -148,7 +160,7 @@ class CacheDataset(Dataset):
         if not self.in_memory or not indices:  # an empty list: a Poisson draw (DP) that selected nothing
             return [self[index] for index in indices]
         rows = torch.as_tensor(indices, dtype=torch.long)
-        batch = {key: self.tensors[key].index_select(0, rows) for key in TENSOR_KEYS}  # 4x faster than [rows]
+        batch = {key: self.tensors[key].index_select(0, rows) for key in TENSOR_KEYS}  # faster than [rows]
         return batch | {"caption": [self.captions[index] for index in indices], "bad_files": []}
 
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from PIL import Image
 
-from dit_trainer.config import ConfigError
 from dit_trainer.data.collate import SkipUnreadable
 from dit_trainer.data.transforms import caption_keys, decode_image, pick_caption
+from dit_trainer.errors import ConfigError
 
 
 def load_split(path: str, split: str) -> Any:

@@ -8,9 +8,21 @@ from pathlib import Path
 
 from PIL import Image
 
-from dit_trainer.config import ConfigError
 from dit_trainer.data.collate import SkipUnreadable
 from dit_trainer.data.transforms import caption_keys, decode_image, pick_caption
+from dit_trainer.errors import ConfigError
+
+
+def check_image_folder(path: str) -> None:
+    """``data.path`` holds a metadata.jsonl: checked with the config, before any model is built."""
+    folder = Path(path).expanduser()
+    if not (folder / "metadata.jsonl").is_file():
+        raise ConfigError(
+            "data.path",
+            str(folder),
+            "no metadata.jsonl was found there (one JSON object per image with `file_name` and a caption column)",
+            "point `data.path` at the folder that holds metadata.jsonl and the images",
+        )
 
 
 class ImageFolderDataset(SkipUnreadable):

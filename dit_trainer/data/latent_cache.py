@@ -1,7 +1,7 @@
 """An in-memory latent cache: encode every image once with the frozen VAE, then train from the posteriors.
 
-The VAE encoder often costs more than the DiT step itself (on the shapes default it is 1.5x the DiT's
-forward+backward), and a frozen encoder gives the same posterior every epoch. The cache keeps the posterior's
+The VAE encoder can cost more than the DiT step itself (it does on the shapes default), and a frozen encoder gives
+the same posterior every epoch. The cache keeps the posterior's
 mean and std, not one latent, so each epoch still draws a fresh latent, exactly as on-the-fly encoding would.
 """
 

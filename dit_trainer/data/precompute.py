@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, IterableDataset, Subset
 from tqdm.auto import tqdm
 
 from dit_trainer.components import build_text_encoder, build_vae
-from dit_trainer.config import ConfigError, TrainConfig
+from dit_trainer.config import TrainConfig
 from dit_trainer.data import build_dataset, collate_batch
 from dit_trainer.data.cache import (
     INDEX,
@@ -33,7 +33,8 @@ from dit_trainer.data.cache import (
     save_shard,
     shard_name,
 )
-from dit_trainer.training.precision import resolve_mixed_precision, weight_dtype
+from dit_trainer.errors import ConfigError
+from dit_trainer.precision import resolve_mixed_precision, weight_dtype
 
 SHARD_LIST = "shards-{rank:05d}.json"  # one rank's shards, read by rank 0 to write the index
 
@@ -47,8 +48,11 @@ class PrecomputeResult:
 
 def _refuse_random_augmentation(cfg: TrainConfig) -> None:
     data = cfg.data
-    drawn = (("data.crop", data.crop == "random"), ("data.horizontal_flip", data.horizontal_flip),
-             ("data.caption_columns", bool(data.caption_columns)))  # fmt: skip
+    drawn = (
+        ("data.crop", data.crop == "random"),
+        ("data.horizontal_flip", data.horizontal_flip),
+        ("data.caption_columns", bool(data.caption_columns)),
+    )
     for key, frozen in drawn:
         if frozen:
             raise ConfigError(
@@ -100,8 +104,15 @@ def _encode_images(cfg: TrainConfig, cache_dir: Path, state: PartialState, vae, 
         bad_files += batch["bad_files"]
         mean, std = vae.encode_posterior(batch["image"].to(device))
         embeds, mask = text_encoder.encode(batch["caption"])
-        pending.append({"latent_mean": mean.cpu(), "latent_std": std.cpu(), "text_embeds": embeds.float().cpu(),
-                        "text_mask": mask.cpu(), "caption": list(batch["caption"])})  # fmt: skip
+        pending.append(
+            {
+                "latent_mean": mean.cpu(),
+                "latent_std": std.cpu(),
+                "text_embeds": embeds.float().cpu(),
+                "text_mask": mask.cpu(),
+                "caption": list(batch["caption"]),
+            }
+        )
         items += len(batch["caption"])
         if sum(len(p["caption"]) for p in pending) >= cfg.data.cache_shard_size:
             flush()

@@ -9,7 +9,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from dit_trainer.config import CROPS
+# center / random: the short side resized to the resolution, then a square cut out; none: squashed to a square.
+CROPS = ("center", "random", "none")
 
 # What PIL raises for bytes that are not a readable image: OSError (covers UnidentifiedImageError, truncated data
 # and missing files), SyntaxError and ValueError (broken PNG chunks, bad headers), EOFError (cut-off frames), and

@@ -20,7 +20,6 @@ from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 from webdataset.tariterators import base_plus_ext
 
-from dit_trainer.config import ConfigError
 from dit_trainer.data.transforms import (
     UNREADABLE_ERRORS,
     caption_keys,
@@ -29,6 +28,7 @@ from dit_trainer.data.transforms import (
     pick_caption,
     to_model_input,
 )
+from dit_trainer.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 

@@ -46,8 +46,10 @@ def grad_disabled(islands: dict[Call, list[str]]) -> Finding:
             where = f"`{island.name}` was called with gradient mode off ({mode} around the call in compute_loss())"
         else:
             where = f"`{island.name}` was called with gradient mode off ({mode}) from {_where(island)}"
-        parts.append(f"{where}, so the graph stops there and {len(params)} trainable parameter tensor(s) get no "
-                     f"gradient ({quote(params, 3)}).")  # fmt: skip
+        parts.append(
+            f"{where}, so the graph stops there and {len(params)} trainable parameter tensor(s) get no "
+            f"gradient ({quote(params, 3)})."
+        )
     message = " ".join(parts) + (
         " Remove the no_grad/inference_mode block, the @torch.no_grad() decorator on forward or the "
         "set_grad_enabled(False) around it. Keep no_grad for frozen parts only, and freeze with "

@@ -1,6 +1,7 @@
-"""Training: the loop, checkpoints, EMA, monitors and trackers. ``run(cfg, run_dir)`` is the entry point."""
+"""Training: the loop and its seams (objective, update strategy, batches), checkpoints, EMA, monitors and trackers.
+``run(cfg, run_dir)`` is the entry point."""
 
-from dit_trainer.training.run import run
-from dit_trainer.training.trainer import GradientFlowError, NonFiniteError, Trainer, TrainResult
+from dit_trainer.training.run import build_trainer, run
+from dit_trainer.training.trainer import LoopSettings, Trainer, TrainResult
 
-__all__ = ["GradientFlowError", "NonFiniteError", "TrainResult", "Trainer", "run"]
+__all__ = ["LoopSettings", "TrainResult", "Trainer", "build_trainer", "run"]

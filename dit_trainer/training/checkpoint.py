@@ -1,6 +1,6 @@
-"""Checkpoints: accelerate state (optimizer, LR schedule, RNG, data position) plus what trains, and its EMA, in a
-format other tools load: the whole DiT as a diffusers ``save_pretrained`` folder, or a LoRA run's adapter in
-peft's format (the frozen base is not saved again).
+"""Writing and restoring checkpoints: accelerate state (optimizer, LR schedule, RNG, data position) plus what
+trains, and its EMA, in a format other tools load: the whole DiT as a diffusers ``save_pretrained`` folder, or a
+LoRA run's adapter in peft's format (the frozen base is not saved again; ``run_folder.WeightsFormat``).
 
 A checkpoint is written to ``.checkpoint-N.partial`` and renamed to ``checkpoint-N`` only when every file is in
 place, with ``manifest.json`` listing them and their sizes; only checkpoints whose manifest matches the disk count,
@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -26,25 +24,11 @@ from diffusers.training_utils import EMAModel
 from safetensors.torch import load_file, save_file
 
 from dit_trainer.components import trainable_parameters
-from dit_trainer.config import ConfigError
-from dit_trainer.training.lora import load_adapter, save_adapter
+from dit_trainer.errors import CheckpointWriteError, ConfigError
+from dit_trainer.run_folder import CHECKPOINTS, FULL_WEIGHTS, MANIFEST, WeightsFormat, list_checkpoints
 
 logger = get_logger(__name__)
-CHECKPOINT_PATTERN = re.compile(r"checkpoint-(\d+)$")
 EMA_STATE = "ema_state.json"
-MANIFEST = "manifest.json"
-
-
-class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written (disk full, quota, permissions); earlier checkpoints are untouched."""
-
-    def __init__(self, step: int, folder: Path, cause: OSError, complete: list[Path]) -> None:
-        newest = f"the newest complete one, {complete[-1]}, is intact" if complete else "no earlier checkpoint exists"
-        super().__init__(
-            f"Could not write the checkpoint of step {step} to {folder}: {cause.strerror or cause} "
-            f"({cause.filename or folder}). The partial folder was removed and {newest}. To fix it, free space or "
-            "point `hydra.run.dir` at a larger, writable disk, then continue with `trainer.resume=latest`."
-        )
 
 
 class TrainingState:
@@ -70,105 +54,9 @@ class TrainingState:
             generator.set_state(state[f"generator.{name}"])
 
 
-@dataclass(frozen=True)
-class WeightsFormat:
-    """Where and how a checkpoint keeps the trained weights: the raw ones in ``directory``, the EMA ones in
-    ``ema_directory``."""
-
-    directory: str
-    ema_directory: str
-    lora: bool
-
-    def save(self, transformer: PixArtTransformer2DModel, path: Path) -> None:
-        if self.lora:
-            save_adapter(transformer, path)
-        else:
-            transformer.save_pretrained(path)
-
-    def load(self, transformer: PixArtTransformer2DModel, path: Path) -> None:
-        if self.lora:
-            load_adapter(transformer, path)
-        else:
-            transformer.load_state_dict(PixArtTransformer2DModel.from_pretrained(path).state_dict())
-
-    def weights_dir(self, checkpoint: Path, ema: bool) -> Path:
-        """The EMA weights if asked for and saved, else the raw ones."""
-        return checkpoint / (
-            self.ema_directory if ema and (checkpoint / self.ema_directory).is_dir() else self.directory
-        )
-
-
-FULL_WEIGHTS = WeightsFormat("transformer", "transformer_ema", lora=False)
-LORA_WEIGHTS = WeightsFormat("transformer_lora", "transformer_lora_ema", lora=True)
-
-
-def weights_format(lora: bool) -> WeightsFormat:
-    return LORA_WEIGHTS if lora else FULL_WEIGHTS
-
-
-def is_checkpoint(path: Path) -> bool:
-    return any((path / fmt.directory).is_dir() for fmt in (FULL_WEIGHTS, LORA_WEIGHTS))
-
-
-def checkpoint_step(path: Path) -> int:
-    match = CHECKPOINT_PATTERN.search(path.name)
-    if match is None:
-        raise ValueError(f"{path} is not named checkpoint-<step>")
-    return int(match.group(1))
-
-
-def incomplete_reason(path: Path) -> str | None:
-    """Why ``path`` is not a complete checkpoint (None when it is): no manifest, or a listed file missing or of
-    another size than written."""
-    manifest = path / MANIFEST
-    if not manifest.is_file():
-        return f"it has no {MANIFEST} (its write did not finish)"
-    try:
-        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
-    except (ValueError, KeyError):
-        return f"its {MANIFEST} is unreadable"
-    for name, size in files.items():
-        file = path / name
-        if not file.is_file():
-            return f"{name} is missing"
-        if file.stat().st_size != size:
-            return f"{name} has {file.stat().st_size} bytes where {size} were written (truncated or replaced)"
-    return None
-
-
-def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
-    """Complete checkpoint folders, oldest first."""
-    if not checkpoints_dir.is_dir():
-        return []
-    found = [p for p in checkpoints_dir.iterdir() if p.is_dir() and CHECKPOINT_PATTERN.search(p.name)]
-    return sorted((p for p in found if incomplete_reason(p) is None), key=checkpoint_step)
-
-
-def resolve_checkpoint(spec: str | None, checkpoints_dir: Path) -> Path | None:
-    """``latest`` -> the newest checkpoint in ``checkpoints_dir`` (None if there is none); a path -> that folder."""
-    if spec is None:
-        return None
-    if spec == "latest":
-        found = list_checkpoints(checkpoints_dir)
-        return found[-1] if found else None
-    path = Path(spec).expanduser()
-    reason = incomplete_reason(path) if is_checkpoint(path) else None
-    if not is_checkpoint(path) or reason:
-        raise ConfigError(
-            "trainer.resume",
-            spec,
-            f"it is not a complete checkpoint folder ({reason})"
-            if reason
-            else "it is not a checkpoint folder (one with a `transformer/` or `transformer_lora/` inside)",
-            f"use `trainer.resume=latest` (the newest complete checkpoint) or a folder such as "
-            f"{checkpoints_dir}/checkpoint-1000",
-        )
-    return path
-
-
 def check_run_folder(run_dir: Path, resume: str | None) -> None:
     """Refuse to start a fresh run over the checkpoints of another: they would be mixed, then pruned."""
-    existing = list_checkpoints(run_dir / "checkpoints")
+    existing = list_checkpoints(run_dir / CHECKPOINTS)
     if resume is None and existing:
         raise ConfigError(
             "trainer.resume",

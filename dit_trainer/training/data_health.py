@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from accelerate import Accelerator
 
-from dit_trainer.config import ConfigError
+from dit_trainer.errors import ConfigError
 
 MIN_BAD_TO_STOP = 5  # so that one unlucky corrupt file in the first batch never stops a run
 SHOWN = 5

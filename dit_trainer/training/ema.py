@@ -13,8 +13,8 @@ class FusedEMA(EMAModel):
     """``shadow += (1 - decay) * (param - shadow)`` as one ``torch._foreach_lerp_`` over all parameters.
 
     diffusers' foreach update first materialises ``shadow - param`` for every parameter; on a small DiT that
-    temporary copy made the EMA cost 5 % of a training step (measured on 2 CPU cores), most of the trainer's
-    overhead over the bare forward/backward/AdamW step. Every parameter handed here trains (``requires_grad``).
+    temporary copy was most of the trainer's overhead over the bare forward/backward/AdamW step. Every parameter
+    handed here trains (``requires_grad``).
     """
 
     @torch.no_grad()

@@ -27,6 +27,13 @@ class MetricsFile:
         with self.path.open("a", encoding="utf-8") as file:
             file.write(json.dumps(metrics) + "\n")
 
+    def truncate_after(self, step: int) -> None:
+        """Drop the lines of steps after ``step``: what an interrupted attempt logged past the checkpoint a run
+        resumes from, so that the file describes one run."""
+        if self.path.exists():
+            kept = [record for record in self.read() if record["step"] <= step]
+            self.path.write_text("".join(json.dumps(record) + "\n" for record in kept), encoding="utf-8")
+
     def read(self) -> list[dict]:
         if not self.path.exists():
             return []

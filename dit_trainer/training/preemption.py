@@ -1,15 +1,12 @@
 """Preemption: SIGTERM (what schedulers send before killing a job) and SIGUSR1 (Slurm's ``--signal=USR1@N``
 warning) ask the trainer to stop cleanly: finish the current optimizer step, write a checkpoint, flush the
-trackers, and exit with ``EXIT_PREEMPTED`` so the job script knows to requeue with ``trainer.resume=latest``."""
+trackers, and exit with ``errors.EXIT_PREEMPTED`` so the job script knows to requeue with ``trainer.resume=latest``."""
 
 from __future__ import annotations
 
 import signal
 from types import FrameType
 
-EXIT_PREEMPTED = 3  # a checkpoint was written; requeue with trainer.resume=latest
-EXIT_NONFINITE = 4  # stopped after too many consecutive non-finite steps (see the report)
-EXIT_CHECKPOINT_FAILED = 5  # a checkpoint could not be written (disk full); earlier ones are intact
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 

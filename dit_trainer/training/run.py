@@ -3,81 +3,40 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.logging import get_logger
 from accelerate.utils import DataLoaderConfiguration, DistributedType, ProjectConfiguration, set_seed
 from diffusers.optimization import get_scheduler
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from dit_trainer.components import (
-    DiTAdapter,
-    build_dit,
-    build_text_encoder,
-    build_vae,
-    enable_gradient_checkpointing,
-    expose_modulation_tables,
-    trainable_parameters,
-)
-from dit_trainer.config import ConfigError, TrainConfig, load_prompts, validate
+from dit_trainer.components import DiTAdapter, build_components, trainable_parameters
+from dit_trainer.config import TrainConfig, to_train_config
 from dit_trainer.data import build_dataset, collate_batch
-from dit_trainer.data.cache import CacheDataset, CachedPrompts, open_cache
+from dit_trainer.data.cache import CacheDataset, open_cache
 from dit_trainer.data.latent_cache import LatentDataset, encode_dataset
-from dit_trainer.diffusion.sampler import SamplerSettings, TextToImage
-from dit_trainer.diffusion.schedule import NoiseSchedule, build_noise_schedule
+from dit_trainer.diffusion import SamplerSettings, TextToImage
+from dit_trainer.errors import ConfigError
+from dit_trainer.precision import resolve_mixed_precision, weight_dtype
+from dit_trainer.prompts import load_prompts
 from dit_trainer.rewards import build_reward
-from dit_trainer.training.checkpoint import check_run_folder
+from dit_trainer.run_folder import CHECKPOINTS, CONFIG, weights_format
+from dit_trainer.training.checkpoint import Checkpointer, TrainingState, check_run_folder, config_hash
+from dit_trainer.training.data_health import BadFileCounter
 from dit_trainer.training.ema import FusedEMA
-from dit_trainer.training.lora import apply_lora
-from dit_trainer.training.monitors import (
-    GRPORewardMonitor,
-    Monitor,
-    MonitorContext,
-    SampleGridMonitor,
-    SamplingPlan,
-)
-from dit_trainer.training.precision import resolve_mixed_precision, weight_dtype
-from dit_trainer.training.privacy import check_private_launch, make_private
+from dit_trainer.training.monitors import GRPORewardMonitor, Monitor, MonitorContext, SampleGridMonitor, SamplingPlan
+from dit_trainer.training.nonfinite import NonFiniteGuard
+from dit_trainer.training.objective import DiffusionObjective
+from dit_trainer.training.privacy import PrivateTraining, check_private_launch, make_private
 from dit_trainer.training.trackers import start_trackers, tracker_name
-from dit_trainer.training.trainer import Trainer, TrainResult
+from dit_trainer.training.trainer import LoopSettings, Trainer, TrainResult
+from dit_trainer.training.update import AccelerateUpdate, PrivateUpdate, Update
 
+logger = get_logger(__name__)
 SAMPLE_SEEDS_PER_PROMPT = 4
-
-
-@dataclass
-class Components:
-    """The built models and schedule of a run: what a training step and a sampler need."""
-
-    vae: torch.nn.Module
-    text_encoder: torch.nn.Module
-    dit: DiTAdapter
-    schedule: NoiseSchedule
-    latent_shape: tuple[int, int, int]
-
-
-def build_components(
-    cfg: TrainConfig, device: torch.device, frozen_dtype: torch.dtype, cached_text: CachedPrompts | None = None
-) -> Components:
-    """Frozen VAE and text encoder on ``device`` in ``frozen_dtype``; the DiT (float32 master weights) sized by
-    the VAE's latent channels, the resolution, and the text encoder's hidden size. Training from a cache passes
-    its ``cached_text`` embeddings: the text encoder is then not loaded and the VAE keeps only its decoder."""
-    vae = build_vae(cfg.vae, device, frozen_dtype)
-    if cached_text is not None:
-        vae.drop_encoder()
-    text_encoder = cached_text or build_text_encoder(cfg.text_encoder, device, frozen_dtype)
-    latent_size = cfg.data.resolution // vae.downsample_factor
-    dit = build_dit(cfg.model, vae.latent_channels, latent_size, text_encoder.hidden_size)
-    if cfg.lora.enabled:
-        apply_lora(dit.transformer, cfg.lora)
-    if cfg.privacy.enabled:  # before the optimizer and EMA collect the parameters: their order changes
-        expose_modulation_tables(dit.transformer)
-    if cfg.trainer.gradient_checkpointing:
-        enable_gradient_checkpointing(dit, cfg.trainer.reentrant_checkpointing)
-    schedule = build_noise_schedule(cfg.diffusion)
-    return Components(vae, text_encoder, dit, schedule, (vae.latent_channels, latent_size, latent_size))
 
 
 def build_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
@@ -112,9 +71,12 @@ def build_training_data(cfg: TrainConfig, accelerator: Accelerator, vae, cache: 
     dataset = build_dataset(cfg.data)
     if cfg.data.cache_latents:
         return encode_dataset(
-            dataset, vae, accelerator.device, num_workers=cfg.data.num_workers,
+            dataset,
+            vae,
+            accelerator.device,
+            num_workers=cfg.data.num_workers,
             show_progress=accelerator.is_main_process,
-        )  # fmt: skip
+        )
     return dataset
 
 
@@ -157,8 +119,8 @@ def optimizer_groups(dit: DiTAdapter, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(cfg: TrainConfig, dit: DiTAdapter) -> torch.optim.Optimizer:
-    """AdamW over what trains in ``dit``, with the fused kernel (one kernel for all parameters: 5x faster than the
-    per-tensor loop on a CPU)."""
+    """AdamW over what trains in ``dit``, with the fused kernel: one kernel for all parameters instead of a loop
+    over them."""
     o = cfg.optim
     return torch.optim.AdamW(
         optimizer_groups(dit, o.weight_decay),
@@ -206,42 +168,124 @@ def save_resolved_config(cfg: TrainConfig, path: Path) -> None:
     path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)), encoding="utf-8")
 
 
-def build_trainer(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
-    """Every component built, prepared by accelerate and handed to a ``Trainer`` (resumed if configured)."""
-    cfg = validate(cfg)
-    run_dir = Path(run_dir)
+def nonfinite_advice(cfg: TrainConfig, accelerator: Accelerator) -> list[str]:
+    """The fixes a report of non-finite steps suggests, in this run's config."""
+    lr = cfg.optim.lr
+    advice = [f"lower the learning rate (`optim.lr={lr:g}` -> e.g. `optim.lr={lr / 10:g}`)"]
+    if accelerator.mixed_precision == "fp16":
+        advice.append("train in bf16 (`trainer.mixed_precision=bf16`), whose range does not overflow")
+    if not cfg.optim.max_grad_norm and not cfg.privacy.enabled:  # under DP, Opacus clips every sample
+        advice.append("clip gradients (`optim.max_grad_norm=1.0`)")
+    return advice
+
+
+def loop_settings(cfg: TrainConfig, accelerator: Accelerator) -> LoopSettings:
+    t = cfg.trainer
+    return LoopSettings(
+        max_steps=t.max_steps,
+        log_every=t.log_every,
+        checkpoint_every=t.checkpoint_every,
+        images_per_step=t.batch_size * t.gradient_accumulation_steps * accelerator.num_processes,
+        data_path=cfg.data.path,
+    )
+
+
+def start_run(cfg: TrainConfig, run_dir: Path) -> Accelerator:
+    """The accelerator of a run whose folder may take it (no other run's checkpoints there), with the resolved
+    config written into the folder."""
     check_run_folder(run_dir, cfg.trainer.resume)
     accelerator = build_accelerator(cfg, run_dir)
     refuse_fsdp(accelerator)
     set_seed(cfg.trainer.seed)
     if accelerator.is_main_process:
         run_dir.mkdir(parents=True, exist_ok=True)
-        save_resolved_config(cfg, run_dir / "config.yaml")
+        save_resolved_config(cfg, run_dir / CONFIG)
+    return accelerator
 
-    cache, cached_text = open_cache(cfg, accelerator.device) if cfg.data.cache_dir else (None, None)
-    parts = build_components(cfg, accelerator.device, weight_dtype(accelerator.mixed_precision), cached_text)
-    dit, vae, text_encoder, schedule = parts.dit, parts.vae, parts.text_encoder, parts.schedule
 
-    optimizer = build_optimizer(cfg, dit)
-    lr_scheduler = get_scheduler(
+def build_lr_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, accelerator: Accelerator):
+    """The diffusers LR schedule; accelerate steps it once per process, so its lengths count all processes."""
+    return get_scheduler(
         cfg.optim.lr_schedule,
         optimizer,
         num_warmup_steps=cfg.optim.warmup_steps * accelerator.num_processes,
         num_training_steps=cfg.trainer.max_steps * accelerator.num_processes,
     )
-    ema = None
-    if cfg.trainer.ema_decay > 0:  # of what trains: the whole DiT, or a LoRA run's adapters
-        ema = FusedEMA(trainable_parameters(dit.transformer), decay=cfg.trainer.ema_decay)
-        ema.to(accelerator.device)
-    dataset = build_training_data(cfg, accelerator, vae, cache)
+
+
+def build_ema(cfg: TrainConfig, parameters: list[torch.nn.Parameter], device: torch.device) -> FusedEMA | None:
+    """The EMA of what trains (the whole DiT, or a LoRA run's adapters); None with ``trainer.ema_decay=0``."""
+    if cfg.trainer.ema_decay == 0:
+        return None
+    ema = FusedEMA(parameters, decay=cfg.trainer.ema_decay)
+    ema.to(device)
+    return ema
+
+
+def build_checkpointer(
+    cfg: TrainConfig, accelerator: Accelerator, run_dir: Path, ema: FusedEMA | None, privacy: PrivateTraining | None
+) -> Checkpointer:
+    """Checkpoints of the run, with the state every step draws its randomness from (one generator per process,
+    and the DP noise generator and accountant under DP)."""
+    generator = torch.Generator(accelerator.device).manual_seed(cfg.trainer.seed + accelerator.process_index)
+    state = TrainingState(generator, {"dp_noise": privacy.optimizer.generator} if privacy else None)
+    return Checkpointer(
+        accelerator,
+        run_dir / CHECKPOINTS,
+        state,
+        ema,
+        total_limit=cfg.trainer.checkpoints_total_limit,
+        weights=weights_format(cfg.lora.enabled),
+        config_hash=config_hash(dataclasses.asdict(cfg)),
+        json_states={"privacy_accountant": privacy} if privacy else None,
+    )
+
+
+def build_update(
+    cfg: TrainConfig,
+    accelerator: Accelerator,
+    dit: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    lr_scheduler,
+    parameters: list[torch.nn.Parameter],
+    privacy: PrivateTraining | None,
+) -> Update:
+    """DP-SGD under ``privacy.enabled``, else accelerate's accumulation with clipping to ``optim.max_grad_norm``."""
+    if privacy is None:
+        accumulation, max_norm = cfg.trainer.gradient_accumulation_steps, cfg.optim.max_grad_norm
+        return AccelerateUpdate(accelerator, dit, optimizer, lr_scheduler, parameters, max_norm, accumulation)
+    return PrivateUpdate(privacy, accelerator.device, optimizer, lr_scheduler, parameters)
+
+
+def build_trainer(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
+    """Every component built, prepared by accelerate and handed to a ``Trainer`` (resumed if configured)."""
+    cfg = to_train_config(cfg)
+    run_dir = Path(run_dir)
+    accelerator = start_run(cfg, run_dir)
+    cache, cached_text = open_cache(cfg, accelerator.device) if cfg.data.cache_dir else (None, None)
+    frozen_dtype = weight_dtype(accelerator.mixed_precision)
+    parts = build_components(cfg, accelerator.device, frozen_dtype, cached_text)
+    dit = parts.dit
+    optimizer = build_optimizer(cfg, dit)
+    lr_scheduler = build_lr_scheduler(cfg, optimizer, accelerator)
+    parameters = trainable_parameters(dit.transformer)
+    ema = build_ema(cfg, parameters, accelerator.device)
+    dataset = build_training_data(cfg, accelerator, parts.vae, cache)
     privacy = None
     if cfg.privacy.enabled:  # Poisson batches and the DP optimizer; the loader is Opacus' business, not accelerate's
         check_private_launch(accelerator)
-        t = cfg.trainer
         privacy, optimizer, dataloader = make_private(
-            cfg.privacy, dit, optimizer, dataset, t.batch_size, t.max_steps, t.seed,
-            loader_options(cfg, dataset, accelerator.device), accelerator.device,
-        )  # fmt: skip
+            cfg.privacy,
+            dit,
+            optimizer,
+            dataset,
+            batch_size=cfg.trainer.batch_size,
+            max_steps=cfg.trainer.max_steps,
+            seed=cfg.trainer.seed,
+            loader_options=loader_options(cfg, dataset, accelerator.device),
+            device=accelerator.device,
+        )
+        logger.info(privacy.describe(), main_process_only=True)
     else:
         dataloader = build_dataloader(cfg, dataset, accelerator.device)
     dit, optimizer, lr_scheduler = accelerator.prepare(dit, optimizer, lr_scheduler)
@@ -251,18 +295,29 @@ def build_trainer(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
         dataloader = accelerator.prepare_data_loader(dataloader, device_placement=False)
     start_trackers(accelerator, cfg.logger, run_dir, dataclasses.asdict(cfg))
 
-    context = MonitorContext(
-        accelerator,
-        TextToImage(vae, text_encoder, schedule, parts.latent_shape, accelerator.device),
-        ema,
-        cfg.logger,
-    )
-    monitors = build_monitors(cfg, context, run_dir, weight_dtype(accelerator.mixed_precision))
+    text_to_image = TextToImage(parts.vae, parts.text_encoder, parts.schedule, parts.latent_shape, accelerator.device)
+    monitors = build_monitors(cfg, MonitorContext(accelerator, text_to_image, ema, cfg.logger), run_dir, frozen_dtype)
+    update = build_update(cfg, accelerator, dit, optimizer, lr_scheduler, parameters, privacy)
+    checkpointer = build_checkpointer(cfg, accelerator, run_dir, ema, privacy)
+    advice = nonfinite_advice(cfg, accelerator)
     trainer = Trainer(
-        cfg, run_dir, accelerator, dit, vae, text_encoder, schedule, dataloader, optimizer, lr_scheduler, ema, monitors,
-        privacy,
-    )  # fmt: skip
-    trainer.resume()
+        settings=loop_settings(cfg, accelerator),
+        run_dir=run_dir,
+        accelerator=accelerator,
+        dit=dit,
+        objective=DiffusionObjective(parts.vae, parts.text_encoder, parts.schedule, cfg.data.caption_dropout),
+        update=update,
+        dataloader=dataloader,
+        checkpointer=checkpointer,
+        guard=NonFiniteGuard(
+            accelerator, dit, checkpointer.state, cfg.trainer.max_consecutive_nonfinite, advice, update.current_lr
+        ),
+        bad_files=BadFileCounter(accelerator, cfg.data.max_bad_fraction, cfg.data.path),
+        ema=ema,
+        monitors=monitors,
+        num_train_timesteps=parts.schedule.num_train_timesteps,
+    )
+    trainer.resume(cfg.trainer.resume)
     return trainer
 
 

@@ -5,7 +5,7 @@ import socket
 
 import pytest
 
-from .conftest import TINY_SHAPES, run_script, train
+from .conftest import TINY_SHAPES, read_metrics, run_script, train
 
 MONITOR_ON = (
     "monitor.grpo.enabled=true",
@@ -15,10 +15,6 @@ MONITOR_ON = (
 COMMON = ("trainer.max_steps=20", "trainer.log_every=1", "trainer.sample_every=0", "trainer.checkpoint_every=10")
 
 
-def _metrics(run_dir) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
 @pytest.fixture(scope="module")
 def monitored_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("monitor") / "run"
@@ -26,9 +22,10 @@ def monitored_run(tmp_path_factory):
     return run_dir, result
 
 
+@pytest.mark.slow
 def test_monitor_logs_reward_and_group_statistics_at_its_steps(monitored_run):
     run_dir, result = monitored_run
-    records = _metrics(run_dir)
+    records = read_metrics(run_dir)
     monitored = [r for r in records if "reward/mean" in r]
     assert [r["step"] for r in monitored] == [10, 20]
     keys = {"reward/mean", "reward/std", "reward/shapes_alignment", "grpo/adv_abs_mean", "grpo/zero_std_frac"}
@@ -40,13 +37,15 @@ def test_monitor_logs_reward_and_group_statistics_at_its_steps(monitored_run):
     assert "monitors took" in result.stdout
 
 
+@pytest.mark.slow
 def test_training_with_the_monitor_is_bit_identical_to_training_without(monitored_run, tmp_path):
     train(tmp_path / "off", *COMMON)
-    with_monitor = [r["loss"] for r in _metrics(monitored_run[0])]
-    without = [r["loss"] for r in _metrics(tmp_path / "off")]
+    with_monitor = [r["loss"] for r in read_metrics(monitored_run[0])]
+    without = [r["loss"] for r in read_metrics(tmp_path / "off")]
     assert len(without) == 20 and with_monitor == without
 
 
+@pytest.mark.slow
 def test_evaluate_reproduces_the_monitor_s_reward_from_the_checkpoint(monitored_run, tmp_path):
     run_dir = monitored_run[0]
     result = run_script(
@@ -60,7 +59,7 @@ def test_evaluate_reproduces_the_monitor_s_reward_from_the_checkpoint(monitored_
     )
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
-    monitored = next(r for r in _metrics(run_dir) if r["step"] == 10)
+    monitored = next(r for r in read_metrics(run_dir) if r["step"] == 10)
     assert report["reward/mean"] == pytest.approx(monitored["reward/mean"], abs=1e-6)
     assert report["prompts"] == 24 and report["images_per_prompt"] == 4
     assert {"color", "shape"} <= set(report) and len(report["per_prompt"]) == 24
@@ -68,6 +67,7 @@ def test_evaluate_reproduces_the_monitor_s_reward_from_the_checkpoint(monitored_
     assert json.loads(result.stdout.strip().splitlines()[-1])["images"] == 96
 
 
+@pytest.mark.slow
 def test_monitor_config_errors_name_the_key(tmp_path):
     result = run_script(
         [
@@ -89,6 +89,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_monitor_runs_once_per_call_under_two_process_ddp(tmp_path):
     run_dir = tmp_path / "run"
     launch = [
@@ -123,6 +124,6 @@ def test_monitor_runs_once_per_call_under_two_process_ddp(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert result.stdout.count("Trained 10 steps") == 2  # both ranks got past every monitor barrier
-    monitored = [r["step"] for r in _metrics(run_dir) if "reward/mean" in r]
+    monitored = [r["step"] for r in read_metrics(run_dir) if "reward/mean" in r]
     assert monitored == [5, 10]  # written once per call, by the main process
     assert sorted(p.name for p in (run_dir / "rewards").iterdir()) == ["step_0000005.png", "step_0000010.png"]

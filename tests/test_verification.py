@@ -1,5 +1,6 @@
 """``scripts/verify_gradients.py`` and the trainer's preflight, run as users run them."""
 
+import pytest
 import torch
 
 from dit_trainer.diagnostics.parameters import count_parameters, format_parameter_table, snapshot, step_changes
@@ -17,6 +18,7 @@ def _reentrant_lora(base) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_verify_gradients_passes_the_shapes_experiment_and_prints_the_table():
     result = run_script(["scripts/verify_gradients.py", "+experiment=shapes"], timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -28,6 +30,7 @@ def test_verify_gradients_passes_the_shapes_experiment_and_prints_the_table():
     assert "Gradient norms at the first step: dit " in out
 
 
+@pytest.mark.slow
 def test_verify_gradients_exits_1_naming_the_finding_when_the_flow_is_broken(tiny_pixart_dir):
     result = run_script(["scripts/verify_gradients.py", *TINY_SHAPES, *_reentrant_lora(tiny_pixart_dir)], timeout=300)
     assert result.returncode == 1, result.stderr[-3000:]
@@ -35,11 +38,13 @@ def test_verify_gradients_exits_1_naming_the_finding_when_the_flow_is_broken(tin
     assert "use_reentrant=False" in result.stdout and "FAILED" in result.stdout
 
 
+@pytest.mark.slow
 def test_verify_gradients_reports_a_bad_value_without_a_traceback():
     result = run_script(["scripts/verify_gradients.py", "+experiment=shapes", "optim.lr=-1"], timeout=120)
     assert result.returncode == 2 and "`optim.lr`" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_training_stops_before_the_first_step_with_the_doctor_s_explanation(tiny_pixart_dir, tmp_path):
     run_dir = tmp_path / "run"
     result = run_script(

@@ -1,12 +1,18 @@
-"""The model-specific training step, in one function that GRPO, DP and LoRA variants reuse or wrap."""
+"""The model-specific training step: encode (frozen, no grad) -> noise -> predict -> per-sample loss.
+
+``diffusion_loss`` is the math in one function; ``DiffusionObjective`` binds it to a run's frozen components, the
+way torchtitan's ``Trainer`` takes a loss function. The trainer, the preflight, DP, verification and benchmarks all
+call the objective; a new objective (GRPO's policy loss) is another object with the same call.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from dit_trainer.diffusion.loss import per_sample_mse
-from dit_trainer.diffusion.schedule import NoiseSchedule
+from dit_trainer.diffusion import NoiseSchedule, per_sample_mse
 
 
 def kept_captions(count: int, probability: float, generator: torch.Generator) -> torch.Tensor | None:
@@ -65,3 +71,18 @@ def diffusion_loss(
     loss = per_sample_mse(prediction, schedule.target(latents, noise, timesteps))
     weights = schedule.loss_weights(timesteps)
     return (loss if weights is None else loss * weights.to(loss)), timesteps
+
+
+@dataclass
+class DiffusionObjective:
+    """Noise-prediction training of a DiT whose VAE and text encoder are frozen: ``objective(batch, dit,
+    generator) -> (loss (B,), timesteps (B,))``. The DiT is an argument so the preflight can pass the unwrapped
+    model and monitors the EMA one."""
+
+    vae: nn.Module
+    text_encoder: nn.Module
+    schedule: NoiseSchedule
+    caption_dropout: float = 0.0
+
+    def __call__(self, batch: dict, dit: nn.Module, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        return diffusion_loss(batch, dit, self.vae, self.text_encoder, self.schedule, generator, self.caption_dropout)

@@ -1,5 +1,5 @@
 """Mixed precision per device: bf16 where the GPU has it, fp16 (with accelerate's grad scaler) on older GPUs,
-fp32 on CPU and MPS, where bf16 autocast is slower than fp32 (measured 1.3-1.5x on a 2-core CPU)."""
+fp32 on CPU and MPS, where bf16 autocast is slower than fp32."""
 
 from __future__ import annotations
 

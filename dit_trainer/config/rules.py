@@ -1,0 +1,217 @@
+"""``validate``: the single-field checks declared in the schema, then the rules that span several fields.
+
+Everything here runs before any model is built, so a bad value costs a second, not a model download. Each failure
+is one ``ConfigError`` paragraph naming the key, the value, what is accepted and the fix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from dit_trainer.config.fields import check_fields
+from dit_trainer.config.resolvers import register_resolvers
+from dit_trainer.config.schema import DiffusionConfig, ModelConfig, TrainConfig
+from dit_trainer.data import SOURCES
+from dit_trainer.diffusion import OBJECTIVES
+from dit_trainer.diffusion.ddpm import BETA_SCHEDULES
+from dit_trainer.diffusion.flow import FlowSchedule
+from dit_trainer.errors import ConfigError
+from dit_trainer.hub import require_offline_copy
+from dit_trainer.prompts import load_prompts
+from dit_trainer.rewards import check_reward_weights
+
+FLOW_SCHEDULER = "FlowMatchEulerDiscreteScheduler"
+
+
+def require(ok: bool, key: str, value: Any, accepted: str, fix: str | None = None) -> None:
+    if not ok:
+        raise ConfigError(key, value, accepted, fix)
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Check what types cannot express; raise ``ConfigError`` naming the first bad key. Returns ``cfg``."""
+    check_fields(cfg)
+    _check_diffusion(cfg.diffusion)
+    if cfg.model.pretrained is None:
+        _check_architecture(cfg.model)
+    require(
+        cfg.vae.kind != "autoencoder_kl" or bool(cfg.vae.pretrained),
+        "vae.pretrained",
+        cfg.vae.pretrained,
+        "`vae.kind=autoencoder_kl` needs a hub id or a local path",
+        "set `vae.pretrained=...` or use `vae=pixel`",
+    )
+    require(
+        not cfg.lora.enabled or bool(cfg.model.pretrained),
+        "model.pretrained",
+        cfg.model.pretrained,
+        "`lora.enabled=true` fine-tunes a pretrained DiT, and none is set (the base would stay random and frozen)",
+        "set `model.pretrained=<hub id or path>` (with `model.subfolder=transformer` for a pipeline repository)",
+    )
+    if cfg.privacy.enabled:
+        _check_privacy(cfg)
+    check_reward_weights(cfg.reward.weights, required=cfg.monitor.grpo.enabled)
+    if cfg.monitor.grpo.enabled:
+        load_prompts(cfg.monitor.grpo.prompts, cfg.monitor.grpo.prompt_file, "monitor.grpo.")
+    _check_offline_models(cfg)
+    _check_data_path(cfg)
+    return cfg
+
+
+def _check_diffusion(d: DiffusionConfig) -> None:
+    """The objective decides which sampler, weighting and scheduler fit; a mismatch would train and sample
+    different processes."""
+    family = OBJECTIVES[d.objective]
+    flow = family is FlowSchedule
+    require(
+        flow or d.scheduler != FLOW_SCHEDULER,
+        "diffusion.objective",
+        d.objective,
+        f"`{FLOW_SCHEDULER}` (configs/diffusion/flow.yaml) trains with flow matching",
+        "set `diffusion.objective=flow_matching` as well (an experiment that sets its own objective keeps it when "
+        "`diffusion=flow` is picked; `+experiment=shapes_flow` is shapes with flow matching)",
+    )
+    require(
+        d.sampler in family.samplers,
+        "diffusion.sampler",
+        d.sampler,
+        f"`diffusion.objective={d.objective}` samples with {' or '.join(f'`{name}`' for name in family.samplers)}",
+        f"set `diffusion.sampler={next(iter(family.samplers))}`",
+    )
+    if flow:
+        require(
+            d.snr_gamma is None,
+            "diffusion.snr_gamma",
+            d.snr_gamma,
+            "min-SNR weighting is for epsilon / v_prediction; flow matching weights with `diffusion.flow_weighting`",
+            "set `diffusion.snr_gamma=null` and e.g. `diffusion.flow_weighting=sigma_sqrt`",
+        )
+        require(
+            d.scheduler in (None, FLOW_SCHEDULER),
+            "diffusion.scheduler",
+            d.scheduler,
+            f"flow matching uses `{FLOW_SCHEDULER}` (or null for the built-in Euler)",
+            f"set `diffusion.scheduler={FLOW_SCHEDULER}` (configs/diffusion/flow.yaml does)",
+        )
+    else:
+        require(
+            d.flow_weighting == "none",
+            "diffusion.flow_weighting",
+            d.flow_weighting,
+            "it applies to flow matching only; epsilon / v_prediction weight with `diffusion.snr_gamma`",
+            "set `diffusion.flow_weighting=none`",
+        )
+    if d.scheduler is None:
+        require(
+            d.beta_schedule in BETA_SCHEDULES,
+            "diffusion.beta_schedule",
+            d.beta_schedule,
+            f"the fallback schedule computes {', '.join(BETA_SCHEDULES)}",
+            "set e.g. `diffusion.beta_schedule=linear`",
+        )
+    require(
+        d.sample_steps <= d.num_train_timesteps,
+        "diffusion.sample_steps",
+        d.sample_steps,
+        f"it must be between 1 and diffusion.num_train_timesteps ({d.num_train_timesteps})",
+    )
+    require(
+        0 < d.beta_start < d.beta_end < 1,
+        "diffusion.beta_start/beta_end",
+        (d.beta_start, d.beta_end),
+        "they must satisfy 0 < beta_start < beta_end < 1",
+    )
+
+
+def _check_architecture(m: ModelConfig) -> None:
+    inner = m.num_attention_heads * m.attention_head_dim
+    require(
+        m.cross_attention_dim in (None, inner),
+        "model.cross_attention_dim",
+        m.cross_attention_dim,
+        f"PixArt's caption projection maps text features to heads x head_dim = {m.num_attention_heads} x "
+        f"{m.attention_head_dim} = {inner}, so cross_attention_dim must equal {inner}",
+        f"set `model.cross_attention_dim={inner}` or `model.cross_attention_dim=null`",
+    )
+
+
+def _check_privacy(cfg: TrainConfig) -> None:
+    """The combinations that would void the DP guarantee or fail inside Opacus."""
+    p, t = cfg.privacy, cfg.trainer
+    require(
+        (p.noise_multiplier is None) != (p.target_epsilon is None),
+        "privacy.noise_multiplier/target_epsilon",
+        (p.noise_multiplier, p.target_epsilon),
+        "exactly one of them must be set (the noise, or the budget the noise is calibrated to)",
+        "set e.g. `privacy.target_epsilon=8` and `privacy.noise_multiplier=null`",
+    )
+    require(
+        t.gradient_accumulation_steps == 1,
+        "trainer.gradient_accumulation_steps",
+        t.gradient_accumulation_steps,
+        "under `privacy.enabled=true` each optimizer step must see one Poisson-sampled batch (accumulating "
+        "several would change the sampling rate the privacy accounting assumes)",
+        f"set `trainer.gradient_accumulation_steps=1` and "
+        f"`trainer.batch_size={t.batch_size * t.gradient_accumulation_steps}` (the expected batch size)",
+    )
+    require(
+        not t.gradient_checkpointing,
+        "trainer.gradient_checkpointing",
+        t.gradient_checkpointing,
+        "Opacus computes per-sample gradients from hooks that checkpointing's recomputation would run twice",
+        "set `trainer.gradient_checkpointing=false` (lower `trainer.batch_size` if memory is short)",
+    )
+    require(
+        t.mixed_precision != "fp16",
+        "trainer.mixed_precision",
+        t.mixed_precision,
+        "fp16's loss scaling would scale the per-sample gradients that DP clips",
+        "use `trainer.mixed_precision=bf16` (or `no`)",
+    )
+    require(
+        not SOURCES[cfg.data.source].streamed or bool(cfg.data.cache_dir),
+        "data.source",
+        cfg.data.source,
+        "DP needs Poisson sampling (each image drawn independently at every step), which a stream cannot do",
+        "use a random-access source (`data=imagefolder` or `data=hf`) or a latent cache (`data.cache_dir`)",
+    )
+
+
+def _check_offline_models(cfg: TrainConfig) -> None:
+    """Under HF_HUB_OFFLINE=1, every model named by hub id must already be on this machine."""
+    models = {
+        "vae.pretrained": cfg.vae.pretrained if cfg.vae.kind == "autoencoder_kl" else None,
+        "text_encoder.pretrained": cfg.text_encoder.pretrained,
+        "model.pretrained": cfg.model.pretrained,
+        "diffusion.scheduler_pretrained": cfg.diffusion.scheduler_pretrained,
+        "reward.clip_model": cfg.reward.clip_model
+        if cfg.monitor.grpo.enabled and "clip_score" in cfg.reward.weights
+        else None,
+    }
+    for key, name_or_path in models.items():
+        if name_or_path:
+            require_offline_copy(str(name_or_path), key)
+
+
+def _check_data_path(cfg: TrainConfig) -> None:
+    source = SOURCES[cfg.data.source]
+    if source.path_meaning is None:
+        return
+    require(
+        bool(cfg.data.path),
+        "data.path",
+        cfg.data.path,
+        f"`data={cfg.data.source}` needs {source.path_meaning}",
+        f"add `data.path={source.path_example}` to the command line",
+    )
+    if source.check_path is not None:
+        source.check_path(cfg.data.path)
+
+
+def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
+    """A composed Hydra config (or a ``TrainConfig`` built in Python) as validated dataclasses, interpolations
+    such as ``${asset:shapes_vae}`` resolved."""
+    register_resolvers()
+    return validate(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg)))

