@@ -41,8 +41,9 @@ def test_dit_experiment_is_the_cluster_recipe(tmp_path, online):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("experiment", EXPERIMENTS)
+@pytest.mark.parametrize("experiment", ["shapes", "dit_lora"])  # dit_lora: an experiment that inherits another
 def test_cfg_job_prints_the_config(experiment):
+    """Every experiment composes in-process (above); here Hydra's own command line prints two of them."""
     result = run_script(["train.py", f"+experiment={experiment}", "--cfg", "job"], timeout=120)
     assert result.returncode == 0, result.stderr
     assert "trainer:" in result.stdout and "max_steps:" in result.stdout
