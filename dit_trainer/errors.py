@@ -46,12 +46,16 @@ class NonFiniteError(RuntimeError):
 class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (disk full, quota, permissions); earlier checkpoints are untouched."""
 
-    def __init__(self, step: int, folder: Path, cause: OSError, complete: list[Path]) -> None:
+    def __init__(self, step: int, folder: Path, cause: Exception, complete: list[Path]) -> None:
         newest = f"the newest complete one, {complete[-1]}, is intact" if complete else "no earlier checkpoint exists"
+        if isinstance(cause, OSError):
+            reason = f"{cause.strerror or cause} ({cause.filename or folder})"
+        else:  # torch.save and safetensors report a full disk in their own words
+            reason = f"{type(cause).__name__}: {' '.join(str(cause).split())[:300]}"
         super().__init__(
-            f"Could not write the checkpoint of step {step} to {folder}: {cause.strerror or cause} "
-            f"({cause.filename or folder}). The partial folder was removed and {newest}. To fix it, free space or "
-            "point `hydra.run.dir` at a larger, writable disk, then continue with `trainer.resume=latest`."
+            f"Could not write the checkpoint of step {step} to {folder}: {reason}. The partial folder was removed "
+            f"and {newest}. To fix it, free space or point `hydra.run.dir` at a larger, writable disk, then "
+            "continue with `trainer.resume=latest`."
         )
 
 

@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 from dit_trainer.components.lora import load_adapter, save_adapter
 from dit_trainer.config import TrainConfig, to_train_config
 from dit_trainer.errors import ConfigError, exit_code
+from dit_trainer.run_lock import RunFolderLock
 
 CONFIG = "config.yaml"
 CHECKPOINTS = "checkpoints"
@@ -169,11 +170,18 @@ def check_writable_folder(path: Path, key: str) -> None:
 
 
 class RunFolderCheck(Callback):
-    """Hydra callback (``hydra.callbacks`` in ``configs/train.yaml``) that runs before the run folder is made."""
+    """Hydra callback (``hydra.callbacks`` in ``configs/train.yaml``) that runs before Hydra makes the run folder
+    and writes into it."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Also refuses a folder another run is training in, before Hydra writes its files there (the main process
+        only: the others would find the main process's lock)."""
+        run_dir = Path(config.hydra.run.dir)
         try:
-            check_writable_folder(Path(config.hydra.run.dir), "hydra.run.dir")
+            check_writable_folder(run_dir, "hydra.run.dir")
+            if os.environ.get("RANK", "0") == "0":
+                with RunFolderLock(run_dir):
+                    pass
         except ConfigError as error:
             print(f"error: {error}", file=sys.stderr)
             sys.exit(exit_code(error))

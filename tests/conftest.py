@@ -115,6 +115,27 @@ def tiny_loss(parts, batch: dict, seed: int = 0) -> torch.Tensor:
     return objective(batch, parts.dit, torch.Generator().manual_seed(seed))[0]
 
 
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A real file system of ``size`` bytes (tmpfs), to run out of space for real: ``small_disk(2_000_000)``.
+    Mounting needs root; elsewhere the test is skipped."""
+    mounts = []
+
+    def mount(size: int) -> Path:
+        folder = tmp_path / f"disk{len(mounts)}"
+        folder.mkdir()
+        command = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)]
+        result = subprocess.run(command, capture_output=True)
+        if result.returncode != 0:
+            pytest.skip(f"cannot mount a small tmpfs here: {result.stderr.decode().strip()}")
+        mounts.append(folder)
+        return folder
+
+    yield mount
+    for folder in mounts:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_accelerate_state():
     """accelerate keeps process-wide singletons; tests that build an Accelerator must not leak settings."""

@@ -20,6 +20,7 @@ CONFIG_VALUES = [
     ("trainer.mixed_precision=fp8", "trainer.mixed_precision", "'fp8'"),
     ("trainer.max_consecutive_nonfinite=0", "trainer.max_consecutive_nonfinite", "0"),
     ("trainer.ema_decay=1.5", "trainer.ema_decay", "1.5"),
+    ("trainer.checkpoints_total_limit=-1", "trainer.checkpoints_total_limit", "-1"),  # deleted every new checkpoint
     ("model.cross_attention_dim=100", "model.cross_attention_dim", "100"),
     ("data.caption_dropout=1.5", "data.caption_dropout", "1.5"),
     ("data.resolution=4", "data.resolution", "4"),
@@ -73,7 +74,8 @@ def finished_run(tmp_path_factory):
 
 def _refused(run_dir, *overrides: str, into=None) -> str:
     """Run train.py with ``overrides`` into ``into`` (default: the finished run); it must exit 2 without a
-    traceback and leave the finished run's files as they were. Returns stderr."""
+    traceback and leave the finished run's files (checkpoints, metrics, config) as they were. Returns stderr."""
+    owned = ("checkpoints", "metrics", "config.yaml")
     before = _digest(run_dir)
     result = run_script(
         ["train.py", *TINY_SHAPES, f"hydra.run.dir={into or run_dir}", "trainer.sample_every=0", *overrides],
@@ -81,8 +83,8 @@ def _refused(run_dir, *overrides: str, into=None) -> str:
     )
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
-    assert {k: v for k, v in _digest(run_dir).items() if k.startswith(("checkpoints", "metrics"))} == {
-        k: v for k, v in before.items() if k.startswith(("checkpoints", "metrics"))
+    assert {k: v for k, v in _digest(run_dir).items() if k.startswith(owned)} == {
+        k: v for k, v in before.items() if k.startswith(owned)
     }
     return result.stderr
 
@@ -100,8 +102,13 @@ def test_resuming_from_a_folder_that_is_not_a_checkpoint_is_refused(finished_run
 
 @pytest.mark.slow
 def test_resuming_a_checkpoint_of_another_model_shape_is_refused(finished_run, tmp_path):
+    """Refused from the checkpoint's recorded config; with the change allowed, from the weights themselves."""
     checkpoint = finished_run / "checkpoints" / "checkpoint-2"
     stderr = _refused(finished_run, "model.num_layers=3", f"trainer.resume={checkpoint}", into=tmp_path / "new")
+    assert "another model, data or objective: model.num_layers (2 -> 3)" in stderr
+    assert "trainer.allow_config_change=true" in stderr
+    stderr = _refused(finished_run, "model.num_layers=3", f"trainer.resume={checkpoint}",
+                      "trainer.allow_config_change=true", into=tmp_path / "new")  # fmt: skip
     assert "its weights do not fit the configured model" in stderr and "config.yaml" in stderr
 
 
@@ -151,3 +158,26 @@ def test_an_unwritable_run_folder_is_refused_before_anything_is_written(finished
 def test_the_metrics_of_a_refused_resume_are_kept(finished_run):
     records = [json.loads(line) for line in (finished_run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
+
+
+# Run folders and resumes (issue 17)
+
+
+@pytest.mark.slow
+def test_resuming_with_other_data_or_objective_is_refused_listing_the_keys(finished_run):
+    """A different experiment in the same folder must not continue the first one's weights; the refused attempt
+    leaves config.yaml describing the run that is there."""
+    stderr = _refused(finished_run, "trainer.resume=latest", "trainer.max_steps=4", "data.length=300",
+                      "diffusion.objective=epsilon", "optim.lr=0.01")  # fmt: skip
+    assert "data.length (256 -> 300)" in stderr and "diffusion.objective ('v_prediction' -> 'epsilon')" in stderr
+    assert "optim.lr" not in stderr.partition("Invalid config")[2]  # a change of how, not what, is trained
+
+
+@pytest.mark.slow
+def test_resuming_with_another_number_of_processes_is_refused(finished_run, tmp_path):
+    copy = tmp_path / "checkpoint-2"
+    shutil.copytree(finished_run / "checkpoints" / "checkpoint-2", copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**manifest, "world_size": 2}))
+    stderr = _refused(finished_run, f"trainer.resume={copy}", "trainer.max_steps=4", into=tmp_path / "new")
+    assert "written by 2 processes and this run has 1" in stderr and "--num_processes 2" in stderr

@@ -360,3 +360,13 @@ def test_multi_node_sbatch_forwards_usr1_to_every_node_and_requeues(tmp_path):
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--fsdp-worker"]:
     fsdp_worker(sys.argv[2])
+
+
+@pytest.mark.parametrize("script", sorted((REPO / "scripts" / "slurm").glob("*.sbatch")), ids=lambda p: p.stem)
+def test_each_submission_gets_its_own_run_folder_and_a_requeue_the_same(script):
+    """Two jobs with one name must not share a run folder (they would replace each other's checkpoints); the
+    requeue of a job keeps its id and so resumes in its folder."""
+    line = next(line for line in script.read_text().splitlines() if "RUN_DIR=${RUN_DIR:-" in line)
+    env = {"PATH": os.environ["PATH"], "USER": "ada", "SLURM_JOB_NAME": "dit", "SLURM_JOB_ID": "4242"}
+    result = subprocess.run(["bash", "-c", f"{line}\necho $RUN_DIR"], env=env, capture_output=True, text=True)
+    assert result.stdout.strip() == "/scratch/ada/runs/dit-4242"

@@ -64,3 +64,26 @@ def test_logged_losses_are_the_mean_over_processes():
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--mean-worker"]:
     mean_worker()
+
+
+def test_a_torn_last_line_is_skipped_and_the_next_resume_rewrites_a_clean_file(tmp_path):
+    metrics = MetricsFile(tmp_path / "metrics.jsonl")
+    for step in (5, 10):
+        metrics.write({"step": step, "loss": 1.0})
+    with metrics.path.open("a") as file:
+        file.write('{"step": 15, "lo')  # a kill in the middle of a write
+    assert [record["step"] for record in metrics.read()] == [5, 10]
+    metrics.truncate_after(10)
+    metrics.write({"step": 15, "loss": 0.5})
+    assert [json.loads(line)["step"] for line in metrics.path.read_text().splitlines()] == [5, 10, 15]
+
+
+def test_a_resume_rewrite_that_fails_keeps_the_whole_history(small_disk):
+    metrics = MetricsFile(small_disk(64 * 1024) / "metrics.jsonl")
+    for step in range(1, 201):
+        metrics.write({"step": step, "loss": 1.0, "note": "x" * 200})  # ~45 kB of history
+    history = metrics.path.read_bytes()
+    with pytest.raises(OSError):  # the disk cannot hold a second copy
+        metrics.truncate_after(150)
+    assert metrics.path.read_bytes() == history
+    assert sorted(p.name for p in metrics.path.parent.iterdir()) == ["metrics.jsonl"]  # no temporary left

@@ -143,9 +143,11 @@ def test_non_finite_steps_are_skipped_counted_and_then_stop_the_run_with_a_repor
 
 @pytest.mark.slow
 def test_sigterm_writes_a_checkpoint_exits_3_and_resume_matches_the_uninterrupted_run(tmp_path):
+    """The stop skips the monitors due at its step (sample grids every step here): the grace period before the
+    kill is for the checkpoint."""
     train(tmp_path / "straight", "trainer.max_steps=30", *QUIET)
     run_dir = tmp_path / "preempted"
-    process = start_training(run_dir, "trainer.max_steps=30", "trainer.checkpoint_every=0")
+    process = start_training(run_dir, "trainer.max_steps=30", "trainer.checkpoint_every=0", "trainer.sample_every=1")
     wait_for(lambda: len(read_metrics(run_dir)) >= 3, process)
     process.send_signal(signal.SIGTERM)
     stdout, stderr = process.communicate(timeout=240)
@@ -153,6 +155,8 @@ def test_sigterm_writes_a_checkpoint_exits_3_and_resume_matches_the_uninterrupte
     stopped = len(read_metrics(run_dir))
     assert 3 <= stopped < 30 and "Preempted at step" in stdout
     assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == [f"checkpoint-{stopped}"]
+    grids = sorted(p.name for p in (run_dir / "samples").iterdir())
+    assert grids == [f"step_{step:07d}.png" for step in range(1, stopped)]
 
     train(run_dir, "trainer.max_steps=30", "trainer.resume=latest", *QUIET)
     straight = [r["loss"] for r in read_metrics(tmp_path / "straight")]

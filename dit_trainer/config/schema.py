@@ -206,13 +206,15 @@ class TrainerConfig:
     ema_decay: float = fraction(0.9999, note="0 disables EMA")
     log_every: int = at_least(1, 10)
     checkpoint_every: int = at_least(0, 500, note="0 means only at the end of training")
-    checkpoints_total_limit: int | None = None
+    checkpoints_total_limit: int | None = at_least(1, None, note="null keeps them all")  # the newest N are kept
     sample_every: int = at_least(0, 500, note="0 means only at the end of training")
     sample_prompts: list[str] = non_empty(
         lambda: ["a red circle", "a blue square", "a yellow triangle", "a white circle"]
     )
     sample_seed: int = 0
     resume: str | None = None  # latest | path to a checkpoint folder
+    # Resuming with another model, data or objective than the checkpoint's is refused unless this is true.
+    allow_config_change: bool = False
     # Steps with NaN/inf loss or gradients are skipped; this many in a row stop the run with a report.
     max_consecutive_nonfinite: int = at_least(1, 10)
 

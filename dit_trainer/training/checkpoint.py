@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import shutil
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,14 +22,25 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from diffusers import PixArtTransformer2DModel
 from diffusers.training_utils import EMAModel
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from dit_trainer.components import trainable_parameters
+from dit_trainer.durable import fsync_tree, publish
 from dit_trainer.errors import CheckpointWriteError, ConfigError
-from dit_trainer.run_folder import CHECKPOINTS, FULL_WEIGHTS, MANIFEST, WeightsFormat, list_checkpoints
+from dit_trainer.run_folder import (
+    CHECKPOINTS,
+    FULL_WEIGHTS,
+    MANIFEST,
+    WeightsFormat,
+    list_checkpoints,
+    resolve_checkpoint,
+)
 
 logger = get_logger(__name__)
 EMA_STATE = "ema_state.json"
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)  # what a full disk raises, depending on the writer
+LOAD_ERRORS = (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError)
 
 
 class TrainingState:
@@ -89,7 +101,8 @@ class Checkpointer:
         ema: EMAModel | None,
         total_limit: int | None,
         weights: WeightsFormat = FULL_WEIGHTS,
-        config_hash: str = "",
+        config: dict[str, Any] | None = None,
+        allow_config_change: bool = False,
         json_states: dict[str, JSONState] | None = None,
     ) -> None:
         self.accelerator = accelerator
@@ -98,7 +111,8 @@ class Checkpointer:
         self.ema = ema
         self.total_limit = total_limit
         self.weights = weights
-        self.config_hash = config_hash
+        self.config = config or {}
+        self.allow_config_change = allow_config_change
         self.json_states = json_states or {}
         accelerator.register_save_state_pre_hook(self._save_models)
         accelerator.register_load_state_pre_hook(self._load_models)
@@ -141,12 +155,16 @@ class Checkpointer:
         self.ema.to(self.accelerator.device)
 
     def save(self, step: int) -> Path:
-        """Write ``checkpoint-<step>`` atomically (all processes take part); prune old ones after it is complete."""
+        """Write ``checkpoint-<step>`` atomically and durably (all processes take part); prune old ones after it is
+        complete. Any failure to write (a full disk raises ``OSError``, ``RuntimeError`` from ``torch.save`` or
+        ``SafetensorError``) removes the partial folder and becomes a ``CheckpointWriteError``."""
         accelerator = self.accelerator
         path = self.checkpoints_dir / f"checkpoint-{step}"
         partial = self.checkpoints_dir / f".checkpoint-{step}.partial"
-        if accelerator.is_main_process and partial.exists():
-            shutil.rmtree(partial)  # left by a job killed while writing
+        replaced = self.checkpoints_dir / f".checkpoint-{step}.replaced"
+        if accelerator.is_main_process:
+            for leftover in (partial, replaced):  # left by a job killed while writing
+                shutil.rmtree(leftover, ignore_errors=True)
         accelerator.wait_for_everyone()
         try:
             accelerator.save_state(str(partial))
@@ -156,10 +174,12 @@ class Checkpointer:
                 for name, state in self.json_states.items():
                     (partial / f"{name}.json").write_text(json.dumps(state.state_dict()), encoding="utf-8")
                 self._write_manifest(partial, step)
-                if path.exists():  # the same step saved again (e.g. a resumed run stopped at once): replace it
-                    shutil.rmtree(path)
-                partial.rename(path)
-        except OSError as error:
+                fsync_tree(partial)
+                if path.exists():  # the same step saved again (resumed from an older checkpoint): set it aside
+                    path.rename(replaced)
+                publish(partial, path)
+                shutil.rmtree(replaced, ignore_errors=True)
+        except WRITE_ERRORS as error:
             shutil.rmtree(partial, ignore_errors=True)  # give back the space a full disk needs most
             raise CheckpointWriteError(step, partial, error, list_checkpoints(self.checkpoints_dir)) from error
         if accelerator.is_main_process and self.total_limit:
@@ -170,14 +190,94 @@ class Checkpointer:
 
     def _write_manifest(self, folder: Path, step: int) -> None:
         files = {str(f.relative_to(folder)): f.stat().st_size for f in sorted(folder.rglob("*")) if f.is_file()}
-        manifest = {"step": step, "config_hash": self.config_hash, "files": files}
-        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        manifest = {
+            "step": step,
+            "world_size": self.accelerator.num_processes,
+            "config_hash": config_hash(self.config),
+            "config": self.config,
+            "files": files,
+        }
+        (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, default=str), encoding="utf-8")
 
-    def load(self, path: Path) -> int:
-        """Restore everything from ``path``; returns its step. Warns when the run's config changed since."""
-        saved = json.loads((path / MANIFEST).read_text(encoding="utf-8")).get("config_hash")
-        if saved != self.config_hash:
-            logger.warning(f"The config differs from the one {path.name} was trained with; continuing with this one.")
+    def restore(self, spec: str | None) -> Path | None:
+        """Continue from ``spec``: a checkpoint folder, or ``latest``: the newest complete checkpoint that loads (one
+        that does not is reported and the previous one taken). Returns the checkpoint restored, None if none exists.
+        A checkpoint of another world size or of a differently trained model is refused, not fallen back from."""
+        if spec is None:
+            return None
+        if spec == "latest":
+            candidates = list_checkpoints(self.checkpoints_dir)[::-1]
+        else:
+            candidates = [resolve_checkpoint(spec, self.checkpoints_dir)]
+        failures = []
+        for newer, path in zip([None, *candidates], candidates):
+            if newer is not None:
+                logger.warning(f"{newer} could not be loaded ({failures[-1]}); resuming from {path} instead")
+            self._check_compatible(path)
+            failure = self._try_load(path)
+            if failure is None:
+                return path
+            failures.append(failure)
+        if failures:
+            raise ConfigError(
+                "trainer.resume",
+                spec,
+                "no checkpoint could be loaded ("
+                + "; ".join(f"{path.name}: {failure}" for path, failure in zip(candidates, failures))
+                + ")",
+                "restore a checkpoint folder from a copy, or start a fresh run in a new `hydra.run.dir`",
+            )
+        return None
+
+    def _check_compatible(self, path: Path) -> None:
+        """Same number of processes (each restores its own RNG and data position), and the same model, data and
+        objective unless ``allow_config_change``; other changes (lr, monitors, ...) are listed in a warning."""
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        world_size = manifest.get("world_size") or len(list(path.glob("trainer_state_*.safetensors")))
+        if world_size != self.accelerator.num_processes:
+            raise ConfigError(
+                "trainer.resume",
+                str(path),
+                f"it was written by {world_size} processes and this run has {self.accelerator.num_processes} (each "
+                "process resumes its own random state and data position)",
+                f"resume with {world_size} processes (e.g. `accelerate launch --num_processes {world_size}`), or "
+                "start a fresh run in a new `hydra.run.dir`",
+            )
+        if "config" not in manifest:  # written before checkpoints recorded their config
+            if manifest.get("config_hash") != config_hash(self.config):
+                logger.warning(f"The config differs from the one {path.name} was trained with; continuing with it.")
+            return
+        changes = config_changes(manifest["config"], self.config)
+        defining = [key for key in changes if defines_training(key)]
+        listed = ", ".join(f"{key} ({old!r} -> {new!r})" for key, (old, new) in changes.items())
+        if defining and not self.allow_config_change:
+            raise ConfigError(
+                "trainer.resume",
+                str(path),
+                "that checkpoint was trained with another model, data or objective: "
+                + ", ".join(f"{key} ({changes[key][0]!r} -> {changes[key][1]!r})" for key in defining),
+                "resume with the settings the run was trained with (its config.yaml), start a fresh run in a new "
+                "`hydra.run.dir`, or, if the change is intended, add `trainer.allow_config_change=true`",
+            )
+        if changes:
+            logger.warning(f"Resuming {path.name} with changed settings: {listed}", main_process_only=True)
+
+    def _try_load(self, path: Path) -> str | None:
+        """Load ``path`` on every process; None if all did, else why not (the same answer on every process)."""
+        try:
+            self._load(path)
+            failure = None
+        except ConfigError:  # the configured model does not fit: no older checkpoint would either
+            raise
+        except LOAD_ERRORS as error:  # a damaged file: unreadable, truncated within its size, bit rot
+            failure = f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+        if self.accelerator.num_processes > 1:
+            failed = torch.tensor(float(failure is not None), device=self.accelerator.device)
+            if self.accelerator.reduce(failed, reduction="sum").item() and failure is None:
+                failure = "another process could not load its part"
+        return failure
+
+    def _load(self, path: Path) -> None:
         try:
             self.accelerator.load_state(str(path))
         except RuntimeError as error:  # load_state_dict: missing/unexpected keys or size mismatches
@@ -202,12 +302,50 @@ class Checkpointer:
                     "resume with the settings that run was trained with (its config.yaml)",
                 )
             state.load_state_dict(json.loads(file.read_text(encoding="utf-8")))
-        return self.state.step
+
+
+RESUMING_KEYS = ("trainer.resume", "trainer.max_steps", "trainer.allow_config_change")  # what resuming changes
+# Settings that may change between attempts without changing what is trained: loading speed, sampling, caches.
+OPERATIONAL_KEYS = {
+    "data.num_workers",
+    "data.prefetch_factor",
+    "data.max_bad_fraction",
+    "data.cache_dir",
+    "data.cache_dtype",
+    "data.cache_shard_size",
+    "diffusion.sampler",
+    "diffusion.sample_steps",
+    "diffusion.guidance_scale",
+}
+DEFINING_SECTIONS = ("model", "vae", "text_encoder", "data", "diffusion", "lora", "privacy")
+
+
+def _flatten(config: dict, prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            flat |= _flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_changes(saved: dict, current: dict) -> dict[str, tuple[Any, Any]]:
+    """``{key: (saved, current)}`` for every setting that differs, except those resuming is meant to change."""
+    old, new = _flatten(saved), _flatten(json.loads(json.dumps(current, default=str)))
+    keys = sorted((old.keys() | new.keys()) - set(RESUMING_KEYS))
+    return {key: (old.get(key), new.get(key)) for key in keys if old.get(key) != new.get(key)}
+
+
+def defines_training(key: str) -> bool:
+    """Whether a setting changes what is trained (the model, its data, its objective), as opposed to how fast,
+    how long or what is watched."""
+    return key.split(".")[0] in DEFINING_SECTIONS and key not in OPERATIONAL_KEYS
 
 
 def config_hash(config: dict) -> str:
-    """A short fingerprint of the training config (``trainer.resume`` and ``trainer.max_steps`` excluded: changing
-    them is what resuming is for)."""
-    trainer = {k: v for k, v in config["trainer"].items() if k not in ("resume", "max_steps")}
+    """A short fingerprint of the training config, ``RESUMING_KEYS`` excluded (checkpoints written before they
+    recorded their whole config compare this)."""
+    trainer = {k: v for k, v in config["trainer"].items() if f"trainer.{k}" not in RESUMING_KEYS}
     text = json.dumps({**config, "trainer": trainer}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

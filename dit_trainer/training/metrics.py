@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 from PIL import Image, ImageDraw
+
+from dit_trainer.durable import write_text_atomically
+
+logger = logging.getLogger(__name__)
 
 
 def mean_over_processes(accelerator: Accelerator, values: list[torch.Tensor]) -> float:
@@ -18,7 +23,12 @@ def mean_over_processes(accelerator: Accelerator, values: list[torch.Tensor]) ->
 
 
 class MetricsFile:
-    """Appends one JSON object per logged step; a resumed run continues the same file."""
+    """Appends one JSON object per logged step; a resumed run continues the same file.
+
+    A kill can tear the line being written: reading skips an unreadable line (with a warning) instead of failing
+    every later resume, and the resume's rewrite goes through a temporary file, so a kill during it keeps the
+    history.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -32,12 +42,28 @@ class MetricsFile:
         resumes from, so that the file describes one run."""
         if self.path.exists():
             kept = [record for record in self.read() if record["step"] <= step]
-            self.path.write_text("".join(json.dumps(record) + "\n" for record in kept), encoding="utf-8")
+            write_text_atomically(self.path, "".join(json.dumps(record) + "\n" for record in kept))
 
     def read(self) -> list[dict]:
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        records = []
+        for number, line in enumerate(self.path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            record = _parse(line)
+            if record is not None:
+                records.append(record)
+            elif line.strip():
+                logger.warning(f"{self.path}, line {number}: not a complete record (a write cut short?); skipped")
+        return records
+
+
+def _parse(line: str) -> dict | None:
+    """One metrics record, or None for a torn or foreign line."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("step"), int) else None
 
 
 class TimestepLossBuckets:

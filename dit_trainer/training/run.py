@@ -19,12 +19,14 @@ from dit_trainer.data import build_dataset, collate_batch
 from dit_trainer.data.cache import CacheDataset, open_cache
 from dit_trainer.data.latent_cache import LatentDataset, encode_dataset
 from dit_trainer.diffusion import SamplerSettings, TextToImage
+from dit_trainer.durable import write_text_atomically
 from dit_trainer.errors import ConfigError
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
 from dit_trainer.prompts import load_prompts
 from dit_trainer.rewards import build_reward
 from dit_trainer.run_folder import CHECKPOINTS, CONFIG, weights_format
-from dit_trainer.training.checkpoint import Checkpointer, TrainingState, check_run_folder, config_hash
+from dit_trainer.run_lock import RunFolderLock
+from dit_trainer.training.checkpoint import Checkpointer, TrainingState, check_run_folder
 from dit_trainer.training.data_health import BadFileCounter
 from dit_trainer.training.ema import FusedEMA
 from dit_trainer.training.monitors import GRPORewardMonitor, Monitor, MonitorContext, SampleGridMonitor, SamplingPlan
@@ -164,8 +166,9 @@ def build_monitors(
 
 
 def save_resolved_config(cfg: TrainConfig, path: Path) -> None:
-    """The config exactly as trained (interpolations resolved): what ``scripts/sample.py`` rebuilds from."""
-    path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)), encoding="utf-8")
+    """The config exactly as trained (interpolations resolved): what ``scripts/sample.py`` rebuilds from. Written
+    atomically once the run is known to start (a refused resume leaves the previous attempt's file)."""
+    write_text_atomically(path, OmegaConf.to_yaml(OmegaConf.structured(cfg)))
 
 
 def nonfinite_advice(cfg: TrainConfig, accelerator: Accelerator) -> list[str]:
@@ -190,17 +193,22 @@ def loop_settings(cfg: TrainConfig, accelerator: Accelerator) -> LoopSettings:
     )
 
 
-def start_run(cfg: TrainConfig, run_dir: Path) -> Accelerator:
-    """The accelerator of a run whose folder may take it (no other run's checkpoints there), with the resolved
-    config written into the folder."""
-    check_run_folder(run_dir, cfg.trainer.resume)
+def start_run(cfg: TrainConfig, run_dir: Path) -> tuple[Accelerator, RunFolderLock | None]:
+    """The accelerator of a run, and the lock its main process holds on ``run_dir`` (refused while another run
+    holds it, or when the folder has another run's checkpoints)."""
     accelerator = build_accelerator(cfg, run_dir)
     refuse_fsdp(accelerator)
+    lock = RunFolderLock(run_dir) if accelerator.is_main_process else None
+    if lock is not None:
+        lock.acquire()
+    try:
+        check_run_folder(run_dir, cfg.trainer.resume)
+    except ConfigError:
+        if lock is not None:
+            lock.release()
+        raise
     set_seed(cfg.trainer.seed)
-    if accelerator.is_main_process:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_resolved_config(cfg, run_dir / CONFIG)
-    return accelerator
+    return accelerator, lock
 
 
 def build_lr_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, accelerator: Accelerator):
@@ -236,7 +244,8 @@ def build_checkpointer(
         ema,
         total_limit=cfg.trainer.checkpoints_total_limit,
         weights=weights_format(cfg.lora.enabled),
-        config_hash=config_hash(dataclasses.asdict(cfg)),
+        config=dataclasses.asdict(cfg),
+        allow_config_change=cfg.trainer.allow_config_change,
         json_states={"privacy_accountant": privacy} if privacy else None,
     )
 
@@ -258,10 +267,21 @@ def build_update(
 
 
 def build_trainer(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
-    """Every component built, prepared by accelerate and handed to a ``Trainer`` (resumed if configured)."""
+    """Every component built, prepared by accelerate and handed to a ``Trainer`` (resumed if configured). The
+    main process holds the run folder's lock until ``fit`` returns."""
     cfg = to_train_config(cfg)
     run_dir = Path(run_dir)
-    accelerator = start_run(cfg, run_dir)
+    accelerator, lock = start_run(cfg, run_dir)
+    try:
+        return assemble_trainer(cfg, run_dir, accelerator, lock)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+
+
+def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, lock: RunFolderLock | None) -> Trainer:
+    """``build_trainer`` once the run folder is held."""
     cache, cached_text = open_cache(cfg, accelerator.device) if cfg.data.cache_dir else (None, None)
     frozen_dtype = weight_dtype(accelerator.mixed_precision)
     parts = build_components(cfg, accelerator.device, frozen_dtype, cached_text)
@@ -316,8 +336,11 @@ def build_trainer(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
         ema=ema,
         monitors=monitors,
         num_train_timesteps=parts.schedule.num_train_timesteps,
+        run_lock=lock,
     )
     trainer.resume(cfg.trainer.resume)
+    if accelerator.is_main_process:
+        save_resolved_config(cfg, run_dir / CONFIG)
     return trainer
 
 

@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from dit_trainer.data.poisson import is_empty
-from dit_trainer.run_folder import resolve_checkpoint
+from dit_trainer.run_lock import RunFolderLock
 from dit_trainer.training.batches import resumable_batches
 from dit_trainer.training.checkpoint import Checkpointer
 from dit_trainer.training.data_health import BadFileCounter
@@ -79,6 +79,7 @@ class Trainer:
         num_train_timesteps: int,
         ema: EMAModel | None = None,
         monitors: list[Monitor] | None = None,
+        run_lock: RunFolderLock | None = None,
     ) -> None:
         self.settings = settings
         self.run_dir = run_dir
@@ -93,6 +94,7 @@ class Trainer:
         self.bad_files = bad_files
         self.ema = ema
         self.monitors = monitors or []
+        self.run_lock = run_lock  # released when ``fit`` ends, however it ends
         self.metrics = MetricsFile(run_dir / "metrics.jsonl")
         self.timestep_losses = TimestepLossBuckets(num_train_timesteps, accelerator.device)
         self._preflight_done = False
@@ -100,9 +102,8 @@ class Trainer:
     def resume(self, spec: str | None) -> None:
         """Continue from ``spec`` (``latest`` or a path) if set; metrics logged after that step (by an interrupted
         attempt) are dropped so ``metrics.jsonl`` describes one run."""
-        path = resolve_checkpoint(spec, self.checkpointer.checkpoints_dir)
+        path = self.checkpointer.restore(spec)
         if path is not None:
-            self.checkpointer.load(path)
             logger.info(f"Resumed from {path} at step {self.state.step}", main_process_only=True)
         elif spec:
             logger.info("trainer.resume=latest but no checkpoint exists yet: starting from step 0")
@@ -192,6 +193,13 @@ class Trainer:
         self.accelerator.log({k if "/" in k else f"train/{k}": v for k, v in metrics.items()}, step=self.state.step)
 
     def fit(self) -> TrainResult:
+        try:
+            return self._fit()
+        finally:
+            if self.run_lock is not None:
+                self.run_lock.release()
+
+    def _fit(self) -> TrainResult:
         settings = self.settings
         batches = self.batches()
         progress = tqdm(
@@ -203,7 +211,7 @@ class Trainer:
         )
         start = time.perf_counter()
         window_start, window_losses, loss, monitor_seconds = time.perf_counter(), [], float("nan"), 0.0
-        saved_step, preempted = None, False
+        preempted = False
         with PreemptionHandler() as preemption:
             while self.state.step < settings.max_steps:
                 step_loss, grad_norm = self.train_step(batches)
@@ -218,23 +226,22 @@ class Trainer:
                     progress.set_postfix(loss=f"{loss:.4f}", img_s=f"{metrics['images_per_sec']:.0f}")
                     window_start, window_losses = time.perf_counter(), []
                 checkpoint_start = time.perf_counter()
-                if self._is_due(settings.checkpoint_every):
+                # A pending stop skips the monitors: the grace period before the kill is for the checkpoint.
+                preempted = self.state.step < settings.max_steps and self._stop_requested(preemption)
+                if preempted or self._is_due(settings.checkpoint_every):
                     self.checkpointer.save(self.state.step)
-                    saved_step = self.state.step
-                monitor_metrics, seconds = self._run_monitors()
+                monitor_metrics, seconds = ({}, 0.0) if preempted else self._run_monitors()
                 monitor_seconds += seconds
                 if metrics or monitor_metrics:
                     self._write(metrics | monitor_metrics)
                 window_start += time.perf_counter() - checkpoint_start  # checkpoints and monitors are not training
-                if self.state.step < settings.max_steps and self._stop_requested(preemption):
-                    if saved_step != self.state.step:
-                        self.checkpointer.save(self.state.step)
+                if preempted:
+                    signal = preemption.requested.name if preemption.requested else "another process's signal"
                     logger.warning(
-                        f"Stopped by {preemption.requested.name} at step {self.state.step} after writing a "
+                        f"Stopped by {signal} at step {self.state.step} after writing a "
                         "checkpoint; continue with trainer.resume=latest",
                         main_process_only=True,
                     )
-                    preempted = True
                     break
         progress.close()
         seconds = time.perf_counter() - start

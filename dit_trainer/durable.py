@@ -1,0 +1,45 @@
+"""Durable writes: after a crash, a kill or a power loss, a file or folder is either the old one or the complete new
+one, never a torn mix. Data reaches the disk (``fsync``) before the rename that publishes it, and the rename itself
+is made durable by syncing the folder that holds it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def fsync_path(path: Path) -> None:
+    """Flush ``path`` (a file, or a folder's entries) to the disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def fsync_tree(folder: Path) -> None:
+    """Flush every file and folder under ``folder``, and ``folder`` itself."""
+    for path in sorted(folder.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if path.is_file() or path.is_dir():
+            fsync_path(path)
+    fsync_path(folder)
+
+
+def publish(source: Path, target: Path) -> None:
+    """Rename ``source`` (a complete, flushed file or folder) to ``target``, durably."""
+    os.replace(source, target)
+    fsync_path(target.parent)
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text`` in one step: readers see the old content or the new, never a part of it."""
+    temporary = path.with_name(f".{path.name}.partial")
+    try:
+        with temporary.open("w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+    except BaseException:
+        temporary.unlink(missing_ok=True)  # a full disk needs the space back
+        raise
+    publish(temporary, path)
