@@ -129,10 +129,10 @@ def test_non_finite_steps_are_skipped_counted_and_then_stop_the_run_with_a_repor
     model.weight.grad = torch.full_like(model.weight, float("nan"))
     guard = _guard(model)
     finite, nan = torch.tensor(1.0), torch.tensor(float("nan"))
-    assert not guard.check(nan) and not guard.check(finite, grad_norm=nan)
+    assert not guard.check(nan, finite) and not guard.check(finite, grad_norm=nan)
     assert guard.check(finite, grad_norm=torch.tensor(2.0))  # a finite step resets the count of consecutive ones
     assert guard.state.skipped_steps == 2
-    assert not guard.check(nan) and not guard.check(nan)
+    assert not guard.check(nan, finite) and not guard.check(nan, finite)
     with pytest.raises(NonFiniteError) as caught:
         guard.check(nan, grad_norm=nan)
     message = str(caught.value)

@@ -152,6 +152,16 @@ class PrivateTraining:
         else:
             per_sample_loss.mean().backward()
 
+    def noise_gradient(self) -> None:
+        """Each sample's gradient clipped, summed and noised into ``.grad`` (the first half of the DP optimizer's
+        step; the accountant records the step here), so that it can be checked before ``apply_gradient``."""
+        if not self.optimizer.pre_step():
+            raise RuntimeError("Opacus skipped the step: virtual steps are not used by this trainer")
+
+    def apply_gradient(self) -> None:
+        """The second half of the DP optimizer's step: the wrapped optimizer applies the noised gradient."""
+        self.optimizer.original_optimizer.step()
+
     def backward_empty(self) -> None:
         """The gradient state of a batch without samples: a zero sum, to which the optimizer adds only noise."""
         for parameter in self.optimizer.params:
