@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from huggingface_hub import snapshot_download
+from huggingface_hub import snapshot_download, try_to_load_from_cache
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
 from dit_trainer.errors import ModelLoadError
@@ -49,3 +50,17 @@ def require_offline_copy(name_or_path: str, config_key: str) -> None:
         snapshot_download(name_or_path, local_files_only=True)
     except (LocalEntryNotFoundError, HFValidationError) as error:
         raise _error(name_or_path, config_key, "it is neither a local folder nor in the hub cache") from error
+
+
+def pretrained_config(name_or_path: str | None, subfolder: str | None, revision: str | None) -> dict | None:
+    """The ``config.json`` of a model on this machine (a local folder, or a hub id in the hub cache), read without
+    loading the model, so that config validation can use it; None when it is not here yet (it downloads on load)."""
+    if not name_or_path:
+        return None
+    filename = f"{subfolder}/config.json" if subfolder else "config.json"
+    local = Path(name_or_path).expanduser()
+    try:
+        path = local / filename if local.is_dir() else try_to_load_from_cache(name_or_path, filename, revision=revision)
+        return json.loads(Path(path).read_text(encoding="utf-8")) if isinstance(path, (str, Path)) else None
+    except (OSError, ValueError):  # not there, not JSON, or not a valid hub id (HFValidationError)
+        return None

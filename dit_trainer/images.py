@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image, ImageDraw, ImageFont
 
 LABEL_HEIGHT = 12  # a line of PIL's default font
 CHAR_WIDTH = 6
@@ -15,6 +15,15 @@ def to_pil(image: torch.Tensor) -> Image.Image:
     """(3, H, W) in [0, 1] -> an RGB PIL image."""
     pixels = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
     return Image.fromarray(pixels)
+
+
+def drawable(text: str, font: ImageFont.ImageFont | ImageFont.FreeTypeFont) -> str:
+    """``text`` as ``font`` can draw it. PIL's default font is a FreeType one (glyphs it lacks draw as boxes), but
+    a Pillow built without FreeType falls back to a latin-1 bitmap font that raises on any other character: an emoji
+    in a prompt must not end a run at its first sample grid."""
+    if isinstance(font, ImageFont.FreeTypeFont):
+        return text
+    return text.encode("latin-1", errors="replace").decode("latin-1")
 
 
 def image_grid(
@@ -33,12 +42,13 @@ def image_grid(
     margin = CHAR_WIDTH * max(map(len, row_labels)) + 8 if row_labels else 0
     rows = math.ceil(count / columns)
     grid = Image.new("RGB", (margin + columns * tile_width, rows * cell_height), "white")
-    draw = ImageDraw.Draw(grid)
+    draw, font = ImageDraw.Draw(grid), ImageFont.load_default()
     for row, text in enumerate(row_labels or []):
-        draw.text((4, row * cell_height + tile_height // 2 - LABEL_HEIGHT // 2), text, fill="black")
+        position = (4, row * cell_height + tile_height // 2 - LABEL_HEIGHT // 2)
+        draw.text(position, drawable(text, font), fill="black", font=font)
     for index, image in enumerate(images):
         left, top = margin + (index % columns) * tile_width, (index // columns) * cell_height
         grid.paste(to_pil(image).resize((tile_width, tile_height), Image.NEAREST), (left, top))
         if labels:
-            draw.text((left + 2, top + tile_height), labels[index], fill="black")
+            draw.text((left + 2, top + tile_height), drawable(labels[index], font), fill="black", font=font)
     return grid

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 from pathlib import Path
 
 from dit_trainer.errors import ConfigError
@@ -13,12 +14,8 @@ def load_prompts(prompts: list[str], prompt_file: str | None, prefix: str = "") 
     ``prefix`` is where the two keys live in the config (``monitor.grpo.``), so errors name the key to fix.
     """
     if prompt_file:
-        path = Path(prompt_file).expanduser()
-        if not path.is_file():
-            raise ConfigError(
-                f"{prefix}prompt_file", prompt_file, "no such file", "pass a text file with one prompt per line"
-            )
-        prompts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines = _read_text(prompt_file, f"{prefix}prompt_file").splitlines()
+        prompts = [line.strip() for line in lines if line.strip()]
     if not prompts:
         raise ConfigError(
             f"{prefix}prompt_file" if prompt_file else f"{prefix}prompts",
@@ -27,3 +24,21 @@ def load_prompts(prompts: list[str], prompt_file: str | None, prefix: str = "") 
             f"pass `{prefix}prompt_file=FILE` with one prompt per line, or `{prefix}prompts=[...]`",
         )
     return list(prompts)
+
+
+def _read_text(prompt_file: str, key: str) -> str:
+    """The file's text, decoded as UTF-8 (a leading byte-order mark dropped, so it never starts the first prompt)."""
+    path = Path(prompt_file).expanduser()
+    if not path.is_file():
+        raise ConfigError(key, prompt_file, "no such file", "pass a text file with one prompt per line")
+    data = path.read_bytes().removeprefix(codecs.BOM_UTF8)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise ConfigError(
+            key,
+            prompt_file,
+            f"it is not UTF-8 text (byte {data[error.start]:#04x} on line {line})",
+            "save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8 FILE > NEW`), one prompt per line",
+        ) from error

@@ -5,8 +5,9 @@
     python train.py +experiment=dit data.path=/data/my_images data.cache_dir=/scratch/cache/my_images
 
 Takes train.py's overrides: the cache is made for exactly that config, and training refuses a cache whose VAE,
-text encoder, resolution, crop, max_length, dtype or data source differ. Run it again after changing the sample or
-monitor prompts: an existing cache only gets the prompts it lacks. Exit code 2 for a bad config value.
+text encoder, resolution, crop, max_length, dtype, data source or data differ. Run it again after changing the sample
+or monitor prompts: an existing cache only gets the prompts it lacks. data.cache_dir must be a new or empty folder (or
+the cache itself). Exit code 2 for a bad config value.
 """
 
 from __future__ import annotations

@@ -2,11 +2,16 @@
 already written (a checkpoint, the metrics) is modified."""
 
 import hashlib
+import io
 import json
 import shutil
 
 import pytest
+import torch
+from PIL import Image
 
+from dit_trainer.data.cache import open_cache
+from dit_trainer.data.precompute import precompute
 from dit_trainer.errors import ConfigError, ModelLoadError
 
 from .conftest import TINY_SHAPES, compose_config, run_script, train
@@ -181,3 +186,165 @@ def test_resuming_with_another_number_of_processes_is_refused(finished_run, tmp_
     (copy / "manifest.json").write_text(json.dumps({**manifest, "world_size": 2}))
     stderr = _refused(finished_run, f"trainer.resume={copy}", "trainer.max_steps=4", into=tmp_path / "new")
     assert "written by 2 processes and this run has 1" in stderr and "--num_processes 2" in stderr
+
+
+# Data inputs (issue 17)
+
+DATA_SMALL = [*TINY_SHAPES, "data.length=8", "data.cache_dtype=float32"]
+
+
+def _one_paragraph(error: Exception, key: str) -> str:
+    message = str(error)
+    assert f"`{key}`" in message and "\n" not in message and "To fix it" in message, message
+    return message
+
+
+def _png(size=(16, 16)) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, (200, 30, 30)).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "files",
+    [{"shard-000000.tar": b"a webdataset shard", "shard-000001.tar": b"another"},
+     {"shard-00000-00000.safetensors": b"left by an unfinished precompute", "notes.txt": b"the user's"}],
+    ids=["webdataset-shards", "a-cache-shard-beside-a-user-file"],
+)  # fmt: skip
+def test_precompute_into_a_folder_of_other_files_is_refused_and_deletes_nothing(tmp_path, files):
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    before = _digest(tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        precompute(compose_config([*DATA_SMALL, f"data.cache_dir={tmp_path}"]))
+    assert "not part of a cache" in _one_paragraph(caught.value, "data.cache_dir")
+    assert _digest(tmp_path) == before
+
+
+def test_a_cache_dir_that_is_a_file_is_refused(tmp_path):
+    shard = tmp_path / "shard-000000.tar"
+    shard.write_bytes(b"a webdataset shard")
+    with pytest.raises(ConfigError) as caught:
+        precompute(compose_config([*DATA_SMALL, f"data.cache_dir={shard}"]))
+    assert "is a file" in _one_paragraph(caught.value, "data.cache_dir")
+    assert shard.read_bytes() == b"a webdataset shard"
+
+
+@pytest.mark.parametrize("index", [b"not json", b'{"version": 3}', b"[1, 2]", b"\xff\xfe{}"])
+def test_a_folder_whose_index_json_is_not_a_cache_index_is_refused_and_kept(tmp_path, index):
+    (tmp_path / "index.json").write_bytes(index)
+    (tmp_path / "shard-000000.tar").write_bytes(b"a webdataset shard")
+    before = _digest(tmp_path)
+    cfg = compose_config([*DATA_SMALL, f"data.cache_dir={tmp_path}"])
+    for use in (lambda: open_cache(cfg, torch.device("cpu")), lambda: precompute(cfg)):
+        with pytest.raises(ConfigError) as caught:
+            use()
+        assert "not written by" in _one_paragraph(caught.value, "data.cache_dir")
+    assert _digest(tmp_path) == before
+
+
+def _tiny_image_folder(root, count: int) -> str:
+    for i in range(count):
+        (root / f"{i}.png").write_bytes(_png())
+    (root / "metadata.jsonl").write_text("".join(f'{{"file_name": "{i}.png", "text": "a red square"}}\n'
+                                                 for i in range(count)))  # fmt: skip
+    return str(root)
+
+
+def _small_data(tmp_path, source: str) -> list[str]:
+    """Overrides for a data set of 8 (shapes, its disk cache, DP) or 3 (imagefolder) items, batch size 16."""
+    if source == "imagefolder":
+        folder = tmp_path / "images"
+        folder.mkdir()
+        return [*TINY_SHAPES, "data=imagefolder", f"data.path={_tiny_image_folder(folder, 3)}", "vae=pixel",
+                "data.resolution=16", "data.num_workers=0"]  # fmt: skip
+    if source == "cache":
+        precompute(compose_config([*DATA_SMALL, f"data.cache_dir={tmp_path / 'cache'}"]))
+        return [*DATA_SMALL, f"data.cache_dir={tmp_path / 'cache'}"]
+    if source == "dp":
+        return ["+experiment=shapes_dp", *TINY_SHAPES[1:], "data.length=8"]
+    return DATA_SMALL
+
+
+@pytest.mark.parametrize("source", ["shapes", "imagefolder", "cache", "dp"])
+def test_a_data_set_smaller_than_one_batch_is_refused_before_training(tmp_path, source):
+    from dit_trainer.training.run import run
+
+    cfg = compose_config(_small_data(tmp_path, source))
+    with pytest.raises(ConfigError) as caught:
+        run(cfg, tmp_path / "run")
+    message = _one_paragraph(caught.value, "trainer.batch_size")
+    size = 3 if source == "imagefolder" else 8
+    assert f"is 16, but the data set has {size} items" in message and f"trainer.batch_size={size}" in message
+    assert not (tmp_path / "run" / "metrics.jsonl").exists() and not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"a red circle\n\xe9t\xe9 \xe0 la plage\n", "a red circle\n".encode("utf-16")],
+    ids=["latin-1", "utf-16"],
+)
+def test_a_prompt_file_that_is_not_utf8_is_refused(tmp_path, content):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes(content)
+    with pytest.raises(ConfigError) as caught:
+        compose_config(["+experiment=shapes", f"monitor.grpo.prompt_file={prompts}"])
+    assert "UTF-8" in _one_paragraph(caught.value, "monitor.grpo.prompt_file")
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [(b"42", "is a JSON number, not an object"), (b"[1]", "is a JSON array, not an object"),
+     (b"null", "is a JSON null, not an object"), (b'"a.png"', "is a JSON string, not an object"),
+     ('{"file_name": "1.png", "text": "\xe9t\xe9"}'.encode("latin-1"), "not UTF-8")],
+    ids=["number", "list", "null", "string", "latin-1"],
+)  # fmt: skip
+def test_a_metadata_line_that_is_not_a_utf8_json_object_names_the_line(tmp_path, line, reason):
+    from dit_trainer.data import ImageFolderDataset
+
+    (tmp_path / "metadata.jsonl").write_bytes(b'{"file_name": "0.png", "text": "a"}\n' + line + b"\n")
+    with pytest.raises(ConfigError) as caught:
+        ImageFolderDataset(tmp_path, resolution=16)
+    message = _one_paragraph(caught.value, "data.path")
+    assert "line 2 of metadata.jsonl" in message and reason in message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "step", "nearest"),
+    [(["data.resolution=36"], "2 × 4 = 8", "`data.resolution=32` or `data.resolution=40`"),
+     (["data.resolution=33"], "2 × 4 = 8", "`data.resolution=32` or `data.resolution=40`"),
+     (["vae=pixel", "data.resolution=34"], "1 × 4 = 4", "`data.resolution=32` or `data.resolution=36`"),
+     (["model.patch_size=2", "data.resolution=14"], "2 × 2 = 4", "`data.resolution=12` or `data.resolution=16`")],
+)  # fmt: skip
+def test_a_resolution_the_vae_and_patches_do_not_divide_is_refused_at_validation(overrides, step, nearest):
+    with pytest.raises(ConfigError) as caught:
+        compose_config(["+experiment=shapes", *overrides])
+    message = _one_paragraph(caught.value, "data.resolution")
+    assert step in message and nearest in message
+
+
+def test_a_resolution_is_checked_again_once_the_vae_is_loaded():
+    """A VAE named by a hub id that is not on this machine yet has an unknown factor until it loads."""
+    from dit_trainer.components import build_components
+
+    cfg = compose_config(TINY_SHAPES)
+    cfg.data.resolution = 33  # as if validation could not know the VAE's factor
+    with pytest.raises(ConfigError) as caught:
+        build_components(cfg, torch.device("cpu"), torch.float32)
+    assert "2 × 4 = 8" in _one_paragraph(caught.value, "data.resolution")
+
+
+def test_an_hf_data_folder_with_metadata_that_is_not_utf8_names_the_cause(tmp_path, monkeypatch):
+    import datasets
+
+    from dit_trainer.data import HFImageDataset
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")  # keep ~/.cache clean
+    (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "0.png").write_bytes(_png())
+    (tmp_path / "images" / "metadata.jsonl").write_bytes(
+        '{"file_name": "0.png", "text": "\xe9t\xe9"}\n'.encode("latin-1")
+    )
+    with pytest.raises(ConfigError) as caught:
+        HFImageDataset(str(tmp_path / "images"), 16)
+    assert "caused by UnicodeDecodeError" in _one_paragraph(caught.value, "data.path")

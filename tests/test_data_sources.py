@@ -1,6 +1,7 @@
 """The file-based data sources (imagefolder, hf, webdataset) on small data sets written here, unreadable files
 included, and the transforms and collate function they share."""
 
+import hashlib
 import io
 import json
 import logging
@@ -412,3 +413,98 @@ def test_a_mostly_unreadable_data_set_stops_the_run_naming_the_files(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "were unreadable and skipped, more than `data.max_bad_fraction=0.2`" in result.stderr
     assert re.search(r"the first: bad\d.png: OSError: image file is truncated; bad\d.png", result.stderr)
+
+
+# --- bounded memory, decompression bombs, transform failures, captions (issue 17) ---------------------------------
+
+
+def _bands(size, middle=(0, 255, 0), ends=(255, 0, 0)) -> Image.Image:
+    """``ends`` colour, with a square of ``middle`` colour at the centre of the long side."""
+    image = Image.new("RGB", size, ends)
+    short = min(size)
+    offset = (max(size) - short) // 2
+    box = (offset, 0, offset + short, short) if size[0] >= size[1] else (0, offset, short, offset + short)
+    image.paste(middle, box)
+    return image
+
+
+def test_transforms_of_usual_images_are_bit_identical_to_before():
+    """Aspect ratios up to 12:1 through every crop, against the outputs of the code before issue 17."""
+    digest = hashlib.sha256()
+    sizes = [(48, 32), (32, 48), (90, 20), (20, 90), (33, 33), (300, 37), (17, 200), (8, 8)]
+    for seed, size in enumerate(sizes):
+        for resolution in (16, 24):
+            for crop, flip in (("center", False), ("random", True), ("none", False)):
+                image = _noise(size, seed)
+                digest.update(to_model_input(image, resolution, crop, flip, torch.Generator().manual_seed(seed))
+                              .numpy().tobytes())  # fmt: skip
+    assert digest.hexdigest() == "38f6822d76b0b2229d6710240ef04a1472d7ed43e0669293378b65fd09c9bb47"
+
+
+@pytest.mark.parametrize("size", [(10, 20000), (20000, 10)])
+@pytest.mark.parametrize("crop", ["center", "random"])
+def test_an_elongated_image_is_cropped_before_it_is_resized(monkeypatch, size, crop):
+    """Resizing a 10 x 20000 image's short side to 256 would make a 256 x 512000 image (GBs at 1024 px): the
+    square is cut out of the original first, so memory stays bounded by the target size."""
+    resize = Image.Image.resize
+    requested = []
+
+    def bounded_resize(self, size, *args, **kwargs):
+        requested.append(size)
+        assert size[0] * size[1] <= 16 * 256 * 256, f"a resize to {size}"
+        return resize(self, size, *args, **kwargs)
+
+    monkeypatch.setattr(Image.Image, "resize", bounded_resize)
+    pixels = to_model_input(_bands(size), 256, crop, generator=torch.Generator().manual_seed(0))
+    assert pixels.shape == (3, 256, 256) and requested
+    if crop == "center":
+        assert torch.equal(pixels, torch.tensor([-1.0, 1.0, -1.0]).view(3, 1, 1).expand(3, 256, 256))
+
+
+def test_decompression_bombs_are_skipped_and_counted_like_unreadable_images(tmp_path, monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # PIL warns above this many pixels, refuses above twice
+    files = {"warned.png": _png(size=(40, 40)), "refused.png": _png(size=(50, 50)), "good.png": _png(size=(30, 30))}
+    _image_folder(tmp_path, [{"file_name": n, "text": n} for n in files], files)
+    item = ImageFolderDataset(tmp_path, resolution=8)[0]
+    assert item["caption"] == "good.png"
+    assert [record.split(":")[0] for record in item["bad_files"]] == ["warned.png", "refused.png"]
+    assert all("DecompressionBomb" in record for record in item["bad_files"])
+
+
+def _failing_conversion(monkeypatch, size=(7, 7)) -> None:
+    """Plant a failure in the transform (after decoding) for images of ``size``."""
+    from dit_trainer.data import transforms
+
+    to_rgb = transforms.to_rgb
+
+    def failing(image):
+        if image.size == size:
+            raise OSError("broken colour profile")
+        return to_rgb(image)
+
+    monkeypatch.setattr(transforms, "to_rgb", failing)
+
+
+def test_an_image_that_fails_in_the_transform_is_skipped_and_counted(tmp_path, monkeypatch):
+    _failing_conversion(monkeypatch)
+    files = {"odd.png": _png(size=(7, 7)), "good.png": _png()}
+    _image_folder(tmp_path, [{"file_name": n, "text": n} for n in files], files)
+    item = ImageFolderDataset(tmp_path, resolution=8)[0]
+    assert item["caption"] == "good.png" and item["bad_files"] == ["odd.png: OSError: broken colour profile"]
+    samples = [{"__key__": "odd", "png": _png(size=(7, 7)), "txt": "odd"},
+               {"__key__": "good", "png": _png(), "txt": "good"}]  # fmt: skip
+    items = list(WebDatasetSource(_write_shards(tmp_path, [samples]), 8))
+    assert [i["caption"] for i in items] == ["good"]
+    assert items[0]["bad_files"][0].endswith("odd: OSError: broken colour profile")
+
+
+def test_webdataset_captions_that_are_not_utf8_or_not_objects_are_skipped_and_counted(tmp_path):
+    samples = [{"__key__": "latin", "png": _png(), "txt": "\xe9t\xe9".encode("latin-1")},
+               {"__key__": "number", "png": _png(), "json": b"42"},
+               {"__key__": "good", "png": _png(), "txt": "good"}]  # fmt: skip
+    items = list(WebDatasetSource(_write_shards(tmp_path, [samples]), 8))
+    assert [i["caption"] for i in items] == ["good"]
+    assert [record.split(": ", 1)[1] for record in items[0]["bad_files"]] == [
+        "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xe9 in position 0: invalid continuation byte",
+        "ValueError: the .json member is a JSON number, not an object",
+    ]

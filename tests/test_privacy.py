@@ -126,6 +126,34 @@ def test_empty_draw_is_a_noise_only_step():
     assert private.engine.accountant.history == [(1.0, 0.1, 1)]
 
 
+@pytest.mark.parametrize("mode", ["ghost", "hooks"])
+def test_a_non_finite_private_gradient_is_skipped_not_applied(mode):
+    """A finite loss can still give a NaN/inf gradient (here the square root's slope at 0); clipping does not make
+    it finite (0 x inf), so the guard must see the clipped and noised gradient before the optimizer applies it."""
+    from accelerate import Accelerator
+
+    from dit_trainer.training.checkpoint import TrainingState
+    from dit_trainer.training.nonfinite import NonFiniteGuard
+    from dit_trainer.training.update import PrivateUpdate
+
+    model = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    cfg = PrivacyConfig(enabled=True, noise_multiplier=1.0, mode=mode)
+    private, dp_optimizer, _ = make_private(
+        cfg, model, optimizer, TensorDataset(torch.arange(60)), 6, 10, 0, {}, torch.device("cpu")
+    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    update = PrivateUpdate(private, torch.device("cpu"), dp_optimizer, schedule, list(model.parameters()))
+    guard = NonFiniteGuard(Accelerator(cpu=True), model, TrainingState(torch.Generator()), 3, [], update.current_lr)
+    loss = update.backward(model(torch.ones(4, 1)).squeeze(1).sqrt())
+    grad_norm = update.norm_before_step()
+    finite = guard.check(loss, grad_norm)
+    update.step(grad_norm, finite)
+    assert loss == 0 and not finite and guard.state.skipped_steps == 1
+    assert torch.equal(model.weight, torch.zeros(1, 1))  # the update was not applied
+
+
 def test_noise_for_target_epsilon_and_budget_overrun():
     cfg = PrivacyConfig(enabled=True, target_epsilon=4.0, epochs=2.0)
     sigma = noise_multiplier(cfg, sample_rate=0.1, max_steps=20, delta=1e-3)

@@ -111,6 +111,20 @@ class Empty(IterableDataset):
         return iter(())
 
 
+def test_every_process_needs_one_full_batch():
+    """Incomplete batches are dropped: fewer items than batch size x processes would leave a process with none."""
+    from dit_trainer.training.batches import require_full_batches
+
+    require_full_batches(32, batch_size=16, processes=2)
+    with pytest.raises(ConfigError) as caught:
+        require_full_batches(20, batch_size=16, processes=2)
+    message = str(caught.value)
+    assert "`trainer.batch_size` is 16, but the data set has 20 items" in message and "2 processes" in message
+    assert "`trainer.batch_size=10`" in message
+    with pytest.raises(ConfigError, match="add data"):
+        require_full_batches(1, batch_size=4, processes=2)
+
+
 def test_a_stream_that_yields_no_batch_names_data_path():
     data = DataLoader(Empty(), batch_size=4, collate_fn=collate_batch)
     data.dataset.set_epoch = lambda epoch: None
@@ -129,10 +143,10 @@ def test_non_finite_steps_are_skipped_counted_and_then_stop_the_run_with_a_repor
     model.weight.grad = torch.full_like(model.weight, float("nan"))
     guard = _guard(model)
     finite, nan = torch.tensor(1.0), torch.tensor(float("nan"))
-    assert not guard.check(nan) and not guard.check(finite, grad_norm=nan)
+    assert not guard.check(nan, finite) and not guard.check(finite, grad_norm=nan)
     assert guard.check(finite, grad_norm=torch.tensor(2.0))  # a finite step resets the count of consecutive ones
     assert guard.state.skipped_steps == 2
-    assert not guard.check(nan) and not guard.check(nan)
+    assert not guard.check(nan, finite) and not guard.check(nan, finite)
     with pytest.raises(NonFiniteError) as caught:
         guard.check(nan, grad_norm=nan)
     message = str(caught.value)

@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dit_trainer.components.dit import DiTAdapter, build_dit, enable_gradient_checkpointing
+from dit_trainer.components.dit import DiTAdapter, build_dit, enable_gradient_checkpointing, known_patch_size
 from dit_trainer.components.lora import apply_lora
 from dit_trainer.components.modulation import expose_modulation_tables
 from dit_trainer.components.text_encoder import build_text_encoder
 from dit_trainer.components.vae import build_vae
 from dit_trainer.diffusion import NoiseSchedule, build_noise_schedule
+from dit_trainer.errors import ConfigError
 
 if TYPE_CHECKING:
     from dit_trainer.config import TrainConfig
@@ -30,6 +31,28 @@ class Components:
     latent_shape: tuple[int, int, int]
 
 
+def check_resolution(cfg: TrainConfig, downsample_factor: int) -> None:
+    """Refuse a ``data.resolution`` that the VAE's downsampling and the DiT's patches do not divide: the VAE would
+    round the latent size, silently dropping the images' edges. Checked with the config when the factor is known
+    then, else as soon as the VAE has loaded."""
+    patch, resolution = known_patch_size(cfg.model), cfg.data.resolution
+    step = downsample_factor * (patch or 1)
+    if resolution % step == 0:
+        return
+    lower = resolution // step * step
+    nearest = f"`data.resolution={lower}` or `data.resolution={lower + step}`" if lower else f"`data.resolution={step}`"
+    divisor = f"the VAE's downsampling factor {downsample_factor}"
+    if patch:
+        divisor = f"the VAE's downsampling factor × the DiT's patch size = {downsample_factor} × {patch} = {step}"
+    raise ConfigError(
+        "data.resolution",
+        resolution,
+        f"it must be a multiple of {divisor} (images become {downsample_factor}× smaller latents, cut into patches; "
+        "another size would be rounded, silently dropping the images' edges)",
+        f"set {nearest}",
+    )
+
+
 def build_components(
     cfg: TrainConfig, device: torch.device, frozen_dtype: torch.dtype, cached_text: CachedPrompts | None = None
 ) -> Components:
@@ -37,6 +60,7 @@ def build_components(
     the VAE's latent channels, the resolution, and the text encoder's hidden size. Training from a cache passes
     its ``cached_text`` embeddings: the text encoder is then not loaded and the VAE keeps only its decoder."""
     vae = build_vae(cfg.vae, device, frozen_dtype)
+    check_resolution(cfg, vae.downsample_factor)
     if cached_text is not None:
         vae.drop_encoder()
     text_encoder = cached_text or build_text_encoder(cfg.text_encoder, device, frozen_dtype)

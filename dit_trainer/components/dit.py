@@ -10,7 +10,7 @@ from diffusers import PixArtTransformer2DModel
 from torch import nn
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.hub import load_pretrained
+from dit_trainer.hub import load_pretrained, pretrained_config
 
 if TYPE_CHECKING:
     from dit_trainer.config import ModelConfig
@@ -69,6 +69,14 @@ def load_transformer(cfg: ModelConfig) -> PixArtTransformer2DModel:
         subfolder=cfg.subfolder,
         revision=cfg.revision,
     )
+
+
+def known_patch_size(cfg: ModelConfig) -> int | None:
+    """The DiT's patch size before it is built: configured, or from a pretrained DiT's config.json when that is on
+    this machine; None until it downloads (``build_dit`` checks the latent size against it then)."""
+    if not cfg.pretrained:
+        return cfg.patch_size
+    return (pretrained_config(cfg.pretrained, cfg.subfolder, cfg.revision) or {}).get("patch_size")
 
 
 def enable_gradient_checkpointing(dit: DiTAdapter, reentrant: bool = False) -> None:

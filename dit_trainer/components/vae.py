@@ -10,11 +10,16 @@ from diffusers import AutoencoderKL
 from torch import nn
 
 from dit_trainer.components.freeze import freeze
-from dit_trainer.hub import load_pretrained
+from dit_trainer.hub import load_pretrained, pretrained_config
 from dit_trainer.registry import lookup
 
 if TYPE_CHECKING:
     from dit_trainer.config import VAEConfig
+
+
+def autoencoder_downsample_factor(block_out_channels: list[int]) -> int:
+    """An ``AutoencoderKL`` halves the size in every encoder block but the last."""
+    return 2 ** (len(block_out_channels) - 1)
 
 
 class FrozenVAE(nn.Module):
@@ -35,7 +40,7 @@ class FrozenVAE(nn.Module):
         self.register_buffer("latents_mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
         self.register_buffer("latents_std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
         self.latent_channels = channels
-        self.downsample_factor = 2 ** (len(config.block_out_channels) - 1)
+        self.downsample_factor = autoencoder_downsample_factor(config.block_out_channels)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -122,6 +127,15 @@ VAE_KINDS: dict[str, Callable[[VAEConfig, torch.device, torch.dtype], FrozenVAE 
     "autoencoder_kl": _autoencoder_kl,
     "pixel": lambda cfg, device, dtype: PixelVAE(),
 }
+
+
+def known_downsample_factor(cfg: VAEConfig) -> int | None:
+    """The downsampling factor before any model loads: 1 in pixel space, else from the autoencoder's config.json
+    when it is on this machine; None when only loading it will tell (a hub id not downloaded yet)."""
+    if cfg.kind == "pixel":
+        return PixelVAE.downsample_factor
+    config = pretrained_config(cfg.pretrained, cfg.subfolder, cfg.revision) or {}
+    return autoencoder_downsample_factor(config["block_out_channels"]) if "block_out_channels" in config else None
 
 
 def build_vae(cfg: VAEConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> FrozenVAE | PixelVAE:

@@ -10,6 +10,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from dit_trainer.components.build import check_resolution
+from dit_trainer.components.vae import known_downsample_factor
 from dit_trainer.config.fields import check_fields
 from dit_trainer.config.resolvers import register_resolvers
 from dit_trainer.config.schema import DiffusionConfig, ModelConfig, TrainConfig
@@ -36,6 +38,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _check_diffusion(cfg.diffusion)
     if cfg.model.pretrained is None:
         _check_architecture(cfg.model)
+    factor = known_downsample_factor(cfg.vae)
+    if factor is not None:  # else checked as soon as the VAE has loaded (build_components)
+        check_resolution(cfg, factor)
     require(
         cfg.vae.kind != "autoencoder_kl" or bool(cfg.vae.pretrained),
         "vae.pretrained",

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 from torch.utils.data import Dataset
 
 from dit_trainer.data.collate import collate_batch
-from dit_trainer.data.hf import HFImageDataset
-from dit_trainer.data.imagefolder import ImageFolderDataset, check_image_folder
+from dit_trainer.data.hf import HFImageDataset, split_fingerprint
+from dit_trainer.data.imagefolder import ImageFolderDataset, check_image_folder, metadata_fingerprint
 from dit_trainer.data.shapes import ShapesDataset
-from dit_trainer.data.webdataset import WebDatasetSource
+from dit_trainer.data.webdataset import WebDatasetSource, shards_fingerprint
 from dit_trainer.registry import lookup
 
 if TYPE_CHECKING:
@@ -33,6 +33,9 @@ class Source:
     path_example: str | None = None
     check_path: Callable[[str], None] | None = None  # a cheap check before any model is built
     streamed: bool = False  # an IterableDataset: no random access (so no Poisson sampling for DP)
+    # What identifies the data beyond its config, for the cache fingerprint: cheap (no image is read), so None
+    # where the config alone determines the data (shapes).
+    content: Callable[[DataConfig], dict] | None = None
 
 
 def _style(cfg: DataConfig) -> dict:
@@ -60,11 +63,24 @@ def _webdataset(cfg: DataConfig) -> Dataset:
 SOURCES: dict[str, Source] = {
     "shapes": Source(_shapes),
     "imagefolder": Source(
-        _imagefolder, "the folder that holds your images and metadata.jsonl", "/path/to/images", check_image_folder
+        _imagefolder,
+        "the folder that holds your images and metadata.jsonl",
+        "/path/to/images",
+        check_image_folder,
+        content=lambda cfg: metadata_fingerprint(cfg.path),
     ),
-    "hf": Source(_hf, "a dataset name on the hub or a folder written by `Dataset.save_to_disk`", "/path/to/dataset"),
+    "hf": Source(
+        _hf,
+        "a dataset name on the hub or a folder written by `Dataset.save_to_disk`",
+        "/path/to/dataset",
+        content=lambda cfg: split_fingerprint(cfg.path, cfg.split),
+    ),
     "webdataset": Source(
-        _webdataset, "tar shards in brace notation", "'/data/shards/{000000..000099}.tar'", streamed=True
+        _webdataset,
+        "tar shards in brace notation",
+        "'/data/shards/{000000..000099}.tar'",
+        streamed=True,
+        content=lambda cfg: shards_fingerprint(cfg.path),
     ),
 }
 

@@ -8,24 +8,30 @@ Layout of ``data.cache_dir``::
     prompts.safetensors             embeddings of "" (caption dropout) and the sample / monitor prompts
 
 The posterior's mean and std are kept, not one latent, so training still draws a fresh latent every epoch. The
-fingerprint records everything that shaped the tensors; a cache made with other settings is refused, never trained
-on. Each rank of a multi-process precompute writes its own shards (``RRRRR`` = rank); rank 0 writes the index last,
-so a cache without ``index.json`` is incomplete and is refused.
+fingerprint records everything that shaped the tensors, the data's content included (as far as it can be told
+without reading every image); a cache made with other settings or from other data is refused, never trained on.
+Each rank of a multi-process precompute writes its own shards (``RRRRR`` = rank) and a list of them
+(``shards-RRRRR.json``); rank 0 writes the index last, so a cache without ``index.json`` is incomplete and is
+refused. The folder holds nothing else: precompute writes only into a folder of its own, and deletes only files
+with the names above.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import re
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch.utils.data import Dataset
 
+from dit_trainer.data import SOURCES
 from dit_trainer.errors import ConfigError
 from dit_trainer.prompts import load_prompts
 
@@ -34,7 +40,15 @@ if TYPE_CHECKING:
 
 INDEX = "index.json"
 PROMPTS = "prompts.safetensors"
-FORMAT_VERSION = 1
+SHARD_LIST = "shards-{rank:05d}.json"  # one rank's shards, read by rank 0 to write the index
+# Every name precompute writes: those of ``shard_name``, ``SHARD_LIST``, the index, the prompts and the temporaries
+# of their atomic writes. These are the only files it ever deletes (what an unfinished precompute left).
+CACHE_FILE = re.compile(
+    r"shard-\d{5}-\d{5}\.safetensors|shards-\d{5}\.json|index\.json|prompts\.safetensors|"
+    r"\.(index\.json|prompts\.safetensors)\.partial"
+)
+INDEX_KEYS = ("fingerprint", "items", "dtype", "shards", "prompts")
+FORMAT_VERSION = 2  # 2: the fingerprint holds the text encoder's tokenizer_subfolder and the data's content
 TENSOR_KEYS = ("latent_mean", "latent_std", "text_embeds", "text_mask")
 IN_MEMORY_BYTES = 2 << 30  # as stored; float16 doubles in memory
 STORAGE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}  # data.cache_dtype
@@ -52,15 +66,19 @@ NOT_FINGERPRINTED = (
 
 
 def cache_fingerprint(cfg: TrainConfig) -> dict:
-    """Everything that shaped the cached tensors: the VAE, the text encoder and how images and captions were read."""
+    """Everything that shaped the cached tensors: the VAE, the text encoder, how images and captions were read, and
+    what the source holds (its ``content``: a folder that grew since must not reuse the cache)."""
     data = {k: v for k, v in asdict(cfg.data).items() if k not in NOT_FINGERPRINTED}
     text = cfg.text_encoder
-    return {
+    encoder = ("pretrained", "kind", "subfolder", "tokenizer_subfolder", "revision", "max_length")
+    fingerprint = {
         "format": FORMAT_VERSION,
         "vae": asdict(cfg.vae),
-        "text_encoder": {k: getattr(text, k) for k in ("pretrained", "kind", "subfolder", "revision", "max_length")},
+        "text_encoder": {k: getattr(text, k) for k in encoder},
         "data": data,
     }
+    content = SOURCES[cfg.data.source].content
+    return fingerprint | ({"data_content": content(cfg.data)} if content else {})
 
 
 def cache_prompts(cfg: TrainConfig) -> list[str]:
@@ -83,7 +101,8 @@ def _differences(saved: dict, wanted: dict, prefix: str = "") -> list[str]:
 
 
 def read_index(cache_dir: Path) -> dict:
-    """The index of a complete cache; a missing or partial cache is a ``ConfigError`` naming ``data.cache_dir``."""
+    """The index of a complete cache; a missing or partial cache, or an ``index.json`` that some other program
+    wrote, is a ``ConfigError`` naming ``data.cache_dir``."""
     path = cache_dir / INDEX
     if not path.is_file():
         raise ConfigError(
@@ -92,12 +111,58 @@ def read_index(cache_dir: Path) -> dict:
             f"there is no complete cache there (no {INDEX}: never written, or its precompute did not finish)",
             "write it with `python scripts/precompute.py <the same overrides as train.py>`",
         )
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        index = None
+    if not isinstance(index, dict) or any(key not in index for key in INDEX_KEYS):
+        raise ConfigError(
+            "data.cache_dir",
+            str(cache_dir),
+            f"its {INDEX} was not written by scripts/precompute.py (it is not a cache index)",
+            "point `data.cache_dir` at a cache written by `python scripts/precompute.py`, or at a new or empty "
+            "folder to write one there",
+        )
+    return index
 
 
-def check_fingerprint(index: dict, cfg: TrainConfig, cache_dir: Path) -> None:
-    """Refuse a cache made with other settings: training on it would silently learn from the wrong inputs."""
-    differences = _differences(index["fingerprint"], cache_fingerprint(cfg))
+def check_cache_folder(cache_dir: Path) -> list[Path]:
+    """What an unfinished precompute left in ``cache_dir`` (files with the cache's own names, to be replaced). A
+    file, or a folder holding anything else, is refused: it is the user's, and precompute never deletes it."""
+    if cache_dir.exists() and not cache_dir.is_dir():
+        raise ConfigError(
+            "data.cache_dir", str(cache_dir), "it is a file, not a folder", "point it at a new or empty folder"
+        )
+    entries = sorted(cache_dir.iterdir()) if cache_dir.is_dir() else []
+    foreign = [entry.name for entry in entries if not (entry.is_file() and CACHE_FILE.fullmatch(entry.name))]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise ConfigError(
+            "data.cache_dir",
+            str(cache_dir),
+            f"it holds files that are not part of a cache ({shown}), and precompute writes a cache only into a "
+            "folder of its own so that it never deletes anything else",
+            "point `data.cache_dir` at a new or empty folder",
+        )
+    return entries
+
+
+def check_fingerprint(index: dict, fingerprint: dict, cache_dir: Path) -> None:
+    """Refuse a cache made with other settings or from other data (``fingerprint``: this run's
+    ``cache_fingerprint``): training on it would silently learn from the wrong inputs."""
+    saved = index["fingerprint"]
+    if not isinstance(saved, dict) or saved.get("format") != FORMAT_VERSION:
+        version = saved.get("format") if isinstance(saved, dict) else None
+        age = "an older" if isinstance(version, int) and version < FORMAT_VERSION else "another"
+        raise ConfigError(
+            "data.cache_dir",
+            str(cache_dir),
+            f"the cache was written by {age} version of dit-trainer (cache format {version}; this one reads format "
+            f"{FORMAT_VERSION}, whose fingerprint also covers the data's content)",
+            "write the cache again with `python scripts/precompute.py <the same overrides as train.py>` into a new "
+            "folder (or delete this one first)",
+        )
+    differences = _differences(saved, fingerprint)
     if differences:
         shown = "; ".join(differences[:4]) + (f"; and {len(differences) - 4} more" if len(differences) > 4 else "")
         raise ConfigError(
@@ -123,9 +188,9 @@ class CacheDataset(Dataset):
             self.offsets.append(self.offsets[-1] + shard["items"])
         self._handles: dict[int, object] = {}  # opened lazily, so each DataLoader worker opens its own
         self.captions = [c for k in range(len(self.shards)) for c in json.loads(self._handle(k).metadata()["captions"])]
-        self.in_memory = sum(path.stat().st_size for path in self.shards) <= IN_MEMORY_BYTES
+        self.in_memory = bool(self.shards) and sum(path.stat().st_size for path in self.shards) <= IN_MEMORY_BYTES
         if self.in_memory:  # already as float32 / int64: an item is then a view, no conversion per step
-            shards = [load_file(path) for path in self.shards]
+            shards = [opened(path, load_file) for path in self.shards]
             self.tensors = {key: self._widen(torch.cat([shard[key] for shard in shards])) for key in shards[0]}
         self._handles.clear()
 
@@ -134,7 +199,7 @@ class CacheDataset(Dataset):
 
     def _handle(self, shard: int):
         if shard not in self._handles:
-            self._handles[shard] = safe_open(str(self.shards[shard]), framework="pt")
+            self._handles[shard] = opened(self.shards[shard], lambda path: safe_open(path, framework="pt"))
         return self._handles[shard]
 
     @staticmethod
@@ -195,12 +260,29 @@ class CachedPrompts:
         return self.embeds[rows], self.mask[rows]
 
 
+T = TypeVar("T")
+
+
+def opened(path: Path, read: Callable[[str], T]) -> T:
+    """``read(path)`` of a file the index names: a missing or unreadable one is a ``ConfigError`` naming it."""
+    try:
+        return read(str(path))
+    except (OSError, SafetensorError) as error:
+        raise ConfigError(
+            "data.cache_dir",
+            str(path.parent),
+            f"the cache is damaged: {path.name} is missing or unreadable ({str(error)[:200]})",
+            "write the cache again with `python scripts/precompute.py <the same overrides as train.py>` into a new "
+            "folder",
+        ) from error
+
+
 def open_cache(cfg: TrainConfig, device: torch.device) -> tuple[CacheDataset, CachedPrompts]:
-    """The cache at ``data.cache_dir``, checked against this run's settings and prompts."""
+    """The cache at ``data.cache_dir``, checked against this run's settings, data and prompts."""
     cache_dir = Path(str(cfg.data.cache_dir)).expanduser()
     index = read_index(cache_dir)
-    check_fingerprint(index, cfg, cache_dir)
-    prompts = load_file(cache_dir / PROMPTS)
+    check_fingerprint(index, cache_fingerprint(cfg), cache_dir)
+    prompts = opened(cache_dir / PROMPTS, load_file)
     text = CachedPrompts(index["prompts"], prompts["embeds"], prompts["mask"], device)
     text.encode(cache_prompts(cfg))  # a missing sample/monitor prompt fails now, not at the first sample grid
     return CacheDataset(cache_dir, index), text
@@ -210,19 +292,31 @@ def shard_name(rank: int, number: int) -> str:
     return f"shard-{rank:05d}-{number:05d}.safetensors"
 
 
+def refuse_non_finite(
+    tensors: dict[str, torch.Tensor], captions: list[str], key: str, value: Any, where: str, cause: str, fix: str
+) -> None:
+    """Encoded tensors (one row per caption) with NaN/inf are refused where they are made, rather than poisoning
+    every epoch of training; ``key`` and ``value`` name the setting to change, ``where`` the rows' place."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            bad = (~torch.isfinite(tensor.flatten(1))).any(1).nonzero().flatten().tolist()
+            shown = [captions[i] for i in bad[:3]]
+            problem = f"{name} is NaN/inf for {len(bad)} items{where} (captions {shown}): {cause}"
+            raise ConfigError(key, value, problem, fix)
+
+
 def save_shard(path: Path, tensors: dict[str, torch.Tensor], captions: list[str], dtype: torch.dtype) -> None:
-    """One shard, float tensors in the storage ``dtype``. NaN/inf is refused here, at write time (an encoder that
-    overflowed, or values beyond float16's range), rather than poisoning every epoch of training."""
+    """One shard, float tensors in the storage ``dtype``; NaN/inf is refused at write time (an encoder that
+    overflowed, or values beyond float16's range)."""
     stored = {k: (v.to(dtype) if v.is_floating_point() else v.to(torch.int8)).contiguous() for k, v in tensors.items()}
-    for key, value in stored.items():
-        if value.is_floating_point() and not torch.isfinite(value).all():
-            bad = (~torch.isfinite(value.flatten(1))).any(1).nonzero().flatten().tolist()
-            raise ConfigError(
-                "data.cache_dtype",
-                str(dtype).removeprefix("torch."),
-                f"{key} is NaN/inf for {len(bad)} items of {path.name} (captions {[captions[i] for i in bad[:3]]}): "
-                "the encoder overflowed or the values exceed the storage dtype",
-                "precompute in float32 (`trainer.mixed_precision=no`), store as `data.cache_dtype=bfloat16` or "
-                "float32, or check those images",
-            )
+    refuse_non_finite(
+        stored,
+        captions,
+        "data.cache_dtype",
+        str(dtype).removeprefix("torch."),
+        f" of {path.name}",
+        "the encoder overflowed or the values exceed the storage dtype",
+        "precompute in float32 (`trainer.mixed_precision=no`), store as `data.cache_dtype=bfloat16` or float32, or "
+        "check those images",
+    )
     save_file(stored, path, metadata={"captions": json.dumps(captions)})

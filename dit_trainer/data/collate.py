@@ -65,15 +65,15 @@ class SkipUnreadable(Dataset):
         tries = min(MAX_CONSECUTIVE_BAD, len(self))
         for offset in range(tries):
             current = (index + offset) % len(self)
-            try:
+            try:  # the transform too: an image can decode and still fail to convert
                 image, caption = self.read(current)
+                item = {
+                    "image": to_model_input(image, self.resolution, self.crop, self.horizontal_flip),
+                    "caption": caption,
+                }
             except UNREADABLE_ERRORS as error:
                 bad.append(describe_failure(self.name(current), error))
                 continue
-            item = {
-                "image": to_model_input(image, self.resolution, self.crop, self.horizontal_flip),
-                "caption": caption,
-            }
             return {**item, "bad_files": bad} if bad else item
         raise ConfigError(
             "data.path",

@@ -16,6 +16,16 @@ from dit_trainer.data.transforms import caption_keys, decode_image, pick_caption
 from dit_trainer.errors import ConfigError
 
 
+def _describe(error: BaseException) -> str:
+    """The error and, when it wraps others, the innermost one: that says what is wrong (a metadata file that is not
+    UTF-8) where ``DatasetGenerationError: An error occurred while generating the dataset`` does not."""
+    described = f"{type(error).__name__}: {str(error)[:300]}"
+    cause = error
+    while cause.__cause__ is not None or cause.__context__ is not None:
+        cause = cause.__cause__ or cause.__context__
+    return described if cause is error else f"{described}; caused by {type(cause).__name__}: {str(cause)[:300]}"
+
+
 def load_split(path: str, split: str) -> Any:
     """The ``split`` of the data set at ``path`` as a ``datasets.Dataset``; every failure is a ``ConfigError``."""
     import datasets
@@ -31,7 +41,7 @@ def load_split(path: str, split: str) -> Any:
         raise ConfigError(
             "data.path",
             path,
-            f"no data set could be loaded from it ({type(error).__name__}: {str(error)[:300]})",
+            f"no data set could be loaded from it ({_describe(error)})",
             "pass a folder written by `Dataset.save_to_disk`, a local data folder, or a hub id; with "
             "HF_HUB_OFFLINE=1 a hub data set must already be in the local cache (download it once online)",
         ) from error
@@ -46,6 +56,13 @@ def load_split(path: str, split: str) -> Any:
             )
         loaded = loaded[split]
     return loaded
+
+
+def split_fingerprint(path: str, split: str) -> dict:
+    """The fingerprint ``datasets`` keeps for the split (it changes whenever the data does; a saved data set reads it
+    from its state file, so no image is decoded) and its number of rows."""
+    dataset = load_split(path, split)
+    return {"fingerprint": dataset._fingerprint, "rows": dataset.num_rows}
 
 
 class HFImageDataset(SkipUnreadable):

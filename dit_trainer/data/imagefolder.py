@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -9,20 +10,56 @@ from pathlib import Path
 from PIL import Image
 
 from dit_trainer.data.collate import SkipUnreadable
-from dit_trainer.data.transforms import caption_keys, decode_image, pick_caption
+from dit_trainer.data.transforms import caption_keys, decode_image, json_type, pick_caption
 from dit_trainer.errors import ConfigError
+
+METADATA = "metadata.jsonl"
 
 
 def check_image_folder(path: str) -> None:
     """``data.path`` holds a metadata.jsonl: checked with the config, before any model is built."""
     folder = Path(path).expanduser()
-    if not (folder / "metadata.jsonl").is_file():
+    if not (folder / METADATA).is_file():
         raise ConfigError(
             "data.path",
             str(folder),
             "no metadata.jsonl was found there (one JSON object per image with `file_name` and a caption column)",
             "point `data.path` at the folder that holds metadata.jsonl and the images",
         )
+
+
+def metadata_fingerprint(path: str) -> dict:
+    """The number of entries of metadata.jsonl and its hash: a folder whose list of images or captions changed gets
+    another one. Images replaced in place under the same names do not (telling would mean reading them all)."""
+    digest, entries = hashlib.sha256(), 0
+    with (Path(path).expanduser() / METADATA).open("rb") as lines:
+        for line in lines:
+            digest.update(line)
+            entries += bool(line.strip())
+    return {"entries": entries, "metadata_sha256": digest.hexdigest()}
+
+
+def metadata_row(raw: bytes, number: int, folder: Path) -> dict | None:
+    """Line ``number`` of metadata.jsonl as a JSON object (None when blank); anything else is a ``ConfigError``
+    naming the line, not a traceback from deep inside the data loader."""
+
+    def refused(reason: str) -> ConfigError:
+        fix = "fix or remove that line (one JSON object per image, saved as UTF-8)"
+        return ConfigError("data.path", str(folder), f"line {number} of {METADATA} {reason}", fix)
+
+    try:
+        line = raw.decode("utf-8").removeprefix("\ufeff")  # the byte-order mark some editors write
+    except UnicodeDecodeError as error:
+        raise refused(f"is not UTF-8 (byte {raw[error.start]:#04x} at column {error.start + 1})") from error
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise refused(f"is not JSON ({error.msg})") from error
+    if not isinstance(row, dict):
+        raise refused(f'is a JSON {json_type(row)}, not an object like {{"file_name": ..., "text": ...}}')
+    return row
 
 
 class ImageFolderDataset(SkipUnreadable):
@@ -44,24 +81,16 @@ class ImageFolderDataset(SkipUnreadable):
         self.root = Path(root).expanduser()
         self.path = str(self.root)
         self.resolution, self.crop, self.horizontal_flip = resolution, crop, horizontal_flip
-        self.records = self._read_metadata(self.root / "metadata.jsonl", *caption_keys(caption_column, caption_columns))
+        self.records = self._read_metadata(self.root / METADATA, *caption_keys(caption_column, caption_columns))
 
     @staticmethod
     def _read_metadata(path: Path, key: str, columns: list[str]) -> list[tuple[str, tuple[str, ...]]]:
         records = []
-        with path.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
-                if not line.strip():
+        with path.open("rb") as lines:
+            for number, raw in enumerate(lines, start=1):
+                row = metadata_row(raw, number, path.parent)
+                if row is None:
                     continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise ConfigError(
-                        "data.path",
-                        str(path.parent),
-                        f"line {number} of metadata.jsonl is not JSON ({error.msg})",
-                        "fix or remove that line",
-                    ) from error
                 if "file_name" not in row or any(column not in row for column in columns):
                     raise ConfigError(
                         key,

@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 from tqdm.auto import tqdm
 
+from dit_trainer.data.cache import refuse_non_finite
 from dit_trainer.data.collate import collate_batch
 
 logger = logging.getLogger(__name__)
@@ -35,12 +36,22 @@ class LatentDataset(Dataset):
 def encode_dataset(
     dataset: Dataset, vae, device: torch.device, batch_size: int = 256, num_workers: int = 0, show_progress: bool = True
 ) -> LatentDataset:
-    """Run the VAE encoder over ``dataset`` once; results stay on the CPU."""
+    """Run the VAE encoder over ``dataset`` once; results stay on the CPU. NaN/inf is refused as the disk cache
+    refuses it: here it would be drawn from at every step."""
     means, stds, captions, bad_files = [], [], [], []
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_batch)
     for batch in tqdm(loader, desc="encode latents", disable=not show_progress):
         bad_files += batch["bad_files"]
         mean, std = vae.encode_posterior(batch["image"].to(device))
+        refuse_non_finite(
+            {"latent_mean": mean, "latent_std": std},
+            batch["caption"],
+            "data.cache_latents",
+            True,
+            "",
+            "the VAE encoder overflowed, and every epoch would train on them",
+            "encode in float32 (`trainer.mixed_precision=no`) or remove those images from the data set",
+        )
         means.append(mean.cpu())
         stds.append(std.cpu())
         captions.extend(batch["caption"])

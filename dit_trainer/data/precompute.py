@@ -21,22 +21,24 @@ from torch.utils.data import DataLoader, IterableDataset, Subset
 from tqdm.auto import tqdm
 
 from dit_trainer.components import build_text_encoder, build_vae
+from dit_trainer.components.build import check_resolution
 from dit_trainer.config import TrainConfig
 from dit_trainer.data import build_dataset, collate_batch
 from dit_trainer.data.cache import (
     INDEX,
     PROMPTS,
+    SHARD_LIST,
     STORAGE_DTYPES,
     cache_fingerprint,
     cache_prompts,
+    check_cache_folder,
     check_fingerprint,
+    read_index,
     save_shard,
     shard_name,
 )
 from dit_trainer.errors import ConfigError
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
-
-SHARD_LIST = "shards-{rank:05d}.json"  # one rank's shards, read by rank 0 to write the index
 
 
 @dataclass
@@ -144,14 +146,14 @@ def _write_prompts(cfg: TrainConfig, cache_dir: Path, known: list[str], text_enc
     return prompts
 
 
-def _write_index(cfg: TrainConfig, cache_dir: Path, num_processes: int, prompts: list[str]) -> dict:
+def _write_index(cfg: TrainConfig, fingerprint: dict, cache_dir: Path, num_processes: int, prompts: list[str]) -> dict:
     shards, bad_files = [], []
     for rank in range(num_processes):
         record = json.loads((cache_dir / SHARD_LIST.format(rank=rank)).read_text(encoding="utf-8"))
         shards += record["shards"]
         bad_files += record["bad_files"]
     index = {
-        "fingerprint": cache_fingerprint(cfg),
+        "fingerprint": fingerprint,
         "items": sum(s["items"] for s in shards),
         "dtype": cfg.data.cache_dtype,
         "shards": shards,
@@ -166,31 +168,36 @@ def _write_index(cfg: TrainConfig, cache_dir: Path, num_processes: int, prompts:
 
 def precompute(cfg: TrainConfig) -> PrecomputeResult:
     """Write (or complete) the cache at ``data.cache_dir`` for ``cfg``. An existing complete cache for the same
-    settings only gets the prompts it lacks; one made with other settings is refused, never overwritten."""
+    settings and data only gets the prompts it lacks; one made with other settings is refused, never overwritten,
+    and so is a folder that holds anything but a cache."""
     cache_dir = _cache_dir(cfg)
     _refuse_random_augmentation(cfg)
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     dtype = weight_dtype(resolve_mixed_precision(cfg.trainer.mixed_precision))
-    existing = cache_dir / INDEX
-    if existing.is_file():
-        index = json.loads(existing.read_text(encoding="utf-8"))
-        check_fingerprint(index, cfg, cache_dir)
+    fingerprint = cache_fingerprint(cfg)  # of the data as it is before encoding starts
+    if (cache_dir / INDEX).is_file():
+        index = read_index(cache_dir)
+        check_fingerprint(index, fingerprint, cache_dir)
         items, bad_files = 0, []
         if state.is_main_process:  # the prompts file first: until the index names them, extra rows are unused
             text_encoder = build_text_encoder(cfg.text_encoder, state.device, dtype)
             index["prompts"] = _write_prompts(cfg, cache_dir, index["prompts"], text_encoder)
-            _write_json(existing, index)
+            _write_json(cache_dir / INDEX, index)
     else:
+        left = check_cache_folder(cache_dir)  # on every rank, so that a refusal stops them all
+        state.wait_for_everyone()
         if state.is_main_process:
             cache_dir.mkdir(parents=True, exist_ok=True)
-            for stale in cache_dir.glob("shard*"):  # left by a precompute that did not finish
+            for stale in left:  # what a precompute that did not finish wrote, and nothing else
                 stale.unlink()
         state.wait_for_everyone()
         text_encoder = build_text_encoder(cfg.text_encoder, state.device, dtype)
         vae = build_vae(cfg.vae, state.device, dtype)
+        check_resolution(cfg, vae.downsample_factor)
         items, bad_files = _encode_images(cfg, cache_dir, state, vae, text_encoder)
         state.wait_for_everyone()
         if state.is_main_process:
-            _write_index(cfg, cache_dir, state.num_processes, _write_prompts(cfg, cache_dir, [], text_encoder))
+            prompts = _write_prompts(cfg, cache_dir, [], text_encoder)
+            _write_index(cfg, fingerprint, cache_dir, state.num_processes, prompts)
     state.wait_for_everyone()
     return PrecomputeResult(cache_dir, items, bad_files)

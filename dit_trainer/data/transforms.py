@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -11,30 +12,46 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 # center / random: the short side resized to the resolution, then a square cut out; none: squashed to a square.
 CROPS = ("center", "random", "none")
+# Resizing an image whole costs memory in proportion to its elongation (a 10 x 20000 strip at 1024 px: 8 GB). Up to
+# this aspect ratio it is done as always (so the images of every earlier run come out bit-identical); beyond it, the
+# square is cut out of the original first.
+MAX_ASPECT_RESIZED_WHOLE = 16
 
 # What PIL raises for bytes that are not a readable image: OSError (covers UnidentifiedImageError, truncated data
 # and missing files), SyntaxError and ValueError (broken PNG chunks, bad headers), EOFError (cut-off frames), and
-# DecompressionBombError (absurd dimensions). ValueError also covers our own "no caption" and bad-UTF-8 cases.
+# the decompression bomb checks (absurd dimensions; ``decode_image`` turns PIL's warning into an error too).
+# ValueError also covers our own "no caption" and bad-UTF-8 cases.
 UNREADABLE_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     SyntaxError,
     ValueError,
     EOFError,
     Image.DecompressionBombError,
+    Image.DecompressionBombWarning,
 )
+JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
 def decode_image(data: bytes) -> Image.Image:
     """Decode every pixel now, so a truncated file fails here, inside the caller's try, not later in a transform.
 
     PIL reads pixels lazily, and an empty file would otherwise surface as a vague "cannot identify image file".
-    EXIF orientation is applied, as ``datasets.Image`` does, so phone photos are upright in every source.
+    EXIF orientation is applied, as ``datasets.Image`` does, so phone photos are upright in every source. An image
+    above ``Image.MAX_IMAGE_PIXELS``, which PIL only warns about (up to twice that), is refused like a bigger one: a
+    data loader worker decoding it could run out of memory and be killed, taking the run with it.
     """
     if not data:
         raise ValueError("empty file (0 bytes)")
-    image = Image.open(io.BytesIO(data))
-    image.load()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        image = Image.open(io.BytesIO(data))
+        image.load()
     return ImageOps.exif_transpose(image)
+
+
+def json_type(value: object) -> str:
+    """The JSON name of a parsed value's type ("number", "array", "null", ...), for messages about files."""
+    return "null" if value is None else JSON_TYPES.get(type(value), type(value).__name__)
 
 
 def describe_failure(name: str, error: BaseException) -> str:
@@ -98,6 +115,8 @@ def to_model_input(
     if crop == "none":
         image = image.resize((resolution, resolution), Image.BICUBIC)
     else:
+        if max(image.size) > MAX_ASPECT_RESIZED_WHOLE * min(image.size):  # the square first: memory stays bounded
+            image = crop_square(image, min(image.size), crop == "random", generator)
         image = crop_square(resize_short_side(image, resolution), resolution, crop == "random", generator)
     pixels = to_tensor(image)
     if horizontal_flip and torch.rand((), generator=generator) < 0.5:

@@ -6,6 +6,7 @@ truncated tar is skipped and reported exactly where it happens. ``webdataset`` s
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -25,6 +26,7 @@ from dit_trainer.data.transforms import (
     caption_keys,
     decode_image,
     describe_failure,
+    json_type,
     pick_caption,
     to_model_input,
 )
@@ -47,6 +49,14 @@ def expand_shards(pattern: str | None) -> list[str]:
             "data.path", pattern, f"{len(missing)} of its {len(shards)} shards do not exist (e.g. {missing[0]})", fix
         )
     return shards
+
+
+def shards_fingerprint(pattern: str) -> dict:
+    """The shards' count, total size and a hash of their names and sizes: a shard written since (grown, added,
+    replaced by one of another size) changes it, and no tar is read."""
+    sized = [(Path(shard).name, Path(shard).stat().st_size) for shard in expand_shards(pattern)]
+    names = hashlib.sha256(json.dumps(sized).encode()).hexdigest()
+    return {"shards": len(sized), "bytes": sum(size for _, size in sized), "sha256": names}
 
 
 def read_shard(shard: str, bad: list[str]) -> Iterator[tuple[str, dict[str, bytes]]]:
@@ -83,9 +93,9 @@ def caption_fields(members: dict[str, bytes]) -> dict[str, Any]:
     """What a caption can come from: ``txt`` (the .txt member) and every key of the .json member."""
     fields = json.loads(members["json"]) if "json" in members else {}
     if not isinstance(fields, dict):
-        raise ValueError(f"the .json member is a {type(fields).__name__}, not an object")
+        raise ValueError(f"the .json member is a JSON {json_type(fields)}, not an object")
     if "txt" in members:
-        fields["txt"] = members["txt"].decode("utf-8")
+        fields["txt"] = members["txt"].decode("utf-8").removeprefix("\ufeff")  # some editors start with a BOM
     return fields
 
 
@@ -202,15 +212,15 @@ class WebDatasetSource(IterableDataset):
         bad: list[str] = []
         previous: dict[str, Any] | None = None
         for shard, key, members in self.samples(bad):
-            try:
+            try:  # the transform too: an image can decode and still fail to convert
                 image, caption = self.decode(members)
+                pixels = to_model_input(image, self.resolution, self.crop, self.horizontal_flip)
             except UNREADABLE_ERRORS as error:
                 bad.append(describe_failure(f"{shard}:{key}", error))
                 continue
             if previous is not None:
                 yield previous
-            previous = {"image": to_model_input(image, self.resolution, self.crop, self.horizontal_flip)}
-            previous["caption"] = caption
+            previous = {"image": pixels, "caption": caption}
             if bad:
                 previous["bad_files"] = list(bad)
                 bad.clear()

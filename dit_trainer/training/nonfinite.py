@@ -18,10 +18,6 @@ logger = get_logger(__name__)
 SHOWN = 6
 
 
-def _value(tensor: torch.Tensor | None) -> float:
-    return float("nan") if tensor is None else tensor.item()
-
-
 class NonFiniteGuard:
     """``check(loss, grad_norm)`` once per step, on every process (one device sync).
 
@@ -46,11 +42,11 @@ class NonFiniteGuard:
         self.current_lr = current_lr
         self.consecutive = 0
 
-    def check(self, loss: torch.Tensor, grad_norm: torch.Tensor | None = None) -> bool:
-        """Whether this step's loss and gradients are finite on every process. A non-finite step is counted in
-        ``state.skipped_steps``; too many in a row raise ``NonFiniteError``."""
-        bad = ~torch.isfinite(loss) if grad_norm is None else ~torch.isfinite(loss) | ~torch.isfinite(grad_norm)
-        bad = bad.float()
+    def check(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+        """Whether this step's loss and the gradient it would apply (``grad_norm``: their total norm) are finite on
+        every process. A non-finite step is counted in ``state.skipped_steps``; too many in a row raise
+        ``NonFiniteError``."""
+        bad = (~torch.isfinite(loss) | ~torch.isfinite(grad_norm)).float()
         if self.accelerator.num_processes > 1:
             bad = self.accelerator.reduce(bad, reduction="sum")
         if not bad.item():
@@ -62,11 +58,11 @@ class NonFiniteGuard:
             raise NonFiniteError(self.report(loss, grad_norm))
         logger.warning(
             f"step {self.state.step + 1}: non-finite loss ({loss.item():.4g}) or gradient norm "
-            f"({_value(grad_norm):.4g}); the update is skipped"
+            f"({grad_norm.item():.4g}); the update is skipped"
         )
         return False
 
-    def report(self, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> str:
+    def report(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> str:
         model = self.accelerator.unwrap_model(self.model)
         bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
         more = f" and {len(bad) - SHOWN} more" if len(bad) > SHOWN else ""
@@ -75,7 +71,7 @@ class NonFiniteGuard:
             f"Training stopped at step {self.state.step + 1}: the loss or the gradients were NaN/inf for "
             f"{self.consecutive} consecutive steps (`trainer.max_consecutive_nonfinite={self.max_consecutive}`), and "
             f"each of those updates was skipped. Last step: loss {loss.item():.4g}, gradient norm "
-            f"{_value(grad_norm):.4g}, lr {self.current_lr():.4g}. Parameters with non-finite gradients: {shown}. "
+            f"{grad_norm.item():.4g}, lr {self.current_lr():.4g}. Parameters with non-finite gradients: {shown}. "
             f"To fix it, {'; or '.join(self.advice)}. Checkpoints written so far are intact; "
             "`trainer.resume=latest` continues from the newest."
         )

@@ -39,6 +39,7 @@ from dit_trainer.components.modulation import (
 from dit_trainer.config import PrivacyConfig
 from dit_trainer.data.poisson import PoissonBatchSampler, collate_poisson
 from dit_trainer.errors import ConfigError
+from dit_trainer.training.batches import require_full_batches
 
 logging.getLogger("opacus").setLevel(logging.WARNING)  # it logs every hooked layer at INFO
 register_grad_sampler(BlockModulation)(block_modulation_grad_sample)
@@ -152,6 +153,16 @@ class PrivateTraining:
         else:
             per_sample_loss.mean().backward()
 
+    def noise_gradient(self) -> None:
+        """Each sample's gradient clipped, summed and noised into ``.grad`` (the first half of the DP optimizer's
+        step; the accountant records the step here), so that it can be checked before ``apply_gradient``."""
+        if not self.optimizer.pre_step():
+            raise RuntimeError("Opacus skipped the step: virtual steps are not used by this trainer")
+
+    def apply_gradient(self) -> None:
+        """The second half of the DP optimizer's step: the wrapped optimizer applies the noised gradient."""
+        self.optimizer.original_optimizer.step()
+
     def backward_empty(self) -> None:
         """The gradient state of a batch without samples: a zero sum, to which the optimizer adds only noise."""
         for parameter in self.optimizer.params:
@@ -213,9 +224,8 @@ def make_private(
     warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
     warnings.filterwarnings("ignore", message="Optimal order is the largest alpha")  # a bound inside PRV
     check_model(model)
+    require_full_batches(len(dataset), batch_size, processes=1)
     steps_per_epoch = len(dataset) // batch_size
-    if steps_per_epoch < 1:
-        raise ConfigError("trainer.batch_size", batch_size, f"the data set has only {len(dataset)} images", "lower it")
     sampler = PoissonBatchSampler(len(dataset), steps_per_epoch, seed)
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_poisson, **loader_options)
     delta = cfg.delta if cfg.delta is not None else 1 / len(dataset)

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from dit_trainer.components import DiTAdapter, build_components, trainable_parameters
 from dit_trainer.config import TrainConfig, to_train_config
 from dit_trainer.data import build_dataset, collate_batch
-from dit_trainer.data.cache import CacheDataset, open_cache
+from dit_trainer.data.cache import CacheDataset, CachedPrompts, open_cache
 from dit_trainer.data.latent_cache import LatentDataset, encode_dataset
 from dit_trainer.diffusion import SamplerSettings, TextToImage
 from dit_trainer.durable import write_text_atomically
@@ -26,6 +26,7 @@ from dit_trainer.prompts import load_prompts
 from dit_trainer.rewards import build_reward
 from dit_trainer.run_folder import CHECKPOINTS, CONFIG, weights_format
 from dit_trainer.run_lock import RunFolderLock
+from dit_trainer.training.batches import require_full_batches
 from dit_trainer.training.checkpoint import Checkpointer, TrainingState, check_run_folder
 from dit_trainer.training.data_health import BadFileCounter
 from dit_trainer.training.ema import FusedEMA
@@ -65,21 +66,27 @@ def refuse_fsdp(accelerator: Accelerator) -> None:
         )
 
 
-def build_training_data(cfg: TrainConfig, accelerator: Accelerator, vae, cache: CacheDataset | None) -> Dataset:
-    """The disk cache when there is one; else the source data set, its posteriors kept in memory with
-    ``data.cache_latents``."""
-    if cache is not None:
-        return cache
-    dataset = build_dataset(cfg.data)
-    if cfg.data.cache_latents:
-        return encode_dataset(
-            dataset,
-            vae,
-            accelerator.device,
-            num_workers=cfg.data.num_workers,
-            show_progress=accelerator.is_main_process,
-        )
-    return dataset
+def build_source(cfg: TrainConfig, accelerator: Accelerator) -> tuple[Dataset, CachedPrompts | None]:
+    """The disk cache (and its prompt embeddings) when there is one, else the source data set; a map-style one is
+    checked to give every process a complete batch before any model is built."""
+    cache, cached_text = open_cache(cfg, accelerator.device) if cfg.data.cache_dir else (None, None)
+    dataset = build_dataset(cfg.data) if cache is None else cache
+    if not isinstance(dataset, IterableDataset):  # a stream's length is unknown: `resumable_batches` checks it
+        require_full_batches(len(dataset), cfg.trainer.batch_size, accelerator.num_processes)
+    return dataset, cached_text
+
+
+def build_training_data(cfg: TrainConfig, accelerator: Accelerator, vae, source: Dataset) -> Dataset:
+    """``source``, or with ``data.cache_latents`` its posteriors kept in memory (a disk cache holds them already)."""
+    if not cfg.data.cache_latents or isinstance(source, CacheDataset):
+        return source
+    return encode_dataset(
+        source,
+        vae,
+        accelerator.device,
+        num_workers=cfg.data.num_workers,
+        show_progress=accelerator.is_main_process,
+    )
 
 
 def loader_options(cfg: TrainConfig, dataset: Dataset, device: torch.device) -> dict:
@@ -282,7 +289,7 @@ def build_trainer(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
 
 def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, lock: RunFolderLock | None) -> Trainer:
     """``build_trainer`` once the run folder is held."""
-    cache, cached_text = open_cache(cfg, accelerator.device) if cfg.data.cache_dir else (None, None)
+    source, cached_text = build_source(cfg, accelerator)
     frozen_dtype = weight_dtype(accelerator.mixed_precision)
     parts = build_components(cfg, accelerator.device, frozen_dtype, cached_text)
     dit = parts.dit
@@ -290,7 +297,7 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     lr_scheduler = build_lr_scheduler(cfg, optimizer, accelerator)
     parameters = trainable_parameters(dit.transformer)
     ema = build_ema(cfg, parameters, accelerator.device)
-    dataset = build_training_data(cfg, accelerator, parts.vae, cache)
+    dataset = build_training_data(cfg, accelerator, parts.vae, source)
     privacy = None
     if cfg.privacy.enabled:  # Poisson batches and the DP optimizer; the loader is Opacus' business, not accelerate's
         check_private_launch(accelerator)

@@ -2,8 +2,9 @@
 
 ``AccelerateUpdate`` is the usual one: accelerate's gradient accumulation and fp16 loss scaling, the total norm
 taken before the step, clipping to ``optim.max_grad_norm``. ``PrivateUpdate`` is DP-SGD: Opacus back-propagates
-the (B,) loss so that each sample's gradient is clipped, the DP optimizer adds noise in its step, and the norm is
-that of the noised gradient it applied (taken after the step: before it, there is no such gradient).
+the (B,) loss so that each sample's gradient is clipped, the DP optimizer adds noise, and the norm is that of the
+noised gradient it applies. Either way the norm is taken before the parameters change, so the non-finite guard
+sees the gradient that would be applied and can skip it.
 """
 
 from __future__ import annotations
@@ -51,11 +52,11 @@ class Update(ABC):
         raise RuntimeError(f"{type(self).__name__} takes no empty batches")
 
     @abstractmethod
-    def norm_before_step(self) -> torch.Tensor | None:
-        """The gradients' total norm where the update knows it before stepping (None where it does not)."""
+    def norm_before_step(self) -> torch.Tensor:
+        """The total norm of the gradient the step would apply (the guard skips the step when it is not finite)."""
 
     @abstractmethod
-    def step(self, grad_norm: torch.Tensor | None, finite: bool) -> torch.Tensor:
+    def step(self, grad_norm: torch.Tensor, finite: bool) -> torch.Tensor:
         """Apply the update if ``finite`` and clear the gradients; returns the gradient norm to log."""
 
     def diagnostics_paused(self) -> contextlib.AbstractContextManager:
@@ -106,7 +107,7 @@ class AccelerateUpdate(Update):
         self.accelerator.unscale_gradients()
         return total_norm(self.parameters)
 
-    def step(self, grad_norm: torch.Tensor | None, finite: bool) -> torch.Tensor:
+    def step(self, grad_norm: torch.Tensor, finite: bool) -> torch.Tensor:
         if finite:
             self._clip(grad_norm)
         # fp16's grad scaler must see the step to skip it and lower its scale itself.
@@ -154,17 +155,16 @@ class PrivateUpdate(Update):
         self.privacy.backward_empty()
         return torch.tensor(0.0, device=self.device)
 
-    def norm_before_step(self) -> None:
-        return None
+    def norm_before_step(self) -> torch.Tensor:
+        """The norm of the clipped and noised gradient (as private as the weights it updates). Clipping does not make
+        a non-finite per-sample gradient finite (0 x inf is NaN), so this is what the guard must see."""
+        self.privacy.noise_gradient()
+        return total_norm(self.parameters)
 
-    def step(self, grad_norm: torch.Tensor | None, finite: bool) -> torch.Tensor:
-        """The norm logged is that of the noised gradient the optimizer applied, which is as private as the
-        weights."""
-        grad_norm = torch.tensor(float("nan"))
+    def step(self, grad_norm: torch.Tensor, finite: bool) -> torch.Tensor:
         if finite:
-            self.optimizer.step()
+            self.privacy.apply_gradient()
             self.lr_scheduler.step()
-            grad_norm = total_norm(self.parameters)
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
