@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -67,6 +67,20 @@ def find_checkpoint(run_dir: Path, spec: str) -> Path:
     return path
 
 
+def require_safetensors(checkpoint: Path, weights: Path) -> None:
+    """Checkpoint weights are read as safetensors only: train.py writes nothing else, and unpickling a ``.bin``
+    someone put there can run code (``torch.load``'s ``weights_only`` guard was bypassable before torch 2.6)."""
+    if not any(weights.glob("*.safetensors")):
+        raise ConfigError(
+            "checkpoint",
+            str(checkpoint),
+            f"its weights folder {weights} holds no .safetensors file (train.py writes weights only as safetensors, "
+            "and a pickled .bin is not loaded: unpickling can run code)",
+            "pass a checkpoint folder that train.py wrote, e.g. `checkpoint=latest`; to use weights you trust that "
+            "exist only as a .bin, convert them to safetensors first",
+        )
+
+
 def load_run(
     run_dir: str | Path, checkpoint: str = "latest", ema: bool = True, device: str | None = None
 ) -> TrainedRun:
@@ -75,15 +89,14 @@ def load_run(
     cfg = read_run_config(run_dir)
     path = find_checkpoint(run_dir, checkpoint)
     weights = weights_format(cfg.lora.enabled).weights_dir(path, ema)
+    require_safetensors(path, weights)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     if cfg.lora.enabled:  # the base model, adapters injected, then the checkpoint's adapter weights
         parts = build_components(cfg, device, dtype)
         load_adapter(parts.dit.transformer, weights)
     else:  # the checkpoint's folder is a whole diffusers transformer
-        parts = build_components(
-            replace(cfg, model=replace(cfg.model, pretrained=str(weights), subfolder=None)), device, dtype
-        )
+        parts = build_components(cfg, device, dtype, dit_weights=weights)
     text_to_image = TextToImage(parts.vae, parts.text_encoder, parts.schedule, parts.latent_shape, device)
     return TrainedRun(cfg, path, parts.dit.to(device, dtype).eval(), text_to_image)
 

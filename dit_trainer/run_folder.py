@@ -22,6 +22,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from dit_trainer.components.dit import load_trained_transformer
 from dit_trainer.components.lora import load_adapter, save_adapter
 from dit_trainer.config import TrainConfig, to_train_config
 from dit_trainer.errors import ConfigError, exit_code
@@ -51,7 +52,7 @@ class WeightsFormat:
         if self.lora:
             load_adapter(transformer, path)
         else:
-            transformer.load_state_dict(PixArtTransformer2DModel.from_pretrained(path).state_dict())
+            transformer.load_state_dict(load_trained_transformer(path).state_dict())
 
     def weights_dir(self, checkpoint: Path, ema: bool) -> Path:
         """The EMA weights if asked for and saved, else the raw ones."""

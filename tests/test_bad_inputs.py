@@ -209,3 +209,19 @@ def test_a_run_config_with_an_interpolation_is_refused_unresolved(written_run, t
     assert "`logger.run_name`" in printed.err and SECRET not in printed.out + printed.err
     assert not imported.exists() and not (tmp_path / "out").exists()
 
+
+def test_a_run_whose_weights_are_a_pickle_is_refused(written_run):
+    """dit-trainer writes weights as safetensors only; a pickled .bin in a run folder is not unpickled."""
+    from diffusers import PixArtTransformer2DModel
+
+    from dit_trainer.inference import load_run
+
+    checkpoint = written_run / "checkpoints" / "checkpoint-1"
+    weights = checkpoint / "transformer"
+    PixArtTransformer2DModel.from_pretrained(weights).save_pretrained(weights, safe_serialization=False)
+    (weights / "diffusion_pytorch_model.safetensors").unlink()
+    with pytest.raises(ConfigError) as caught:
+        load_run(written_run, str(checkpoint), device="cpu")
+    message = str(caught.value)
+    assert "`checkpoint`" in message and "safetensors" in message and "\n" not in message
+
