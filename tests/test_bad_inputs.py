@@ -225,3 +225,18 @@ def test_a_run_whose_weights_are_a_pickle_is_refused(written_run):
     message = str(caught.value)
     assert "`checkpoint`" in message and "safetensors" in message and "\n" not in message
 
+
+def test_sampling_into_a_folder_with_earlier_samples_is_refused_and_touches_nothing(written_run, tmp_path, capsys):
+    out_dir = tmp_path / "samples"
+    out_dir.mkdir()
+    (out_dir / "00000.png").write_bytes(b"an earlier image")
+    (out_dir / "notes.txt").write_text("mine")
+    before = _digest(out_dir)
+    assert _sample(written_run, out_dir) == 2
+    error = capsys.readouterr().err
+    assert "`out_dir`" in error and str(out_dir) in error and "00000.png" in error and "To fix it" in error
+    assert "Traceback" not in error and _digest(out_dir) == before
+
+    fresh = tmp_path / "fresh"  # the same command into a new folder writes the images
+    assert _sample(written_run, fresh) == 0
+    assert sorted(p.name for p in fresh.iterdir()) == ["00000.png", "index.jsonl"]
