@@ -7,6 +7,7 @@ import dataclasses
 import logging
 
 import pytest
+import wandb
 
 from dit_trainer.config import LoggerConfig, PrivacyConfig, TrainConfig
 from dit_trainer.training.run import build_accelerator, build_trainer
@@ -23,6 +24,8 @@ PUBLIC = ("train/lr", "train/grad_norm", "privacy/epsilon", "reward/mean")
 
 def _written_by_tracker(run_dir, name: str) -> bytes:
     """What the tracker wrote: W&B's offline run file (what `wandb sync` uploads), TensorBoard's event files."""
+    if name == "wandb":
+        wandb.teardown()  # the run's finish() returns before W&B's service has written everything
     pattern = "wandb/offline-run-*/run-*.wandb" if name == "wandb" else "logs/**/events.out.tfevents.*"
     return b"".join(path.read_bytes() for path in run_dir.glob(pattern))
 
