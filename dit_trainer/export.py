@@ -149,11 +149,11 @@ def _writer_is_gone(host: str, pid: int, started: int) -> bool:
         return True
 
 
-def remove_stale_staging(out_dir: Path) -> list[Path]:
+def remove_stale_staging(out_dir: Path) -> None:
     """Remove the staging folders that killed exports to ``out_dir`` left beside it: only folders named by
-    ``_staging_dir`` for this ``out_dir`` whose export process has ended. Returns them."""
+    ``_staging_dir`` for this ``out_dir`` whose export process has ended."""
     if not out_dir.parent.is_dir():
-        return []
+        return
     named = re.compile(re.escape(f".{out_dir.name}.partial-") + r"(?P<host>.+)-(?P<pid>\d+)-(?P<started>\d+)-\w+")
     stale = [
         path
@@ -164,7 +164,6 @@ def remove_stale_staging(out_dir: Path) -> list[Path]:
     ]
     for path in stale:
         shutil.rmtree(path, ignore_errors=True)
-    return stale
 
 
 def _staging_dir(out_dir: Path) -> Path:
