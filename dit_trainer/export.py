@@ -13,7 +13,13 @@ Two layouts, chosen by the run's text encoder:
 
 Both layouts write ``dit_trainer_export.json``: which checkpoint and weights (EMA or raw), the dtype, and the
 generation settings that reproduce the run's sampler (``max_sequence_length`` must be the run's
-``text_encoder.max_length``; resolution binning must be off for sample sizes other than PixArt's own).
+``text_encoder.max_length``; resolution binning must be off for sample sizes other than PixArt's own). Its paths are
+relative to the export folder (``run_dir``, the ``usage`` snippet's ``folder``), so an export moved with or without
+its run stays self-describing.
+
+The folder is written under a staging name beside ``out_dir`` (``.NAME.partial-HOST-PID-START-XXXX``) and renamed in
+one step when complete. A killed export leaves its staging folder behind; the next export to the same ``out_dir``
+removes those whose process is gone, and nothing else.
 
 Latent normalisation is folded into the exported VAE. ``FrozenVAE`` normalises latents per channel,
 ``(z - mean) * scaling_factor / std``, but ``PixArtAlphaPipeline`` decodes ``latents / vae.config.scaling_factor``
@@ -29,11 +35,15 @@ from __future__ import annotations
 import copy
 import inspect
 import json
+import os
+import re
 import shutil
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import torch
 from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, PixArtAlphaPipeline, PixArtTransformer2DModel
 from transformers import T5EncoderModel
@@ -53,12 +63,13 @@ class ExportResult:
     out_dir: Path
     pipeline: bool  # True: a PixArtAlphaPipeline folder; False: transformer/vae/scheduler + the manifest
     manifest: dict
+    usage: str  # the manifest's usage with ``folder`` set to ``out_dir`` as given: what to paste now
 
     @property
     def message(self) -> str:
         kind = "a PixArtAlphaPipeline folder" if self.pipeline else "transformer/, vae/, scheduler/ and " + MANIFEST
         return f"Exported {self.manifest['checkpoint']} ({self.manifest['weights']} weights) as {kind} to " + (
-            f"{self.out_dir}. Load and generate with:\n\n{self.manifest['usage']}"
+            f"{self.out_dir}. Load and generate with:\n\n{self.usage}"
         )
 
 
@@ -121,11 +132,46 @@ def _check_out_dir(out_dir: Path) -> None:
         )
 
 
+def _writer() -> str:
+    """Who stages an export: the host, the process id and its start time (a reused pid starts at another time)."""
+    process = psutil.Process()
+    return f"{socket.gethostname()}-{process.pid}-{int(process.create_time())}"
+
+
+def _writer_is_gone(host: str, pid: int, started: int) -> bool:
+    """Whether the export that named a staging folder has ended. Another machine's (shared storage) cannot be
+    checked from here, so it counts as running."""
+    if host != socket.gethostname():
+        return False
+    try:
+        return int(psutil.Process(pid).create_time()) != started
+    except psutil.NoSuchProcess:
+        return True
+
+
+def remove_stale_staging(out_dir: Path) -> None:
+    """Remove the staging folders that killed exports to ``out_dir`` left beside it: only folders named by
+    ``_staging_dir`` for this ``out_dir`` whose export process has ended."""
+    if not out_dir.parent.is_dir():
+        return
+    named = re.compile(re.escape(f".{out_dir.name}.partial-") + r"(?P<host>.+)-(?P<pid>\d+)-(?P<started>\d+)-\w+")
+    stale = [
+        path
+        for path in out_dir.parent.iterdir()
+        if path.is_dir()
+        and (match := named.fullmatch(path.name))
+        and _writer_is_gone(match["host"], int(match["pid"]), int(match["started"]))
+    ]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _staging_dir(out_dir: Path) -> Path:
-    """An empty sibling of ``out_dir`` to write into; renamed at the end so a failed export leaves nothing half."""
+    """An empty sibling of ``out_dir`` to write into, named after this process so that a later export can tell
+    whether it was left behind; renamed at the end so a failed export leaves nothing half."""
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
+        return Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-{_writer()}-", dir=out_dir.parent))
     except OSError as error:
         raise ConfigError(
             "out_dir",
@@ -153,7 +199,8 @@ FLOW_MATCHING_PATCH = (
 )
 
 
-def _usage(out_dir: Path, cfg: TrainConfig, manifest: dict, text_encoder_class: str | None) -> str:
+def _usage(folder: str, cfg: TrainConfig, manifest: dict, text_encoder_class: str | None) -> str:
+    """Python that loads the export in ``folder`` and generates an image as our sampler would."""
     generation = manifest["generation"]
     patch = FLOW_MATCHING_PATCH if manifest["scheduler_class"] == FlowMatchEulerDiscreteScheduler.__name__ else ""
     call = patch + (
@@ -169,7 +216,7 @@ def _usage(out_dir: Path, cfg: TrainConfig, manifest: dict, text_encoder_class: 
     if text_encoder_class is None:
         return (
             f"{imports}from diffusers import PixArtAlphaPipeline\n\n"
-            f"pipe = PixArtAlphaPipeline.from_pretrained({str(out_dir)!r}{torch_dtype})"
+            f"pipe = PixArtAlphaPipeline.from_pretrained({folder!r}{torch_dtype})"
             f"\n{call}"
         )
     te = cfg.text_encoder
@@ -179,7 +226,7 @@ def _usage(out_dir: Path, cfg: TrainConfig, manifest: dict, text_encoder_class: 
     return (
         f"{imports}from diffusers import AutoencoderKL, {scheduler}, PixArtAlphaPipeline, "
         f"PixArtTransformer2DModel\nfrom transformers import AutoTokenizer, {text_encoder_class}\n\n"
-        f"folder, text_encoder = {str(out_dir)!r}, {te.pretrained!r}\n"
+        f"folder, text_encoder = {folder!r}, {te.pretrained!r}\n"
         "pipe = PixArtAlphaPipeline(\n"
         f"    tokenizer=AutoTokenizer.from_pretrained(text_encoder{', ' + tok_args if tok_args else ''}),\n"
         f"    text_encoder={text_encoder_class}.from_pretrained(text_encoder{', ' + te_args if te_args else ''}),\n"
@@ -194,7 +241,7 @@ def export_run(cfg: ExportConfig) -> ExportResult:
     """Write ``cfg.checkpoint`` of ``cfg.run_dir`` to ``cfg.out_dir`` (see the module docstring for the layouts).
 
     Everything that can be checked without loading models is checked first, and the folder is written under a
-    temporary name and renamed at the end: a refused or failed export leaves ``out_dir`` as it was.
+    staging name and renamed at the end: a refused or failed export leaves ``out_dir`` as it was.
     """
     check_fields(cfg)
     run_dir = Path(cfg.run_dir).expanduser()
@@ -214,6 +261,7 @@ def export_run(cfg: ExportConfig) -> ExportResult:
     sampler = cfg.sampler or train_cfg.diffusion.sampler
     dtype = getattr(torch, cfg.dtype)
 
+    remove_stale_staging(out_dir)
     staging = _staging_dir(out_dir)
     try:
         run = load_run(run_dir, str(checkpoint), cfg.ema, device="cpu")
@@ -230,7 +278,7 @@ def export_run(cfg: ExportConfig) -> ExportResult:
         te = train_cfg.text_encoder
         manifest = {
             "format": "dit-trainer export 1",
-            "run_dir": str(run_dir.resolve()),
+            "run_dir": os.path.relpath(run_dir.resolve(), out_dir.resolve()),  # from this folder
             "checkpoint": checkpoint.name,
             "weights": "ema" if weights.name.endswith("_ema") else "raw",
             "dtype": cfg.dtype,
@@ -261,7 +309,8 @@ def export_run(cfg: ExportConfig) -> ExportResult:
                 "clean_caption": False,
             },
         }
-        manifest["usage"] = _usage(out_dir, train_cfg, manifest, None if is_t5 else type(text_encoder.model).__name__)
+        text_encoder_class = None if is_t5 else type(text_encoder.model).__name__
+        manifest["usage"] = _usage(".", train_cfg, manifest, text_encoder_class)  # wherever the folder is moved
         if is_t5:
             pipeline = PixArtAlphaPipeline(
                 tokenizer=text_encoder.tokenizer,
@@ -276,10 +325,18 @@ def export_run(cfg: ExportConfig) -> ExportResult:
             vae.save_pretrained(staging / "vae")
             scheduler.save_pretrained(staging / "scheduler")
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        if out_dir.is_dir():
-            out_dir.rmdir()  # empty (checked above); rename cannot replace a directory on every platform
-        staging.rename(out_dir)
+        _publish(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return ExportResult(out_dir, is_t5, manifest)
+    return ExportResult(out_dir, is_t5, manifest, _usage(str(out_dir), train_cfg, manifest, text_encoder_class))
+
+
+def _publish(staging: Path, out_dir: Path) -> None:
+    """Put the finished export in place in one step: a POSIX rename replaces a missing or empty ``out_dir``
+    atomically, and fails on one that another process filled meanwhile, which is then refused as at the start."""
+    try:
+        os.replace(staging, out_dir)
+    except OSError:
+        _check_out_dir(out_dir)
+        raise

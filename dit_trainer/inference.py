@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -14,7 +14,16 @@ from dit_trainer.diffusion import SamplerSettings, TextToImage
 from dit_trainer.errors import ConfigError
 from dit_trainer.images import to_pil
 from dit_trainer.prompts import load_prompts
-from dit_trainer.run_folder import CHECKPOINTS, is_checkpoint, read_run_config, resolve_checkpoint, weights_format
+from dit_trainer.run_folder import (
+    CHECKPOINTS,
+    check_writable_folder,
+    is_checkpoint,
+    read_run_config,
+    resolve_checkpoint,
+    weights_format,
+)
+
+SAMPLE_INDEX = "index.jsonl"
 
 
 @dataclass
@@ -67,6 +76,20 @@ def find_checkpoint(run_dir: Path, spec: str) -> Path:
     return path
 
 
+def require_safetensors(checkpoint: Path, weights: Path) -> None:
+    """Checkpoint weights are read as safetensors only: train.py writes nothing else, and unpickling a ``.bin``
+    someone put there can run code (``torch.load``'s ``weights_only`` guard was bypassable before torch 2.6)."""
+    if not any(weights.glob("*.safetensors")):
+        raise ConfigError(
+            "checkpoint",
+            str(checkpoint),
+            f"its weights folder {weights} holds no .safetensors file (train.py writes weights only as safetensors, "
+            "and a pickled .bin is not loaded: unpickling can run code)",
+            "pass a checkpoint folder that train.py wrote, e.g. `checkpoint=latest`; to use weights you trust that "
+            "exist only as a .bin, convert them to safetensors first",
+        )
+
+
 def load_run(
     run_dir: str | Path, checkpoint: str = "latest", ema: bool = True, device: str | None = None
 ) -> TrainedRun:
@@ -75,37 +98,54 @@ def load_run(
     cfg = read_run_config(run_dir)
     path = find_checkpoint(run_dir, checkpoint)
     weights = weights_format(cfg.lora.enabled).weights_dir(path, ema)
+    require_safetensors(path, weights)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     if cfg.lora.enabled:  # the base model, adapters injected, then the checkpoint's adapter weights
         parts = build_components(cfg, device, dtype)
         load_adapter(parts.dit.transformer, weights)
     else:  # the checkpoint's folder is a whole diffusers transformer
-        parts = build_components(
-            replace(cfg, model=replace(cfg.model, pretrained=str(weights), subfolder=None)), device, dtype
-        )
+        parts = build_components(cfg, device, dtype, dit_weights=weights)
     text_to_image = TextToImage(parts.vae, parts.text_encoder, parts.schedule, parts.latent_shape, device)
     return TrainedRun(cfg, path, parts.dit.to(device, dtype).eval(), text_to_image)
 
 
+def refuse_overwrite(out_dir: Path, names: list[str]) -> None:
+    """Sampling never replaces a file: images in ``out_dir`` may be all that is left of an earlier run or
+    checkpoint. Checked before any model loads, so a refused command costs nothing."""
+    check_writable_folder(out_dir, "out_dir")
+    taken = [name for name in names if (out_dir / name).exists()]
+    if taken:
+        listed = ", ".join(taken[:3]) + (f" and {len(taken) - 3} more" if len(taken) > 3 else "")
+        raise ConfigError(
+            "out_dir",
+            str(out_dir),
+            f"it already holds {listed}, which this command would write, and sampling never overwrites",
+            "pass a new folder, e.g. `out_dir=samples/run2`, or move those files away first",
+        )
+
+
 def sample_to_folder(cfg: SampleConfig) -> Path:
-    """Write one PNG per image and ``index.jsonl`` (``{"file", "prompt", "seed"}`` per image) into ``out_dir``."""
+    """Write one PNG per image and ``index.jsonl`` (``{"file", "prompt", "seed"}`` per image) into ``out_dir``,
+    none of whose files are replaced (files are created exclusively)."""
     check_fields(cfg)
     prompts = load_prompts(cfg.prompts, cfg.prompt_file)
-    run = load_run(cfg.run_dir, cfg.checkpoint, cfg.ema)
-    settings = run.settings(cfg.steps, cfg.guidance_scale, cfg.sampler)
     jobs = [
         (prompt, cfg.seed + index)
         for index, prompt in enumerate(p for p in prompts for _ in range(cfg.images_per_prompt))
     ]
+    names = [f"{index:05d}.png" for index in range(len(jobs))]
     out_dir = Path(cfg.out_dir).expanduser()
+    refuse_overwrite(out_dir, [SAMPLE_INDEX, *names])
+    run = load_run(cfg.run_dir, cfg.checkpoint, cfg.ema)
+    settings = run.settings(cfg.steps, cfg.guidance_scale, cfg.sampler)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with (out_dir / "index.jsonl").open("w", encoding="utf-8") as index_file:
+    with (out_dir / SAMPLE_INDEX).open("x", encoding="utf-8") as index_file:
         for start in range(0, len(jobs), cfg.batch_size):
             batch = jobs[start : start + cfg.batch_size]
             images = run.generate_images([p for p, _ in batch], [s for _, s in batch], settings, cfg.batch_size)
-            for offset, ((prompt, seed), image) in enumerate(zip(batch, images)):
-                name = f"{start + offset:05d}.png"
-                to_pil(image).save(out_dir / name)
+            for name, (prompt, seed), image in zip(names[start:], batch, images):
+                with (out_dir / name).open("xb") as file:
+                    to_pil(image).save(file, format="PNG")
                 index_file.write(json.dumps({"file": name, "prompt": prompt, "seed": seed}) + "\n")
     return out_dir

@@ -22,6 +22,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from dit_trainer.components.dit import load_trained_transformer
 from dit_trainer.components.lora import load_adapter, save_adapter
 from dit_trainer.config import TrainConfig, to_train_config
 from dit_trainer.errors import ConfigError, exit_code
@@ -52,7 +53,7 @@ class WeightsFormat:
         if self.lora:
             load_adapter(transformer, path)
         else:
-            transformer.load_state_dict(PixArtTransformer2DModel.from_pretrained(path).state_dict())
+            transformer.load_state_dict(load_trained_transformer(path).state_dict())
 
     def weights_dir(self, checkpoint: Path, ema: bool) -> Path:
         """The EMA weights if asked for and saved, else the raw ones."""
@@ -130,8 +131,44 @@ def resolve_checkpoint(spec: str | None, checkpoints_dir: Path) -> Path | None:
     return path
 
 
+def first_interpolation(node: Any, key: str = "") -> tuple[str, str] | None:
+    """The dotted key and text of the first ``${...}`` in a plain (unresolved) config tree, or None."""
+    if isinstance(node, dict):
+        children = ((f"{key}.{name}" if key else str(name), child) for name, child in node.items())
+    elif isinstance(node, list):
+        children = ((f"{key}[{index}]", child) for index, child in enumerate(node))
+    else:
+        return (key, node) if isinstance(node, str) and "${" in node else None
+    for child_key, child in children:
+        found = first_interpolation(child, child_key)
+        if found is not None:
+            return found
+    return None
+
+
+def refuse_interpolations(saved: DictConfig, config_path: Path) -> None:
+    """Refuse a run config holding an interpolation, before anything resolves it.
+
+    ``train.py`` writes ``config.yaml`` with every interpolation resolved, so one in it was added by hand or by
+    another tool, and resolving it is not safe: ``${oc.env:NAME}`` reads an environment variable (a token, a
+    password) into the config, and a resolver such as ``${package_model:MODULE}`` imports a module, running its
+    code. Refusing is clearer than keeping the text literally, which would only fail later as a strange model path
+    or prompt.
+    """
+    found = first_interpolation(OmegaConf.to_container(saved, resolve=False))
+    if found is not None:
+        key, text = found
+        raise ConfigError(
+            key,
+            text,
+            f"{config_path} must hold plain values (train.py writes it with every interpolation resolved), and "
+            "resolving one from a run folder could read environment variables or import code",
+            f"replace the interpolation in {config_path} with the value it stands for, then run again",
+        )
+
+
 def read_run_config(run_dir: Path) -> TrainConfig:
-    """The validated config a run folder was trained with."""
+    """The validated config a run folder was trained with; interpolations in it are refused, never resolved."""
     config_path = run_dir / CONFIG
     if not config_path.is_file():
         raise ConfigError(
@@ -141,6 +178,7 @@ def read_run_config(run_dir: Path) -> TrainConfig:
             "pass the folder train.py wrote (its hydra.run.dir)",
         )
     saved = OmegaConf.load(config_path)
+    refuse_interpolations(saved, config_path)
     try:
         return to_train_config(saved)
     except OmegaConfBaseException as error:  # a setting renamed, removed or retyped since the run was trained

@@ -6,7 +6,7 @@
 A T5-conditioned run becomes a PixArtAlphaPipeline folder (`PixArtAlphaPipeline.from_pretrained(out_dir)`);
 other text encoders get transformer/, vae/, scheduler/ and dit_trainer_export.json, which names the text encoder
 and shows how to assemble the pipeline. The VAE's per-channel latent statistics are folded into its weights.
-An existing non-empty out_dir is never overwritten.
+An existing non-empty out_dir is never overwritten; the export is staged beside it and renamed when complete.
 """
 
 from __future__ import annotations

@@ -4,19 +4,21 @@
 #   bash scripts/install.sh          # the package and the shapes text encoder
 #   bash scripts/install.sh test     # ... plus the test extras
 #
-# PyTorch: an installed torch (any CUDA, ROCm or CPU build) is kept. Without one, a machine with an NVIDIA driver
-# gets PyPI's default (CUDA) wheel; a CPU-only machine gets $DIT_TORCH_CPU (default torch==2.13.0, the CPU build
-# this project is tested with on CPU machines). To choose yourself, install torch first, e.g. from PyTorch's CPU
-# wheel index with `pip install torch --index-url <cpu index>`, then run this script.
+# PyTorch: an installed torch 2.6 or newer (any CUDA, ROCm or CPU build) is kept. Without one, or with an older one
+# (its torch.load(weights_only=True) can be bypassed, CVE-2025-32434), a machine with an NVIDIA driver gets PyPI's
+# default (CUDA) wheel; a CPU-only machine gets $DIT_TORCH_CPU (default torch==2.13.0, the CPU build this project is
+# tested with on CPU machines). Installed first, so that the package's own `torch>=2.6` does not make pip pick a
+# build. To choose yourself, install torch first, e.g. from PyTorch's CPU wheel index with
+# `pip install torch --index-url <cpu index>`, then run this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 extras="${1:-}"
 pip_install() { python -m pip install --disable-pip-version-check --progress-bar off -q "$@"; }
 
-if ! python -c "import torch" 2>/dev/null; then
+if ! python -c "import sys, torch; sys.exit(torch.__version__ < '2.6')" 2>/dev/null; then
     if command -v nvidia-smi >/dev/null 2>&1; then
-        pip_install torch
+        pip_install "torch>=2.6"
     else
         pip_install "${DIT_TORCH_CPU:-torch==2.13.0}"
     fi

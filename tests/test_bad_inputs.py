@@ -348,3 +348,92 @@ def test_an_hf_data_folder_with_metadata_that_is_not_utf8_names_the_cause(tmp_pa
     with pytest.raises(ConfigError) as caught:
         HFImageDataset(str(tmp_path / "images"), 16)
     assert "caused by UnicodeDecodeError" in _one_paragraph(caught.value, "data.path")
+
+
+# Run configs, scripts and trackers (issue 17)
+
+SECRET = "sentinel-secret-5f0c2a9e41d7"
+
+
+@pytest.fixture()
+def written_run(tmp_path, tiny_pixart_dir):
+    """A run folder as train.py leaves it, written in-process: the resolved config.yaml and one checkpoint whose
+    transformer is the tiny PixArt."""
+    from dit_trainer.training.run import save_resolved_config
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_pixart_dir, run_dir / "checkpoints" / "checkpoint-1" / "transformer")
+    save_resolved_config(compose_config(TINY_SHAPES), run_dir / "config.yaml")
+    return run_dir
+
+
+def _sample(run_dir, out_dir, *args: str) -> int:
+    """scripts/sample.py's command line, in-process: one image of one prompt, one sampling step."""
+    from dit_trainer.cli import run_cli
+    from dit_trainer.config import SampleConfig
+    from dit_trainer.inference import sample_to_folder
+
+    argv = [str(run_dir), f"out_dir={out_dir}", f"checkpoint={run_dir / 'checkpoints' / 'checkpoint-1'}",
+            "prompts=[a red circle]", "images_per_prompt=1", "steps=1", *args]  # fmt: skip
+    return run_cli(sample_to_folder, SampleConfig, argv, "usage: sample.py")
+
+
+@pytest.mark.parametrize("interpolation", ["${oc.env:DIT_TEST_SECRET}", "${package_model:planted_module}"],
+                         ids=["environment", "resolver-import"])  # fmt: skip
+def test_a_run_config_with_an_interpolation_is_refused_unresolved(written_run, tmp_path, monkeypatch, capsys,
+                                                                  interpolation):  # fmt: skip
+    """train.py writes config.yaml resolved; an interpolation in it was put there by hand or by another tool, and
+    resolving it would read the environment (a secret) or import a module (run its code)."""
+    from dit_trainer.run_folder import read_run_config
+
+    monkeypatch.setenv("DIT_TEST_SECRET", SECRET)
+    imported = tmp_path / "imported"
+    (tmp_path / "planted_module.py").write_text(
+        f"open({str(imported)!r}, 'w').close()\ndef get_model_path():\n    return {SECRET!r}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = written_run / "config.yaml"
+    config.write_text(config.read_text().replace("  run_name: null\n", f"  run_name: {interpolation}\n", 1))
+
+    with pytest.raises(ConfigError) as caught:
+        read_run_config(written_run)
+    message = str(caught.value)
+    assert "`logger.run_name`" in message and str(config) in message and "\n" not in message
+    assert SECRET not in message and not imported.exists()
+
+    assert _sample(written_run, tmp_path / "out") == 2
+    printed = capsys.readouterr()
+    assert "`logger.run_name`" in printed.err and SECRET not in printed.out + printed.err
+    assert not imported.exists() and not (tmp_path / "out").exists()
+
+
+def test_a_run_whose_weights_are_a_pickle_is_refused(written_run):
+    """dit-trainer writes weights as safetensors only; a pickled .bin in a run folder is not unpickled."""
+    from diffusers import PixArtTransformer2DModel
+
+    from dit_trainer.inference import load_run
+
+    checkpoint = written_run / "checkpoints" / "checkpoint-1"
+    weights = checkpoint / "transformer"
+    PixArtTransformer2DModel.from_pretrained(weights).save_pretrained(weights, safe_serialization=False)
+    (weights / "diffusion_pytorch_model.safetensors").unlink()
+    with pytest.raises(ConfigError) as caught:
+        load_run(written_run, str(checkpoint), device="cpu")
+    message = str(caught.value)
+    assert "`checkpoint`" in message and "safetensors" in message and "\n" not in message
+
+
+def test_sampling_into_a_folder_with_earlier_samples_is_refused_and_touches_nothing(written_run, tmp_path, capsys):
+    out_dir = tmp_path / "samples"
+    out_dir.mkdir()
+    (out_dir / "00000.png").write_bytes(b"an earlier image")
+    (out_dir / "notes.txt").write_text("mine")
+    before = _digest(out_dir)
+    assert _sample(written_run, out_dir) == 2
+    error = capsys.readouterr().err
+    assert "`out_dir`" in error and str(out_dir) in error and "00000.png" in error and "To fix it" in error
+    assert "Traceback" not in error and _digest(out_dir) == before
+
+    fresh = tmp_path / "fresh"  # the same command into a new folder writes the images
+    assert _sample(written_run, fresh) == 0
+    assert sorted(p.name for p in fresh.iterdir()) == ["00000.png", "index.jsonl"]

@@ -239,3 +239,14 @@ def test_evaluate_needs_a_reward_when_the_run_configures_none():
 
     with pytest.raises(ConfigError, match="`weights`"):
         evaluation_reward(EvaluateConfig(run_dir="run"), TrainConfig())
+
+
+def test_torch_is_required_where_weights_only_loading_is_safe():
+    """torch.load(weights_only=True), which checkpoints use, can be bypassed before torch 2.6 (CVE-2025-32434); the
+    package requires 2.6, and scripts/install.sh replaces an older torch instead of keeping it."""
+    import tomllib
+
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert "torch>=2.6" in dependencies
+    install = (REPO / "scripts" / "install.sh").read_text()
+    assert "torch.__version__ < '2.6'" in install and '"torch>=2.6"' in install

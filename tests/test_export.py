@@ -2,6 +2,9 @@
 
 import importlib.util
 import json
+import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,11 +14,11 @@ from safetensors.torch import load_file
 from dit_trainer.components.vae import FrozenVAE
 from dit_trainer.config import ExportConfig
 from dit_trainer.errors import ConfigError
-from dit_trainer.export import MANIFEST, export_run, fold_latent_normalisation
+from dit_trainer.export import MANIFEST, _staging_dir, export_run, fold_latent_normalisation
 from dit_trainer.inference import load_run
 from dit_trainer.run_folder import read_run_config
 
-from .conftest import REPO, run_script, train
+from .conftest import REPO, run_script, train, wait_for
 
 QUICK = ["trainer.max_steps=2", "trainer.sample_every=0"]
 PROMPTS, SEEDS = ["a red circle", "a blue square"], [3, 4]
@@ -104,12 +107,12 @@ def test_minilm_run_exports_pieces_and_a_manifest_whose_usage_reproduces_our_sam
     manifest = json.loads((out_dir / MANIFEST).read_text())
     assert manifest["weights"] == "raw" and manifest["pipeline"] is None
     assert manifest["text_encoder"]["class"] == "BertModel" and manifest["text_encoder"]["max_length"] == 8
-    assert manifest["usage"] in result.message
+    assert result.usage in result.message and result.usage == manifest["usage"].replace("'.'", repr(str(out_dir)))
     assert PixArtTransformer2DModel.from_pretrained(out_dir / "transformer").config.in_channels == 4
     assert AutoencoderKL.from_pretrained(out_dir / "vae").config.latents_mean is None
 
     namespace = {}
-    exec(manifest["usage"].split("image = pipe(")[0], namespace)  # the printed recipe, up to the call
+    exec(result.usage.split("image = pipe(")[0], namespace)  # the printed recipe, up to the call
     run = load_run(minilm_run, ema=False, device="cpu")
     ours = run.generate_images(PROMPTS, SEEDS, run.settings(2, 3.0))
     noise = torch.stack([torch.randn((4, 16, 16), generator=torch.Generator().manual_seed(s)) for s in SEEDS])
@@ -126,10 +129,10 @@ def test_a_flow_matching_run_exports_a_recipe_that_reproduces_our_euler_sampler(
     supplies them, and the pipeline then matches our sampler (without them it fails on ``init_noise_sigma``)."""
     run_dir = tmp_path / "flow_run"
     train(run_dir, *QUICK, "diffusion=flow", "diffusion.objective=flow_matching", "diffusion.shift=3")
-    manifest = export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(tmp_path / "flow_export"))).manifest
-    assert manifest["scheduler_class"] == "FlowMatchEulerDiscreteScheduler"
+    result = export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(tmp_path / "flow_export")))
+    assert result.manifest["scheduler_class"] == "FlowMatchEulerDiscreteScheduler"
     namespace = {}
-    exec(manifest["usage"].split("image = pipe(")[0], namespace)
+    exec(result.usage.split("image = pipe(")[0], namespace)
     run, ours, noise = _our_images_and_noise(run_dir, steps=3)
     theirs = namespace["pipe"](
         PROMPTS, latents=noise, num_inference_steps=3, guidance_scale=3.0, max_sequence_length=8,
@@ -215,3 +218,47 @@ def test_a_run_config_from_another_version_is_explained(tmp_path, minilm_run):
         read_run_config(tmp_path)
     message = str(caught.value)
     assert "`data.center_crop` is True" in message and str(tmp_path / "config.yaml") in message
+
+
+def _staging_folders(parent) -> list:
+    return sorted(p for p in parent.iterdir() if ".partial-" in p.name)
+
+
+@pytest.mark.slow
+def test_a_killed_export_s_staging_folder_is_removed_by_the_next_export_and_no_other(minilm_run, tmp_path):
+    out_dir = tmp_path / "export"
+    process = subprocess.Popen([sys.executable, "scripts/export.py", str(minilm_run), f"out_dir={out_dir}"], cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    wait_for(lambda: _staging_folders(tmp_path), process, timeout=120)
+    process.kill()
+    process.wait()
+    killed = _staging_folders(tmp_path)
+    assert len(killed) == 1 and not out_dir.exists()
+
+    running = _staging_dir(out_dir)  # named by this process, which runs: another export in progress
+    unrecognised = tmp_path / ".export.partial-not-written-by-an-export"
+    unrecognised.mkdir()
+    other_export = tmp_path / ".other.partial-x"
+    other_export.mkdir()
+    export_run(ExportConfig(run_dir=str(minilm_run), out_dir=str(out_dir)))
+    assert not killed[0].exists() and (out_dir / MANIFEST).is_file()
+    assert running.is_dir() and unrecognised.is_dir() and other_export.is_dir()
+
+
+@pytest.mark.slow
+def test_an_export_moved_with_its_run_stays_valid(minilm_run, tmp_path, monkeypatch):
+    """The manifest records paths relative to the export folder, and its usage loads the folder it lies in."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(minilm_run, run_dir)
+    export_run(ExportConfig(run_dir=str(run_dir)))
+    moved = tmp_path / "moved"
+    run_dir.rename(moved)
+    folder = moved / "export" / "checkpoint-2"
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert (folder / manifest["run_dir"]).resolve() == moved.resolve()
+    assert not [p for p in folder.rglob("*") if p.is_file() and str(tmp_path).encode() in p.read_bytes()]
+
+    monkeypatch.chdir(folder)
+    namespace = {}
+    exec(manifest["usage"].split("image = pipe(")[0], namespace)
+    assert namespace["pipe"].transformer.config.in_channels == 4

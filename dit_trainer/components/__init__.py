@@ -2,7 +2,13 @@
 ``build_components``, which builds them (and the noise schedule) from a run's config."""
 
 from dit_trainer.components.build import Components, build_components
-from dit_trainer.components.dit import DiTAdapter, build_dit, enable_gradient_checkpointing, load_transformer
+from dit_trainer.components.dit import (
+    DiTAdapter,
+    build_dit,
+    enable_gradient_checkpointing,
+    load_trained_transformer,
+    load_transformer,
+)
 from dit_trainer.components.freeze import freeze, trainable_parameters
 from dit_trainer.components.lora import apply_lora, load_adapter, merge_adapter, save_adapter
 from dit_trainer.components.modulation import expose_modulation_tables
@@ -26,6 +32,7 @@ __all__ = [
     "expose_modulation_tables",
     "freeze",
     "load_adapter",
+    "load_trained_transformer",
     "load_transformer",
     "merge_adapter",
     "save_adapter",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -54,18 +55,23 @@ def check_resolution(cfg: TrainConfig, downsample_factor: int) -> None:
 
 
 def build_components(
-    cfg: TrainConfig, device: torch.device, frozen_dtype: torch.dtype, cached_text: CachedPrompts | None = None
+    cfg: TrainConfig,
+    device: torch.device,
+    frozen_dtype: torch.dtype,
+    cached_text: CachedPrompts | None = None,
+    dit_weights: Path | None = None,
 ) -> Components:
     """Frozen VAE and text encoder on ``device`` in ``frozen_dtype``; the DiT (float32 master weights) sized by
-    the VAE's latent channels, the resolution, and the text encoder's hidden size. Training from a cache passes
-    its ``cached_text`` embeddings: the text encoder is then not loaded and the VAE keeps only its decoder."""
+    the VAE's latent channels, the resolution, and the text encoder's hidden size, or loaded from ``dit_weights``
+    (a checkpoint's whole transformer). Training from a cache passes its ``cached_text`` embeddings: the text
+    encoder is then not loaded and the VAE keeps only its decoder."""
     vae = build_vae(cfg.vae, device, frozen_dtype)
     check_resolution(cfg, vae.downsample_factor)
     if cached_text is not None:
         vae.drop_encoder()
     text_encoder = cached_text or build_text_encoder(cfg.text_encoder, device, frozen_dtype)
     latent_size = cfg.data.resolution // vae.downsample_factor
-    dit = build_dit(cfg.model, vae.latent_channels, latent_size, text_encoder.hidden_size)
+    dit = build_dit(cfg.model, vae.latent_channels, latent_size, text_encoder.hidden_size, dit_weights)
     if cfg.lora.enabled:
         apply_lora(dit.transformer, cfg.lora)
     if cfg.privacy.enabled:  # before the optimizer and EMA collect the parameters: their order changes

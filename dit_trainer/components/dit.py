@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -61,7 +62,8 @@ class DiTAdapter(nn.Module):
 
 
 def load_transformer(cfg: ModelConfig) -> PixArtTransformer2DModel:
-    """The pretrained transformer ``model.pretrained`` names (hub id or local path)."""
+    """The pretrained transformer ``model.pretrained`` names (hub id or local path). A hub model may ship only a
+    pickled ``.bin``; diffusers reads that with ``torch.load(weights_only=True)``, safe from torch 2.6 on."""
     return load_pretrained(
         PixArtTransformer2DModel.from_pretrained,
         cfg.pretrained,
@@ -79,6 +81,12 @@ def known_patch_size(cfg: ModelConfig) -> int | None:
     return (pretrained_config(cfg.pretrained, cfg.subfolder, cfg.revision) or {}).get("patch_size")
 
 
+def load_trained_transformer(folder: Path) -> PixArtTransformer2DModel:
+    """The transformer in one of our own checkpoint folders, read from safetensors only: dit-trainer never writes a
+    pickle there, so a ``.bin`` beside or instead of the weights was planted, and is not unpickled."""
+    return PixArtTransformer2DModel.from_pretrained(folder, use_safetensors=True)
+
+
 def enable_gradient_checkpointing(dit: DiTAdapter, reentrant: bool = False) -> None:
     """Recompute each transformer block in backward. ``reentrant`` picks torch's ``use_reentrant=True`` variant,
     which gives no gradient to a block whose inputs do not require grad (LoRA on a frozen patch embedding)."""
@@ -89,22 +97,26 @@ def enable_gradient_checkpointing(dit: DiTAdapter, reentrant: bool = False) -> N
     dit.transformer.enable_gradient_checkpointing(checkpoint)
 
 
-def build_dit(cfg: ModelConfig, in_channels: int, sample_size: int, caption_channels: int) -> DiTAdapter:
-    """A PixArt transformer sized by ``cfg`` whose input follows the VAE (``in_channels``, ``sample_size``)."""
-    if cfg.pretrained:
-        transformer = load_transformer(cfg)
+def build_dit(
+    cfg: ModelConfig, in_channels: int, sample_size: int, caption_channels: int, weights: Path | None = None
+) -> DiTAdapter:
+    """A PixArt transformer sized by ``cfg`` whose input follows the VAE (``in_channels``, ``sample_size``); with
+    ``weights`` (a checkpoint's transformer folder), the one trained there."""
+    if weights is not None or cfg.pretrained:
+        transformer = load_transformer(cfg) if weights is None else load_trained_transformer(weights)
+        source = str(weights or cfg.pretrained)
         config = transformer.config
         if config.in_channels != in_channels:
             raise ConfigError(
                 "model.pretrained",
-                cfg.pretrained,
+                source,
                 f"it takes {config.in_channels} input channels while the VAE gives {in_channels}",
                 "use the VAE this transformer was trained with (`vae=...`)",
             )
         if config.caption_channels != caption_channels:
             raise ConfigError(
                 "model.pretrained",
-                cfg.pretrained,
+                source,
                 f"it expects {config.caption_channels}-dim text features while the text encoder gives "
                 f"{caption_channels}",
                 "use the text encoder it was trained with (`text_encoder=...`)",

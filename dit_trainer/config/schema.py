@@ -75,6 +75,11 @@ class PrivacyConfig:
     # ghost: Opacus' ghost clipping (no per-sample gradients stored) | hooks: per-sample gradients (more memory)
     mode: str = one_of(("ghost", "hooks"), "ghost")
     accountant: str = one_of(("prv", "rdp", "gdp"), "prv")  # Opacus accountants
+    # Also send W&B the metrics computed on the private batches (the loss, its per-timestep buckets, skipped steps,
+    # unreadable files), which the DP guarantee does not cover. Off: W&B gets only the learning rate, the noised
+    # gradient's norm, throughput, epsilon and the monitors; metrics.jsonl and TensorBoard (files in the run
+    # folder) always get everything.
+    log_losses_to_trackers: bool = False
 
 
 @dataclass
