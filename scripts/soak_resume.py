@@ -1,7 +1,7 @@
 """Soak test of what a run survives: kill a shapes run with SIGKILL at random moments (during start-up, training and
 checkpoint writes), resume it with ``trainer.resume=latest`` each time, and check that nothing is lost.
 
-    python scripts/soak_resume.py                       # 20 kills, 400 steps, in a temporary folder
+    python scripts/soak_resume.py                       # 20 kills, 200 steps, in a temporary folder
     python scripts/soak_resume.py --kills 5 --steps 120 --out /tmp/soak
 
 After every kill each ``checkpoint-N`` folder must be complete and readable (a write that was cut short may only
@@ -25,17 +25,18 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from dit_trainer.run_folder import CHECKPOINTS, incomplete_reason, list_checkpoints
+from dit_trainer.run_folder import CHECKPOINTS, checkpoint_step, incomplete_reason, list_checkpoints
 from dit_trainer.training.metrics import MetricsFile
 
 REPO = Path(__file__).resolve().parents[1]
+CHECKPOINT_EVERY = 10
 RUN = [
     "+experiment=shapes",
     "data.length=256",
     "trainer.batch_size=16",
     "model.num_layers=2",
     "trainer.log_every=1",
-    "trainer.checkpoint_every=10",
+    f"trainer.checkpoint_every={CHECKPOINT_EVERY}",
     "trainer.checkpoints_total_limit=3",
     "trainer.sample_every=0",
     "trainer.seed=3",
@@ -74,22 +75,32 @@ def unreadable_checkpoints(run_dir: Path) -> list[str]:
 MOMENTS = ("during start-up", "while training", "during a checkpoint write")
 
 
-def kill_at_a_random_moment(process: subprocess.Popen, run_dir: Path, rng: random.Random) -> str:
-    """SIGKILL ``process`` at a random moment of a random phase: start-up (imports, models, resume), training, or a
-    checkpoint write; returns the phase, or 'finished' if the run ended first."""
-    launched, moment = time.time(), rng.choice(MOMENTS)
-    delay, deadline = rng.uniform(0.0, 5.0), None
+def logged_step(run_dir: Path, since: float) -> int:
+    """The last step in metrics.jsonl (the loop logs every step here), once the file was written after ``since``
+    (before, it may hold a killed attempt's steps past the checkpoint, which resuming removes)."""
     metrics = run_dir / "metrics.jsonl"
+    if not metrics.exists() or metrics.stat().st_mtime < since:
+        return 0
+    records = MetricsFile(metrics).read()
+    return records[-1]["step"] if records else 0
+
+
+def kill_at_a_random_moment(process: subprocess.Popen, run_dir: Path, rng: random.Random) -> str:
+    """SIGKILL ``process`` at a random moment of a random phase: start-up (imports, models, resume), training (1 to
+    25 steps after the resumed one), or the first or second checkpoint write; returns the phase, or 'finished' if
+    the run ended first. Moments in steps, not seconds, so that runs progress on a slow or busy machine."""
+    moment = rng.choice(MOMENTS)
+    resumed = max((checkpoint_step(p) for p in list_checkpoints(run_dir / CHECKPOINTS)), default=0)
+    launched, delay = time.time(), rng.uniform(1.0, 6.0)
+    steps, writes = rng.randint(1, 25), rng.randint(1, 2)
     while process.poll() is None:
-        now = time.time()
         if moment == "during start-up":
-            due = now > launched + 1.0 + delay
+            due = time.time() > launched + delay
         elif moment == "while training":
-            if deadline is None and metrics.exists() and metrics.stat().st_mtime > launched:
-                deadline = now + delay
-            due = deadline is not None and now > deadline
+            due = logged_step(run_dir, since=launched) >= resumed + steps
         else:
-            due = any((run_dir / CHECKPOINTS).glob(".checkpoint-*.partial"))
+            partials = (run_dir / CHECKPOINTS).glob(".checkpoint-*.partial")
+            due = any(int(p.name.split("-")[1].split(".")[0]) >= resumed + writes * CHECKPOINT_EVERY for p in partials)
             time.sleep(rng.uniform(0.0, 0.2) if due else 0.0)
         if due:
             os.killpg(process.pid, signal.SIGKILL)
@@ -121,7 +132,7 @@ def soak(out: Path, kills: int, steps: int, seed: int) -> bool:
             moments.append(moment)
             if moment == "finished":
                 break
-        resumed_from = max((int(p.name.split("-")[1]) for p in list_checkpoints(soaked / CHECKPOINTS)), default=0)
+        resumed_from = max((checkpoint_step(p) for p in list_checkpoints(soaked / CHECKPOINTS)), default=0)
         code = launch(soaked, steps, log).wait()
     expected, got = losses(reference), losses(soaked)
     mismatched = [step for step in expected if got.get(step) != expected[step]]
@@ -138,7 +149,7 @@ def soak(out: Path, kills: int, steps: int, seed: int) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
     parser.add_argument("--kills", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0, help="of the kill moments")
     parser.add_argument("--out", type=Path, default=None, help="default: a new temporary folder")
     args = parser.parse_args()
