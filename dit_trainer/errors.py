@@ -53,9 +53,9 @@ class CheckpointWriteError(RuntimeError):
         else:  # torch.save and safetensors report a full disk in their own words
             reason = f"{type(cause).__name__}: {' '.join(str(cause).split())[:300]}"
         super().__init__(
-            f"Could not write the checkpoint of step {step} to {folder}: {reason}. The partial folder was removed "
-            f"and {newest}. To fix it, free space or point `hydra.run.dir` at a larger, writable disk, then "
-            "continue with `trainer.resume=latest`."
+            f"Could not write the checkpoint of step {step} to {folder}: {reason}. The partial folder is removed "
+            f"(at the latest when the run resumes) and {newest}. To fix it, free space or point `hydra.run.dir` at a "
+            "larger, writable disk, then continue with `trainer.resume=latest`."
         )
 
 

@@ -241,6 +241,12 @@ mark, name, launcher = os.environ["MARK"], os.environ["NODE"] + "." + os.environ
 got = []
 signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
 open(f"{mark}/ready.{name}", "w").close()
+if os.environ.get("WORKER_FAILS") and os.environ["RANK"] == "1":  # a user error, recorded as train.py does
+    from pathlib import Path
+    from dit_trainer.failures import record_failure
+    Path(os.environ["RUN_DIR"]).mkdir(parents=True, exist_ok=True)
+    record_failure(Path(os.environ["RUN_DIR"]), int(os.environ["WORKER_FAILS"]), "planted")
+    sys.exit(int(os.environ["WORKER_FAILS"]))
 deadline = time.time() + float(os.environ["WORKER_SECONDS"])
 while not got and time.time() < deadline:
     time.sleep(0.02)
@@ -278,9 +284,10 @@ exit "$rc"
 """
 
 
-def run_sbatch(tmp_path: Path, script: str, nodes: int, warn: bool) -> tuple[int, Path, str]:
+def run_sbatch(tmp_path: Path, script: str, nodes: int, warn: bool, fail: int | None = None) -> tuple[int, Path, str]:
     """Run a sbatch script as Slurm would on the batch node; with ``warn``, send SIGUSR1 to the batch shell (what
-    ``--signal=B:USR1@120`` does) once every rank is up. Returns the exit code, the marker folder and the log."""
+    ``--signal=B:USR1@120`` does) once every rank is up; with ``fail``, rank 1 fails with that exit code. Returns
+    the exit code, the marker folder and the log."""
     mark, venv_bin = tmp_path / "mark", tmp_path / "venv" / "bin"
     mark.mkdir()
     venv_bin.mkdir(parents=True)
@@ -296,6 +303,8 @@ def run_sbatch(tmp_path: Path, script: str, nodes: int, warn: bool) -> tuple[int
         "REAL_ACCELERATE": str(Path(sys.executable).with_name("accelerate")),
         "OMP_NUM_THREADS": "1",
         "WORKER_SECONDS": "20" if warn else "0.5",
+        "WORKER_FAILS": str(fail or ""),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",  # `python` with this package
         "RUN_DIR": str(tmp_path / "run"),
         "SLURM_JOB_ID": "4242",
         "SLURM_JOB_NAME": "dit-test",
@@ -340,6 +349,13 @@ def test_single_node_sbatch_forwards_usr1_and_requeues(tmp_path, warn):
     else:
         assert not usr1_received(mark) and not (mark / "scontrol.log").exists()
         assert rc == 0
+
+
+@pytest.mark.slow
+def test_the_job_exits_with_the_code_a_failed_rank_recorded_not_the_launcher_s(tmp_path):
+    rc, mark, log = run_sbatch(tmp_path, "train_single_node.sbatch", nodes=1, warn=False, fail=5)
+    assert "exitcode  : 5" in log  # the launcher saw it, and exited 1
+    assert rc == 5 and not (mark / "scontrol.log").exists()  # not mistaken for a preemption either
 
 
 @pytest.mark.slow

@@ -157,7 +157,8 @@ class Checkpointer:
     def save(self, step: int) -> Path:
         """Write ``checkpoint-<step>`` atomically and durably (all processes take part); prune old ones after it is
         complete. Any failure to write (a full disk raises ``OSError``, ``RuntimeError`` from ``torch.save`` or
-        ``SafetensorError``) removes the partial folder and becomes a ``CheckpointWriteError``."""
+        ``SafetensorError``) becomes a ``CheckpointWriteError``; the main process removes the partial folder (on
+        another process's failure the main process may still be writing into it: the next start removes it)."""
         accelerator = self.accelerator
         path = self.checkpoints_dir / f"checkpoint-{step}"
         partial = self.checkpoints_dir / f".checkpoint-{step}.partial"
@@ -180,7 +181,8 @@ class Checkpointer:
                 publish(partial, path)
                 shutil.rmtree(replaced, ignore_errors=True)
         except WRITE_ERRORS as error:
-            shutil.rmtree(partial, ignore_errors=True)  # give back the space a full disk needs most
+            if accelerator.is_main_process:
+                shutil.rmtree(partial, ignore_errors=True)  # give back the space a full disk needs most
             raise CheckpointWriteError(step, partial, error, list_checkpoints(self.checkpoints_dir)) from error
         if accelerator.is_main_process and self.total_limit:
             for old in list_checkpoints(self.checkpoints_dir)[: -self.total_limit]:
@@ -203,6 +205,8 @@ class Checkpointer:
         """Continue from ``spec``: a checkpoint folder, or ``latest``: the newest complete checkpoint that loads (one
         that does not is reported and the previous one taken). Returns the checkpoint restored, None if none exists.
         A checkpoint of another world size or of a differently trained model is refused, not fallen back from."""
+        if self.accelerator.is_main_process:
+            self._remove_unfinished_writes()
         if spec is None:
             return None
         if spec == "latest":
@@ -228,6 +232,12 @@ class Checkpointer:
                 "restore a checkpoint folder from a copy, or start a fresh run in a new `hydra.run.dir`",
             )
         return None
+
+    def _remove_unfinished_writes(self) -> None:
+        """What writes that did not finish left (a kill, a failed process): never a checkpoint, only disk space."""
+        for pattern in (".checkpoint-*.partial", ".checkpoint-*.replaced"):
+            for leftover in self.checkpoints_dir.glob(pattern):
+                shutil.rmtree(leftover, ignore_errors=True)
 
     def _check_compatible(self, path: Path) -> None:
         """Same number of processes (each restores its own RNG and data position), and the same model, data and
