@@ -21,6 +21,12 @@ EXIT_NONFINITE = 4
 EXIT_CHECKPOINT_FAILED = 5
 
 
+def shortlist(items: list[str], limit: int, separator: str = ", ") -> str:
+    """The first ``limit`` of ``items`` and a count of the rest, so that a message stays one readable paragraph."""
+    rest = f"{separator}and {len(items) - limit} more" if len(items) > limit else ""
+    return separator.join(items[:limit]) + rest
+
+
 class ConfigError(ValueError):
     """A bad configuration value, explained in one paragraph: the key, the value, what is accepted, the fix."""
 

@@ -11,7 +11,7 @@ import torch
 from dit_trainer.components import DiTAdapter, build_components, load_adapter
 from dit_trainer.config import SampleConfig, TrainConfig, check_fields
 from dit_trainer.diffusion import SamplerSettings, TextToImage
-from dit_trainer.errors import ConfigError
+from dit_trainer.errors import ConfigError, shortlist
 from dit_trainer.images import to_pil
 from dit_trainer.prompts import load_prompts
 from dit_trainer.run_folder import (
@@ -116,7 +116,7 @@ def refuse_overwrite(out_dir: Path, names: list[str]) -> None:
     check_writable_folder(out_dir, "out_dir")
     taken = [name for name in names if (out_dir / name).exists()]
     if taken:
-        listed = ", ".join(taken[:3]) + (f" and {len(taken) - 3} more" if len(taken) > 3 else "")
+        listed = shortlist(taken, 3)
         raise ConfigError(
             "out_dir",
             str(out_dir),

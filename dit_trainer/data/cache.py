@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch.utils.data import Dataset
 
 from dit_trainer.data import SOURCES
-from dit_trainer.errors import ConfigError
+from dit_trainer.errors import ConfigError, shortlist
 from dit_trainer.prompts import load_prompts
 
 if TYPE_CHECKING:
@@ -136,7 +136,7 @@ def check_cache_folder(cache_dir: Path) -> list[Path]:
     entries = sorted(cache_dir.iterdir()) if cache_dir.is_dir() else []
     foreign = [entry.name for entry in entries if not (entry.is_file() and CACHE_FILE.fullmatch(entry.name))]
     if foreign:
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        shown = shortlist(foreign, 3)
         raise ConfigError(
             "data.cache_dir",
             str(cache_dir),
@@ -164,7 +164,7 @@ def check_fingerprint(index: dict, fingerprint: dict, cache_dir: Path) -> None:
         )
     differences = _differences(saved, fingerprint)
     if differences:
-        shown = "; ".join(differences[:4]) + (f"; and {len(differences) - 4} more" if len(differences) > 4 else "")
+        shown = shortlist(differences, 4, "; ")
         raise ConfigError(
             "data.cache_dir",
             str(cache_dir),
