@@ -163,9 +163,6 @@ class Checkpointer:
         path = self.checkpoints_dir / f"checkpoint-{step}"
         partial = self.checkpoints_dir / f".checkpoint-{step}.partial"
         replaced = self.checkpoints_dir / f".checkpoint-{step}.replaced"
-        if accelerator.is_main_process:
-            for leftover in (partial, replaced):  # left by a job killed while writing
-                shutil.rmtree(leftover, ignore_errors=True)
         accelerator.wait_for_everyone()
         try:
             accelerator.save_state(str(partial))
@@ -204,7 +201,8 @@ class Checkpointer:
     def restore(self, spec: str | None) -> Path | None:
         """Continue from ``spec``: a checkpoint folder, or ``latest``: the newest complete checkpoint that loads (one
         that does not is reported and the previous one taken). Returns the checkpoint restored, None if none exists.
-        A checkpoint of another world size or of a differently trained model is refused, not fallen back from."""
+        A checkpoint of another world size or of a differently trained model is refused, not fallen back from.
+        Every run starts here, so this is also where what unfinished writes left is removed."""
         if self.accelerator.is_main_process:
             self._remove_unfinished_writes()
         if spec is None:
