@@ -5,6 +5,7 @@ is made durable by syncing the folder that holds it."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -31,15 +32,18 @@ def publish(source: Path, target: Path) -> None:
     fsync_path(target.parent)
 
 
-def write_text_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` by ``text`` in one step: readers see the old content or the new, never a part of it."""
+def write_atomically(path: Path, write: Callable[[Path], None]) -> None:
+    """Replace ``path`` by what ``write(temporary_path)`` writes, in one step: readers see the old file or the
+    complete new one, never a part of it. A failed write leaves the old file and no temporary."""
     temporary = path.with_name(f".{path.name}.partial")
     try:
-        with temporary.open("w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
+        write(temporary)
+        fsync_path(temporary)
     except BaseException:
         temporary.unlink(missing_ok=True)  # a full disk needs the space back
         raise
     publish(temporary, path)
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))

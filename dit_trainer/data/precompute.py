@@ -8,8 +8,6 @@ writes ``index.json`` when all are done.
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +35,7 @@ from dit_trainer.data.cache import (
     save_shard,
     shard_name,
 )
+from dit_trainer.durable import write_atomically, write_text_atomically
 from dit_trainer.errors import ConfigError
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
 
@@ -125,15 +124,8 @@ def _encode_images(cfg: TrainConfig, cache_dir: Path, state: PartialState, vae, 
     return items, bad_files
 
 
-def _write_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """``write`` to a temporary file, then put it in place: an interrupted write leaves the old file intact."""
-    temporary = path.with_name(f".{path.name}.partial")
-    write(temporary)
-    os.replace(temporary, path)
-
-
 def _write_json(path: Path, record: dict) -> None:
-    _write_atomically(path, lambda file: file.write_text(json.dumps(record, indent=1), encoding="utf-8"))
+    write_text_atomically(path, json.dumps(record, indent=1))
 
 
 def _write_prompts(cfg: TrainConfig, cache_dir: Path, known: list[str], text_encoder) -> list[str]:
@@ -142,7 +134,7 @@ def _write_prompts(cfg: TrainConfig, cache_dir: Path, known: list[str], text_enc
     prompts = list(dict.fromkeys([*known, *cache_prompts(cfg)]))
     embeds, mask = text_encoder.encode(prompts)
     tensors = {"embeds": embeds.float().cpu().contiguous(), "mask": mask.cpu().contiguous()}
-    _write_atomically(cache_dir / PROMPTS, lambda file: save_file(tensors, file))
+    write_atomically(cache_dir / PROMPTS, lambda file: save_file(tensors, file))
     return prompts
 
 
