@@ -29,7 +29,7 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     watch = FailureWatch(run_dir).start() if is_multi_process() else None  # the others stop with a failed one
     try:
-        result = run(to_train_config(cfg), run_dir)
+        result = run(to_train_config(cfg, HydraConfig.get().overrides.task), run_dir)
     except USER_ERRORS as error:
         if watch is not None:  # an error caused by another process's failure (a folder it removed) reports that
             watch.stop_if_failed_elsewhere(timeout=0.0)

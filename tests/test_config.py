@@ -20,7 +20,9 @@ def online(monkeypatch):
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_validates(experiment, tmp_path, online):
     (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
-    cfg = compose_config([f"+experiment={experiment}", f"data.path={tmp_path}"])
+    # A GRPO recipe fine-tunes a trained model: `grpo.init_from=RUN` (tests/test_grpo_runs.py) or model.pretrained.
+    start = ["model.pretrained=PixArt-alpha/PixArt-XL-2-256x256"] if experiment.endswith("_grpo") else []
+    cfg = compose_config([f"+experiment={experiment}", f"data.path={tmp_path}", *start])
     assert cfg.trainer.max_steps >= 1
     assert cfg.diffusion.objective in OBJECTIVES
 

@@ -6,12 +6,15 @@ holds only what trains and ``peft`` users can load it onto the same base model.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from diffusers import PixArtTransformer2DModel
 from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
 from peft.tuners.lora import LoraModel
+from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
 
 from dit_trainer.errors import ConfigError
@@ -72,3 +75,17 @@ def merge_adapter(base: PixArtTransformer2DModel, cfg: LoRAConfig, directory: Pa
     tuner = apply_lora(base, cfg)
     load_adapter(base, directory)
     return tuner.merge_and_unload()
+
+
+@contextlib.contextmanager
+def adapters_disabled(transformer: PixArtTransformer2DModel) -> Iterator[None]:
+    """``transformer`` computes as its base model inside (peft's switch; it also clears the adapters'
+    ``requires_grad``, which re-enabling restores)."""
+    layers = [module for module in transformer.modules() if isinstance(module, BaseTunerLayer)]
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)

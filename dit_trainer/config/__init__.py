@@ -12,6 +12,7 @@ from dit_trainer.config.rules import to_train_config, validate
 from dit_trainer.config.schema import (
     DataConfig,
     DiffusionConfig,
+    GRPOConfig,
     GRPOMonitorConfig,
     LoggerConfig,
     LoRAConfig,
@@ -34,6 +35,7 @@ __all__ = [
     "DiffusionConfig",
     "EvaluateConfig",
     "ExportConfig",
+    "GRPOConfig",
     "GRPOMonitorConfig",
     "LoRAConfig",
     "LoggerConfig",

@@ -6,6 +6,7 @@ is one ``ConfigError`` paragraph naming the key, the value, what is accepted and
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -57,11 +58,14 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     )
     if cfg.privacy.enabled:
         _check_privacy(cfg)
-    check_reward_weights(cfg.reward.weights, required=cfg.monitor.grpo.enabled)
+    if cfg.grpo.enabled:
+        _check_grpo(cfg)
+    check_reward_weights(cfg.reward.weights, required=cfg.monitor.grpo.enabled or cfg.grpo.enabled)
     if cfg.monitor.grpo.enabled:
         load_prompts(cfg.monitor.grpo.prompts, cfg.monitor.grpo.prompt_file, "monitor.grpo.")
     _check_offline_models(cfg)
-    _check_data_path(cfg)
+    if not cfg.grpo.enabled:  # GRPO trains on its own samples and reads no data
+        _check_data_path(cfg)
     return cfg
 
 
@@ -184,6 +188,43 @@ def _check_privacy(cfg: TrainConfig) -> None:
     )
 
 
+def _check_grpo(cfg: TrainConfig) -> None:
+    """What a GRPO run needs: a trained starting point, prompts, a window of steps inside the sampler."""
+    g = cfg.grpo
+    require(
+        bool(g.init_from) or bool(cfg.model.pretrained),
+        "grpo.init_from",
+        g.init_from,
+        "GRPO fine-tunes a trained DiT, and neither a run to start from nor `model.pretrained` is set",
+        "set `grpo.init_from=RUN_DIR` (a run train.py wrote) or `model.pretrained=<hub id or path>`",
+    )
+    load_prompts(g.prompts, g.prompt_file, "grpo.")
+    window_end = g.sde_start + (g.sde_steps or 1)
+    require(
+        window_end < g.sample_steps,
+        "grpo.sde_start/sde_steps",
+        (g.sde_start, g.sde_steps),
+        f"the trained steps must lie within the first {g.sample_steps - 1} of the `grpo.sample_steps="
+        f"{g.sample_steps}` sampler steps (the last step is deterministic)",
+        "lower `grpo.sde_start` or `grpo.sde_steps`, or raise `grpo.sample_steps`",
+    )
+    require(
+        not cfg.privacy.enabled,
+        "privacy.enabled",
+        True,
+        "GRPO trains on generated images, not on the data set, so DP-SGD's per-example guarantee has nothing to "
+        "protect there",
+        "set `privacy.enabled=false`",
+    )
+    require(
+        cfg.trainer.gradient_accumulation_steps == 1,
+        "trainer.gradient_accumulation_steps",
+        cfg.trainer.gradient_accumulation_steps,
+        "a GRPO update takes one minibatch of trajectories (all its trained steps in one backward)",
+        "set `trainer.gradient_accumulation_steps=1`; for less memory per update raise `grpo.minibatches`",
+    )
+
+
 def _check_offline_models(cfg: TrainConfig) -> None:
     """Under HF_HUB_OFFLINE=1, every model named by hub id must already be on this machine."""
     models = {
@@ -192,7 +233,7 @@ def _check_offline_models(cfg: TrainConfig) -> None:
         "model.pretrained": cfg.model.pretrained,
         "diffusion.scheduler_pretrained": cfg.diffusion.scheduler_pretrained,
         "reward.clip_model": cfg.reward.clip_model
-        if cfg.monitor.grpo.enabled and "clip_score" in cfg.reward.weights
+        if (cfg.monitor.grpo.enabled or cfg.grpo.enabled) and "clip_score" in cfg.reward.weights
         else None,
     }
     for key, name_or_path in models.items():
@@ -215,8 +256,15 @@ def _check_data_path(cfg: TrainConfig) -> None:
         source.check_path(cfg.data.path)
 
 
-def to_train_config(cfg: DictConfig | TrainConfig) -> TrainConfig:
+def to_train_config(cfg: DictConfig | TrainConfig, overrides: Sequence[str] | None = None) -> TrainConfig:
     """A composed Hydra config (or a ``TrainConfig`` built in Python) as validated dataclasses, interpolations
-    such as ``${asset:shapes_vae}`` resolved."""
+    such as ``${asset:shapes_vae}`` resolved. A GRPO run's ``grpo.init_from`` is applied here, once (a run's saved
+    config records it in ``grpo.init_weights``); ``overrides`` are the command line's, to tell which values were
+    set by hand."""
     register_resolvers()
-    return validate(OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg)))
+    structured = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg))
+    if structured.grpo.init_from and structured.grpo.init_weights is None:
+        from dit_trainer.grpo.init import start_from_run  # it reads run folders, whose module imports this one
+
+        structured = start_from_run(structured, overrides)
+    return validate(structured)

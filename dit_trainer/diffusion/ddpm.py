@@ -14,11 +14,15 @@ from diffusers import DDIMScheduler, DPMSolverMultistepScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.training_utils import compute_snr
 
+from dit_trainer.diffusion.policy import DDIMPolicy
 from dit_trainer.diffusion.schedule import NoiseSchedule, SchedulerStep, TimestepDensity
 from dit_trainer.registry import lookup
 
 if TYPE_CHECKING:
     from dit_trainer.config import DiffusionConfig
+
+
+DEFAULT_ETA = 1.0  # DDPO's
 
 
 def _linear(num_timesteps: int, beta_start: float, beta_end: float) -> torch.Tensor:
@@ -207,3 +211,18 @@ class DDPMSchedule(NoiseSchedule):
         snr = compute_snr(self.scheduler, timesteps)
         clipped = torch.minimum(snr, torch.full_like(snr, self.snr_gamma))
         return clipped / snr if self.objective == "epsilon" else clipped / (snr + 1)
+
+    def policy(
+        self, num_steps: int, device: torch.device, noise_level: float | None, stochastic: torch.Tensor | None = None
+    ) -> DDIMPolicy:
+        """DDIM with eta = ``noise_level`` (default 1) over the DDIM sampler's timesteps; each step goes back
+        T // K timesteps, as the DDIM sampler does: past timestep 0 to alpha-bar 1 (a deterministic step), which the
+        last step reaches when K divides T."""
+        sampler = self.sampler(num_steps, device, "ddim")
+        timesteps = sampler.timesteps.to(device)
+        alphas_cumprod = sampler.alphas_cumprod.to(device)
+        previous = timesteps - self.num_train_timesteps // num_steps
+        alpha_bars_next = torch.where(previous >= 0, alphas_cumprod[previous.clamp(min=0)], 1.0)
+        every = torch.ones(num_steps, dtype=torch.bool, device=device) if stochastic is None else stochastic
+        eta = DEFAULT_ETA if noise_level is None else noise_level
+        return DDIMPolicy(alphas_cumprod[timesteps], alpha_bars_next, timesteps, self.objective, eta, every.to(device))

@@ -10,12 +10,14 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.training_utils import compute_loss_weighting_for_sd3
 
+from dit_trainer.diffusion.policy import FlowSDEPolicy
 from dit_trainer.diffusion.schedule import NoiseSchedule, SchedulerStep, TimestepDensity
 
 if TYPE_CHECKING:
     from dit_trainer.config import DiffusionConfig
 
 FLOW_WEIGHTINGS = ("none", "sigma_sqrt", "cosmap")
+DEFAULT_NOISE_LEVEL = 0.7  # Flow-GRPO's a
 
 
 def shift_sigmas(sigmas: torch.Tensor, shift: float) -> torch.Tensor:
@@ -92,3 +94,12 @@ class FlowSchedule(NoiseSchedule):
         if self.weighting == "none":
             return None
         return compute_loss_weighting_for_sd3(self.weighting, timesteps.float() / self.num_train_timesteps)
+
+    def policy(
+        self, num_steps: int, device: torch.device, noise_level: float | None, stochastic: torch.Tensor | None = None
+    ) -> FlowSDEPolicy:
+        """Flow-GRPO's SDE over the Euler sampler's sigmas (``noise_level`` a, default 0.7)."""
+        sampler = self.sampler(num_steps, device)
+        every = torch.ones(num_steps, dtype=torch.bool, device=device) if stochastic is None else stochastic
+        level = DEFAULT_NOISE_LEVEL if noise_level is None else noise_level
+        return FlowSDEPolicy(sampler.sigmas.to(device), sampler.timesteps, level, every.to(device))

@@ -24,6 +24,39 @@ class SamplerSettings:
     sampler: str = "ddim"
 
 
+def text_condition(text_encoder, prompts: Sequence[str], guidance_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(embeds, mask) of ``prompts``, followed by as many empty-prompt rows when CFG is on (``guidance_scale`` != 1):
+    the layout ``guided_prediction`` takes."""
+    embeds, mask = text_encoder.encode(list(prompts))
+    if guidance_scale == 1.0:
+        return embeds, mask
+    null_embeds, null_mask = text_encoder.encode([""] * len(prompts))
+    return torch.cat([embeds, null_embeds]), torch.cat([mask, null_mask])
+
+
+def guided_prediction(
+    dit: nn.Module,
+    sample: torch.Tensor,
+    timestep: torch.Tensor,
+    embeds: torch.Tensor,
+    mask: torch.Tensor,
+    guidance_scale: float,
+) -> torch.Tensor:
+    """The DiT's float32 prediction at ``timestep`` (one, or one per row) with classifier-free guidance: the one CFG
+    formula that sampling, GRPO's rollouts and its updates share (a different one would change the policy)."""
+    if guidance_scale == 1.0:
+        return dit(sample, timestep, embeds, mask).float()
+    timestep = timestep.expand(sample.shape[0])
+    doubled = dit(torch.cat([sample, sample]), torch.cat([timestep, timestep]), embeds, mask).float()
+    cond, uncond = doubled.chunk(2)
+    return uncond + guidance_scale * (cond - uncond)
+
+
+def initial_noise(seeds: Sequence[int], latent_shape: tuple[int, int, int]) -> torch.Tensor:
+    """(B, C, H, W) on the CPU: image ``i``'s noise depends only on ``seeds[i]``, never on global RNG."""
+    return torch.stack([torch.randn(latent_shape, generator=torch.Generator("cpu").manual_seed(int(s))) for s in seeds])
+
+
 @torch.no_grad()
 def generate(
     dit: nn.Module,
@@ -36,23 +69,12 @@ def generate(
     device: torch.device,
 ) -> torch.Tensor:
     """Latents (B, C, H, W) for ``prompts``; image ``i`` depends only on ``seeds[i]``, never on global RNG."""
-    noise = [torch.randn(latent_shape, generator=torch.Generator("cpu").manual_seed(int(seed))) for seed in seeds]
-    guidance_scale = settings.guidance_scale
     sampler = schedule.sampler(settings.steps, device, settings.sampler)
-    latents = torch.stack(noise).to(device) * getattr(sampler, "init_noise_sigma", 1.0)  # flow samplers: none
-    embeds, mask = text_encoder.encode(list(prompts))
-    guided = guidance_scale != 1.0
-    if guided:
-        null_embeds, null_mask = text_encoder.encode([""] * len(prompts))
-        embeds, mask = torch.cat([embeds, null_embeds]), torch.cat([mask, null_mask])
+    latents = initial_noise(seeds, latent_shape).to(device) * getattr(sampler, "init_noise_sigma", 1.0)
+    embeds, mask = text_condition(text_encoder, prompts, settings.guidance_scale)
     for t in sampler.timesteps:
         model_input = sampler.scale_model_input(latents, t) if hasattr(sampler, "scale_model_input") else latents
-        timestep = t.reshape(1).to(device)
-        if guided:
-            cond, uncond = dit(torch.cat([model_input, model_input]), timestep, embeds, mask).float().chunk(2)
-            prediction = uncond + guidance_scale * (cond - uncond)
-        else:
-            prediction = dit(model_input, timestep, embeds, mask).float()
+        prediction = guided_prediction(dit, model_input, t.reshape(1).to(device), embeds, mask, settings.guidance_scale)
         latents = sampler.step(prediction, t, latents).prev_sample
     return latents
 

@@ -19,6 +19,7 @@ import torch
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.training_utils import compute_density_for_timestep_sampling
 
+from dit_trainer.diffusion.policy import StochasticPolicy
 from dit_trainer.registry import lookup
 
 TIMESTEP_DENSITIES = ("uniform", "logit_normal", "mode", "cosmap")
@@ -104,3 +105,11 @@ class NoiseSchedule(ABC):
             sampler = self.diffusers_sampler(kind or own)
         sampler.set_timesteps(num_steps, device=device)
         return sampler
+
+    @abstractmethod
+    def policy(
+        self, num_steps: int, device: torch.device, noise_level: float | None, stochastic: torch.Tensor | None = None
+    ) -> StochasticPolicy:
+        """GRPO's stochastic policy over the grid of the family's first sampler (``sampler(num_steps)``): the same
+        timesteps, and with ``noise_level`` 0 the same steps. ``noise_level`` None is the family's default;
+        ``stochastic`` (K,) bools picks the steps that draw noise (default: all that can)."""

@@ -21,6 +21,10 @@ from dit_trainer.data.latent_cache import LatentDataset, encode_dataset
 from dit_trainer.diffusion import SamplerSettings, TextToImage
 from dit_trainer.durable import write_text_atomically
 from dit_trainer.errors import ConfigError
+from dit_trainer.grpo.build import build_policy, build_prompt_sampler, grpo_settings
+from dit_trainer.grpo.prompts import PromptSampler
+from dit_trainer.grpo.reference import build_reference
+from dit_trainer.grpo.trainer import GRPOTrainer
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
 from dit_trainer.prompts import load_prompts
 from dit_trainer.rewards import build_reward
@@ -191,11 +195,12 @@ def nonfinite_advice(cfg: TrainConfig, accelerator: Accelerator) -> list[str]:
 
 def loop_settings(cfg: TrainConfig, accelerator: Accelerator) -> LoopSettings:
     t = cfg.trainer
+    per_process = cfg.grpo.prompts_per_epoch * cfg.grpo.group_size if cfg.grpo.enabled else t.batch_size
     return LoopSettings(
         max_steps=t.max_steps,
         log_every=t.log_every,
         checkpoint_every=t.checkpoint_every,
-        images_per_step=t.batch_size * t.gradient_accumulation_steps * accelerator.num_processes,
+        images_per_step=per_process * t.gradient_accumulation_steps * accelerator.num_processes,
         data_path=cfg.data.path,
     )
 
@@ -218,13 +223,16 @@ def start_run(cfg: TrainConfig, run_dir: Path) -> tuple[Accelerator, RunFolderLo
     return accelerator, lock
 
 
-def build_lr_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, accelerator: Accelerator):
-    """The diffusers LR schedule; accelerate steps it once per process, so its lengths count all processes."""
+def build_lr_scheduler(
+    cfg: TrainConfig, optimizer: torch.optim.Optimizer, accelerator: Accelerator, updates_per_step: int = 1
+):
+    """The diffusers LR schedule in optimizer updates (a GRPO step makes ``updates_per_step``); accelerate steps it
+    once per process, so its lengths count all processes."""
     return get_scheduler(
         cfg.optim.lr_schedule,
         optimizer,
         num_warmup_steps=cfg.optim.warmup_steps * accelerator.num_processes,
-        num_training_steps=cfg.trainer.max_steps * accelerator.num_processes,
+        num_training_steps=cfg.trainer.max_steps * updates_per_step * accelerator.num_processes,
     )
 
 
@@ -238,10 +246,15 @@ def build_ema(cfg: TrainConfig, parameters: list[torch.nn.Parameter], device: to
 
 
 def build_checkpointer(
-    cfg: TrainConfig, accelerator: Accelerator, run_dir: Path, ema: FusedEMA | None, privacy: PrivateTraining | None
+    cfg: TrainConfig,
+    accelerator: Accelerator,
+    run_dir: Path,
+    ema: FusedEMA | None,
+    privacy: PrivateTraining | None,
+    prompt_sampler: PromptSampler | None = None,
 ) -> Checkpointer:
     """Checkpoints of the run, with the state every step draws its randomness from (one generator per process,
-    and the DP noise generator and accountant under DP)."""
+    the DP noise generator and accountant under DP, GRPO's prompt statistics)."""
     generator = torch.Generator(accelerator.device).manual_seed(cfg.trainer.seed + accelerator.process_index)
     state = TrainingState(generator, {"dp_noise": privacy.optimizer.generator} if privacy else None)
     return Checkpointer(
@@ -253,7 +266,10 @@ def build_checkpointer(
         weights=weights_format(cfg.lora.enabled),
         config=dataclasses.asdict(cfg),
         allow_config_change=cfg.trainer.allow_config_change,
-        json_states={"privacy_accountant": privacy} if privacy else None,
+        json_states={
+            **({"privacy_accountant": privacy} if privacy else {}),
+            **({"grpo_prompts": prompt_sampler} if prompt_sampler else {}),
+        },
     )
 
 
@@ -288,63 +304,85 @@ def build_trainer(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
 
 
 def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, lock: RunFolderLock | None) -> Trainer:
-    """``build_trainer`` once the run folder is held."""
-    source, cached_text = build_source(cfg, accelerator)
+    """``build_trainer`` once the run folder is held: a ``Trainer`` on the data, or a ``GRPOTrainer`` on rewards."""
+    grpo = cfg.grpo.enabled
+    source, cached_text = (None, None) if grpo else build_source(cfg, accelerator)
     frozen_dtype = weight_dtype(accelerator.mixed_precision)
     parts = build_components(cfg, accelerator.device, frozen_dtype, cached_text)
     dit = parts.dit
+    # The KL anchor is the starting weights: copied before anything trains (and before a resume loads others).
+    reference = build_reference(dit, cfg.lora.enabled, accelerator.autocast) if grpo and cfg.grpo.beta > 0 else None
     optimizer = build_optimizer(cfg, dit)
-    lr_scheduler = build_lr_scheduler(cfg, optimizer, accelerator)
+    updates_per_step = cfg.grpo.passes * cfg.grpo.minibatches if grpo else 1
+    lr_scheduler = build_lr_scheduler(cfg, optimizer, accelerator, updates_per_step)
     parameters = trainable_parameters(dit.transformer)
     ema = build_ema(cfg, parameters, accelerator.device)
-    dataset = build_training_data(cfg, accelerator, parts.vae, source)
-    privacy = None
-    if cfg.privacy.enabled:  # Poisson batches and the DP optimizer; the loader is Opacus' business, not accelerate's
-        check_private_launch(accelerator)
-        privacy, optimizer, dataloader = make_private(
-            cfg.privacy,
-            dit,
-            optimizer,
-            dataset,
-            batch_size=cfg.trainer.batch_size,
-            max_steps=cfg.trainer.max_steps,
-            seed=cfg.trainer.seed,
-            loader_options=loader_options(cfg, dataset, accelerator.device),
-            device=accelerator.device,
-        )
-        logger.info(privacy.describe(), main_process_only=True)
-    else:
-        dataloader = build_dataloader(cfg, dataset, accelerator.device)
+    privacy, dataloader, dataset = None, None, None
+    if not grpo:
+        dataset = build_training_data(cfg, accelerator, parts.vae, source)
+        if cfg.privacy.enabled:  # Poisson batches and the DP optimizer; the loader is Opacus', not accelerate's
+            check_private_launch(accelerator)
+            privacy, optimizer, dataloader = make_private(
+                cfg.privacy,
+                dit,
+                optimizer,
+                dataset,
+                batch_size=cfg.trainer.batch_size,
+                max_steps=cfg.trainer.max_steps,
+                seed=cfg.trainer.seed,
+                loader_options=loader_options(cfg, dataset, accelerator.device),
+                device=accelerator.device,
+            )
+            logger.info(privacy.describe(), main_process_only=True)
+        else:
+            dataloader = build_dataloader(cfg, dataset, accelerator.device)
     dit, optimizer, lr_scheduler = accelerator.prepare(dit, optimizer, lr_scheduler)
-    if privacy is None and not isinstance(dataset, IterableDataset):  # those are not sharded by accelerate
+    if dataloader is not None and privacy is None and not isinstance(dataset, IterableDataset):
         # Sharded, without device placement: the step moves the tensors it uses (as for the loaders above), so
-        # accelerate's per-batch walk through every caption string is not paid.
+        # accelerate's per-batch walk through every caption string is not paid. (Streams shard themselves.)
         dataloader = accelerator.prepare_data_loader(dataloader, device_placement=False)
     start_trackers(accelerator, cfg.logger, run_dir, dataclasses.asdict(cfg))
 
     text_to_image = TextToImage(parts.vae, parts.text_encoder, parts.schedule, parts.latent_shape, accelerator.device)
     monitors = build_monitors(cfg, MonitorContext(accelerator, text_to_image, ema, cfg.logger), run_dir, frozen_dtype)
     update = build_update(cfg, accelerator, dit, optimizer, lr_scheduler, parameters, privacy)
-    checkpointer = build_checkpointer(cfg, accelerator, run_dir, ema, privacy)
+    prompt_sampler = build_prompt_sampler(cfg) if grpo else None
+    checkpointer = build_checkpointer(cfg, accelerator, run_dir, ema, privacy, prompt_sampler)
     advice = nonfinite_advice(cfg, accelerator)
-    trainer = Trainer(
-        settings=loop_settings(cfg, accelerator),
-        run_dir=run_dir,
-        accelerator=accelerator,
-        dit=dit,
-        objective=DiffusionObjective(parts.vae, parts.text_encoder, parts.schedule, cfg.data.caption_dropout),
-        update=update,
-        dataloader=dataloader,
-        checkpointer=checkpointer,
-        guard=NonFiniteGuard(
+    loop = {
+        "settings": loop_settings(cfg, accelerator),
+        "run_dir": run_dir,
+        "accelerator": accelerator,
+        "dit": dit,
+        "update": update,
+        "checkpointer": checkpointer,
+        "guard": NonFiniteGuard(
             accelerator, dit, checkpointer.state, cfg.trainer.max_consecutive_nonfinite, advice, update.current_lr
         ),
-        bad_files=BadFileCounter(accelerator, cfg.data.max_bad_fraction, cfg.data.path),
-        ema=ema,
-        monitors=monitors,
-        num_train_timesteps=parts.schedule.num_train_timesteps,
-        run_lock=lock,
-    )
+        "ema": ema,
+        "monitors": monitors,
+        "num_train_timesteps": parts.schedule.num_train_timesteps,
+        "run_lock": lock,
+    }
+    if grpo:
+        trainer = GRPOTrainer(
+            **loop,
+            grpo=grpo_settings(cfg),
+            policy=build_policy(cfg, parts.schedule, accelerator.device),
+            vae=parts.vae,
+            text_encoder=parts.text_encoder,
+            reward=build_reward(cfg.reward, accelerator.device, frozen_dtype),
+            latent_shape=parts.latent_shape,
+            prompt_sampler=prompt_sampler,
+            reference=reference,
+        )
+    else:
+        trainer = Trainer(
+            **loop,
+            objective=DiffusionObjective(parts.vae, parts.text_encoder, parts.schedule, cfg.data.caption_dropout),
+            dataloader=dataloader,
+            bad_files=BadFileCounter(accelerator, cfg.data.max_bad_fraction, cfg.data.path),
+        )
     trainer.resume(cfg.trainer.resume)
     if accelerator.is_main_process:
         save_resolved_config(cfg, run_dir / CONFIG)

@@ -61,7 +61,9 @@ class TrainResult:
 
 class Trainer:
     """Trains ``dit`` on ``objective`` with ``update``; checkpoints through ``checkpointer`` (whose ``state`` holds
-    the step and the generator every random draw of a step comes from)."""
+    the step and the generator every random draw of a step comes from). ``objective``, ``dataloader`` and
+    ``bad_files`` are the data-driven step's; a subclass with its own ``batches`` and ``train_step`` (GRPO) needs
+    none of them."""
 
     def __init__(
         self,
@@ -70,13 +72,13 @@ class Trainer:
         run_dir: Path,
         accelerator: Accelerator,
         dit: nn.Module,
-        objective: Objective,
         update: Update,
-        dataloader: DataLoader,
         checkpointer: Checkpointer,
         guard: NonFiniteGuard,
-        bad_files: BadFileCounter,
         num_train_timesteps: int,
+        objective: Objective | None = None,
+        dataloader: DataLoader | None = None,
+        bad_files: BadFileCounter | None = None,
         ema: EMAModel | None = None,
         monitors: list[Monitor] | None = None,
         run_lock: RunFolderLock | None = None,
@@ -164,6 +166,11 @@ class Trainer:
         return step == self.settings.max_steps or (every > 0 and step % every == 0)
 
     def _train_metrics(self, losses: list[torch.Tensor], grad_norm: torch.Tensor, since: float) -> dict[str, float]:
+        """What a log step writes: the step metrics, unreadable files, and the loss per timestep bucket."""
+        metrics = self._step_metrics(losses, grad_norm, since)
+        return metrics | self.bad_files.check() | self.timestep_losses.collect(self.accelerator)
+
+    def _step_metrics(self, losses: list[torch.Tensor], grad_norm: torch.Tensor, since: float) -> dict[str, float]:
         """Loss (mean over the steps since the last log and over processes), lr, grad norm and throughput."""
         loss = mean_over_processes(self.accelerator, losses)
         seconds = time.perf_counter() - since  # measured after .item(): the device has caught up
@@ -221,7 +228,6 @@ class Trainer:
                 metrics = {}
                 if self._is_due(settings.log_every):
                     metrics = self._train_metrics(window_losses, grad_norm, window_start)
-                    metrics |= self.bad_files.check() | self.timestep_losses.collect(self.accelerator)
                     loss = metrics["loss"]
                     progress.set_postfix(loss=f"{loss:.4f}", img_s=f"{metrics['images_per_sec']:.0f}")
                     window_start, window_losses = time.perf_counter(), []

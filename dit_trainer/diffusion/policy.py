@@ -1,0 +1,133 @@
+"""Stochastic sampling policies with exact log-probabilities: what GRPO trains.
+
+A policy is the sampler's step made Gaussian: from ``x`` at grid point ``i`` and the DiT's (guided) prediction, the
+next latent is drawn from N(mean, std^2 I). With zero noise the mean is exactly the deterministic sampler's step
+(Euler for flow matching, DDIM for epsilon / v), so GRPO fine-tunes the sampler users sample with.
+
+- ``FlowSDEPolicy``: Flow-GRPO's ODE-to-SDE conversion of the rectified-flow Euler step, std a * sqrt(sigma /
+  (1 - sigma)) with the drift correction that keeps the marginals.
+- ``DDIMPolicy``: DDIM with eta > 0 (DDPO's ``ddim_with_logprob``), for epsilon and v prediction.
+
+All step math is float32. Log-probabilities are the Gaussian log-density averaged over the latent's dimensions
+(``gaussian_log_prob``), as every reference implementation does: a mean keeps the per-step log-ratio's scale
+independent of the image size, so the PPO clip range (~1e-4) and the learning rate carry over between resolutions.
+(A sum is the true log-density of the step; its gradient differs by the constant number of dimensions, which
+Adam's normalisation absorbs, but the clip range would have to shrink with the image size.)
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+
+import torch
+
+
+def gaussian_log_prob(sample: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """(B,) log N(sample; mean, std^2 I), averaged over all dimensions but the first; float32."""
+    sample, mean, std = sample.float(), mean.float(), std.float()
+    log_density = -((sample - mean) ** 2) / (2 * std**2) - torch.log(std) - 0.5 * math.log(2 * math.pi)
+    return log_density.flatten(1).mean(dim=1)
+
+
+class StochasticPolicy(ABC):
+    """``num_steps`` Gaussian steps over a sampler's grid. ``timesteps[i]`` is what the DiT is conditioned on at step
+    ``i``; ``stochastic[i]`` whether step ``i`` draws noise (a step with std 0, such as the last one, never does)."""
+
+    def __init__(self, timesteps: torch.Tensor, stochastic: torch.Tensor) -> None:
+        self.timesteps = timesteps
+        self.stochastic = stochastic
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.timesteps)
+
+    @abstractmethod
+    def distribution(
+        self, sample: torch.Tensor, prediction: torch.Tensor, index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, std) of the next latent, float32; ``index`` (B,) is each row's step, so rows of one batch may sit
+        at different steps (GRPO's updates batch many steps of many trajectories). std broadcasts (B, 1, 1, 1)."""
+
+    def step(
+        self, sample: torch.Tensor, prediction: torch.Tensor, index: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The next latent and its (B,) log-probability (None for a deterministic step)."""
+        rows = torch.full((sample.shape[0],), index, device=sample.device, dtype=torch.long)
+        mean, std = self.distribution(sample, prediction, rows)
+        if not self.stochastic[index]:
+            return mean, None
+        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        next_sample = mean + std * noise
+        return next_sample, gaussian_log_prob(next_sample, mean, std)
+
+
+def _rows(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``values[index]`` shaped (B, 1, 1, 1), float32."""
+    return values.to(index.device)[index].float().view(-1, 1, 1, 1)
+
+
+class FlowSDEPolicy(StochasticPolicy):
+    """Flow-GRPO's SDE for rectified flow (x_sigma = (1 - sigma) x0 + sigma eps, prediction v = eps - x0).
+
+    With dt = sigma' - sigma < 0 and s = a * sqrt(sigma / (1 - sigma)):
+    mean = x (1 + s^2 dt / (2 sigma)) + v (1 + s^2 (1 - sigma) / (2 sigma)) dt, std = s * sqrt(-dt).
+    At sigma = 1, s would be infinite: it is taken at the grid's second sigma instead (as Flow-GRPO does). The last
+    step (to sigma = 0) is plain Euler: noise there would land in the image itself.
+    """
+
+    def __init__(self, sigmas: torch.Tensor, timesteps: torch.Tensor, noise_level: float, stochastic: torch.Tensor):
+        super().__init__(timesteps, stochastic & (sigmas[1:] > 0) & (noise_level > 0))
+        self.sigmas = sigmas.float()
+        self.noise_level = noise_level
+
+    def distribution(
+        self, sample: torch.Tensor, prediction: torch.Tensor, index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        sample, prediction = sample.float(), prediction.float()
+        sigma, sigma_next = _rows(self.sigmas, index), _rows(self.sigmas, index + 1)
+        dt = sigma_next - sigma
+        stochastic = _rows(self.stochastic.float(), index)  # s = 0: the mean is exactly the Euler step
+        bounded = torch.where(sigma >= 1, self.sigmas[1].to(sigma), sigma)
+        s = self.noise_level * torch.sqrt(bounded / (1 - bounded)) * stochastic
+        mean = sample * (1 + s**2 / (2 * sigma) * dt) + prediction * (1 + s**2 * (1 - sigma) / (2 * sigma)) * dt
+        return mean, s * torch.sqrt(-dt)
+
+
+class DDIMPolicy(StochasticPolicy):
+    """DDIM with eta > 0 (Song et al. 2021, eq. 12), for epsilon and v prediction: from alpha-bar a at step i to a'
+    (that of the timestep T // K earlier, or 1 after the last, as diffusers' DDIM), sigma_t = eta sqrt((1 - a') /
+    (1 - a)) sqrt(1 - a / a') and mean = sqrt(a') x0 + sqrt(1 - a' - sigma_t^2) eps, x0 and eps read from the
+    prediction. The last step, to a' = 1, has sigma_t = 0."""
+
+    def __init__(
+        self,
+        alpha_bars: torch.Tensor,
+        alpha_bars_next: torch.Tensor,
+        timesteps: torch.Tensor,
+        objective: str,
+        eta: float,
+        stochastic: torch.Tensor,
+    ) -> None:
+        a, a_next = alpha_bars.double(), alpha_bars_next.double()
+        variance = eta**2 * (1 - a_next) / (1 - a) * (1 - a / a_next)
+        super().__init__(timesteps, stochastic & (variance > 0))
+        self.alpha_bars = alpha_bars.float()
+        self.alpha_bars_next = alpha_bars_next.float()
+        self.objective = objective
+        self.variance = variance.float()
+
+    def distribution(
+        self, sample: torch.Tensor, prediction: torch.Tensor, index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        sample, prediction = sample.float(), prediction.float()
+        a, a_next = _rows(self.alpha_bars, index), _rows(self.alpha_bars_next, index)
+        if self.objective == "epsilon":
+            eps = prediction
+            x0 = (sample - (1 - a).sqrt() * eps) / a.sqrt()
+        else:  # v_prediction
+            x0 = a.sqrt() * sample - (1 - a).sqrt() * prediction
+            eps = (1 - a).sqrt() * sample + a.sqrt() * prediction
+        variance = _rows(self.variance, index) * _rows(self.stochastic.float(), index)
+        mean = a_next.sqrt() * x0 + (1 - a_next - variance).sqrt() * eps
+        return mean, variance.sqrt()

@@ -1,0 +1,230 @@
+"""The GRPO step in the training loop: each step is one epoch of rollouts, rewards, group advantages and policy
+updates. Everything else (checkpoints, exact resume, monitors, metrics, preemption, the non-finite guard, EMA) is
+the ``Trainer``'s.
+
+An epoch on each process: draw ``prompts_per_epoch`` prompts, roll out ``group_size`` trajectories each with the
+raw weights (``roll_out``), decode and score the final latents, turn rewards into advantages within each prompt's
+group (statistics gathered over processes), then ``passes`` x ``minibatches`` optimizer updates of the clipped
+policy loss over the trained steps of the kept trajectories. The model stays in eval mode throughout (no dropout):
+the policy that rolls out is exactly the one that is updated, so the first update's ratio is 1.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dit_trainer.diffusion.policy import StochasticPolicy
+from dit_trainer.grpo.loss import clipped_policy_loss, gaussian_kl, ratio_statistics
+from dit_trainer.grpo.prompts import PromptSampler
+from dit_trainer.grpo.reference import ReferencePolicy
+from dit_trainer.grpo.rollout import Rollout, recompute_steps, roll_out
+from dit_trainer.rewards import WeightedReward, group_statistics
+from dit_trainer.training.preflight import preflight
+from dit_trainer.training.trainer import Trainer
+
+
+@dataclass(frozen=True)
+class GRPOSettings:
+    """What an epoch does (``GRPOConfig`` with the defaults resolved)."""
+
+    prompts: list[str]
+    prompts_per_epoch: int
+    group_size: int
+    guidance_scale: float
+    clip_range: float
+    adv_clip_max: float
+    advantage_std: str
+    filter_zero_std: bool
+    beta: float
+    minibatches: int
+    passes: int
+    rollout_batch_size: int
+    eps: float
+
+
+class GRPOTrainer(Trainer):
+    """A ``Trainer`` whose step is a GRPO epoch. ``policy`` is the stochastic sampler (its ``stochastic`` steps
+    are the trained ones); ``reference`` is needed only with ``beta`` > 0."""
+
+    def __init__(
+        self,
+        *,
+        grpo: GRPOSettings,
+        policy: StochasticPolicy,
+        vae: nn.Module,
+        text_encoder: nn.Module,
+        reward: WeightedReward,
+        latent_shape: tuple[int, int, int],
+        prompt_sampler: PromptSampler,
+        reference: ReferencePolicy | None = None,
+        **loop,
+    ) -> None:
+        super().__init__(**loop)
+        self.grpo = grpo
+        self.prompt_sampler = prompt_sampler  # checkpointed with the run (a JSON state of the checkpointer)
+        self.policy = policy
+        self.trained_steps = torch.nonzero(policy.stochastic).flatten()
+        self.vae = vae
+        self.text_encoder = text_encoder
+        self.reward = reward
+        self.latent_shape = latent_shape
+        self.reference = reference
+        self.epoch_metrics: dict[str, float] = {}
+        self.dit.eval()  # no dropout: the policy that rolls out is the one updated
+
+    def batches(self) -> Iterator[list[int]]:
+        """Each epoch's prompt indices for this process, from the prompt sampler and the checkpointed generator,
+        so a resumed run draws the same."""
+        while True:
+            yield self.prompt_sampler.draw(self.state.generator)
+
+    def train_step(self, batches: Iterator[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One epoch: roll out, score, advantages, updates. Returns (mean policy loss, last gradient norm)."""
+        start = time.perf_counter()
+        prompt_indices = next(batches)
+        rollout = roll_out(
+            self.dit,
+            self.policy,
+            self.text_encoder,
+            [self.grpo.prompts[i] for i in prompt_indices],
+            self.grpo.group_size,
+            self.latent_shape,
+            self.grpo.guidance_scale,
+            self.state.generator,
+            self.grpo.rollout_batch_size,
+        )
+        rewards, reward_metrics = self._score(rollout)
+        advantages, zero_std, zero_std_fraction = self._advantages(rewards, prompt_indices)
+        rollout_seconds = time.perf_counter() - start
+        loss, grad_norm, update_metrics = self._update(rollout, advantages, zero_std)
+        self.epoch_metrics = {
+            **reward_metrics,
+            "rollout/zero_std_frac": zero_std_fraction,
+            **update_metrics,
+            "rollout/seconds": rollout_seconds,
+            "policy/seconds": time.perf_counter() - start - rollout_seconds,
+        }
+        return loss, grad_norm
+
+    @torch.no_grad()
+    def _score(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
+        """(N,) rewards of the decoded final latents, and their means over all processes per reward term."""
+        prompts = rollout.image_prompts
+        scores: dict[str, list[torch.Tensor]] = {}
+        for rows in torch.arange(len(prompts)).split(self.grpo.rollout_batch_size):
+            images = ((self.vae.decode(rollout.final_latents[rows.to(rollout.samples.device)]) + 1) / 2).float()
+            for name, values in self.reward.scores(images, [prompts[i] for i in rows.tolist()]).items():
+                scores.setdefault(name, []).append(values)
+        per_term = {name: torch.cat(values) for name, values in scores.items()}
+        rewards = self.reward.combine(per_term).float()
+        everywhere = self.accelerator.gather(torch.stack([rewards, *per_term.values()]))
+        metrics = {"rollout/reward_mean": everywhere[0].mean().item(), "rollout/reward_std": everywhere[0].std().item()}
+        metrics |= {f"rollout/{name}": row.mean().item() for name, row in zip(per_term, everywhere[1:])}
+        return rewards, metrics
+
+    def _advantages(self, rewards: torch.Tensor, prompt_indices: list[int]) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """This process's advantages (N,), clamped, which of its trajectories belong to a zero-std group, and the
+        share of such groups over all processes. The statistics use every process's rewards (groups never span
+        processes, so only the global std needs them); the prompt sampler learns every group's spread."""
+        everywhere = self.accelerator.gather(rewards)
+        stats = group_statistics(everywhere, self.grpo.group_size, self.grpo.eps)
+        indices = torch.tensor(prompt_indices, device=rewards.device)
+        self.prompt_sampler.observe(self.accelerator.gather(indices).cpu(), stats.std.cpu())
+        chosen = stats.advantages if self.grpo.advantage_std == "group" else stats.advantages_global_std
+        rank, count = self.accelerator.process_index, len(rewards)
+        advantages = chosen[rank * count : (rank + 1) * count].clamp(-self.grpo.adv_clip_max, self.grpo.adv_clip_max)
+        zero_std = (stats.std == 0).repeat_interleave(self.grpo.group_size)[rank * count : (rank + 1) * count]
+        return advantages, zero_std, stats.zero_std_fraction
+
+    def _kept(self, zero_std: torch.Tensor) -> torch.Tensor:
+        """The trajectories to train on: those of groups with a reward spread (all, without ``filter_zero_std``),
+        topped up with zero-advantage ones to one per minibatch, so that every process takes part in every update
+        (DDP's gradient all-reduce) even when its groups carry no signal."""
+        if not self.grpo.filter_zero_std:
+            return torch.arange(len(zero_std))
+        kept = torch.nonzero(~zero_std.cpu()).flatten()
+        shortfall = self.grpo.minibatches - len(kept)
+        if shortfall > 0:
+            kept = torch.cat([kept, torch.nonzero(zero_std.cpu()).flatten()[:shortfall]])
+        return kept
+
+    def _update(
+        self, rollout: Rollout, advantages: torch.Tensor, zero_std: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """``passes`` x ``minibatches`` optimizer updates; none when no process has a group with a reward spread
+        (every advantage is 0: an update would only move Adam's state)."""
+        signal = torch.tensor(float((~zero_std).sum()), device=self.accelerator.device)
+        if self.accelerator.reduce(signal, reduction="sum").item() == 0:
+            zero = torch.zeros((), device=self.accelerator.device)
+            return zero, zero, {"policy/updates": 0}
+        kept = self._kept(zero_std)
+        losses, statistics, grad_norm = [], [], torch.zeros(())
+        generator = self.state.generator
+        for _ in range(self.grpo.passes):
+            order = kept[torch.randperm(len(kept), generator=generator, device=generator.device).cpu()]
+            for trajectories in torch.tensor_split(order, self.grpo.minibatches):
+                loss, grad_norm, stats = self._optimizer_update(rollout, advantages, trajectories)
+                losses.append(loss)
+                statistics.append(stats)
+        metrics = {"policy/updates": len(losses), "policy/trained_trajectories": len(kept)}
+        return torch.stack(losses).mean(), grad_norm, metrics | self._summarise(statistics)
+
+    def _summarise(self, statistics: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+        """The epoch's update statistics: means over updates and processes; the ratio's extremes over updates."""
+        summary = {}
+        for key in statistics[0]:
+            values = torch.stack([stats[key] for stats in statistics])
+            if key.endswith("_min"):
+                summary[key] = values.min().item()
+            elif key.endswith("_max"):
+                summary[key] = values.max().item()
+            else:
+                summary[key] = self.accelerator.reduce(values.mean(), reduction="mean").item()
+        return summary
+
+    def _optimizer_update(
+        self, rollout: Rollout, advantages: torch.Tensor, trajectories: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """One update on every trained step of ``trajectories``, all in one forward and backward."""
+        rows = trajectories.repeat_interleave(len(self.trained_steps)).to(rollout.samples.device)
+        steps = self.trained_steps.repeat(len(trajectories)).to(rollout.samples.device)
+        if not self._preflight_done:
+            model = self.accelerator.unwrap_model(self.dit)
+            preflight(model, lambda: self.policy_loss(model, rollout, advantages, rows, steps)[0].mean())
+            self._preflight_done = True
+        with self.update.accumulate():
+            per_row, stats = self.policy_loss(self.dit, rollout, advantages, rows, steps)
+            loss = self.update.backward(per_row)
+            grad_norm = self.update.norm_before_step()
+            finite = self.guard.check(loss, grad_norm)
+            grad_norm = self.update.step(grad_norm, finite)
+        if finite and self.ema is not None:
+            self.ema.step(self.update.parameters)
+        return loss, grad_norm, stats
+
+    def policy_loss(
+        self, dit: nn.Module, rollout: Rollout, advantages: torch.Tensor, rows: torch.Tensor, steps: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(R,) clipped policy loss (+ beta x KL to the reference) of step ``steps[r]`` of trajectory ``rows[r]``,
+        recomputed with ``dit``; and the ratio statistics."""
+        guidance = self.grpo.guidance_scale
+        log_prob, mean, std = recompute_steps(dit, self.policy, rollout, rows, steps, guidance)
+        old_log_prob = rollout.log_probs[rows, steps]
+        loss = clipped_policy_loss(log_prob, old_log_prob, advantages[rows], self.grpo.clip_range)
+        ratios = ratio_statistics(log_prob, old_log_prob, self.grpo.clip_range)
+        stats = {f"policy/{key}": value for key, value in ratios.items()}
+        if self.grpo.beta > 0:
+            reference_mean = recompute_steps(self.reference, self.policy, rollout, rows, steps, guidance)[1]
+            kl = gaussian_kl(mean, reference_mean, std)
+            loss = loss + self.grpo.beta * kl
+            stats["policy/kl"] = kl.detach().mean()
+        stats["policy/loss"] = loss.detach().mean()
+        return loss, stats
+
+    def _train_metrics(self, losses: list[torch.Tensor], grad_norm: torch.Tensor, since: float) -> dict[str, float]:
+        return self._step_metrics(losses, grad_norm, since) | self.epoch_metrics
