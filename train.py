@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from dit_trainer.config import register_configs, to_train_config
 from dit_trainer.errors import EXIT_PREEMPTED, USER_ERRORS, exit_code
 from dit_trainer.failures import FailureWatch, is_multi_process, record_failure
-from dit_trainer.training import run
+from dit_trainer.training.run import run
 
 register_configs()
 

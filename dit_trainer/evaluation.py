@@ -71,7 +71,7 @@ def evaluate(run: TrainedRun, cfg: EvaluateConfig) -> tuple[dict, torch.Tensor, 
     rewards = reward.combine(scores).float().cpu()
     report = {
         "checkpoint": str(run.checkpoint),
-        "ema": cfg.ema,
+        "ema": run.ema,  # what was loaded: a run without EMA weights is scored with its raw ones
         "sampler": settings.sampler,
         "steps": settings.steps,
         "guidance_scale": settings.guidance_scale,

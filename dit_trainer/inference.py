@@ -34,6 +34,7 @@ class TrainedRun:
     checkpoint: Path
     dit: DiTAdapter
     text_to_image: TextToImage
+    ema: bool = False  # whether the EMA weights were loaded (asked for, and saved in the checkpoint)
 
     def settings(
         self, steps: int | None = None, guidance_scale: float | None = None, sampler: str | None = None
@@ -107,7 +108,8 @@ def load_run(
     else:  # the checkpoint's folder is a whole diffusers transformer
         parts = build_components(cfg, device, dtype, dit_weights=weights)
     text_to_image = TextToImage(parts.vae, parts.text_encoder, parts.schedule, parts.latent_shape, device)
-    return TrainedRun(cfg, path, parts.dit.to(device, dtype).eval(), text_to_image)
+    loaded_ema = weights.name.endswith("_ema")
+    return TrainedRun(cfg, path, parts.dit.to(device, dtype).eval(), text_to_image, loaded_ema)
 
 
 def refuse_overwrite(out_dir: Path, names: list[str]) -> None:

@@ -209,6 +209,13 @@ def _check_grpo(cfg: TrainConfig) -> None:
         "lower `grpo.sde_start` or `grpo.sde_steps`, or raise `grpo.sample_steps`",
     )
     require(
+        g.prompts_per_epoch * g.group_size >= g.minibatches,
+        "grpo.minibatches",
+        g.minibatches,
+        f"an epoch's {g.prompts_per_epoch} x {g.group_size} trajectories per process cannot fill that many updates",
+        f"set `grpo.minibatches={g.prompts_per_epoch * g.group_size}` or lower",
+    )
+    require(
         not cfg.privacy.enabled,
         "privacy.enabled",
         True,

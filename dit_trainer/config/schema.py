@@ -308,6 +308,10 @@ class GRPOConfig:
     minibatches: int = at_least(1, 1)  # optimizer updates per pass over an epoch's rollouts
     passes: int = at_least(1, 1)  # passes over an epoch's rollouts (after the first, updates are off-policy)
     rollout_batch_size: int = at_least(1, 64)  # images sampled at once
+    # With CFG, also train the empty-prompt prediction that every prompt's guided step shares. Off: updates reach
+    # only the conditional half (the unconditional one is used as is), so prompts do not pull it in conflicting
+    # directions.
+    train_unconditional: bool = True
     eps: float = positive(1e-4, note="it keeps advantages finite for zero-std groups")
 
 

@@ -41,14 +41,18 @@ def guided_prediction(
     embeds: torch.Tensor,
     mask: torch.Tensor,
     guidance_scale: float,
+    detach_unconditional: bool = False,
 ) -> torch.Tensor:
     """The DiT's float32 prediction at ``timestep`` (one, or one per row) with classifier-free guidance: the one CFG
-    formula that sampling, GRPO's rollouts and its updates share (a different one would change the policy)."""
+    formula that sampling, GRPO's rollouts and its updates share (a different one would change the policy).
+    ``detach_unconditional`` passes no gradient through the empty-prompt half (same value)."""
     if guidance_scale == 1.0:
         return dit(sample, timestep, embeds, mask).float()
     timestep = timestep.expand(sample.shape[0])
     doubled = dit(torch.cat([sample, sample]), torch.cat([timestep, timestep]), embeds, mask).float()
     cond, uncond = doubled.chunk(2)
+    if detach_unconditional:
+        uncond = uncond.detach()
     return uncond + guidance_scale * (cond - uncond)
 
 

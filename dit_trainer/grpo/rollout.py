@@ -89,12 +89,15 @@ def recompute_steps(
     rows: torch.Tensor,
     steps: torch.Tensor,
     guidance_scale: float,
+    detach_unconditional: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(log_prob (R,), mean, std) of step ``steps[r]`` of trajectory ``rows[r]`` under ``dit``, all rows in one
     forward (the training layout: rows of many trajectories and steps together). With the weights that rolled out,
     the log-probs equal the rollout's."""
     sample, next_sample = rollout.samples[rows, steps], rollout.samples[rows, steps + 1]
     condition = rollout.condition(rows, guidance_scale)
-    prediction = guided_prediction(dit, sample, policy.timesteps[steps], *condition, guidance_scale)
+    prediction = guided_prediction(
+        dit, sample, policy.timesteps[steps], *condition, guidance_scale, detach_unconditional
+    )
     mean, std = policy.distribution(sample, prediction, steps)
     return gaussian_log_prob(next_sample, mean, std), mean, std

@@ -45,6 +45,7 @@ class GRPOSettings:
     passes: int
     rollout_batch_size: int
     eps: float
+    train_unconditional: bool = True
 
 
 class GRPOTrainer(Trainer):
@@ -213,7 +214,9 @@ class GRPOTrainer(Trainer):
         """(R,) clipped policy loss (+ beta x KL to the reference) of step ``steps[r]`` of trajectory ``rows[r]``,
         recomputed with ``dit``; and the ratio statistics."""
         guidance = self.grpo.guidance_scale
-        log_prob, mean, std = recompute_steps(dit, self.policy, rollout, rows, steps, guidance)
+        log_prob, mean, std = recompute_steps(
+            dit, self.policy, rollout, rows, steps, guidance, not self.grpo.train_unconditional
+        )
         old_log_prob = rollout.log_probs[rows, steps]
         loss = clipped_policy_loss(log_prob, old_log_prob, advantages[rows], self.grpo.clip_range)
         ratios = ratio_statistics(log_prob, old_log_prob, self.grpo.clip_range)

@@ -29,8 +29,11 @@ def group_statistics(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) 
     if rewards.ndim != 1 or group_size < 1 or rewards.numel() % group_size:
         raise ValueError(f"expected a flat tensor of P x {group_size} rewards, got shape {tuple(rewards.shape)}")
     groups = rewards.float().view(-1, group_size)
-    mean = groups.mean(dim=1)
-    std = groups.std(dim=1, correction=0)
+    # A group of equal rewards has mean = its reward and std 0 exactly (the float mean of equal values can be off
+    # by a rounding error, which the eps division would turn into an advantage).
+    equal = (groups == groups[:, :1]).all(dim=1)
+    mean = torch.where(equal, groups[:, 0], groups.mean(dim=1))
+    std = torch.where(equal, 0.0, groups.std(dim=1, correction=0))
     centred = groups - mean[:, None]
     global_std = groups.std(correction=0)
     return GroupStatistics(
@@ -38,7 +41,7 @@ def group_statistics(rewards: torch.Tensor, group_size: int, eps: float = 1e-4) 
         std=std,
         advantages=(centred / (std[:, None] + eps)).flatten(),
         advantages_global_std=(centred / (global_std + eps)).flatten(),
-        zero_std_fraction=(groups == groups[:, :1]).all(dim=1).float().mean().item(),
+        zero_std_fraction=equal.float().mean().item(),
     )
 
 

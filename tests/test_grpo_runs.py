@@ -1,0 +1,298 @@
+"""GRPO reward fine-tuning (``+experiment=shapes_grpo grpo.init_from=RUN``) run end to end as a user runs it: from a
+finished tiny shapes run, on the CPU, with the scripts that read run folders (sample, evaluate, export) afterwards."""
+
+import json
+import math
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dit_trainer.errors import ConfigError, exit_code
+from dit_trainer.run_folder import MANIFEST
+
+from .conftest import TINY_SHAPES, compose_config, read_metrics, run_script, train
+
+WEIGHTS = "diffusion_pytorch_model.safetensors"
+PROMPTS = "grpo.prompts=[a red circle,a blue square,a green triangle]"
+POLICY_KEYS = {
+    "rollout/reward_mean",
+    "rollout/reward_std",
+    "rollout/zero_std_frac",
+    "rollout/seconds",
+    "policy/updates",
+    "policy/seconds",
+}
+UPDATE_KEYS = {
+    "policy/clip_frac",
+    "policy/approx_kl",
+    "policy/ratio_mean",
+    "policy/loss",
+    "policy/trained_trajectories",
+}
+
+
+def grpo_overrides(init_dir: Path, *extra: str, epochs: int = 4) -> list[str]:
+    """A tiny GRPO run from ``init_dir``: 2 prompts x 4 images an epoch, a 4-step sampler, one update an epoch
+    (``grpo.passes=1``, ``grpo.minibatches=1``: on-policy). No model keys: those are the init run's. The rest
+    (optimizer, noise level, prompt sampling, no EMA) is ``shapes_grpo``'s."""
+    return [
+        "+experiment=shapes_grpo",
+        f"grpo.init_from={init_dir}",
+        PROMPTS,
+        "grpo.prompt_file=null",
+        "grpo.prompts_per_epoch=2",
+        "grpo.group_size=4",
+        "grpo.sample_steps=4",
+        "grpo.sde_steps=null",  # every step but the last is trained
+        "grpo.passes=1",
+        "grpo.minibatches=1",
+        "grpo.rollout_batch_size=8",
+        f"trainer.max_steps={epochs}",
+        "trainer.checkpoint_every=2",
+        "trainer.sample_every=0",
+        "trainer.sample_prompts=[a red circle]",
+        "diffusion.sample_steps=4",
+        "monitor.grpo.enabled=false",
+        *extra,
+    ]
+
+
+def train_grpo(init_dir: Path, run_dir: Path, *extra: str, epochs: int = 4):
+    result = run_script(["train.py", f"hydra.run.dir={run_dir}", *grpo_overrides(init_dir, *extra, epochs=epochs)])
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(folder / WEIGHTS)
+
+
+@pytest.fixture(scope="module")
+def init_run(tmp_path_factory) -> Path:
+    """A finished tiny shapes run (2 layers, 10 steps, EMA weights in its checkpoint)."""
+    run_dir = tmp_path_factory.mktemp("grpo_init") / "run"
+    train(run_dir, "trainer.max_steps=10", "trainer.checkpoint_every=10", "trainer.sample_every=0")
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def init_weights(init_run) -> Path:
+    return init_run / "checkpoints" / "checkpoint-10" / "transformer_ema"
+
+
+@pytest.fixture(scope="module")
+def grpo_run(init_run, tmp_path_factory) -> Path:
+    """4 GRPO epochs from ``init_run``, a checkpoint every 2."""
+    run_dir = tmp_path_factory.mktemp("grpo") / "run"
+    train_grpo(init_run, run_dir)
+    return run_dir
+
+
+# --- a GRPO run, and the scripts that read it ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_grpo_run_logs_each_epoch_and_fine_tunes_the_init_weights(grpo_run, init_run, init_weights):
+    records = read_metrics(grpo_run)
+    assert [r["step"] for r in records] == [1, 2, 3, 4]  # trainer.log_every=1: one line per epoch
+    assert any(r["policy/updates"] > 0 for r in records)
+    for record in records:
+        assert set(record) >= POLICY_KEYS, sorted(POLICY_KEYS - set(record))
+        assert 0 <= record["rollout/reward_mean"] <= 1 and 0 <= record["rollout/zero_std_frac"] <= 1
+        assert record["policy/updates"] in (0, 1)
+        if record["policy/updates"] == 1:  # one pass, one minibatch: the update is on the rollout's own policy
+            assert set(record) >= UPDATE_KEYS, sorted(UPDATE_KEYS - set(record))
+            assert record["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+            assert record["policy/clip_frac"] == 0
+            assert math.isfinite(record["policy/loss"]) and record["loss"] == pytest.approx(record["policy/loss"])
+
+    from omegaconf import OmegaConf
+
+    saved = OmegaConf.load(grpo_run / "config.yaml")
+    assert saved.grpo.init_from == str(init_run) and saved.grpo.enabled
+    assert Path(saved.model.pretrained) == init_weights.resolve()
+    assert Path(saved.grpo.init_weights) == init_weights.resolve()
+    assert saved.model.num_layers == 2 and saved.diffusion.sample_steps == 4
+
+    start = weights(init_weights)
+    for step in (2, 4):
+        checkpoint = grpo_run / "checkpoints" / f"checkpoint-{step}"
+        assert (checkpoint / "transformer" / "config.json").is_file() and (checkpoint / MANIFEST).is_file()
+        assert not (checkpoint / "transformer_lora").exists()
+    final = weights(grpo_run / "checkpoints" / "checkpoint-4" / "transformer")
+    assert sorted(final) == sorted(start)
+    assert all(torch.isfinite(t).all() for t in final.values())
+    assert any(not torch.equal(final[name], start[name]) for name in start), "GRPO left the weights unchanged"
+
+
+@pytest.mark.slow
+def test_sample_and_evaluate_read_a_grpo_run(grpo_run, tmp_path):
+    from PIL import Image
+
+    out_dir = tmp_path / "samples"
+    result = run_script(
+        [
+            "scripts/sample.py",
+            f"run_dir={grpo_run}",
+            "prompts=[a red circle,a blue square]",
+            "images_per_prompt=2",
+            f"out_dir={out_dir}",
+            "steps=4",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    index = [json.loads(line) for line in (out_dir / "index.jsonl").read_text().splitlines()]
+    assert [entry["prompt"] for entry in index] == ["a red circle"] * 2 + ["a blue square"] * 2
+    assert all(Image.open(out_dir / entry["file"]).size == (32, 32) for entry in index)
+
+    result = run_script(
+        ["scripts/evaluate.py", str(grpo_run), "images_per_prompt=2", "steps=4", f"out_dir={tmp_path / 'eval'}"]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    assert report["checkpoint"] == str(grpo_run / "checkpoints" / "checkpoint-4")
+    assert report["rewards"] == {"shapes_alignment": 1.0} and report["images_per_prompt"] == 2
+    assert 0 <= report["reward/mean"] <= 1 and {"color", "shape"} <= set(report)
+
+
+@pytest.mark.slow
+def test_a_resumed_grpo_run_matches_the_uninterrupted_one(grpo_run, init_run, tmp_path):
+    run_dir = tmp_path / "resumed"
+    train_grpo(init_run, run_dir, epochs=2)
+    result = train_grpo(init_run, run_dir, "trainer.resume=latest", epochs=4)
+    assert "Trained 4 steps" in result.stdout
+    straight, resumed = read_metrics(grpo_run), read_metrics(run_dir)
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for key in ("loss", "rollout/reward_mean", "rollout/zero_std_frac", "grad_norm"):
+        assert [r[key] for r in resumed] == [r[key] for r in straight], key
+    final = "checkpoints/checkpoint-4/transformer/" + WEIGHTS
+    assert (run_dir / final).read_bytes() == (grpo_run / final).read_bytes()
+
+
+# --- what a GRPO run inherits, and what it refuses -------------------------------------------------------------
+
+
+@pytest.fixture()
+def fake_init_run(tmp_path) -> Path:
+    """A run folder as train.py leaves it, as far as ``grpo.init_from`` reads it: the TINY_SHAPES config and a
+    complete (empty) checkpoint with raw and EMA weight folders. No training: the config checks run in-process."""
+    from dit_trainer.training.run import save_resolved_config
+
+    run_dir = tmp_path / "init"
+    checkpoint = run_dir / "checkpoints" / "checkpoint-7"
+    for part in ("transformer", "transformer_ema"):
+        (checkpoint / part).mkdir(parents=True)
+    (checkpoint / MANIFEST).write_text(json.dumps({"files": {}}))
+    save_resolved_config(compose_config(TINY_SHAPES), run_dir / "config.yaml")
+    return run_dir
+
+
+def _grpo_config(init: Path, *extra: str):
+    return compose_config(grpo_overrides(init, *extra))
+
+
+def test_grpo_config_inherits_the_init_run_and_keeps_free_keys(fake_init_run):
+    checkpoint = fake_init_run / "checkpoints" / "checkpoint-7"
+    cfg = _grpo_config(fake_init_run, "diffusion.sample_steps=3", "optim.lr=3e-5")
+    assert cfg.model.num_layers == 2 and cfg.data.length == 256  # the init run's, not the schema's
+    assert cfg.model.pretrained == str((checkpoint / "transformer_ema").resolve()) == cfg.grpo.init_weights
+    assert cfg.diffusion.sample_steps == 3 and cfg.optim.lr == 3e-5  # a sampling setting may differ
+    assert cfg.grpo.enabled and cfg.trainer.max_steps == 4 and cfg.grpo.group_size == 4
+
+    raw = _grpo_config(checkpoint, "grpo.init_ema=false")  # a checkpoint folder, its raw weights
+    assert raw.model.pretrained == str((checkpoint / "transformer").resolve())
+    assert raw.diffusion.sample_steps == 4
+
+
+def test_grpo_config_refuses_what_it_cannot_start_from(fake_init_run, tmp_path):
+    with pytest.raises(ConfigError, match=r"grpo\.init_from.*model\.num_layers=3 \(the init run has 2\)") as error:
+        _grpo_config(fake_init_run, "model.num_layers=3")
+    assert exit_code(error.value) == 2
+
+    not_a_run = tmp_path / "not_a_run"
+    not_a_run.mkdir()
+    with pytest.raises(ConfigError, match=r"grpo\.init_from.*neither a run folder") as error:
+        _grpo_config(not_a_run)
+    assert str(not_a_run) in str(error.value) and exit_code(error.value) == 2
+
+    from dit_trainer.training.run import save_resolved_config
+
+    lora = compose_config([*TINY_SHAPES, f"model.pretrained={fake_init_run}", "lora.enabled=true"])
+    save_resolved_config(lora, fake_init_run / "config.yaml")
+    with pytest.raises(ConfigError, match=r"grpo\.init_from.*LoRA run.*scripts/export\.py"):
+        _grpo_config(fake_init_run)
+
+
+@pytest.mark.slow
+def test_train_py_exits_2_on_an_override_that_contradicts_the_init_run(init_run, tmp_path):
+    run_dir = f"hydra.run.dir={tmp_path / 'run'}"
+    result = run_script(["train.py", run_dir, *grpo_overrides(init_run, "model.num_layers=3")], timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "grpo.init_from" in result.stderr and "model.num_layers=3" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+# --- LoRA, the KL penalty, two processes -----------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_lora_grpo_run_with_a_kl_penalty_saves_adapters_and_exports_them_merged(init_run, init_weights, tmp_path):
+    """LoRA with beta > 0: the KL reference is the base with the adapters switched off, 0 at the first update (the
+    policy still is the reference) and positive once the adapters moved; checkpoints hold only the adapters, and
+    the export merges them."""
+    run_dir = tmp_path / "lora"
+    train_grpo(init_run, run_dir, "lora.enabled=true", "lora.rank=4", "grpo.beta=0.1", epochs=3)
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    updated = [r for r in records if r["policy/updates"]]
+    assert len(updated) >= 2, "fewer than two epochs had a group with a reward spread"
+    assert updated[0]["policy/kl"] == 0
+    for record in updated[1:]:
+        assert record["policy/kl"] > 0 and math.isfinite(record["policy/kl"])
+        assert record["policy/loss"] == pytest.approx(record["loss"])
+    checkpoint = run_dir / "checkpoints" / "checkpoint-3"
+    assert not (checkpoint / "transformer").exists()
+    assert json.loads((checkpoint / "transformer_lora" / "adapter_config.json").read_text())["r"] == 4
+    adapter = load_file(checkpoint / "transformer_lora" / "adapter_model.safetensors")
+    assert any("lora_B" in name for name in adapter)
+
+    out_dir = tmp_path / "export"
+    result = run_script(["scripts/export.py", str(run_dir), f"out_dir={out_dir}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = json.loads((out_dir / "dit_trainer_export.json").read_text())
+    assert manifest["checkpoint"] == "checkpoint-3" and manifest["weights"] == "raw"  # no EMA: ema_decay=0
+    merged, start = weights(out_dir / "transformer"), weights(init_weights)
+    assert sorted(merged) == sorted(start)  # a plain transformer, the adapter merged in
+    changed = {name for name in start if not torch.equal(merged[name], start[name])}
+    targets = ("to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2")
+    assert changed and all(name.removesuffix(".weight").endswith(targets) for name in changed), sorted(changed)
+
+
+@pytest.mark.slow
+def test_a_two_process_grpo_run(init_run, tmp_path):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port)]  # fmt: skip
+    run_dir = tmp_path / "ddp"
+    result = run_script(
+        [*launch, "train.py", f"hydra.run.dir={run_dir}", *grpo_overrides(init_run, epochs=2)],
+        env={"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.count("Trained 2 steps") == 2
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [1, 2]
+    for record in records:
+        assert set(record) >= POLICY_KEYS
+        assert (4 * record["rollout/zero_std_frac"]).is_integer()  # 2 groups on each of 2 processes
+    checkpoint = run_dir / "checkpoints" / "checkpoint-2"
+    states = [(checkpoint / f"trainer_state_{rank}.safetensors").read_bytes() for rank in (0, 1)]
+    assert states[0] != states[1]  # each process draws its own prompts and noise
+    final = weights(checkpoint / "transformer")
+    assert all(torch.isfinite(t).all() for t in final.values())
