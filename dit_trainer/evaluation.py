@@ -1,17 +1,31 @@
 """Judging a trained run: N prompts x G images scored with the run's rewards, plus colour and shape accuracy for
-the shapes data (read from the pixels)."""
+the shapes data (read from the pixels); and FID / KID of samples against the run's validation images."""
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from dit_trainer.config import EvaluateConfig, RewardConfig, TrainConfig, check_fields
+from dit_trainer.data import SOURCES
 from dit_trainer.data.shapes import CAPTIONS, alignment_components
+from dit_trainer.data.split import unaugmented, validation_images
+from dit_trainer.diffusion import SamplerSettings
 from dit_trainer.errors import ConfigError
+from dit_trainer.fid import (
+    ReferenceSet,
+    build_feature_extractor,
+    cached_reference_set,
+    distances,
+    extract_features,
+    reference_set,
+)
 from dit_trainer.images import image_grid
 from dit_trainer.inference import TrainedRun, load_run
 from dit_trainer.prompts import load_prompts
@@ -54,7 +68,9 @@ def shapes_accuracy(images: torch.Tensor, prompts: list[str]) -> dict[str, float
     return {"color": color_ok.mean().item(), "shape": shape_ok.mean().item()}
 
 
-def evaluate(run: TrainedRun, cfg: EvaluateConfig) -> tuple[dict, torch.Tensor, torch.Tensor]:
+def reward_report(
+    run: TrainedRun, cfg: EvaluateConfig, settings: SamplerSettings
+) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Sample ``images_per_prompt`` images per prompt (image j of each prompt with seed ``seed + j``) and score them.
 
     Returns the report, the images and their combined rewards.
@@ -63,18 +79,12 @@ def evaluate(run: TrainedRun, cfg: EvaluateConfig) -> tuple[dict, torch.Tensor, 
     group = cfg.images_per_prompt
     all_prompts = [prompt for prompt in prompts for _ in range(group)]
     seeds = [cfg.seed + j for _ in prompts for j in range(group)]
-    settings = run.settings(cfg.steps, cfg.guidance_scale, cfg.sampler)
     images = run.generate_images(all_prompts, seeds, settings, cfg.batch_size)
     reward_cfg = evaluation_reward(cfg, run.cfg)
     reward = build_reward(reward_cfg, run.text_to_image.device)
     scores = reward.scores(images, all_prompts)
     rewards = reward.combine(scores).float().cpu()
     report = {
-        "checkpoint": str(run.checkpoint),
-        "ema": run.ema,  # what was loaded: a run without EMA weights is scored with its raw ones
-        "sampler": settings.sampler,
-        "steps": settings.steps,
-        "guidance_scale": settings.guidance_scale,
         "prompts": len(prompts),
         "images_per_prompt": group,
         "rewards": reward_cfg.weights,
@@ -89,6 +99,103 @@ def evaluate(run: TrainedRun, cfg: EvaluateConfig) -> tuple[dict, torch.Tensor, 
     return report, images, rewards
 
 
+def reference_fingerprint(run_cfg: TrainConfig, extractor: nn.Module) -> dict:
+    """What the validation images' features depend on: the data, its content where a source can tell cheaply,
+    the held-out selection, and the feature extractor."""
+    data, validation = run_cfg.data, run_cfg.validation
+    content = SOURCES[data.source].content
+    fields = ("source", "path", "split", "image_column", "caption_column", "caption_columns", "resolution", "crop")
+    return {
+        "data": {name: getattr(data, name) for name in fields} | {"length": data.length, "seed": data.seed},
+        "content": content(unaugmented(data, validation.path or data.path)) if content else None,
+        "held_out": {"split": validation.split, "seed": validation.seed, "path": validation.path},
+        "features": extractor.identity,
+    }
+
+
+def reference_cache_dir(cache_dir: str | None, run_cfg: TrainConfig) -> Path:
+    """``cache_dir``, else the run's latent cache folder, else the user's cache folder."""
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    if run_cfg.data.cache_dir:
+        return Path(run_cfg.data.cache_dir).expanduser() / "fid_reference"
+    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "dit_trainer" / "fid_reference"
+
+
+def validation_reference(
+    run_cfg: TrainConfig, extractor: nn.Module, cache_dir: str | None, device: torch.device, batch_size: int
+) -> ReferenceSet:
+    """The features and captions of the run's validation images, computed once and cached."""
+    held_out = validation_images(run_cfg.data, run_cfg.validation)
+    if held_out is None:  # the config rules refuse a FID monitor without validation; evaluate.py checks here
+        raise ConfigError(
+            "metrics",
+            ["fid"],
+            "FID compares samples with the run's validation images, and this run holds none out (its "
+            "`validation.every_n_steps` is 0)",
+            "train with validation (`validation.every_n_steps=5000 validation.split=0.01`, or `validation.path=...`)",
+        )
+    return cached_reference_set(
+        reference_cache_dir(cache_dir, run_cfg),
+        reference_fingerprint(run_cfg, extractor),
+        lambda: reference_set(held_out, extractor, device, batch_size),
+    )
+
+
+def sample_distances(
+    generate: Callable[[list[str], list[int]], torch.Tensor],
+    reference: ReferenceSet,
+    extractor: nn.Module,
+    count: int | None,
+    seed: int,
+    batch_size: int,
+    device: torch.device,
+) -> dict[str, float]:
+    """FID and KID of ``count`` samples (default: one per reference image; sample ``i`` for reference caption
+    ``i``, cycled, with seed ``seed + i``) against the reference set."""
+    count = count or len(reference.captions)
+    prompts = [reference.captions[i % len(reference.captions)] for i in range(count)]
+    images = generate(prompts, [seed + i for i in range(count)])
+    samples = extract_features(extractor, images.split(batch_size), device)
+    return {
+        "fid_images": count,
+        "fid_reference_images": len(reference.captions),
+        **distances(reference.features, samples, seed),
+    }
+
+
+def fid_report(run: TrainedRun, cfg: EvaluateConfig, settings: SamplerSettings) -> dict:
+    """FID and KID of ``fid_images`` samples against the run's validation images."""
+    device = run.text_to_image.device
+    extractor = build_feature_extractor(cfg.fid_features, cfg.fid_weights, run.text_to_image.vae, run.cfg.vae, device)
+    reference = validation_reference(run.cfg, extractor, cfg.fid_cache_dir, device, cfg.batch_size)
+
+    def generate(prompts: list[str], seeds: list[int]) -> torch.Tensor:
+        return run.generate_images(prompts, seeds, settings, cfg.batch_size)
+
+    scores = sample_distances(generate, reference, extractor, cfg.fid_images, cfg.seed, cfg.batch_size, device)
+    return {"fid_features": cfg.fid_features, **scores}
+
+
+def evaluate(run: TrainedRun, cfg: EvaluateConfig) -> tuple[dict, torch.Tensor | None, torch.Tensor | None]:
+    """The report of ``cfg.metrics``; with ``rewards``, also the scored images and their combined rewards."""
+    settings = run.settings(cfg.steps, cfg.guidance_scale, cfg.sampler)
+    report = {
+        "checkpoint": str(run.checkpoint),
+        "ema": run.ema,  # what was loaded: a run without EMA weights is scored with its raw ones
+        "sampler": settings.sampler,
+        "steps": settings.steps,
+        "guidance_scale": settings.guidance_scale,
+    }
+    images = rewards = None
+    if "rewards" in cfg.metrics:
+        scored, images, rewards = reward_report(run, cfg, settings)
+        report |= scored
+    if "fid" in cfg.metrics:
+        report |= fid_report(run, cfg, settings)
+    return report, images, rewards
+
+
 def evaluate_to_folder(cfg: EvaluateConfig) -> tuple[Path, dict]:
     """Write ``report.json`` and ``grid.png`` (one row per prompt, each image captioned with its reward)."""
     check_fields(cfg)
@@ -97,7 +204,8 @@ def evaluate_to_folder(cfg: EvaluateConfig) -> tuple[Path, dict]:
     report, images, rewards = evaluate(run, cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    labels = [f"{value:.2f}" for value in rewards.tolist()]
-    prompts = [entry["prompt"] for entry in report["per_prompt"]]
-    image_grid(images, cfg.images_per_prompt, labels=labels, row_labels=prompts).save(out_dir / "grid.png")
+    if images is not None:
+        labels = [f"{value:.2f}" for value in rewards.tolist()]
+        prompts = [entry["prompt"] for entry in report["per_prompt"]]
+        image_grid(images, cfg.images_per_prompt, labels=labels, row_labels=prompts).save(out_dir / "grid.png")
     return out_dir, report

@@ -12,6 +12,7 @@ from dit_trainer.config.rules import to_train_config, validate
 from dit_trainer.config.schema import (
     DataConfig,
     DiffusionConfig,
+    FIDMonitorConfig,
     GRPOConfig,
     GRPOMonitorConfig,
     LoggerConfig,
@@ -25,6 +26,7 @@ from dit_trainer.config.schema import (
     TrainConfig,
     TrainerConfig,
     VAEConfig,
+    ValidationConfig,
 )
 from dit_trainer.config.scripts import EXPORT_DTYPES, EvaluateConfig, ExportConfig, SampleConfig
 
@@ -35,6 +37,7 @@ __all__ = [
     "DiffusionConfig",
     "EvaluateConfig",
     "ExportConfig",
+    "FIDMonitorConfig",
     "GRPOConfig",
     "GRPOMonitorConfig",
     "LoRAConfig",
@@ -49,6 +52,7 @@ __all__ = [
     "TrainConfig",
     "TrainerConfig",
     "VAEConfig",
+    "ValidationConfig",
     "check_fields",
     "register_configs",
     "register_resolvers",

@@ -66,6 +66,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _check_offline_models(cfg)
     if not cfg.grpo.enabled:  # GRPO trains on its own samples and reads no data
         _check_data_path(cfg)
+    if cfg.validation.every_n_steps:
+        _check_validation(cfg)
+    if cfg.monitor.fid.enabled:
+        _check_fid_monitor(cfg)
     return cfg
 
 
@@ -260,7 +264,70 @@ def _check_data_path(cfg: TrainConfig) -> None:
         f"add `data.path={source.path_example}` to the command line",
     )
     if source.check_path is not None:
-        source.check_path(cfg.data.path)
+        source.check_path(cfg.data.path, "data.path")
+
+
+def _check_validation(cfg: TrainConfig) -> None:
+    """Validation needs held-out data: a fraction of a random-access data set, or a folder of its own."""
+    v, source = cfg.validation, SOURCES[cfg.data.source]
+    require(
+        not cfg.grpo.enabled,
+        "validation.every_n_steps",
+        v.every_n_steps,
+        "a GRPO run trains on its own samples and reads no data set to hold images out of",
+        "set `validation.every_n_steps=0`",
+    )
+    require(
+        (v.split > 0) != bool(v.path),
+        "validation.split",
+        v.split,
+        f"validation needs held-out images from exactly one place (`validation.path` is {v.path!r})",
+        "hold out a fraction of the data (`validation.split=0.01`) or name a folder (`validation.path=...` with "
+        "`validation.split=0`)",
+    )
+    require(
+        v.split == 0 or not source.streamed,
+        "validation.split",
+        v.split,
+        f"`data={cfg.data.source}` is streamed, and a stream has no items to hold out by index",
+        "write held-out shards and set `validation.path=<their brace pattern>` with `validation.split=0`",
+    )
+    require(
+        not (v.path and cfg.data.cache_dir),
+        "validation.path",
+        v.path,
+        "training from a latent cache (`data.cache_dir`) loads neither the VAE encoder nor the text encoder, so "
+        "images outside the cache cannot be validated",
+        "hold out part of the cached data instead (`validation.split=0.01`, `validation.path=null`)",
+    )
+    require(
+        v.timesteps <= cfg.diffusion.num_train_timesteps,
+        "validation.timesteps",
+        v.timesteps,
+        f"there are only {cfg.diffusion.num_train_timesteps} training timesteps to stratify",
+        f"set `validation.timesteps={min(8, cfg.diffusion.num_train_timesteps)}`",
+    )
+    if v.path and source.check_path is not None:
+        source.check_path(v.path, "validation.path")
+
+
+def _check_fid_monitor(cfg: TrainConfig) -> None:
+    """The FID monitor compares samples with the validation images, read as images."""
+    require(
+        bool(cfg.validation.every_n_steps),
+        "monitor.fid.enabled",
+        True,
+        "the FID monitor compares samples with the validation images, and validation is off",
+        "turn validation on (`validation.every_n_steps=5000 validation.split=0.01`, or `validation.path=...`)",
+    )
+    require(
+        not (cfg.monitor.fid.features == "vae" and cfg.data.cache_dir),
+        "monitor.fid.features",
+        "vae",
+        "training from a latent cache (`data.cache_dir`) does not load the VAE encoder these features come from",
+        "use `monitor.fid.features=inception`, or compute FID after training with `scripts/evaluate.py RUN "
+        "metrics=[fid] fid_features=vae`",
+    )
 
 
 def to_train_config(cfg: DictConfig | TrainConfig, overrides: Sequence[str] | None = None) -> TrainConfig:

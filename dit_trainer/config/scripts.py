@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from dit_trainer.config.fields import at_least, one_of
+from dit_trainer.config.fields import at_least, checked, one_of
 from dit_trainer.diffusion import SAMPLERS
+from dit_trainer.fid import FID_FEATURES
 
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
+EVALUATION_METRICS = ("rewards", "fid")
 
 
 @dataclass
@@ -50,9 +52,27 @@ class EvaluateConfig(SamplingArgs):
     the run's monitor.grpo prompts (shapes: all captions)."""
 
     out_dir: str | None = None  # default: RUN_DIR/eval/<checkpoint name>
+    # rewards: the prompts x images_per_prompt samples scored with the rewards; fid: FID and KID of one sample per
+    # validation image (its caption, seed + i) against the run's validation images
+    metrics: list[str] = checked(
+        lambda names: bool(names) and set(names) <= set(EVALUATION_METRICS),
+        f"it must list some of {', '.join(EVALUATION_METRICS)}",
+        "set e.g. `metrics=[rewards,fid]`",
+        default_factory=lambda: ["rewards"],
+    )
     # Score with these rewards (name -> weight) instead of the run's `reward.weights`: weights.clip_score=1.0 ...
     weights: dict[str, float] = field(default_factory=dict)
     clip_model: str | None = None  # instead of the run's reward.clip_model
+    # inception: the standard FID features (needs torch-fidelity); vae: the run's own VAE encoder (offline; compare
+    # only runs that share the VAE)
+    fid_features: str = one_of(FID_FEATURES, "inception")
+    # For machines without internet: a local copy of torch-fidelity's Inception weights (the file its
+    # URL_INCEPTION_V3 names, weights-inception-2015-12-05-6726825d.pth); null: downloaded once and cached
+    fid_weights: str | None = None
+    fid_images: int | None = at_least(2, None, note="null: one per validation image")  # samples generated
+    # Where the validation images' features are cached: null is RUN's data.cache_dir/fid_reference, or without
+    # one ~/.cache/dit_trainer/fid_reference
+    fid_cache_dir: str | None = None
 
 
 @dataclass

@@ -31,7 +31,7 @@ class Source:
     build: Callable[[DataConfig], Dataset]
     path_meaning: str | None = None  # completes "`data=NAME` needs ..."
     path_example: str | None = None
-    check_path: Callable[[str], None] | None = None  # a cheap check before any model is built
+    check_path: Callable[[str, str], None] | None = None  # (path, its key): a cheap check before any model is built
     streamed: bool = False  # an IterableDataset: no random access (so no Poisson sampling for DP)
     # What identifies the data beyond its config, for the cache fingerprint: cheap (no image is read), so None
     # where the config alone determines the data (shapes).

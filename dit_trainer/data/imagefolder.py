@@ -16,15 +16,16 @@ from dit_trainer.errors import ConfigError
 METADATA = "metadata.jsonl"
 
 
-def check_image_folder(path: str) -> None:
-    """``data.path`` holds a metadata.jsonl: checked with the config, before any model is built."""
+def check_image_folder(path: str, key: str = "data.path") -> None:
+    """``key`` (``data.path``, ``validation.path``) holds a metadata.jsonl: checked with the config, before any
+    model is built."""
     folder = Path(path).expanduser()
     if not (folder / METADATA).is_file():
         raise ConfigError(
-            "data.path",
+            key,
             str(folder),
             "no metadata.jsonl was found there (one JSON object per image with `file_name` and a caption column)",
-            "point `data.path` at the folder that holds metadata.jsonl and the images",
+            f"point `{key}` at the folder that holds metadata.jsonl and the images",
         )
 
 

@@ -194,7 +194,12 @@ class DDPMSchedule(NoiseSchedule):
         T = self.num_train_timesteps
         if self.density.kind == "uniform":
             return torch.randint(0, T, (batch_size,), generator=generator, device=device)
-        return (self.density(batch_size, device, generator) * T).long().clamp(max=T - 1)
+        return self.timesteps_at(self.density(batch_size, device, generator))
+
+    def timesteps_at(self, u: torch.Tensor) -> torch.Tensor:
+        """Integer timesteps ``floor(u T)`` in [0, T)."""
+        T = self.num_train_timesteps
+        return (u * T).long().clamp(max=T - 1)
 
     def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
         return self.scheduler.add_noise(x0, noise, timesteps)

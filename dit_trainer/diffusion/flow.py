@@ -75,8 +75,10 @@ class FlowSchedule(NoiseSchedule):
 
     def sample_timesteps(self, batch_size: int, device: torch.device, generator: torch.Generator) -> torch.Tensor:
         """Floats sigma * T in (0, T], sigma shifted by ``shift``."""
-        u = self.density(batch_size, device, generator)
-        return shift_sigmas(u, self.shift) * self.num_train_timesteps
+        return self.timesteps_at(self.density(batch_size, device, generator))
+
+    def timesteps_at(self, u: torch.Tensor) -> torch.Tensor:
+        return (shift_sigmas(u, self.shift) * self.num_train_timesteps).float()
 
     def sigmas(self, timesteps: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """The noise level sigma = t / T, shaped to broadcast against ``like``."""

@@ -80,6 +80,16 @@ class NoiseSchedule(ABC):
         """Training timesteps (B,) drawn from ``density``."""
 
     @abstractmethod
+    def timesteps_at(self, u: torch.Tensor) -> torch.Tensor:
+        """The timesteps at quantiles ``u`` in [0, 1) of the noise range, mapped as training maps its density's
+        draws (flow: shifted sigma)."""
+
+    def stratified_timesteps(self, count: int, device: torch.device) -> torch.Tensor:
+        """``count`` fixed timesteps at the centres of equal strata of the noise range: what validation uses, so
+        its loss compares across steps and runs whatever the training density."""
+        return self.timesteps_at((torch.arange(count, device=device, dtype=torch.float64) + 0.5) / count)
+
+    @abstractmethod
     def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
         """``x_t``: ``x0`` noised to the level of ``timesteps``."""
 

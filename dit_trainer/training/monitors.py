@@ -86,10 +86,8 @@ class Monitor:
     ``__call__`` returns the metrics to log at that step (empty on other ranks).
     """
 
-    def __init__(self, context: MonitorContext, plan: SamplingPlan, out_dir: Path, every_n_steps: int) -> None:
+    def __init__(self, context: MonitorContext, every_n_steps: int) -> None:
         self.context = context
-        self.plan = plan
-        self.out_dir = out_dir
         self.every_n_steps = every_n_steps
 
     def __call__(self, dit: nn.Module, step: int) -> dict[str, float]:
@@ -100,6 +98,15 @@ class Monitor:
 
     def run(self, dit: nn.Module, step: int) -> dict[str, float]:
         raise NotImplementedError
+
+
+class SamplingMonitor(Monitor):
+    """A monitor that samples its ``plan`` with the EMA weights and writes grids into ``out_dir``."""
+
+    def __init__(self, context: MonitorContext, plan: SamplingPlan, out_dir: Path, every_n_steps: int) -> None:
+        super().__init__(context, every_n_steps)
+        self.plan = plan
+        self.out_dir = out_dir
 
     def _sample(self, dit: nn.Module) -> torch.Tensor:
         """The plan's images with the EMA weights: (prompts x group_size, 3, H, W) in [0, 1]."""
@@ -119,7 +126,7 @@ class Monitor:
         return path
 
 
-class SampleGridMonitor(Monitor):
+class SampleGridMonitor(SamplingMonitor):
     """Writes ``samples/step_<N>.png``: one row per prompt, one column per seed, sampled with the EMA weights."""
 
     def run(self, dit: nn.Module, step: int) -> dict[str, float]:
@@ -128,7 +135,7 @@ class SampleGridMonitor(Monitor):
         return {"samples/seconds": time.perf_counter() - start}
 
 
-class GRPORewardMonitor(Monitor):
+class GRPORewardMonitor(SamplingMonitor):
     """Rewards of ``group_size`` images per prompt and GRPO's group statistics, the way GRPO fine-tuning sees them.
 
     Writes ``rewards/step_<N>.png`` (one row per prompt, each image captioned with its reward).

@@ -13,14 +13,17 @@ from diffusers.optimization import get_scheduler
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from dit_trainer.components import DiTAdapter, build_components, trainable_parameters
+from dit_trainer.components import Components, DiTAdapter, build_components, trainable_parameters
 from dit_trainer.config import TrainConfig, to_train_config
 from dit_trainer.data import build_dataset, collate_batch
 from dit_trainer.data.cache import CacheDataset, CachedPrompts, open_cache
 from dit_trainer.data.latent_cache import LatentDataset, encode_dataset
+from dit_trainer.data.split import split_validation
 from dit_trainer.diffusion import SamplerSettings, TextToImage
 from dit_trainer.durable import write_text_atomically
 from dit_trainer.errors import ConfigError
+from dit_trainer.evaluation import validation_reference
+from dit_trainer.fid import build_feature_extractor
 from dit_trainer.grpo.build import build_policy, build_prompt_sampler, grpo_settings
 from dit_trainer.grpo.prompts import PromptSampler
 from dit_trainer.grpo.reference import build_reference
@@ -34,6 +37,7 @@ from dit_trainer.training.batches import require_full_batches
 from dit_trainer.training.checkpoint import Checkpointer, TrainingState, check_run_folder
 from dit_trainer.training.data_health import BadFileCounter
 from dit_trainer.training.ema import FusedEMA
+from dit_trainer.training.fid_monitor import FIDMonitor
 from dit_trainer.training.monitors import GRPORewardMonitor, Monitor, MonitorContext, SampleGridMonitor, SamplingPlan
 from dit_trainer.training.nonfinite import NonFiniteGuard
 from dit_trainer.training.objective import DiffusionObjective
@@ -41,6 +45,7 @@ from dit_trainer.training.privacy import PrivateTraining, check_private_launch, 
 from dit_trainer.training.trackers import start_trackers, tracker_name
 from dit_trainer.training.trainer import LoopSettings, Trainer, TrainResult
 from dit_trainer.training.update import AccelerateUpdate, PrivateUpdate, Update
+from dit_trainer.training.validation import ValidationMonitor, encode_held_out
 
 logger = get_logger(__name__)
 SAMPLE_SEEDS_PER_PROMPT = 4
@@ -70,14 +75,16 @@ def refuse_fsdp(accelerator: Accelerator) -> None:
         )
 
 
-def build_source(cfg: TrainConfig, accelerator: Accelerator) -> tuple[Dataset, CachedPrompts | None]:
-    """The disk cache (and its prompt embeddings) when there is one, else the source data set; a map-style one is
-    checked to give every process a complete batch before any model is built."""
+def build_source(cfg: TrainConfig, accelerator: Accelerator) -> tuple[Dataset, CachedPrompts | None, Dataset | None]:
+    """The disk cache (and its prompt embeddings) when there is one, else the source data set, less the validation
+    images it holds out (returned third); a map-style one is checked to give every process a complete batch before
+    any model is built."""
     cache, cached_text = open_cache(cfg, accelerator.device) if cfg.data.cache_dir else (None, None)
-    dataset = build_dataset(cfg.data) if cache is None else cache
+    dataset, held_out = split_validation(cfg.data, cfg.validation, build_dataset(cfg.data) if cache is None else cache)
     if not isinstance(dataset, IterableDataset):  # a stream's length is unknown: `resumable_batches` checks it
-        require_full_batches(len(dataset), cfg.trainer.batch_size, accelerator.num_processes)
-    return dataset, cached_text
+        held = len(held_out) if held_out is not None and cfg.validation.split else 0
+        require_full_batches(len(dataset), cfg.trainer.batch_size, accelerator.num_processes, held)
+    return dataset, cached_text, held_out
 
 
 def build_training_data(cfg: TrainConfig, accelerator: Accelerator, vae, source: Dataset) -> Dataset:
@@ -174,6 +181,31 @@ def build_monitors(
         )
         monitors.append(GRPORewardMonitor(context, plan, run_dir / "rewards", grpo.every_n_steps, reward, grpo.eps))
     return monitors
+
+
+def build_validation_monitor(
+    cfg: TrainConfig, context: MonitorContext, parts: Components, held_out: Dataset
+) -> ValidationMonitor:
+    """The validation loss on ``held_out``, encoded once on the main process (the others never validate)."""
+    v, accelerator = cfg.validation, context.accelerator
+    batches = None
+    if accelerator.is_main_process:
+        batches = encode_held_out(held_out, parts.vae, accelerator.device, v.batch_size)
+        images = sum(len(batch["caption"]) for batch in batches)
+        logger.info(f"validation: {images} held-out images x {v.timesteps} timesteps every {v.every_n_steps} steps")
+    return ValidationMonitor(context, v.every_n_steps, batches, parts.text_encoder, parts.schedule, v.timesteps, v.seed)
+
+
+def build_fid_monitor(cfg: TrainConfig, context: MonitorContext, parts: Components) -> FIDMonitor:
+    """FID against the validation images, whose features are computed (or read from their cache) on the main
+    process only."""
+    f, d, accelerator = cfg.monitor.fid, cfg.diffusion, context.accelerator
+    extractor = reference = None
+    if accelerator.is_main_process:
+        extractor = build_feature_extractor(f.features, f.weights, parts.vae, cfg.vae, accelerator.device)
+        reference = validation_reference(cfg, extractor, f.cache_dir, accelerator.device, f.batch_size)
+    settings = SamplerSettings(d.sample_steps, d.guidance_scale, d.sampler)
+    return FIDMonitor(context, f.every_n_steps, extractor, reference, settings, f.num_images, f.seed, f.batch_size)
 
 
 def save_resolved_config(cfg: TrainConfig, path: Path) -> None:
@@ -306,7 +338,7 @@ def build_trainer(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
 def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, lock: RunFolderLock | None) -> Trainer:
     """``build_trainer`` once the run folder is held: a ``Trainer`` on the data, or a ``GRPOTrainer`` on rewards."""
     grpo = cfg.grpo.enabled
-    source, cached_text = (None, None) if grpo else build_source(cfg, accelerator)
+    source, cached_text, held_out = (None, None, None) if grpo else build_source(cfg, accelerator)
     frozen_dtype = weight_dtype(accelerator.mixed_precision)
     parts = build_components(cfg, accelerator.device, frozen_dtype, cached_text)
     dit = parts.dit
@@ -344,7 +376,12 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     start_trackers(accelerator, cfg.logger, run_dir, dataclasses.asdict(cfg))
 
     text_to_image = TextToImage(parts.vae, parts.text_encoder, parts.schedule, parts.latent_shape, accelerator.device)
-    monitors = build_monitors(cfg, MonitorContext(accelerator, text_to_image, ema, cfg.logger), run_dir, frozen_dtype)
+    context = MonitorContext(accelerator, text_to_image, ema, cfg.logger)
+    monitors = build_monitors(cfg, context, run_dir, frozen_dtype)
+    if held_out is not None:
+        monitors.insert(0, build_validation_monitor(cfg, context, parts, held_out))
+    if cfg.monitor.fid.enabled:
+        monitors.append(build_fid_monitor(cfg, context, parts))
     update = build_update(cfg, accelerator, dit, optimizer, lr_scheduler, parameters, privacy)
     prompt_sampler = build_prompt_sampler(cfg) if grpo else None
     checkpointer = build_checkpointer(cfg, accelerator, run_dir, ema, privacy, prompt_sampler)

@@ -1,0 +1,67 @@
+"""The validation data of a run: a seeded held-out split of a random-access data set, or a data set of its own.
+
+The split is a function of the data set's length and the seed alone, so every process, a resumed run and a later
+evaluation hold out the same items, and no held-out item is ever in the training subset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import torch
+from torch.utils.data import Dataset, Subset
+
+from dit_trainer.data import build_dataset
+from dit_trainer.data.cache import CacheDataset
+
+if TYPE_CHECKING:
+    from dit_trainer.config import DataConfig, ValidationConfig
+
+
+def held_out_count(length: int, fraction: float) -> int:
+    """At least one item, and at least one left to train on."""
+    return min(max(1, round(length * fraction)), length - 1)
+
+
+def split_indices(length: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """(training indices, held-out indices): ``fraction`` of ``range(length)`` drawn by a permutation seeded with
+    ``seed``, each list in ascending order (so a cached or shuffled read stays as it would be)."""
+    order = torch.randperm(length, generator=torch.Generator().manual_seed(seed))
+    held_out = order[: held_out_count(length, fraction)]
+    keep = torch.ones(length, dtype=torch.bool)
+    keep[held_out] = False
+    return keep.nonzero().flatten().tolist(), sorted(held_out.tolist())
+
+
+def unaugmented(data: DataConfig, path: str | None) -> DataConfig:
+    """``data`` read without augmentation (no random crop, no flip, the first caption column, no shuffle) from
+    ``path``: validation must see the same images every time."""
+    return dataclasses.replace(
+        data,
+        path=path,
+        crop="center" if data.crop == "random" else data.crop,
+        horizontal_flip=False,
+        caption_column=(data.caption_columns or [data.caption_column])[0],
+        caption_columns=[],
+        shuffle_buffer=0,
+    )
+
+
+def split_validation(
+    data: DataConfig, validation: ValidationConfig, dataset: Dataset
+) -> tuple[Dataset, Dataset | None]:
+    """(the data to train on, the validation data or None without validation): ``validation.split`` of
+    ``dataset`` (the source or its latent cache), or the data at ``validation.path``."""
+    if not validation.every_n_steps:
+        return dataset, None
+    if validation.path:
+        return dataset, build_dataset(unaugmented(data, validation.path))
+    train, held_out = split_indices(len(dataset), validation.split, validation.seed)
+    plain = dataset if isinstance(dataset, CacheDataset) else build_dataset(unaugmented(data, data.path))
+    return Subset(dataset, train), Subset(plain, held_out)
+
+
+def validation_images(data: DataConfig, validation: ValidationConfig) -> Dataset | None:
+    """The held-out images themselves (never a latent cache's posteriors): what FID compares samples with."""
+    return split_validation(data, validation, build_dataset(unaugmented(data, data.path)))[1]

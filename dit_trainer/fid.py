@@ -1,0 +1,166 @@
+"""FID and KID of generated images against a run's validation images, with torchmetrics' implementations.
+
+Features come from a named extractor: ``inception`` is the standard one (InceptionV3 pool features, 2048-d, with
+torch-fidelity's weights loaded by torchmetrics' own code, or a local copy of that file for offline clusters);
+``vae`` is the run's own frozen VAE encoder, its posterior mean pooled to a 4 x 4 grid: offline and cheap, but
+comparable only between runs that share the VAE. The validation images' features are computed once per data set
+and extractor and cached under a fingerprint of everything that determines them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+from torchmetrics.image.fid import FrechetInceptionDistance
+from torchmetrics.image.kid import KernelInceptionDistance
+
+from dit_trainer.data.collate import collate_batch
+from dit_trainer.durable import write_atomically
+from dit_trainer.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dit_trainer.config import VAEConfig
+
+logger = logging.getLogger(__name__)
+FID_FEATURES = ("inception", "vae")
+KID_SUBSET_SIZE = 1000  # torchmetrics' default; smaller sets use all their images per subset
+
+
+class InceptionFeatures(nn.Module):
+    """The 2048-d pool features of the FID Inception network, as torchmetrics loads it (torch-fidelity's
+    weights, downloaded once, or ``weights_path``)."""
+
+    def __init__(self, weights_path: str | None = None) -> None:
+        super().__init__()
+        from torchmetrics.utilities.imports import _TORCH_FIDELITY_AVAILABLE
+
+        if not _TORCH_FIDELITY_AVAILABLE:
+            raise ConfigError(
+                "fid_features",
+                "inception",
+                "the standard Inception features need torch-fidelity, which is not installed",
+                "`pip install torch-fidelity` (it needs the torchvision build that matches your torch), or use the "
+                "run's own VAE as an offline feature extractor: `fid_features=vae`",
+            )
+        from torchmetrics.image.fid import NoTrainInceptionV3
+
+        self.network = NoTrainInceptionV3(
+            name="inception-v3-compat", features_list=["2048"], feature_extractor_weights_path=weights_path
+        )
+        self.identity = {"name": "inception", "weights": weights_path}
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.network((images * 255).round().to(torch.uint8))
+
+
+class LatentFeatures(nn.Module):
+    """A frozen VAE encoder's posterior mean, average-pooled to ``grid`` x ``grid``: (B, channels x grid^2)."""
+
+    def __init__(self, vae, identity: dict, grid: int = 4) -> None:
+        super().__init__()
+        self.vae = vae
+        self.grid = grid
+        self.identity = {"name": "vae", "grid": grid, **identity}
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        mean, _ = self.vae.encode_posterior(images * 2 - 1)
+        return F.adaptive_avg_pool2d(mean, self.grid).flatten(1)
+
+
+def build_feature_extractor(
+    features: str, weights_path: str | None, vae: nn.Module, vae_cfg: VAEConfig, device: torch.device
+) -> nn.Module:
+    """``inception`` (from ``weights_path`` when given) or ``vae``: the run's frozen VAE encoder."""
+    if features == "inception":
+        return InceptionFeatures(weights_path).to(device)
+    return LatentFeatures(vae, {"kind": vae_cfg.kind, "pretrained": vae_cfg.pretrained})
+
+
+@torch.no_grad()
+def extract_features(extractor: nn.Module, batches: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """(N, d) float64 features of image batches in [0, 1], on the CPU."""
+    return torch.cat([extractor(images.to(device)).double().cpu() for images in batches])
+
+
+@dataclass
+class ReferenceSet:
+    """The validation images as FID sees them: their features (N, d) and captions (what samples are drawn for)."""
+
+    features: torch.Tensor
+    captions: list[str]
+
+
+def reference_set(dataset: Dataset, extractor: nn.Module, device: torch.device, batch_size: int) -> ReferenceSet:
+    """The features and captions of every image of ``dataset``."""
+    captions: list[str] = []
+
+    def images() -> Iterator[torch.Tensor]:
+        for batch in DataLoader(dataset, batch_size=batch_size, collate_fn=collate_batch):
+            captions.extend(batch["caption"])
+            yield (batch["image"] + 1) / 2
+
+    return ReferenceSet(extract_features(extractor, images(), device), captions)
+
+
+def cached_reference_set(cache_dir: Path, fingerprint: dict, compute: Callable[[], ReferenceSet]) -> ReferenceSet:
+    """The reference set stored under ``fingerprint`` in ``cache_dir``, computed (and stored atomically) when
+    absent; a file that is unreadable or holds another fingerprint is recomputed, never trusted."""
+    text = json.dumps(fingerprint, sort_keys=True)
+    path = cache_dir / f"{hashlib.sha256(text.encode()).hexdigest()[:20]}.safetensors"
+    if path.exists():
+        try:
+            with safe_open(path, "pt") as stored:
+                metadata = stored.metadata()
+                if metadata["fingerprint"] == text:
+                    return ReferenceSet(stored.get_tensor("features"), json.loads(metadata["captions"]))
+        except (OSError, KeyError, RuntimeError, ValueError, SafetensorError) as error:
+            logger.warning(f"recomputing the FID reference features: {path} could not be read ({error})")
+    reference = compute()
+    metadata = {"fingerprint": text, "captions": json.dumps(reference.captions)}
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, lambda temporary: save_file({"features": reference.features}, temporary, metadata))
+    except (OSError, SafetensorError) as error:  # a cache: the numbers stand without it
+        logger.warning(f"the FID reference features could not be cached in {cache_dir} ({error}); set fid_cache_dir")
+    else:
+        logger.info(f"FID reference features of {len(reference.captions)} images cached in {path}")
+    return reference
+
+
+class _Precomputed(nn.Identity):
+    """Hands features already extracted to torchmetrics' metrics, which otherwise extract their own."""
+
+    def __init__(self, num_features: int) -> None:
+        super().__init__()
+        self.num_features = num_features
+
+
+def distances(real: torch.Tensor, fake: torch.Tensor, seed: int = 0) -> dict[str, float]:
+    """FID and KID (mean, std over torchmetrics' 100 random subsets, drawn from ``seed``) between two feature
+    sets (N, d)."""
+    dims = real.shape[1]
+    fid = FrechetInceptionDistance(feature=_Precomputed(dims))
+    subset = min(KID_SUBSET_SIZE, len(real), len(fake))
+    with warnings.catch_warnings():  # "KID will save all extracted features": these are already in memory
+        warnings.simplefilter("ignore", UserWarning)
+        kid = KernelInceptionDistance(feature=_Precomputed(dims), subset_size=subset)
+    for metric in (fid, kid):
+        metric.update(real, real=True)
+        metric.update(fake, real=False)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        kid_mean, kid_std = kid.compute()
+    return {"fid": fid.compute().item(), "kid_mean": kid_mean.item(), "kid_std": kid_std.item()}

@@ -1,0 +1,98 @@
+"""FID and KID: the numbers behave (zero for a set against itself, larger for a worse one), reference features are
+cached under their fingerprint and never trusted when they do not match, and evaluate.py reports them for a run."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from dit_trainer.errors import ConfigError
+from dit_trainer.evaluation import validation_reference
+from dit_trainer.fid import LatentFeatures, ReferenceSet, cached_reference_set, distances
+
+from .conftest import TINY_SHAPES, compose_config, read_metrics, run_script, train
+
+
+def _features(count: int, seed: int, shift: float = 0.0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(count, 16, generator=generator, dtype=torch.float64) + shift
+
+
+def test_a_set_against_itself_is_zero_and_a_shifted_one_is_far():
+    real = _features(300, 0)
+    same = distances(real, real)
+    near, far = distances(real, _features(300, 1)), distances(real, _features(300, 1, shift=0.5))
+    assert abs(same["fid"]) < 1e-6
+    # KID's unbiased estimator pairs no image with itself within a set but does across them: slightly negative
+    assert abs(same["kid_mean"]) < 0.1 * far["kid_mean"]
+    assert 0 < near["fid"] < far["fid"] and near["kid_mean"] < far["kid_mean"]
+    assert far["fid"] == pytest.approx(16 * 0.25, rel=0.3)  # |mean difference|^2 dominates
+    assert distances(real, _features(300, 1), seed=3) == distances(real, _features(300, 1), seed=3)
+
+
+def test_reference_features_are_cached_under_their_fingerprint_and_recomputed_when_unreadable(tmp_path):
+    calls = []
+
+    def compute(seed: int = 0):
+        calls.append(seed)
+        return ReferenceSet(_features(8, seed), [f"caption {i}" for i in range(8)])
+
+    first = cached_reference_set(tmp_path, {"data": "a"}, compute)
+    again = cached_reference_set(tmp_path, {"data": "a"}, lambda: pytest.fail("recomputed a cached reference"))
+    assert torch.equal(first.features, again.features) and again.captions == first.captions
+    cached_reference_set(tmp_path, {"data": "b"}, lambda: compute(1))
+    assert calls == [0, 1] and len(list(tmp_path.glob("*.safetensors"))) == 2
+
+    for path in tmp_path.glob("*.safetensors"):
+        path.write_bytes(b"not a safetensors file")
+    repaired = cached_reference_set(tmp_path, {"data": "a"}, compute)
+    assert calls == [0, 1, 0] and torch.equal(repaired.features, first.features)
+    assert not list(tmp_path.glob(".*partial"))
+
+
+@pytest.mark.slow
+def test_evaluate_reports_a_lower_fid_for_a_trained_checkpoint_than_an_early_one_as_the_monitor_did(tmp_path):
+    run = tmp_path / "run"
+    train(run, "trainer.max_steps=60", "trainer.checkpoint_every=10", "validation.every_n_steps=60",
+          "validation.split=0.25", "trainer.sample_every=0", "monitor.fid.enabled=true", "monitor.fid.features=vae",
+          "monitor.fid.every_n_steps=60", f"monitor.fid.cache_dir={tmp_path / 'fid'}")  # fmt: skip
+    monitored = [record for record in read_metrics(run) if "fid/fid" in record]
+    assert [record["step"] for record in monitored] == [60] and monitored[0]["fid/seconds"] > 0
+    fid = {}
+    for step in (10, 60):
+        out = tmp_path / f"eval{step}"
+        result = run_script(
+            ["scripts/evaluate.py", str(run), f"checkpoint={run / 'checkpoints' / f'checkpoint-{step}'}",
+             "metrics=[fid]", "fid_features=vae", f"fid_cache_dir={tmp_path / 'fid'}", f"out_dir={out}"]
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        report = json.loads((out / "report.json").read_text())
+        assert report["fid_images"] == report["fid_reference_images"] == 64
+        assert not (out / "grid.png").exists()  # no rewards asked for
+        fid[step] = report["fid"]
+    assert fid[60] < fid[10]
+    assert fid[60] == pytest.approx(monitored[0]["fid/fid"], rel=1e-9)  # same weights, seeds, sampler, reference
+    assert len(list((tmp_path / "fid").glob("*.safetensors"))) == 1  # the reference was computed once
+
+
+def test_a_run_without_validation_images_is_refused_for_fid():
+    run_cfg = compose_config([*TINY_SHAPES, "validation.every_n_steps=0"])
+    with pytest.raises(ConfigError, match=r"`metrics`.*holds none out.*validation\.split"):
+        validation_reference(run_cfg, LatentFeatures(None, {}), None, torch.device("cpu"), 8)
+
+
+def test_the_fid_monitor_needs_validation():
+    with pytest.raises(ConfigError, match="`monitor.fid.enabled`"):
+        compose_config([*TINY_SHAPES, "validation.every_n_steps=0", "monitor.fid.enabled=true"])
+
+
+@pytest.mark.skipif(
+    not os.environ.get("DIT_FID_INCEPTION_WEIGHTS"),
+    reason="the standard Inception weights are not on this machine (set DIT_FID_INCEPTION_WEIGHTS=FILE)",
+)
+def test_the_standard_inception_features_load_from_a_local_file():
+    from dit_trainer.fid import InceptionFeatures
+
+    extractor = InceptionFeatures(os.environ["DIT_FID_INCEPTION_WEIGHTS"])
+    assert extractor(torch.rand(2, 3, 32, 32)).shape == (2, 2048)
