@@ -34,6 +34,7 @@ TINY_SHAPES = [
     "trainer.sample_prompts=[a red circle,a blue square]",
     "diffusion.sample_steps=4",
     "monitor.grpo.enabled=false",  # tests/test_monitor.py turns it on
+    "validation.every_n_steps=0",  # tests/test_validation.py and tests/test_fid.py turn it on
 ]
 
 register_configs()

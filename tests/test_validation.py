@@ -8,6 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
+from dit_trainer.data.precompute import precompute
 from dit_trainer.data.split import split_indices
 from dit_trainer.diffusion import build_noise_schedule
 from dit_trainer.errors import ConfigError
@@ -48,13 +49,17 @@ def test_stratified_timesteps_sit_at_the_centres_of_equal_strata(overrides):
     assert timesteps.tolist() == pytest.approx([125, 375, 625, 875], abs=0.5)
 
 
-def test_held_out_images_are_never_trained_on(tmp_path):
+@pytest.mark.parametrize("cached", [False, True], ids=["source", "disk_cache"])
+def test_held_out_images_are_never_trained_on(tmp_path, cached):
     _captioned_folder(tmp_path / "images", 40)
-    cfg = compose_config(
-        [*TINY_SHAPES, "data=imagefolder", f"data.path={tmp_path / 'images'}", "data.resolution=32",
-         "data.horizontal_flip=true", "trainer.batch_size=4", *VALIDATE]
-    )  # fmt: skip
-    trainer = build_trainer(cfg, tmp_path / "run")
+    overrides = [*TINY_SHAPES, "data=imagefolder", f"data.path={tmp_path / 'images'}", "data.resolution=32",
+                 "trainer.batch_size=4", *VALIDATE]  # fmt: skip
+    if cached:  # the held-out posteriors come from the cache, and the in-memory latents are the training subset's
+        overrides += [f"data.cache_dir={tmp_path / 'cache'}", "data.cache_latents=true"]
+        precompute(compose_config(overrides))
+    else:
+        overrides.append("data.horizontal_flip=true")
+    trainer = build_trainer(compose_config(overrides), tmp_path / "run")
     held_out = {caption for batch in _validation_monitor(trainer).batches for caption in batch["caption"]}
     trained = {caption for batch in islice(trainer.batches(), 30) for caption in batch["caption"]}
     assert len(held_out) == 5 and len(trained) == 35  # 3 epochs of 8 full batches reach every training image

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from dit_trainer.components import Components, DiTAdapter, build_components, trainable_parameters
 from dit_trainer.config import TrainConfig, to_train_config
 from dit_trainer.data import build_dataset, collate_batch
-from dit_trainer.data.cache import CacheDataset, CachedPrompts, open_cache
+from dit_trainer.data.cache import CachedPrompts, open_cache
 from dit_trainer.data.latent_cache import LatentDataset, encode_dataset
 from dit_trainer.data.split import split_validation
 from dit_trainer.diffusion import SamplerSettings, TextToImage
@@ -89,7 +89,7 @@ def build_source(cfg: TrainConfig, accelerator: Accelerator) -> tuple[Dataset, C
 
 def build_training_data(cfg: TrainConfig, accelerator: Accelerator, vae, source: Dataset) -> Dataset:
     """``source``, or with ``data.cache_latents`` its posteriors kept in memory (a disk cache holds them already)."""
-    if not cfg.data.cache_latents or isinstance(source, CacheDataset):
+    if not cfg.data.cache_latents or cfg.data.cache_dir:
         return source
     return encode_dataset(
         source,
