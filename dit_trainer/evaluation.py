@@ -186,6 +186,7 @@ def evaluate(run: TrainedRun, cfg: EvaluateConfig) -> tuple[dict, torch.Tensor |
         "sampler": settings.sampler,
         "steps": settings.steps,
         "guidance_scale": settings.guidance_scale,
+        "size": list(run.text_to_image.image_size),
     }
     images = rewards = None
     if "rewards" in cfg.metrics:
@@ -199,7 +200,7 @@ def evaluate(run: TrainedRun, cfg: EvaluateConfig) -> tuple[dict, torch.Tensor |
 def evaluate_to_folder(cfg: EvaluateConfig) -> tuple[Path, dict]:
     """Write ``report.json`` and ``grid.png`` (one row per prompt, each image captioned with its reward)."""
     check_fields(cfg)
-    run = load_run(cfg.run_dir, cfg.checkpoint, cfg.ema)
+    run = load_run(cfg.run_dir, cfg.checkpoint, cfg.ema).at_size(cfg.height, cfg.width)
     out_dir = Path(cfg.out_dir).expanduser() if cfg.out_dir else Path(cfg.run_dir) / "eval" / run.checkpoint.name
     report, images, rewards = evaluate(run, cfg)
     out_dir.mkdir(parents=True, exist_ok=True)

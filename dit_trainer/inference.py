@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,28 @@ class TrainedRun:
             steps or diffusion.sample_steps,
             diffusion.guidance_scale if guidance_scale is None else guidance_scale,
             sampler or diffusion.sampler,
+        )
+
+    def at_size(self, height: int | None, width: int | None) -> TrainedRun:
+        """This run generating ``height`` x ``width`` images (either None: the run's ``data.resolution``); a side
+        that the latent would not cut into whole patches is a ``ConfigError`` naming it."""
+        resolution, vae = self.cfg.data.resolution, self.text_to_image.vae
+        multiple = vae.downsample_factor * self.dit.transformer.config.patch_size
+        height, width = height or resolution, width or resolution
+        for key, side in (("height", height), ("width", width)):
+            if side % multiple:
+                lower = side // multiple * multiple
+                nearest = f"`{key}={lower}` or `{key}={lower + multiple}`" if lower else f"`{key}={multiple}`"
+                raise ConfigError(
+                    key,
+                    side,
+                    f"it must be a multiple of {multiple} (the VAE's downsampling factor x the DiT's patch size)",
+                    f"set {nearest}",
+                )
+        factor = vae.downsample_factor
+        latent_shape = (self.text_to_image.latent_shape[0], height // factor, width // factor)
+        return dataclasses.replace(
+            self, text_to_image=dataclasses.replace(self.text_to_image, latent_shape=latent_shape)
         )
 
     def generate_images(
@@ -139,7 +162,7 @@ def sample_to_folder(cfg: SampleConfig) -> Path:
     names = [f"{index:05d}.png" for index in range(len(jobs))]
     out_dir = Path(cfg.out_dir).expanduser()
     refuse_overwrite(out_dir, [SAMPLE_INDEX, *names])
-    run = load_run(cfg.run_dir, cfg.checkpoint, cfg.ema)
+    run = load_run(cfg.run_dir, cfg.checkpoint, cfg.ema).at_size(cfg.height, cfg.width)
     settings = run.settings(cfg.steps, cfg.guidance_scale, cfg.sampler)
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / SAMPLE_INDEX).open("x", encoding="utf-8") as index_file:

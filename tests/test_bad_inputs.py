@@ -270,11 +270,11 @@ def _small_data(tmp_path, source: str) -> list[str]:
 def test_a_data_set_smaller_than_one_batch_is_refused_before_training(tmp_path, source):
     from dit_trainer.training.run import run
 
-    cfg = compose_config(_small_data(tmp_path, source))
+    cfg = compose_config([*_small_data(tmp_path, source), "validation.every_n_steps=500", "validation.split=0.032"])
     with pytest.raises(ConfigError) as caught:
         run(cfg, tmp_path / "run")
     message = _one_paragraph(caught.value, "trainer.batch_size")
-    size = 2 if source == "imagefolder" else 7  # of 3 or 8: the shapes experiment holds one out for validation
+    size = 2 if source == "imagefolder" else 7  # of 3 or 8: one is held out for validation
     assert f"is 16, but the data set has {size} items to train on (1 more are held out" in message
     assert f"trainer.batch_size={size}" in message
     assert not (tmp_path / "run" / "metrics.jsonl").exists() and not (tmp_path / "run" / "checkpoints").exists()

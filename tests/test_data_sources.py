@@ -25,7 +25,7 @@ from dit_trainer.data import (
     build_dataset,
     collate_batch,
 )
-from dit_trainer.data.transforms import resize_short_side, to_model_input, to_tensor
+from dit_trainer.data.transforms import resize_to_cover, to_model_input, to_tensor
 from dit_trainer.errors import ConfigError
 
 from .conftest import TINY_SHAPES, run_script, train
@@ -86,7 +86,7 @@ def test_center_crop_keeps_the_middle_and_none_squashes_the_whole_image():
 
 def test_random_crop_and_flip_are_windows_of_the_image_and_repeat_for_a_generator():
     image = _noise()
-    resized = to_tensor(resize_short_side(image, 16))  # (3, 16, 24): the random crop is a window of this
+    resized = to_tensor(resize_to_cover(image, 16, 16))  # (3, 16, 24): the random crop is a window of this
     windows = [resized[:, :, left : left + 16] for left in range(resized.shape[-1] - 16 + 1)]
 
     def crop(seed: int, **kwargs) -> torch.Tensor:

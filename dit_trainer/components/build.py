@@ -12,7 +12,8 @@ from dit_trainer.components.dit import DiTAdapter, build_dit, enable_gradient_ch
 from dit_trainer.components.lora import apply_lora
 from dit_trainer.components.modulation import expose_modulation_tables
 from dit_trainer.components.text_encoder import build_text_encoder
-from dit_trainer.components.vae import build_vae
+from dit_trainer.components.vae import build_vae, known_downsample_factor
+from dit_trainer.data.buckets import BucketTable, bucket_table
 from dit_trainer.diffusion import NoiseSchedule, build_noise_schedule
 from dit_trainer.errors import ConfigError
 
@@ -52,6 +53,31 @@ def check_resolution(cfg: TrainConfig, downsample_factor: int) -> None:
         "another size would be rounded, silently dropping the images' edges)",
         f"set {nearest}",
     )
+
+
+def pixel_multiple(cfg: TrainConfig) -> int | None:
+    """What every image side must be a multiple of for its latent to cut into whole patches: the VAE's downsampling
+    factor x the DiT's patch size; None while a model that is not on this machine yet has not loaded."""
+    factor, patch = known_downsample_factor(cfg.vae), known_patch_size(cfg.model)
+    return None if factor is None or patch is None else factor * patch
+
+
+def configured_buckets(cfg: TrainConfig) -> BucketTable | None:
+    """The bucket table ``data.buckets`` asks for at ``data.resolution`` (None for squares). Its sizes depend on the
+    VAE and the patch size, which must be known before any image is read: from local config files."""
+    if cfg.data.buckets == "none":
+        return None
+    multiple = pixel_multiple(cfg)
+    if multiple is None:
+        missing = cfg.vae.pretrained if known_downsample_factor(cfg.vae) is None else cfg.model.pretrained
+        raise ConfigError(
+            "data.buckets",
+            cfg.data.buckets,
+            f"bucket sizes must be multiples of the VAE's downsampling factor x the DiT's patch size, and the "
+            f"config.json of {missing} is not on this machine yet to tell them",
+            f"download the model once (`huggingface-cli download {missing}`), or run once without buckets",
+        )
+    return bucket_table(cfg.data.buckets, cfg.data.resolution, multiple)
 
 
 def build_components(

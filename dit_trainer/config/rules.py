@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from dit_trainer.components.build import check_resolution
+from dit_trainer.components.build import check_resolution, configured_buckets
 from dit_trainer.components.vae import known_downsample_factor
 from dit_trainer.config.fields import check_fields
 from dit_trainer.config.resolvers import register_resolvers
@@ -66,6 +66,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _check_offline_models(cfg)
     if not cfg.grpo.enabled:  # GRPO trains on its own samples and reads no data
         _check_data_path(cfg)
+        if cfg.data.buckets != "none":
+            _check_buckets(cfg)
     if cfg.validation.every_n_steps:
         _check_validation(cfg)
     if cfg.monitor.fid.enabled:
@@ -265,6 +267,27 @@ def _check_data_path(cfg: TrainConfig) -> None:
     )
     if source.check_path is not None:
         source.check_path(cfg.data.path, "data.path")
+
+
+def _check_buckets(cfg: TrainConfig) -> None:
+    """Buckets need a source that reads image sizes, batches that can be made one bucket at a time, and sizes the
+    latents cut into whole patches."""
+    require(
+        SOURCES[cfg.data.source].bucketed,
+        "data.buckets",
+        cfg.data.buckets,
+        f"`data={cfg.data.source}` gives square images of one size, so every image would land in one bucket",
+        "use buckets with a folder or data set of real images (`data=imagefolder`, `data=hf`), or set "
+        "`data.buckets=none`",
+    )
+    require(
+        not cfg.privacy.enabled,
+        "data.buckets",
+        cfg.data.buckets,
+        "DP's Poisson sampling draws every image independently at every step, so a batch cannot be kept to one bucket",
+        "set `data.buckets=none` under `privacy.enabled=true`",
+    )
+    configured_buckets(cfg)
 
 
 def _check_validation(cfg: TrainConfig) -> None:

@@ -9,11 +9,13 @@ alternatives (``model=pixart_xl_2``) and what an experiment changes. Each field'
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from dit_trainer.components.text_encoder import TEXT_ENCODER_KINDS
 from dit_trainer.components.vae import VAE_KINDS
-from dit_trainer.config.fields import at_least, between, fraction, non_empty, one_of, open_unit, positive
+from dit_trainer.config.fields import at_least, between, checked, fraction, non_empty, one_of, open_unit, positive
 from dit_trainer.data import SOURCES
+from dit_trainer.data.buckets import is_bucket_spec
 from dit_trainer.data.cache import STORAGE_DTYPES
 from dit_trainer.data.transforms import CROPS
 from dit_trainer.diffusion import OBJECTIVES, SAMPLERS
@@ -128,7 +130,16 @@ class DataConfig:
     # `caption_column` is ignored. Empty: use `caption_column`.
     caption_columns: list[str] = field(default_factory=list)
     resolution: int = at_least(8, 32)
-    crop: str = one_of(CROPS, "center")  # center | random | none (squash the whole image to a square)
+    crop: str = one_of(CROPS, "center")  # center | random | none (squash the whole image to the target size)
+    # Aspect-ratio buckets: none (every image cut to a `resolution` square) | pixart (PixArt's bin table, scaled to
+    # `resolution`) | a list of [height, width] sizes in pixels. Each image is trained at the bucket nearest its
+    # aspect ratio (resized to cover it, then cropped), and every batch holds one bucket.
+    buckets: Any = checked(
+        is_bucket_spec,
+        "it must be none, pixart, or a list of [height, width] pairs of pixel sizes",
+        "set e.g. `data.buckets=pixart` or `data.buckets=[[32,32],[24,40],[40,24]]`",
+        "none",
+    )
     shuffle_buffer: int = at_least(0, 1000, note="0: tar order")  # webdataset: samples shuffled within this window
     horizontal_flip: bool = False
     caption_dropout: float = fraction(0.1)  # probability of training on the empty prompt, for CFG

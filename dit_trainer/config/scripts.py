@@ -37,6 +37,9 @@ class SamplingArgs(RunCheckpointArgs):
     steps: int | None = at_least(1, None)  # default: the run's diffusion.sample_steps
     guidance_scale: float | None = at_least(0, None)  # default: the run's diffusion.guidance_scale
     batch_size: int = at_least(1, 32)
+    # The image size in pixels (e.g. a bucket the run trained on); null: the run's data.resolution
+    height: int | None = at_least(1, None)
+    width: int | None = at_least(1, None)
 
 
 @dataclass

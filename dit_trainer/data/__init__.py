@@ -33,6 +33,7 @@ class Source:
     path_example: str | None = None
     check_path: Callable[[str, str], None] | None = None  # (path, its key): a cheap check before any model is built
     streamed: bool = False  # an IterableDataset: no random access (so no Poisson sampling for DP)
+    bucketed: bool = False  # its items can come at any (height, width) and it reads image sizes: `data.buckets`
     # What identifies the data beyond its config, for the cache fingerprint: cheap (no image is read), so None
     # where the config alone determines the data (shapes).
     content: Callable[[DataConfig], dict] | None = None
@@ -67,12 +68,14 @@ SOURCES: dict[str, Source] = {
         "the folder that holds your images and metadata.jsonl",
         "/path/to/images",
         check_image_folder,
+        bucketed=True,
         content=lambda cfg: metadata_fingerprint(cfg.path),
     ),
     "hf": Source(
         _hf,
         "a dataset name on the hub or a folder written by `Dataset.save_to_disk`",
         "/path/to/dataset",
+        bucketed=True,
         content=lambda cfg: split_fingerprint(cfg.path, cfg.split),
     ),
     "webdataset": Source(

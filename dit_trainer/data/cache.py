@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -32,6 +33,7 @@ from safetensors.torch import load_file, save_file
 from torch.utils.data import Dataset
 
 from dit_trainer.data import SOURCES
+from dit_trainer.data.buckets import BucketTable
 from dit_trainer.errors import ConfigError, shortlist
 from dit_trainer.prompts import load_prompts
 
@@ -77,6 +79,10 @@ def cache_fingerprint(cfg: TrainConfig) -> dict:
         "text_encoder": {k: getattr(text, k) for k in encoder},
         "data": data,
     }
+    if cfg.data.buckets != "none":  # the sizes `pixart` resolves to depend on the VAE and the patch size too
+        from dit_trainer.components.build import configured_buckets  # not at the top: components import data
+
+        fingerprint["bucket_sizes"] = [list(size) for size in configured_buckets(cfg).sizes]
     content = SOURCES[cfg.data.source].content
     return fingerprint | ({"data_content": content(cfg.data)} if content else {})
 
@@ -179,6 +185,8 @@ class CacheDataset(Dataset):
 
     A cache up to ``IN_MEMORY_BYTES`` is read into memory once (indexing it costs microseconds, so the cache never
     slows a step); a larger one is read row by row from the memory-mapped shards, so it needs no RAM of its own.
+    A cache of bucketed data has one image size per shard (its ``size`` in the index): ``buckets`` and ``table``
+    say which bucket each item is in, and in memory the shards of each bucket form one block of tensors.
     """
 
     def __init__(self, cache_dir: Path, index: dict) -> None:
@@ -188,10 +196,26 @@ class CacheDataset(Dataset):
             self.offsets.append(self.offsets[-1] + shard["items"])
         self._handles: dict[int, object] = {}  # opened lazily, so each DataLoader worker opens its own
         self.captions = [c for k in range(len(self.shards)) for c in json.loads(self._handle(k).metadata()["captions"])]
+        sizes = [tuple(shard.get("size", ())) for shard in index["shards"]]  # (height, width) when bucketed
+        self.table = BucketTable(tuple(dict.fromkeys(sizes))) if any(sizes) else None
+        shard_blocks = [self.table.sizes.index(size) for size in sizes] if self.table else [0] * len(sizes)
+        item_blocks = [block for block, shard in zip(shard_blocks, index["shards"]) for _ in range(shard["items"])]
+        self.buckets = item_blocks if self.table else None
         self.in_memory = bool(self.shards) and sum(path.stat().st_size for path in self.shards) <= IN_MEMORY_BYTES
         if self.in_memory:  # already as float32 / int64: an item is then a view, no conversion per step
-            shards = [opened(path, load_file) for path in self.shards]
-            self.tensors = {key: self._widen(torch.cat([shard[key] for shard in shards])) for key in shards[0]}
+            loaded = [opened(path, load_file) for path in self.shards]
+            self.blocks = {
+                block: {
+                    key: self._widen(torch.cat([shard[key] for shard, b in zip(loaded, shard_blocks) if b == block]))
+                    for key in TENSOR_KEYS
+                }
+                for block in sorted(set(shard_blocks))
+            }
+            self.item_blocks, rows, counts = item_blocks, [], Counter()
+            for block in item_blocks:  # an item's row within its block
+                rows.append(counts[block])
+                counts[block] += 1
+            self.item_rows = torch.tensor(rows, dtype=torch.long)
         self._handles.clear()
 
     def __len__(self) -> int:
@@ -208,7 +232,7 @@ class CacheDataset(Dataset):
 
     def _row(self, key: str, index: int) -> torch.Tensor:
         if self.in_memory:
-            return self.tensors[key][index]
+            return self.blocks[self.item_blocks[index]][key][self.item_rows[index]]
         shard = bisect.bisect_right(self.offsets, index) - 1
         row = index - self.offsets[shard]
         return self._widen(self._handle(shard).get_slice(key)[row : row + 1][0])
@@ -224,8 +248,12 @@ class CacheDataset(Dataset):
         handed to ``collate_batch`` as the batch itself, so no per-item views are made and stacked again."""
         if not self.in_memory or not indices:  # an empty list: a Poisson draw (DP) that selected nothing
             return [self[index] for index in indices]
-        rows = torch.as_tensor(indices, dtype=torch.long)
-        batch = {key: self.tensors[key].index_select(0, rows) for key in TENSOR_KEYS}  # faster than [rows]
+        blocks = {self.item_blocks[index] for index in indices}
+        if len(blocks) > 1:  # items of several buckets (reading in source order): stacked by whoever asked
+            return [self[index] for index in indices]
+        block = self.blocks[blocks.pop()]
+        rows = self.item_rows[torch.as_tensor(indices, dtype=torch.long)]
+        batch = {key: block[key].index_select(0, rows) for key in TENSOR_KEYS}  # faster than [rows]
         return batch | {"caption": [self.captions[index] for index in indices], "bad_files": []}
 
 

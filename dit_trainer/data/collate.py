@@ -58,7 +58,17 @@ class SkipUnreadable(Dataset):
         """How the bad-file record names ``index`` (a file name, or a row number)."""
         raise NotImplementedError
 
+    def image_size(self, index: int) -> tuple[int, int] | None:
+        """(width, height) of ``index`` as decoded, without decoding it (what aspect-ratio buckets sort by); None
+        when unreadable."""
+        raise NotImplementedError
+
     def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.item(index)
+
+    def item(self, index: int, size: tuple[int, int] | None = None) -> dict[str, Any]:
+        """Item ``index`` at ``size`` (height, width), default a ``resolution`` square. A skipped file's replacement
+        is brought to the same size, so a batch of one bucket stays one bucket."""
         if not 0 <= index < len(self):
             raise IndexError(index)  # ends `for item in dataset`, which would otherwise wrap around forever
         bad: list[str] = []
@@ -68,7 +78,7 @@ class SkipUnreadable(Dataset):
             try:  # the transform too: an image can decode and still fail to convert
                 image, caption = self.read(current)
                 item = {
-                    "image": to_model_input(image, self.resolution, self.crop, self.horizontal_flip),
+                    "image": to_model_input(image, size or self.resolution, self.crop, self.horizontal_flip),
                     "caption": caption,
                 }
             except UNREADABLE_ERRORS as error:

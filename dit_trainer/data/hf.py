@@ -12,7 +12,7 @@ from typing import Any
 from PIL import Image
 
 from dit_trainer.data.collate import SkipUnreadable
-from dit_trainer.data.transforms import caption_keys, decode_image, pick_caption
+from dit_trainer.data.transforms import caption_keys, decode_image, header_size, pick_caption
 from dit_trainer.errors import ConfigError
 
 
@@ -120,13 +120,22 @@ class HFImageDataset(SkipUnreadable):
         path = (self.dataset[index][self.image_column] or {}).get("path")
         return f"row {index}" + (f" ({path})" if path else "")
 
-    def read(self, index: int) -> tuple[Image.Image, str]:
-        row = self.dataset[index]
+    def _image(self, row: dict) -> bytes | Path:
         image = row[self.image_column] or {}  # {"bytes": ... or None, "path": ... or None}, or a null cell
         if image.get("bytes") is not None:
-            data = image["bytes"]
-        elif image.get("path"):
-            data = Path(image["path"]).read_bytes()
-        else:
-            raise ValueError("the row has no image")
+            return image["bytes"]
+        if image.get("path"):
+            return Path(image["path"])
+        raise ValueError("the row has no image")
+
+    def image_size(self, index: int) -> tuple[int, int] | None:
+        try:
+            return header_size(self._image(self.dataset[index]))
+        except ValueError:
+            return None
+
+    def read(self, index: int) -> tuple[Image.Image, str]:
+        row = self.dataset[index]
+        image = self._image(row)
+        data = image if isinstance(image, bytes) else image.read_bytes()
         return decode_image(data), pick_caption([row[column] for column in self.caption_columns])

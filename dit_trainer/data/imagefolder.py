@@ -10,7 +10,7 @@ from pathlib import Path
 from PIL import Image
 
 from dit_trainer.data.collate import SkipUnreadable
-from dit_trainer.data.transforms import caption_keys, decode_image, json_type, pick_caption
+from dit_trainer.data.transforms import caption_keys, decode_image, header_size, json_type, pick_caption
 from dit_trainer.errors import ConfigError
 
 METADATA = "metadata.jsonl"
@@ -115,6 +115,9 @@ class ImageFolderDataset(SkipUnreadable):
 
     def name(self, index: int) -> str:
         return self.records[index][0]
+
+    def image_size(self, index: int) -> tuple[int, int] | None:
+        return header_size(self.root / self.records[index][0])
 
     def read(self, index: int) -> tuple[Image.Image, str]:
         file_name, captions = self.records[index]

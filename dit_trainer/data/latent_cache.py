@@ -8,22 +8,30 @@ mean and std, not one latent, so each epoch still draws a fresh latent, exactly 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
+from dit_trainer.data.buckets import in_order_loader, item_buckets
 from dit_trainer.data.cache import refuse_non_finite
-from dit_trainer.data.collate import collate_batch
 
 logger = logging.getLogger(__name__)
 
 
 class LatentDataset(Dataset):
-    """``{"latent_mean", "latent_std", "caption"}`` per item, in the order of the source data set."""
+    """``{"latent_mean", "latent_std", "caption"}`` per item, in the order of the source data set; with buckets,
+    ``buckets`` holds each item's bucket (and the tensors differ in size between buckets)."""
 
-    def __init__(self, means: torch.Tensor, stds: torch.Tensor, captions: list[str]) -> None:
-        self.means, self.stds, self.captions = means, stds, captions
+    def __init__(
+        self,
+        means: Sequence[torch.Tensor],
+        stds: Sequence[torch.Tensor],
+        captions: list[str],
+        buckets: list[int] | None = None,
+    ) -> None:
+        self.means, self.stds, self.captions, self.buckets = means, stds, captions, buckets
 
     def __len__(self) -> int:
         return len(self.captions)
@@ -39,7 +47,7 @@ def encode_dataset(
     """Run the VAE encoder over ``dataset`` once; results stay on the CPU. NaN/inf is refused as the disk cache
     refuses it: here it would be drawn from at every step."""
     means, stds, captions, bad_files = [], [], [], []
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_batch)
+    loader, order = in_order_loader(dataset, batch_size, num_workers)
     for batch in tqdm(loader, desc="encode latents", disable=not show_progress):
         bad_files += batch["bad_files"]
         mean, std = vae.encode_posterior(batch["image"].to(device))
@@ -57,4 +65,12 @@ def encode_dataset(
         captions.extend(batch["caption"])
     if bad_files:
         logger.warning(f"{len(bad_files)} unreadable files were skipped while caching latents: {bad_files[:5]}")
-    return LatentDataset(torch.cat(means), torch.cat(stds), captions)
+    buckets = item_buckets(dataset)
+    if buckets is None:  # one stacked tensor: cheaper to index than a list of them
+        return LatentDataset(torch.cat(means), torch.cat(stds), captions)
+    position = {index: at for at, index in enumerate(order)}  # read bucket by bucket; kept in the source's order
+    means, stds = [item for batch in means for item in batch], [item for batch in stds for item in batch]
+    ordered = [position[index] for index in range(len(order))]
+    return LatentDataset(
+        [means[at] for at in ordered], [stds[at] for at in ordered], [captions[at] for at in ordered], buckets
+    )

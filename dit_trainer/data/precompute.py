@@ -19,14 +19,16 @@ from torch.utils.data import DataLoader, IterableDataset, Subset
 from tqdm.auto import tqdm
 
 from dit_trainer.components import build_text_encoder, build_vae
-from dit_trainer.components.build import check_resolution
+from dit_trainer.components.build import check_resolution, configured_buckets
 from dit_trainer.config import TrainConfig
 from dit_trainer.data import build_dataset, collate_batch
+from dit_trainer.data.buckets import bucketed, in_order_loader
 from dit_trainer.data.cache import (
     INDEX,
     PROMPTS,
     SHARD_LIST,
     STORAGE_DTYPES,
+    TENSOR_KEYS,
     cache_fingerprint,
     cache_prompts,
     check_cache_folder,
@@ -85,24 +87,28 @@ def _rank_share(dataset, state: PartialState):
 def _encode_images(cfg: TrainConfig, cache_dir: Path, state: PartialState, vae, text_encoder) -> tuple[int, list]:
     """Encode this rank's share into shards; returns (items, bad files) and leaves its shard list beside them."""
     device = state.device
-    loader = DataLoader(
-        _rank_share(build_dataset(cfg.data), state),
-        batch_size=cfg.trainer.batch_size,
-        num_workers=cfg.data.num_workers,
-        collate_fn=collate_batch,
-    )
+    table = configured_buckets(cfg)
+    share = _rank_share(bucketed(build_dataset(cfg.data), table, state.is_main_process), state)
+    if isinstance(share, IterableDataset):
+        loader = DataLoader(share, cfg.trainer.batch_size, num_workers=cfg.data.num_workers, collate_fn=collate_batch)
+    else:  # bucket by bucket: every shard holds one image size
+        loader = in_order_loader(share, cfg.trainer.batch_size, cfg.data.num_workers)[0]
     storage, shards, pending, bad_files, items = STORAGE_DTYPES[cfg.data.cache_dtype], [], [], [], 0
 
     def flush() -> None:
-        tensors = {k: torch.cat([p[k] for p in pending]) for k in pending[0] if k != "caption"}
+        tensors = {k: torch.cat([p[k] for p in pending]) for k in TENSOR_KEYS}
         captions = [c for p in pending for c in p["caption"]]
         name = shard_name(state.process_index, len(shards))
         save_shard(cache_dir / name, tensors, captions, storage)
-        shards.append({"file": name, "items": len(captions)})
+        size = {"size": list(pending[0]["size"])} if table is not None else {}
+        shards.append({"file": name, "items": len(captions), **size})
         pending.clear()
 
     for batch in tqdm(loader, desc="precompute", disable=not state.is_main_process):
         bad_files += batch["bad_files"]
+        size = tuple(batch["image"].shape[-2:])
+        if pending and size != pending[0]["size"]:
+            flush()
         mean, std = vae.encode_posterior(batch["image"].to(device))
         embeds, mask = text_encoder.encode(batch["caption"])
         pending.append(
@@ -112,6 +118,7 @@ def _encode_images(cfg: TrainConfig, cache_dir: Path, state: PartialState, vae, 
                 "text_embeds": embeds.float().cpu(),
                 "text_mask": mask.cpu(),
                 "caption": list(batch["caption"]),
+                "size": size,
             }
         )
         items += len(batch["caption"])

@@ -6,8 +6,12 @@ generated image from its pixels alone, which makes it a real (if small) text-to-
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import Dataset
 
 COLORS: dict[str, tuple[int, int, int]] = {
@@ -38,19 +42,32 @@ def shape_mask(shape: str, height: int, width: int) -> np.ndarray:
     raise ValueError(f"unknown shape {shape!r}; expected one of {SHAPES}")
 
 
-def render(color: str, shape: str, size: int, top: int, left: int, resolution: int) -> np.ndarray:
-    """An (H, W, 3) uint8 image with one ``size``-pixel ``shape`` whose box starts at (top, left)."""
-    image = np.empty((resolution, resolution, 3), dtype=np.uint8)
+def render(color: str, shape: str, size: int, top: int, left: int, height: int, width: int | None = None) -> np.ndarray:
+    """A ``height`` x ``width`` (default square) RGB uint8 image with one ``size``-pixel ``shape`` whose box starts
+    at (top, left)."""
+    image = np.empty((height, width or height, 3), dtype=np.uint8)
     image[:] = BACKGROUND
     box = image[top : top + size, left : left + size]
     box[shape_mask(shape, size, size)] = COLORS[color]
     return image
 
 
+def shape_spec(index: int, seed: int, height: int, width: int) -> tuple[str, str, int, int, int]:
+    """(color, shape, size, top, left) of image ``index`` on a ``height`` x ``width`` canvas: colour and shape
+    cycle with the index, so every caption is equally frequent; size and position are drawn from (seed, index)."""
+    color = list(COLORS)[index % len(COLORS)]
+    shape = SHAPES[(index // len(COLORS)) % len(SHAPES)]
+    rng = np.random.default_rng((seed, index))
+    side = min(height, width)
+    size = int(rng.integers(side * 5 // 16, side * 11 // 16 + 1))
+    top, left = (int(v) for v in rng.integers(0, [height - size + 1, width - size + 1]))
+    return color, shape, size, top, left
+
+
 class ShapesDataset(Dataset):
     """``length`` shapes images at ``resolution``; item ``i`` is the same for a given ``seed``.
 
-    Colour and shape cycle with the index so every caption is equally frequent; size and position are random.
+    Colour and shape cycle with the index; size and position are random (``shape_spec``).
     Items are ``{"image": (3, H, W) float in [-1, 1], "caption": str}`` like every data source here.
     """
 
@@ -64,12 +81,7 @@ class ShapesDataset(Dataset):
 
     def spec(self, index: int) -> tuple[str, str, int, int, int]:
         """(color, shape, size, top, left) of item ``index``."""
-        color = list(COLORS)[index % len(COLORS)]
-        shape = SHAPES[(index // len(COLORS)) % len(SHAPES)]
-        rng = np.random.default_rng((self.seed, index))
-        size = int(rng.integers(self.resolution * 5 // 16, self.resolution * 11 // 16 + 1))
-        top, left = (int(v) for v in rng.integers(0, self.resolution - size + 1, size=2))
-        return color, shape, size, top, left
+        return shape_spec(index, self.seed, self.resolution, self.resolution)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor | str]:
         if not 0 <= index < self.length:
@@ -128,3 +140,18 @@ def score_alignment(images: torch.Tensor, captions: list[str]) -> torch.Tensor:
     """(B,) scores in [0, 1]: half for the captioned colour, half for the captioned shape, judged from pixels."""
     color_ok, shape_ok = alignment_components(images, captions)
     return (color_ok + shape_ok) / 2
+
+
+def write_shapes_folder(folder: Path, count: int, sizes: list[tuple[int, int]], seed: int = 0) -> Path:
+    """An imagefolder (PNGs and metadata.jsonl) of ``count`` shapes on canvases of the (height, width) ``sizes``
+    in turn: real mixed-aspect data to try ``data.buckets`` on a CPU."""
+    folder.mkdir(parents=True, exist_ok=False)
+    rows = []
+    for index in range(count):
+        height, width = sizes[index % len(sizes)]
+        color, shape, size, top, left = shape_spec(index, seed, height, width)
+        name = f"{index:05d}.png"
+        Image.fromarray(render(color, shape, size, top, left, height, width)).save(folder / name)
+        rows.append(json.dumps({"file_name": name, "text": f"a {color} {shape}"}) + "\n")
+    (folder / "metadata.jsonl").write_text("".join(rows))
+    return folder

@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from dit_trainer.data import build_dataset
+from dit_trainer.data.buckets import Bucketed, BucketTable, bucketed
 from dit_trainer.data.cache import CacheDataset
 
 if TYPE_CHECKING:
@@ -49,19 +50,25 @@ def unaugmented(data: DataConfig, path: str | None) -> DataConfig:
 
 
 def split_validation(
-    data: DataConfig, validation: ValidationConfig, dataset: Dataset
+    data: DataConfig, validation: ValidationConfig, dataset: Dataset, table: BucketTable | None = None
 ) -> tuple[Dataset, Dataset | None]:
     """(the data to train on, the validation data or None without validation): ``validation.split`` of
-    ``dataset`` (the source or its latent cache), or the data at ``validation.path``."""
+    ``dataset`` (the source, bucketed by ``table`` when given, or its latent cache), or the data at
+    ``validation.path``, validated at the sizes of the same buckets."""
     if not validation.every_n_steps:
         return dataset, None
     if validation.path:
-        return dataset, build_dataset(unaugmented(data, validation.path))
+        return dataset, bucketed(build_dataset(unaugmented(data, validation.path)), table)
     train, held_out = split_indices(len(dataset), validation.split, validation.seed)
-    plain = dataset if isinstance(dataset, CacheDataset) else build_dataset(unaugmented(data, data.path))
+    plain = dataset
+    if not isinstance(dataset, CacheDataset):
+        plain = build_dataset(unaugmented(data, data.path))
+        if isinstance(dataset, Bucketed):  # the same buckets, not read again
+            plain = Bucketed(plain, dataset.table, dataset.buckets)
     return Subset(dataset, train), Subset(plain, held_out)
 
 
 def validation_images(data: DataConfig, validation: ValidationConfig) -> Dataset | None:
-    """The held-out images themselves (never a latent cache's posteriors): what FID compares samples with."""
+    """The held-out images themselves (never a latent cache's posteriors), centre-cut to ``resolution`` squares as
+    FID's protocol has it (and as samples are generated): what FID compares samples with."""
     return split_validation(data, validation, build_dataset(unaugmented(data, data.path)))[1]

@@ -5,16 +5,17 @@ from __future__ import annotations
 import io
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-# center / random: the short side resized to the resolution, then a square cut out; none: squashed to a square.
+# center / random: resized to cover the target size, then the target cut out; none: squashed to the target size.
 CROPS = ("center", "random", "none")
 # Resizing an image whole costs memory in proportion to its elongation (a 10 x 20000 strip at 1024 px: 8 GB). Up to
-# this aspect ratio it is done as always (so the images of every earlier run come out bit-identical); beyond it, the
-# square is cut out of the original first.
+# this elongation relative to the target it is done as always (so the images of every earlier run come out
+# bit-identical); beyond it, a window of the target's shape is cut out of the original first.
 MAX_ASPECT_RESIZED_WHOLE = 16
 
 # What PIL raises for bytes that are not a readable image: OSError (covers UnidentifiedImageError, truncated data
@@ -29,6 +30,7 @@ UNREADABLE_ERRORS: tuple[type[BaseException], ...] = (
     Image.DecompressionBombError,
     Image.DecompressionBombWarning,
 )
+EXIF_ORIENTATION = 0x0112
 JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
@@ -47,6 +49,18 @@ def decode_image(data: bytes) -> Image.Image:
         image = Image.open(io.BytesIO(data))
         image.load()
     return ImageOps.exif_transpose(image)
+
+
+def header_size(data: bytes | Path) -> tuple[int, int] | None:
+    """(width, height) of an image as it will be decoded (EXIF rotations by 90 degrees swap them), read from its
+    header only; None when the header is unreadable (the image is skipped as unreadable when its turn comes)."""
+    try:
+        with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as image:
+            width, height = image.size
+            rotated = image.getexif().get(EXIF_ORIENTATION, 1) in (5, 6, 7, 8)
+    except UNREADABLE_ERRORS:
+        return None
+    return (height, width) if rotated else (width, height)
 
 
 def json_type(value: object) -> str:
@@ -73,21 +87,30 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image.convert("RGB")
 
 
-def resize_short_side(image: Image.Image, resolution: int) -> Image.Image:
-    """Scale so the short side is ``resolution``, keeping the aspect ratio (the long side never drops below it)."""
-    scale = resolution / min(image.size)
-    width, height = (max(resolution, round(side * scale)) for side in image.size)
-    return image.resize((width, height), Image.BICUBIC)
+def resize_to_cover(image: Image.Image, height: int, width: int) -> Image.Image:
+    """Scale, keeping the aspect ratio, to the smallest size that covers ``height`` x ``width`` (for a square: the
+    short side becomes the resolution)."""
+    scale = max(width / image.size[0], height / image.size[1])
+    new_width, new_height = (max(side, round(original * scale)) for side, original in zip((width, height), image.size))
+    return image.resize((new_width, new_height), Image.BICUBIC)
 
 
-def crop_square(image: Image.Image, resolution: int, at_random: bool, generator: torch.Generator | None) -> Image.Image:
-    """A ``resolution`` square: centred, or at a random offset along the long side (a cheap augmentation)."""
-    extra_x, extra_y = image.size[0] - resolution, image.size[1] - resolution
+def crop_box(
+    image: Image.Image, height: int, width: int, at_random: bool, generator: torch.Generator | None
+) -> Image.Image:
+    """A ``height`` x ``width`` window: centred, or at a random offset (a cheap augmentation)."""
+    extra_x, extra_y = image.size[0] - width, image.size[1] - height
     if at_random:
         left, top = (int(torch.randint(extra + 1, (1,), generator=generator)) for extra in (extra_x, extra_y))
     else:
         left, top = extra_x // 2, extra_y // 2
-    return image.crop((left, top, left + resolution, top + resolution))
+    return image.crop((left, top, left + width, top + height))
+
+
+def largest_window(image: Image.Image, height: int, width: int) -> tuple[int, int]:
+    """(height, width) of the largest window of the image with the aspect ratio ``height`` : ``width``."""
+    scale = min(image.size[0] / width, image.size[1] / height)
+    return max(1, min(image.size[1], round(height * scale))), max(1, min(image.size[0], round(width * scale)))
 
 
 def to_tensor(image: Image.Image) -> torch.Tensor:
@@ -98,26 +121,29 @@ def to_tensor(image: Image.Image) -> torch.Tensor:
 
 def to_model_input(
     image: Image.Image,
-    resolution: int,
+    resolution: int | tuple[int, int],
     crop: str = "center",
     horizontal_flip: bool = False,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Any PIL image -> (3, resolution, resolution) float in [-1, 1].
+    """Any PIL image -> (3, H, W) float in [-1, 1]: ``resolution`` is the side of a square or an aspect-ratio
+    bucket's (height, width).
 
-    ``crop``: center or random (short side resized to ``resolution``, then a square cut out) or none (the whole
-    image squashed to a square). ``horizontal_flip`` mirrors half of the images. Random choices draw from
+    ``crop``: center or random (resized to cover the target, then the target cut out) or none (the whole image
+    squashed to the target). ``horizontal_flip`` mirrors half of the images. Random choices draw from
     ``generator``, or from torch's global RNG, which the DataLoader seeds differently in every worker.
     """
     if crop not in CROPS:
         raise ValueError(f"crop must be one of {CROPS}, not {crop!r}")
+    height, width = (resolution, resolution) if isinstance(resolution, int) else resolution
     image = to_rgb(image)
     if crop == "none":
-        image = image.resize((resolution, resolution), Image.BICUBIC)
+        image = image.resize((width, height), Image.BICUBIC)
     else:
-        if max(image.size) > MAX_ASPECT_RESIZED_WHOLE * min(image.size):  # the square first: memory stays bounded
-            image = crop_square(image, min(image.size), crop == "random", generator)
-        image = crop_square(resize_short_side(image, resolution), resolution, crop == "random", generator)
+        elongation = (image.size[0] * height) / (image.size[1] * width)
+        if max(elongation, 1 / elongation) > MAX_ASPECT_RESIZED_WHOLE:  # the target's shape first: bounded memory
+            image = crop_box(image, *largest_window(image, height, width), crop == "random", generator)
+        image = crop_box(resize_to_cover(image, height, width), height, width, crop == "random", generator)
     pixels = to_tensor(image)
     if horizontal_flip and torch.rand((), generator=generator) < 0.5:
         pixels = pixels.flip(-1)

@@ -96,6 +96,12 @@ class TextToImage:
     latent_shape: tuple[int, int, int]
     device: torch.device
 
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """(height, width) in pixels of the images it generates."""
+        factor = self.vae.downsample_factor
+        return self.latent_shape[1] * factor, self.latent_shape[2] * factor
+
     @torch.no_grad()
     def __call__(
         self,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -14,8 +15,11 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from dit_trainer.components import Components, DiTAdapter, build_components, trainable_parameters
+from dit_trainer.components.build import configured_buckets
 from dit_trainer.config import TrainConfig, to_train_config
 from dit_trainer.data import build_dataset, collate_batch
+from dit_trainer.data.batch_plan import BatchPlan, BucketBatchSampler
+from dit_trainer.data.buckets import BucketTable, bucketed, item_buckets
 from dit_trainer.data.cache import CachedPrompts, open_cache
 from dit_trainer.data.latent_cache import LatentDataset, encode_dataset
 from dit_trainer.data.split import split_validation
@@ -80,11 +84,40 @@ def build_source(cfg: TrainConfig, accelerator: Accelerator) -> tuple[Dataset, C
     images it holds out (returned third); a map-style one is checked to give every process a complete batch before
     any model is built."""
     cache, cached_text = open_cache(cfg, accelerator.device) if cfg.data.cache_dir else (None, None)
-    dataset, held_out = split_validation(cfg.data, cfg.validation, build_dataset(cfg.data) if cache is None else cache)
+    table = None if cache is not None else configured_buckets(cfg)
+    source = cache if cache is not None else bucketed(build_dataset(cfg.data), table, accelerator.is_main_process)
+    dataset, held_out = split_validation(cfg.data, cfg.validation, source, table)
     if not isinstance(dataset, IterableDataset):  # a stream's length is unknown: `resumable_batches` checks it
         held = len(held_out) if held_out is not None and cfg.validation.split else 0
         require_full_batches(len(dataset), cfg.trainer.batch_size, accelerator.num_processes, held)
+    buckets = item_buckets(dataset)
+    if buckets is not None:
+        report_buckets(buckets, table or source.table, cfg.trainer.batch_size, accelerator.num_processes)
     return dataset, cached_text, held_out
+
+
+def report_buckets(buckets: list[int], table: BucketTable, batch_size: int, processes: int) -> None:
+    """Log how many images each bucket holds, warn about buckets too small for one batch (their images are never
+    trained on), and refuse data that fills no batch per process at all."""
+    logger.info(f"aspect-ratio buckets (height x width: images): {table.describe(buckets)}", main_process_only=True)
+    counts = Counter(buckets)
+    small = {bucket: count for bucket, count in counts.items() if count < batch_size}
+    if small:
+        names = ", ".join(f"{table.sizes[b][0]}x{table.sizes[b][1]} ({n})" for b, n in sorted(small.items()))
+        logger.warning(
+            f"{sum(small.values())} images sit in buckets smaller than one batch of {batch_size} and are never "
+            f"trained on: {names}. Lower `trainer.batch_size` or list fewer buckets in `data.buckets`.",
+            main_process_only=True,
+        )
+    batches = sum(count // batch_size for count in counts.values())
+    if batches < processes:
+        raise ConfigError(
+            "trainer.batch_size",
+            batch_size,
+            f"the buckets ({table.describe(buckets)}) fill {batches} complete batches of {batch_size}, fewer than "
+            f"one per process ({processes})",
+            "lower `trainer.batch_size`, list fewer buckets in `data.buckets`, or add data",
+        )
 
 
 def build_training_data(cfg: TrainConfig, accelerator: Accelerator, vae, source: Dataset) -> Dataset:
@@ -113,7 +146,17 @@ def loader_options(cfg: TrainConfig, dataset: Dataset, device: torch.device) -> 
 
 
 def build_dataloader(cfg: TrainConfig, dataset: Dataset, device: torch.device) -> DataLoader:
-    """Map-style data sets are shuffled; an iterable one (webdataset) shuffles and splits its shards itself."""
+    """Map-style data sets are shuffled (bucketed ones by a seeded plan whose every batch is one bucket); an
+    iterable one (webdataset) shuffles and splits its shards itself."""
+    buckets = item_buckets(dataset)
+    if buckets is not None:
+        plan = BatchPlan(buckets, cfg.trainer.batch_size, cfg.trainer.seed)
+        return DataLoader(
+            dataset,
+            batch_sampler=BucketBatchSampler(plan),
+            collate_fn=collate_batch,
+            **loader_options(cfg, dataset, device),
+        )
     return DataLoader(
         dataset,
         batch_size=cfg.trainer.batch_size,

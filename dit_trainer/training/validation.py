@@ -13,9 +13,9 @@ import time
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from dit_trainer.data.collate import collate_batch
+from dit_trainer.data.buckets import in_order_loader
 from dit_trainer.diffusion import NoiseSchedule, per_sample_mse
 from dit_trainer.training.monitors import Monitor, MonitorContext, sampling_weights
 from dit_trainer.training.objective import text_condition
@@ -28,7 +28,7 @@ def encode_held_out(dataset: Dataset, vae, device: torch.device, batch_size: int
     """The held-out items as fixed batches: normalised latents (the posterior's mode, on the CPU) and captions,
     plus the cached text embeddings when the data carries them. Encoded once, at the start of the run."""
     batches, skipped = [], []
-    for batch in DataLoader(dataset, batch_size=batch_size, collate_fn=collate_batch):
+    for batch in in_order_loader(dataset, batch_size)[0]:
         skipped += batch.pop("bad_files")
         if "image" in batch:
             latents = vae.encode(batch.pop("image").to(device))

@@ -1,0 +1,165 @@
+"""Aspect-ratio buckets: each image is trained at the (height, width) of the bucket nearest its aspect ratio, all
+buckets holding about ``resolution``² pixels, instead of being centre-cropped to a square.
+
+``data.buckets`` is ``none`` (squares, as always), ``pixart`` (PixArt's published bin table: exactly its 256, 512 and
+1024 px tables, and at any other resolution the nearest of them scaled and rounded), or a list of ``[height, width]``
+pairs. Every side is a multiple of the VAE's downsampling factor x the DiT's patch size, so a bucket's latent cuts
+into whole patches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch.utils.data import DataLoader, Dataset, Subset
+from tqdm.auto import tqdm
+
+from dit_trainer.data.collate import collate_batch
+from dit_trainer.errors import ConfigError
+
+BUCKET_PRESETS = ("none", "pixart")
+Size = tuple[int, int]  # (height, width) in pixels
+
+
+def is_bucket_spec(value: Any) -> bool:
+    """``none``, ``pixart`` or a non-empty list of [height, width] pairs of positive whole numbers."""
+    if isinstance(value, str):
+        return value in BUCKET_PRESETS
+    try:
+        pairs = [list(pair) for pair in value]
+    except TypeError:
+        return False
+    return bool(pairs) and all(
+        len(pair) == 2 and all(isinstance(side, int) and not isinstance(side, bool) and side > 0 for side in pair)
+        for pair in pairs
+    )
+
+
+def pixart_tables() -> dict[int, list[Size]]:
+    """PixArt's bin tables by base resolution, as diffusers ships them ({"h/w": [height, width]})."""
+    from diffusers.pipelines.pixart_alpha.pipeline_pixart_alpha import (
+        ASPECT_RATIO_256_BIN,
+        ASPECT_RATIO_512_BIN,
+        ASPECT_RATIO_1024_BIN,
+    )
+
+    tables = {256: ASPECT_RATIO_256_BIN, 512: ASPECT_RATIO_512_BIN, 1024: ASPECT_RATIO_1024_BIN}
+    return {base: [(int(h), int(w)) for h, w in table.values()] for base, table in tables.items()}
+
+
+def pixart_buckets(resolution: int, multiple: int) -> list[Size]:
+    """PixArt's table for ``resolution``: the published one at 256, 512 and 1024 px; elsewhere the table nearest in
+    scale, scaled to ``resolution`` and rounded to multiples of ``multiple`` (duplicates that rounding makes are
+    dropped). A published size that ``multiple`` does not divide is rounded too."""
+    tables = pixart_tables()
+    base = min(tables, key=lambda size: abs(math.log(size / resolution)))
+    scale = resolution / base
+    sizes = [tuple(max(multiple, round(side * scale / multiple) * multiple) for side in size) for size in tables[base]]
+    return list(dict.fromkeys(sizes))
+
+
+@dataclass(frozen=True)
+class BucketTable:
+    """The buckets of a run, and the rule that puts an image in one: the bucket whose aspect ratio is nearest the
+    image's, measured as |log(h/w) - log(H/W)| (so 2:1 and 1:2 are equally far from 1:1)."""
+
+    sizes: tuple[Size, ...]
+
+    def nearest(self, width: int, height: int) -> int:
+        """The index of the bucket for an image of ``width`` x ``height`` pixels (ties: the first listed)."""
+        ratio = math.log(height / width)
+        return min(range(len(self.sizes)), key=lambda i: abs(math.log(self.sizes[i][0] / self.sizes[i][1]) - ratio))
+
+    def assign(self, image_sizes: Sequence[tuple[int, int] | None]) -> list[int]:
+        """Each image's bucket from its (width, height); an image whose size could not be read (it will be skipped
+        as unreadable when its turn comes) goes to the squarest bucket."""
+        square = self.nearest(1, 1)
+        return [square if size is None else self.nearest(*size) for size in image_sizes]
+
+    def describe(self, assignment: Sequence[int]) -> str:
+        """``32x32: 120, 24x40: 80`` for the buckets that hold images, in table order."""
+        counts = [0] * len(self.sizes)
+        for bucket in assignment:
+            counts[bucket] += 1
+        return ", ".join(f"{h}x{w}: {n}" for (h, w), n in zip(self.sizes, counts) if n)
+
+
+def bucket_table(spec: Any, resolution: int, multiple: int, key: str = "data.buckets") -> BucketTable | None:
+    """The table ``data.buckets`` asks for (None for ``none``); a listed size that ``multiple`` does not divide is a
+    ``ConfigError`` naming it."""
+    if spec == "none":
+        return None
+    if spec == "pixart":
+        return BucketTable(tuple(pixart_buckets(resolution, multiple)))
+    sizes = [(int(h), int(w)) for h, w in spec]
+    bad = [size for size in sizes if size[0] % multiple or size[1] % multiple]
+    if bad:
+        h, w = bad[0]
+        rounded = [max(multiple, round(side / multiple) * multiple) for side in (h, w)]
+        raise ConfigError(
+            key,
+            [list(size) for size in sizes],
+            f"the bucket {h}x{w} is not a multiple of {multiple} (the VAE's downsampling factor x the DiT's patch "
+            "size) on both sides, so its latent would not cut into whole patches",
+            f"use e.g. [{rounded[0]}, {rounded[1]}] instead",
+        )
+    return BucketTable(tuple(dict.fromkeys(sizes)))
+
+
+class Bucketed(Dataset):
+    """A map-style source whose item ``i`` comes at its bucket's size. ``buckets`` (one bucket index per item) is
+    read from the images' headers once, or passed in when another view of the same data (the unaugmented copy that
+    validation reads) has read it already."""
+
+    def __init__(
+        self, dataset: Dataset, table: BucketTable, buckets: Sequence[int] | None = None, show_progress: bool = False
+    ) -> None:
+        self.dataset, self.table = dataset, table
+        if buckets is None:
+            indices = tqdm(range(len(dataset)), desc="read image sizes", disable=not show_progress)
+            buckets = table.assign([dataset.image_size(index) for index in indices])
+        self.buckets = list(buckets)
+
+    def __len__(self) -> int:
+        return len(self.buckets)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.dataset.item(index, self.table.sizes[self.buckets[index]])
+
+
+def bucketed(dataset: Dataset, table: BucketTable | None, show_progress: bool = False) -> Dataset:
+    """``dataset`` with its items at their buckets' sizes; unchanged without buckets."""
+    return dataset if table is None else Bucketed(dataset, table, show_progress=show_progress)
+
+
+def item_buckets(dataset: Dataset) -> list[int] | None:
+    """The bucket of each item of ``dataset`` (a bucketed source, a latent cache of one, or a ``Subset`` of
+    either); None for square data."""
+    if isinstance(dataset, Subset):
+        buckets = item_buckets(dataset.dataset)
+        return None if buckets is None else [buckets[index] for index in dataset.indices]
+    return getattr(dataset, "buckets", None)
+
+
+def in_order_batches(buckets: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Every index once, in batches of one bucket each (the last of a bucket may be short): how caches and
+    validation read bucketed data, where the order must not depend on a seed."""
+    members: dict[int, list[int]] = {}
+    for index, bucket in enumerate(buckets):
+        members.setdefault(bucket, []).append(index)
+    return [items[i : i + batch_size] for _, items in sorted(members.items()) for i in range(0, len(items), batch_size)]
+
+
+def in_order_loader(dataset: Dataset, batch_size: int, num_workers: int = 0) -> tuple[DataLoader, list[int]]:
+    """A loader that reads every item of ``dataset`` once in batches of one bucket, and the item indices in the
+    order it reads them (``range(len(dataset))`` for square data)."""
+    buckets = item_buckets(dataset)
+    if buckets is None:
+        loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_batch)
+        return loader, list(range(len(dataset)))
+    batches = in_order_batches(buckets, batch_size)
+    loader = DataLoader(dataset, batch_sampler=batches, num_workers=num_workers, collate_fn=collate_batch)
+    return loader, [index for batch in batches for index in batch]
