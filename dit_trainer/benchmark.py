@@ -27,12 +27,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from diffusers import DDPMScheduler
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset
 from torch.utils.flop_counter import FlopCounterMode
 
 from dit_trainer.components import Components, build_components
 from dit_trainer.config import TrainConfig, to_train_config
 from dit_trainer.data import build_dataset, collate_batch
+from dit_trainer.data.batch_plan import BatchPlan, BucketBatchSampler
+from dit_trainer.data.cache import open_cache
 from dit_trainer.data.precompute import precompute
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
 from dit_trainer.training.run import build_optimizer, build_trainer
@@ -162,6 +164,26 @@ def reference_step(cfg: TrainConfig, parts: Components, device: torch.device) ->
     return step
 
 
+def batch_plan_cost(cache: Dataset, batch_size: int, epochs: int = 3) -> dict[str, float]:
+    """Seconds per batch of reading ``cache`` through a shuffled loader and through the batch plan that buckets and
+    mixtures use (three buckets and two sources weighted 3:1 laid over the same items, so the plan does all its
+    work, and the items read are the same kind): their difference is what buckets and mixtures add to a step."""
+    labels = [index % 3 for index in range(len(cache))]
+    plan = BatchPlan(labels, batch_size, seed=0, sources=[index % 2 for index in range(len(cache))], weights=[3, 1])
+    loaders = {
+        "shuffled": DataLoader(cache, batch_size, shuffle=True, drop_last=True, collate_fn=collate_batch),
+        "planned": DataLoader(cache, batch_sampler=BucketBatchSampler(plan), collate_fn=collate_batch),
+    }
+    seconds = {}
+    for name, loader in loaders.items():
+        start, batches = time.perf_counter(), 0
+        for epoch in range(epochs):
+            plan.set_epoch(epoch)
+            batches += sum(1 for _ in loader)
+        seconds[name] = (time.perf_counter() - start) / batches
+    return seconds
+
+
 def flops_per_image(cfg: TrainConfig, parts: Components, device: torch.device) -> tuple[float, float]:
     """(forward, forward + backward) FLOPs of the DiT per image, as counted by PyTorch's FLOP counter."""
     dit = copy.deepcopy(parts.dit).to(device)
@@ -210,12 +232,17 @@ def run_benchmark(cfg: TrainConfig, out_dir: Path, warmup: int = 5, steps: int =
     forward_flops, train_flops = flops_per_image(cfg, parts, device)
     speed = {m.name: m.images_per_sec for m in results}
     bare = speed["bare"]
+    reading = batch_plan_cost(open_cache(cached, device)[0], batch)
     private_cost = {"private_cost_ratio": speed["trainer_cached"] / speed["trainer_private"]} if private else {}
     report = {
         **{f"{m.name}_img_s" if m.name != "bare" else "bare_step_img_s": m.images_per_sec for m in results},
         **{f"{m.name}_ratio_to_bare": m.images_per_sec / bare for m in results},
         "cached_speedup_over_reference": speed["trainer_cached"] / speed["reference"],
         **private_cost,  # seconds per DP step / seconds per non-DP step
+        # what the batch plan of buckets and mixtures adds to reading a batch, as a fraction of a cached step
+        "batch_plan_seconds_per_batch": reading["planned"],
+        "shuffled_seconds_per_batch": reading["shuffled"],
+        "batch_plan_cost_of_cached_step": (reading["planned"] - reading["shuffled"]) * speed["trainer_cached"] / batch,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "peak_cuda_mb": {m.name: m.peak_memory_mb for m in results},
         "forward_flops_per_image": forward_flops,
@@ -254,6 +281,7 @@ def format_table(report: dict) -> str:
             if "private_cost_ratio" in report
             else ""
         ),
+        f"buckets and mixtures (the batch plan): {report['batch_plan_cost_of_cached_step']:+.2%} of a cached step",
         f"DiT FLOPs per image: forward {report['forward_flops_per_image']:.3g}, training "
         f"{report['train_flops_per_image']:.3g} (MFU = img/s x training FLOPs / peak FLOP/s)",
     ]

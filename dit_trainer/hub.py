@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from huggingface_hub import snapshot_download, try_to_load_from_cache
+from huggingface_hub import hf_hub_download, snapshot_download, try_to_load_from_cache
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
 from dit_trainer.errors import ModelLoadError
@@ -64,3 +64,14 @@ def pretrained_config(name_or_path: str | None, subfolder: str | None, revision:
         return json.loads(Path(path).read_text(encoding="utf-8")) if isinstance(path, (str, Path)) else None
     except (OSError, ValueError):  # not there, not JSON, or not a valid hub id (HFValidationError)
         return None
+
+
+def model_config(name_or_path: str, subfolder: str | None, revision: str | None, config_key: str) -> dict:
+    """The ``config.json`` of a model, downloaded alone (not the weights) when it is not on this machine yet;
+    failures are a ``ModelLoadError`` naming ``config_key``."""
+    config = pretrained_config(name_or_path, subfolder, revision)
+    if config is not None:
+        return config
+    path = load_pretrained(hf_hub_download, name_or_path, config_key, filename="config.json", subfolder=subfolder,
+                           revision=revision)  # fmt: skip
+    return json.loads(Path(path).read_text(encoding="utf-8"))

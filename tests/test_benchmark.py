@@ -24,3 +24,4 @@ def test_benchmark_prints_the_table_and_writes_benchmark_json(tmp_path):
     for label in ("(a) bare DiT step", "(b) trainer, cache", "(c) trainer, encode every batch", "(d) reference loop"):
         assert label in result.stdout
     assert (tmp_path / "cache" / "index.json").is_file()
+    assert report["batch_plan_seconds_per_batch"] > 0 and "buckets and mixtures (the batch plan)" in result.stdout

@@ -4,6 +4,7 @@ processes and resume exactly, and a mixed-aspect folder trained and sampled at n
 import io
 import json
 import logging
+import tarfile
 from itertools import islice
 
 import pytest
@@ -139,12 +140,15 @@ def test_a_mixed_aspect_folder_trains_with_buckets_and_samples_non_square_images
     assert refused.returncode != 0 and "`height`" in refused.stderr and "height=16" in refused.stderr
 
 
-def test_a_bucketed_cache_keeps_each_items_bucket(tmp_path):
+@pytest.mark.parametrize("source", ["imagefolder", "webdataset"])
+def test_a_bucketed_cache_keeps_each_items_bucket(tmp_path, source):
     write_shapes_folder(tmp_path / "images", 48, CANVASES)
     overrides = [*TINY_SHAPES, *_bucketed(tmp_path / "images"), f"data.cache_dir={tmp_path / 'cache'}"]
+    if source == "webdataset":  # batches assembled per bucket from the stream, every one written
+        overrides += ["data=webdataset", f"data.path={_shards_of(tmp_path / 'images', tmp_path)}"]
     precompute(compose_config(overrides))
     index = json.loads((tmp_path / "cache" / "index.json").read_text())
-    assert sorted(tuple(shard["size"]) for shard in index["shards"]) == sorted(SIZES)
+    assert sorted(tuple(shard["size"]) for shard in index["shards"]) == sorted(SIZES) and index["items"] == 48
     assert index["fingerprint"]["bucket_sizes"] == [list(size) for size in SIZES]
     trainer = build_trainer(compose_config(overrides), tmp_path / "run")
     batches = list(islice(trainer.batches(), 12))
@@ -152,3 +156,31 @@ def test_a_bucketed_cache_keeps_each_items_bucket(tmp_path):
     assert latent_sizes == {(h // 2, w // 2) for h, w in SIZES}  # the shapes VAE halves each side
     with pytest.raises(ConfigError, match=r"data\.cache_dir.*other settings.*bucket_sizes"):
         open_cache(compose_config([*overrides, "data.buckets=[[32,32],[24,40]]"]), torch.device("cpu"))
+
+
+def _shards_of(folder, root) -> str:
+    """The images of an imagefolder as two webdataset shards (png + txt per sample); returns the brace pattern."""
+    rows = [json.loads(line) for line in (folder / "metadata.jsonl").read_text().splitlines()]
+    for number in range(2):
+        with tarfile.open(root / f"{number}.tar", "w") as tar:
+            for row in rows[number::2]:
+                key = row["file_name"][:-4]
+                for name, data in ((f"{key}.png", (folder / row["file_name"]).read_bytes()),
+                                   (f"{key}.txt", row["text"].encode())):  # fmt: skip
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return f"'{root}/{{0..1}}.tar'"
+
+
+def test_a_bucketed_stream_assembles_single_bucket_batches_and_resumes_exactly(tmp_path):
+    write_shapes_folder(tmp_path / "images", 48, CANVASES)
+    shards = _shards_of(tmp_path / "images", tmp_path)
+    overrides = [*TINY_SHAPES, *_bucketed(tmp_path / "images"), "data=webdataset", f"data.path={shards}",
+                 "data.shuffle_buffer=8"]  # fmt: skip
+    trainer = build_trainer(compose_config(overrides), tmp_path / "run")
+    batches = list(islice(trainer.batches(), 25))  # 10 or 11 full batches an epoch: the tails are dropped
+    assert {tuple(batch["image"].shape[-2:]) for batch in batches} == set(SIZES)
+    assert all(len(batch["caption"]) == 4 for batch in batches)
+    resumed = list(islice(resumable_batches(trainer.dataloader, trainer.accelerator, 13), 12))
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(resumed, batches[13:], strict=True))

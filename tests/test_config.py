@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from dit_trainer.components.build import configured_buckets
 from dit_trainer.diffusion import OBJECTIVES
 from dit_trainer.errors import ConfigError, ModelLoadError
 
@@ -27,6 +28,14 @@ def test_every_experiment_composes_and_validates(experiment, tmp_path, online):
     assert cfg.diffusion.objective in OBJECTIVES
 
 
+def test_bucket_sizes_wait_for_the_config_files_of_models_not_on_this_machine(tmp_path, online, monkeypatch):
+    (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
+    cfg = compose_config(["+experiment=dit", f"data.path={tmp_path}"])  # accepted: the VAE is only a hub id here
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # so its config.json, downloaded when the data is read, cannot come
+    with pytest.raises(ModelLoadError, match=r"`vae\.pretrained=stabilityai/sd-vae-ft-ema`"):
+        configured_buckets(cfg)
+
+
 def test_dit_experiment_is_the_cluster_recipe(tmp_path, online):
     (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
     cfg = compose_config(["+experiment=dit", f"data.path={tmp_path}"])
@@ -38,6 +47,7 @@ def test_dit_experiment_is_the_cluster_recipe(tmp_path, online):
         2,
     )
     assert cfg.data.resolution == 256 and cfg.data.source == "imagefolder"
+    assert cfg.data.buckets == "pixart" and (cfg.validation.every_n_steps, cfg.validation.split) == (5000, 0.01)
     assert cfg.vae.pretrained == "stabilityai/sd-vae-ft-ema" and cfg.text_encoder.kind == "t5"
     assert cfg.trainer.mixed_precision == "bf16"
 

@@ -12,10 +12,11 @@ from dit_trainer.components.dit import DiTAdapter, build_dit, enable_gradient_ch
 from dit_trainer.components.lora import apply_lora
 from dit_trainer.components.modulation import expose_modulation_tables
 from dit_trainer.components.text_encoder import build_text_encoder
-from dit_trainer.components.vae import build_vae, known_downsample_factor
+from dit_trainer.components.vae import autoencoder_downsample_factor, build_vae, known_downsample_factor
 from dit_trainer.data.buckets import BucketTable, bucket_table
 from dit_trainer.diffusion import NoiseSchedule, build_noise_schedule
 from dit_trainer.errors import ConfigError
+from dit_trainer.hub import model_config
 
 if TYPE_CHECKING:
     from dit_trainer.config import TrainConfig
@@ -55,29 +56,27 @@ def check_resolution(cfg: TrainConfig, downsample_factor: int) -> None:
     )
 
 
-def pixel_multiple(cfg: TrainConfig) -> int | None:
+def pixel_multiple(cfg: TrainConfig, download: bool = False) -> int | None:
     """What every image side must be a multiple of for its latent to cut into whole patches: the VAE's downsampling
-    factor x the DiT's patch size; None while a model that is not on this machine yet has not loaded."""
+    factor x the DiT's patch size. Read from the models' config.json files where they are on this machine; else
+    None, or with ``download`` those files are downloaded (not the weights)."""
     factor, patch = known_downsample_factor(cfg.vae), known_patch_size(cfg.model)
+    if download and factor is None:
+        vae = model_config(cfg.vae.pretrained, cfg.vae.subfolder, cfg.vae.revision, "vae.pretrained")
+        factor = autoencoder_downsample_factor(vae["block_out_channels"])
+    if download and patch is None:
+        patch = model_config(cfg.model.pretrained, cfg.model.subfolder, cfg.model.revision, "model.pretrained")[
+            "patch_size"
+        ]
     return None if factor is None or patch is None else factor * patch
 
 
 def configured_buckets(cfg: TrainConfig) -> BucketTable | None:
-    """The bucket table ``data.buckets`` asks for at ``data.resolution`` (None for squares). Its sizes depend on the
-    VAE and the patch size, which must be known before any image is read: from local config files."""
+    """The bucket table ``data.buckets`` asks for at ``data.resolution`` (None for squares); its sizes depend on
+    the VAE and the patch size, whose config files are downloaded first if need be."""
     if cfg.data.buckets == "none":
         return None
-    multiple = pixel_multiple(cfg)
-    if multiple is None:
-        missing = cfg.vae.pretrained if known_downsample_factor(cfg.vae) is None else cfg.model.pretrained
-        raise ConfigError(
-            "data.buckets",
-            cfg.data.buckets,
-            f"bucket sizes must be multiples of the VAE's downsampling factor x the DiT's patch size, and the "
-            f"config.json of {missing} is not on this machine yet to tell them",
-            f"download the model once (`huggingface-cli download {missing}`), or run once without buckets",
-        )
-    return bucket_table(cfg.data.buckets, cfg.data.resolution, multiple)
+    return bucket_table(cfg.data.buckets, cfg.data.resolution, pixel_multiple(cfg, download=True))
 
 
 def build_components(

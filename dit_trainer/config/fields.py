@@ -102,6 +102,9 @@ def _checked_values(config: Any, prefix: str) -> Iterable[tuple[str, Any, Check]
         key = f"{prefix}{spec.name}"
         if dataclasses.is_dataclass(value):
             yield from _checked_values(value, f"{key}.")
+        elif isinstance(value, list) and value and all(dataclasses.is_dataclass(item) for item in value):
+            for index, item in enumerate(value):
+                yield from _checked_values(item, f"{key}[{index}].")
         elif CHECK in spec.metadata:
             yield key, value, spec.metadata[CHECK]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from dit_trainer.components.build import check_resolution, configured_buckets
+from dit_trainer.components.build import check_resolution, configured_buckets, pixel_multiple
 from dit_trainer.components.vae import known_downsample_factor
 from dit_trainer.config.fields import check_fields
 from dit_trainer.config.resolvers import register_resolvers
@@ -255,28 +255,76 @@ def _check_offline_models(cfg: TrainConfig) -> None:
 
 
 def _check_data_path(cfg: TrainConfig) -> None:
-    source = SOURCES[cfg.data.source]
+    if cfg.data.mixture:
+        _check_mixture(cfg)
+        return
+    _check_source_path(cfg.data.source, cfg.data.path, "data.path")
+
+
+def _check_source_path(name: str, path: str | None, key: str) -> None:
+    source = SOURCES[name]
     if source.path_meaning is None:
         return
     require(
-        bool(cfg.data.path),
-        "data.path",
-        cfg.data.path,
-        f"`data={cfg.data.source}` needs {source.path_meaning}",
-        f"add `data.path={source.path_example}` to the command line",
+        bool(path),
+        key,
+        path,
+        f"`data={name}` needs {source.path_meaning}",
+        f"add `{key}={source.path_example}` to the command line",
     )
     if source.check_path is not None:
-        source.check_path(cfg.data.path, "data.path")
+        source.check_path(path, key)
+
+
+def _check_mixture(cfg: TrainConfig) -> None:
+    """A mixture's entries name random-access sources with their paths; the settings that need one source (or a
+    stream-free sampler) are refused with it."""
+    data, key = cfg.data, "data.mixture"
+    for position, entry in enumerate(data.mixture):
+        require(
+            not SOURCES[entry.source].streamed,
+            f"{key}[{position}].source",
+            entry.source,
+            "a mixture draws each epoch's items by weight from random-access data sets, and a stream has no "
+            "items to draw",
+            "mix imagefolder, hf or shapes data sets (write the shards' images to a folder, or train on the "
+            "stream alone)",
+        )
+        _check_source_path(entry.source, entry.path, f"{key}[{position}].path")
+    for name, value, reason, fix in (
+        ("data.path", data.path, "the entries name their own paths", "remove `data.path`"),
+        (
+            "data.cache_dir",
+            data.cache_dir,
+            "a disk cache is not supported yet",
+            "cache in memory instead (`data.cache_latents=true`), or precompute and train on one data set",
+        ),
+        (
+            "privacy.enabled",
+            cfg.privacy.enabled,
+            "DP's Poisson sampling draws every image with the same probability, so it cannot weight sources",
+            "train one data set under DP",
+        ),
+        (
+            "validation.path",
+            cfg.validation.path,
+            "validation images are held out of the mixture's own data sets",
+            "set `validation.split=0.01` and `validation.path=null`",
+        ),
+    ):
+        require(not value, name, value, f"with `data.mixture`, {reason}", fix)
 
 
 def _check_buckets(cfg: TrainConfig) -> None:
     """Buckets need a source that reads image sizes, batches that can be made one bucket at a time, and sizes the
     latents cut into whole patches."""
+    sources = [entry.source for entry in cfg.data.mixture] or [cfg.data.source]
+    square = next((name for name in sources if not SOURCES[name].bucketed), None)
     require(
-        SOURCES[cfg.data.source].bucketed,
+        square is None,
         "data.buckets",
         cfg.data.buckets,
-        f"`data={cfg.data.source}` gives square images of one size, so every image would land in one bucket",
+        f"`{square}` gives square images of one size, so every image would land in one bucket",
         "use buckets with a folder or data set of real images (`data=imagefolder`, `data=hf`), or set "
         "`data.buckets=none`",
     )
@@ -287,7 +335,8 @@ def _check_buckets(cfg: TrainConfig) -> None:
         "DP's Poisson sampling draws every image independently at every step, so a batch cannot be kept to one bucket",
         "set `data.buckets=none` under `privacy.enabled=true`",
     )
-    configured_buckets(cfg)
+    if pixel_multiple(cfg) is not None:  # else the models' config files are downloaded when the data is read
+        configured_buckets(cfg)
 
 
 def _check_validation(cfg: TrainConfig) -> None:

@@ -114,6 +114,19 @@ class TextEncoderConfig:
 
 
 @dataclass
+class MixtureSource:
+    """One data set of a mixture (an entry of ``data.mixture``): what ``data.*`` says for a single source."""
+
+    source: str = one_of(SOURCES, "imagefolder")
+    path: str | None = None
+    weight: float = positive(1.0, note="its share of each epoch is weight / the sum of the weights")
+    name: str | None = None  # in logs and the `data/skipped/<name>` metric; default: the source and its position
+    split: str = "train"  # hf
+    image_column: str = "image"  # hf
+    caption_column: str = "text"
+
+
+@dataclass
 class DataConfig:
     """Where images and captions come from, how they are prepared, and how they are fed (see configs/data/)."""
 
@@ -156,6 +169,11 @@ class DataConfig:
     cache_dir: str | None = None
     cache_dtype: str = one_of(STORAGE_DTYPES, "float16")  # how precompute stores the tensors
     cache_shard_size: int = at_least(1, 1024)  # items per cache shard file (T5-XXL embeddings: ~1 MB per item)
+    # Several data sets, each batch's items drawn by weight, e.g.
+    # [{source: imagefolder, path: /data/photos, weight: 3}, {source: hf, path: /data/art, name: art}]. Each entry
+    # names its source, path and columns; the rest of data.* (resolution, buckets, crop, ...) applies to all.
+    # Empty: the single source data.source / data.path.
+    mixture: list[MixtureSource] = field(default_factory=list)
     length: int = at_least(1, 20_000)  # shapes: number of distinct images
     seed: int = 0  # shapes: which images; webdataset: the shard shuffle (seed + epoch)
 

@@ -16,6 +16,7 @@ from torch.utils.data import Dataset
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.hf import HFImageDataset, split_fingerprint
 from dit_trainer.data.imagefolder import ImageFolderDataset, check_image_folder, metadata_fingerprint
+from dit_trainer.data.mixture import MixtureDataset, entry_config, source_names
 from dit_trainer.data.shapes import ShapesDataset
 from dit_trainer.data.webdataset import WebDatasetSource, shards_fingerprint
 from dit_trainer.registry import lookup
@@ -83,14 +84,19 @@ SOURCES: dict[str, Source] = {
         "tar shards in brace notation",
         "'/data/shards/{000000..000099}.tar'",
         streamed=True,
+        bucketed=True,
         content=lambda cfg: shards_fingerprint(cfg.path),
     ),
 }
 
 
 def build_dataset(cfg: DataConfig) -> Dataset:
-    """The source ``cfg.source`` names. ``webdataset`` is an ``IterableDataset`` (no ``len``), sharded by the
-    torch.distributed rank of this process; the others are map-style."""
+    """The source ``cfg.source`` names, or the mixture of ``cfg.mixture``'s. ``webdataset`` is an
+    ``IterableDataset`` (no ``len``), sharded by the torch.distributed rank of this process; the others are
+    map-style."""
+    if cfg.mixture:
+        entries = [build_dataset(entry_config(cfg, entry)) for entry in cfg.mixture]
+        return MixtureDataset(entries, source_names(cfg.mixture))
     return lookup(SOURCES, "data.source", cfg.source).build(cfg)
 
 

@@ -5,16 +5,21 @@ buckets holding about ``resolution``² pixels, instead of being centre-cropped t
 1024 px tables, and at any other resolution the nearest of them scaled and rounded), or a list of ``[height, width]``
 pairs. Every side is a multiple of the VAE's downsampling factor x the DiT's patch size, so a bucket's latent cuts
 into whole patches.
+
+A random-access source is wrapped in ``Bucketed`` (each item's bucket read from its image header once; the batch
+plan of ``batch_plan`` then keeps every batch to one bucket); a stream in ``BucketedStream``, which assembles
+single-bucket batches as it reads. ``in_order_loader`` reads either bucket by bucket, for caches and validation.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torch.utils.data import DataLoader, Dataset, Subset
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 from tqdm.auto import tqdm
 
 from dit_trainer.data.collate import collate_batch
@@ -130,18 +135,71 @@ class Bucketed(Dataset):
         return self.dataset.item(index, self.table.sizes[self.buckets[index]])
 
 
-def bucketed(dataset: Dataset, table: BucketTable | None, show_progress: bool = False) -> Dataset:
-    """``dataset`` with its items at their buckets' sizes; unchanged without buckets."""
-    return dataset if table is None else Bucketed(dataset, table, show_progress=show_progress)
+class BucketedStream(IterableDataset):
+    """A stream (webdataset) read into batches of one bucket: each decoded image joins its bucket's buffer, and a
+    full buffer leaves as a collated batch (the DataLoader batches nothing itself: ``batch_size=None``). When the
+    stream ends, the buffers' incomplete batches follow, or with ``drop_incomplete`` (training) are dropped, as a
+    DataLoader's last batch is; the bad-file records on dropped items ride on the last batch, so none is lost."""
+
+    def __init__(self, stream: IterableDataset, table: BucketTable, batch_size: int, drop_incomplete: bool) -> None:
+        self.stream, self.table, self.batch_size, self.drop_incomplete = stream, table, batch_size, drop_incomplete
+
+    def set_epoch(self, epoch: int) -> None:
+        self.stream.set_epoch(epoch)
+
+    def bucket_size(self, image: Image.Image) -> Size:
+        return self.table.sizes[self.table.nearest(*image.size)]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        buffers: dict[tuple[int, ...], list[dict[str, Any]]] = {}
+        ready: dict[str, Any] | None = None  # held back one batch, to carry the records of dropped items
+        for item in self.stream.items(self.bucket_size):
+            buffer = buffers.setdefault(tuple(item["image"].shape), [])
+            buffer.append(item)
+            if len(buffer) == self.batch_size:
+                if ready is not None:
+                    yield ready
+                ready = collate_batch(buffer)
+                buffer.clear()
+        tails = [collate_batch(buffer) for buffer in buffers.values() if buffer]
+        if self.drop_incomplete and ready is not None:
+            ready["bad_files"] += [name for tail in tails for name in tail["bad_files"]]
+            tails = []
+        yield from ([ready] if ready is not None else []) + tails
+
+
+def bucketed(
+    dataset: Dataset,
+    table: BucketTable | None,
+    batch_size: int,
+    drop_incomplete: bool = False,
+    show_progress: bool = False,
+) -> Dataset:
+    """``dataset`` with its items at their buckets' sizes (a stream: as batches of ``batch_size``, the incomplete
+    ones dropped or not); unchanged without buckets."""
+    if table is None:
+        return dataset
+    if isinstance(dataset, IterableDataset):
+        return BucketedStream(dataset, table, batch_size, drop_incomplete)
+    return Bucketed(dataset, table, show_progress=show_progress)
+
+
+def per_item(dataset: Dataset, attribute: str) -> list | None:
+    """A per-item list ``attribute`` (``buckets``, ``sources``) of ``dataset`` or of the data set it views (a
+    ``Subset``, a ``Bucketed`` wrapper), in ``dataset``'s item order; None where no layer has it."""
+    if isinstance(dataset, Subset):
+        values = per_item(dataset.dataset, attribute)
+        return None if values is None else [values[index] for index in dataset.indices]
+    values = getattr(dataset, attribute, None)
+    if values is None and isinstance(dataset, Bucketed):
+        return per_item(dataset.dataset, attribute)
+    return values
 
 
 def item_buckets(dataset: Dataset) -> list[int] | None:
     """The bucket of each item of ``dataset`` (a bucketed source, a latent cache of one, or a ``Subset`` of
     either); None for square data."""
-    if isinstance(dataset, Subset):
-        buckets = item_buckets(dataset.dataset)
-        return None if buckets is None else [buckets[index] for index in dataset.indices]
-    return getattr(dataset, "buckets", None)
+    return per_item(dataset, "buckets")
 
 
 def in_order_batches(buckets: Sequence[int], batch_size: int) -> list[list[int]]:
@@ -153,13 +211,13 @@ def in_order_batches(buckets: Sequence[int], batch_size: int) -> list[list[int]]
     return [items[i : i + batch_size] for _, items in sorted(members.items()) for i in range(0, len(items), batch_size)]
 
 
-def in_order_loader(dataset: Dataset, batch_size: int, num_workers: int = 0) -> tuple[DataLoader, list[int]]:
-    """A loader that reads every item of ``dataset`` once in batches of one bucket, and the item indices in the
-    order it reads them (``range(len(dataset))`` for square data)."""
+def in_order_loader(dataset: Dataset, batch_size: int, num_workers: int = 0) -> DataLoader:
+    """A loader that reads every item of ``dataset`` once in batches of one bucket: bucket by bucket for bucketed
+    data (its ``batch_sampler`` lists the indices in reading order), in order for square data."""
+    if isinstance(dataset, BucketedStream):  # it batches itself
+        return DataLoader(dataset, batch_size=None, num_workers=num_workers, collate_fn=collate_batch)
     buckets = item_buckets(dataset)
     if buckets is None:
-        loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_batch)
-        return loader, list(range(len(dataset)))
+        return DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_batch)
     batches = in_order_batches(buckets, batch_size)
-    loader = DataLoader(dataset, batch_sampler=batches, num_workers=num_workers, collate_fn=collate_batch)
-    return loader, [index for batch in batches for index in batch]
+    return DataLoader(dataset, batch_sampler=batches, num_workers=num_workers, collate_fn=collate_batch)

@@ -16,13 +16,15 @@ from tqdm.auto import tqdm
 
 from dit_trainer.data.buckets import in_order_loader, item_buckets
 from dit_trainer.data.cache import refuse_non_finite
+from dit_trainer.data.mixture import item_sources
 
 logger = logging.getLogger(__name__)
 
 
 class LatentDataset(Dataset):
-    """``{"latent_mean", "latent_std", "caption"}`` per item, in the order of the source data set; with buckets,
-    ``buckets`` holds each item's bucket (and the tensors differ in size between buckets)."""
+    """``{"latent_mean", "latent_std", "caption"}`` per item, in the order of the source data set. ``buckets`` and
+    ``sources`` are the source's (each item's bucket, with buckets the tensors differ in size between them; each
+    item's data set, for a mixture)."""
 
     def __init__(
         self,
@@ -30,8 +32,10 @@ class LatentDataset(Dataset):
         stds: Sequence[torch.Tensor],
         captions: list[str],
         buckets: list[int] | None = None,
+        sources: list[int] | None = None,
     ) -> None:
-        self.means, self.stds, self.captions, self.buckets = means, stds, captions, buckets
+        self.means, self.stds, self.captions = means, stds, captions
+        self.buckets, self.sources = buckets, sources
 
     def __len__(self) -> int:
         return len(self.captions)
@@ -47,7 +51,7 @@ def encode_dataset(
     """Run the VAE encoder over ``dataset`` once; results stay on the CPU. NaN/inf is refused as the disk cache
     refuses it: here it would be drawn from at every step."""
     means, stds, captions, bad_files = [], [], [], []
-    loader, order = in_order_loader(dataset, batch_size, num_workers)
+    loader = in_order_loader(dataset, batch_size, num_workers)
     for batch in tqdm(loader, desc="encode latents", disable=not show_progress):
         bad_files += batch["bad_files"]
         mean, std = vae.encode_posterior(batch["image"].to(device))
@@ -65,12 +69,12 @@ def encode_dataset(
         captions.extend(batch["caption"])
     if bad_files:
         logger.warning(f"{len(bad_files)} unreadable files were skipped while caching latents: {bad_files[:5]}")
-    buckets = item_buckets(dataset)
+    buckets, sources = item_buckets(dataset), item_sources(dataset)
     if buckets is None:  # one stacked tensor: cheaper to index than a list of them
-        return LatentDataset(torch.cat(means), torch.cat(stds), captions)
-    position = {index: at for at, index in enumerate(order)}  # read bucket by bucket; kept in the source's order
+        return LatentDataset(torch.cat(means), torch.cat(stds), captions, sources=sources)
+    order = [index for batch in loader.batch_sampler for index in batch]  # read bucket by bucket
+    ordered = sorted(range(len(order)), key=order.__getitem__)  # back in the source's order
     means, stds = [item for batch in means for item in batch], [item for batch in stds for item in batch]
-    ordered = [position[index] for index in range(len(order))]
     return LatentDataset(
-        [means[at] for at in ordered], [stds[at] for at in ordered], [captions[at] for at in ordered], buckets
+        [means[at] for at in ordered], [stds[at] for at in ordered], [captions[at] for at in ordered], buckets, sources
     )

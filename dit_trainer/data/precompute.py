@@ -15,13 +15,13 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import parse_flag_from_env
 from safetensors.torch import save_file
-from torch.utils.data import DataLoader, IterableDataset, Subset
+from torch.utils.data import IterableDataset, Subset
 from tqdm.auto import tqdm
 
 from dit_trainer.components import build_text_encoder, build_vae
 from dit_trainer.components.build import check_resolution, configured_buckets
 from dit_trainer.config import TrainConfig
-from dit_trainer.data import build_dataset, collate_batch
+from dit_trainer.data import build_dataset
 from dit_trainer.data.buckets import bucketed, in_order_loader
 from dit_trainer.data.cache import (
     INDEX,
@@ -87,45 +87,32 @@ def _rank_share(dataset, state: PartialState):
 def _encode_images(cfg: TrainConfig, cache_dir: Path, state: PartialState, vae, text_encoder) -> tuple[int, list]:
     """Encode this rank's share into shards; returns (items, bad files) and leaves its shard list beside them."""
     device = state.device
-    table = configured_buckets(cfg)
-    share = _rank_share(bucketed(build_dataset(cfg.data), table, state.is_main_process), state)
-    if isinstance(share, IterableDataset):
-        loader = DataLoader(share, cfg.trainer.batch_size, num_workers=cfg.data.num_workers, collate_fn=collate_batch)
-    else:  # bucket by bucket: every shard holds one image size
-        loader = in_order_loader(share, cfg.trainer.batch_size, cfg.data.num_workers)[0]
-    storage, shards, pending, bad_files, items = STORAGE_DTYPES[cfg.data.cache_dtype], [], [], [], 0
+    table, batch_size = configured_buckets(cfg), cfg.trainer.batch_size
+    source = bucketed(build_dataset(cfg.data), table, batch_size, show_progress=state.is_main_process)
+    loader = in_order_loader(_rank_share(source, state), batch_size, cfg.data.num_workers)  # bucket by bucket
+    storage, shards, bad_files, items = STORAGE_DTYPES[cfg.data.cache_dtype], [], [], 0
+    pending: dict[tuple[int, int], list[dict]] = {}  # encoded batches by image size: every shard holds one size
 
-    def flush() -> None:
-        tensors = {k: torch.cat([p[k] for p in pending]) for k in TENSOR_KEYS}
-        captions = [c for p in pending for c in p["caption"]]
+    def flush(size: tuple[int, int]) -> None:
+        batches = pending.pop(size)
+        tensors = {k: torch.cat([batch[k] for batch in batches]) for k in TENSOR_KEYS}
+        captions = [c for batch in batches for c in batch["caption"]]
         name = shard_name(state.process_index, len(shards))
         save_shard(cache_dir / name, tensors, captions, storage)
-        size = {"size": list(pending[0]["size"])} if table is not None else {}
-        shards.append({"file": name, "items": len(captions), **size})
-        pending.clear()
+        shards.append({"file": name, "items": len(captions)} | ({"size": list(size)} if table is not None else {}))
 
     for batch in tqdm(loader, desc="precompute", disable=not state.is_main_process):
         bad_files += batch["bad_files"]
         size = tuple(batch["image"].shape[-2:])
-        if pending and size != pending[0]["size"]:
-            flush()
         mean, std = vae.encode_posterior(batch["image"].to(device))
         embeds, mask = text_encoder.encode(batch["caption"])
-        pending.append(
-            {
-                "latent_mean": mean.cpu(),
-                "latent_std": std.cpu(),
-                "text_embeds": embeds.float().cpu(),
-                "text_mask": mask.cpu(),
-                "caption": list(batch["caption"]),
-                "size": size,
-            }
-        )
+        encoded = {"latent_mean": mean, "latent_std": std, "text_embeds": embeds.float(), "text_mask": mask}
+        pending.setdefault(size, []).append({k: v.cpu() for k, v in encoded.items()} | {"caption": batch["caption"]})
         items += len(batch["caption"])
-        if sum(len(p["caption"]) for p in pending) >= cfg.data.cache_shard_size:
-            flush()
-    if pending:
-        flush()
+        if sum(len(b["caption"]) for b in pending[size]) >= cfg.data.cache_shard_size:
+            flush(size)
+    for size in list(pending):
+        flush(size)
     record = {"shards": shards, "bad_files": bad_files}
     (cache_dir / SHARD_LIST.format(rank=state.process_index)).write_text(json.dumps(record), encoding="utf-8")
     return items, bad_files

@@ -58,7 +58,7 @@ def split_validation(
     if not validation.every_n_steps:
         return dataset, None
     if validation.path:
-        return dataset, bucketed(build_dataset(unaugmented(data, validation.path)), table)
+        return dataset, bucketed(build_dataset(unaugmented(data, validation.path)), table, validation.batch_size)
     train, held_out = split_indices(len(dataset), validation.split, validation.seed)
     plain = dataset
     if not isinstance(dataset, CacheDataset):

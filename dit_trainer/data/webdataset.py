@@ -11,7 +11,7 @@ import json
 import logging
 import random
 import tarfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -207,6 +207,10 @@ class WebDatasetSource(IterableDataset):
         yield from buffer
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self.items(lambda image: (self.resolution, self.resolution))
+
+    def items(self, size_of: Callable[[Image.Image], tuple[int, int]]) -> Iterator[dict[str, Any]]:
+        """The stream's items, each image brought to the (height, width) ``size_of`` picks for it."""
         # Each item is held back until the next one is ready, so records of bad samples after the last good one
         # still reach the trainer (on that last item) instead of being lost when the stream ends.
         bad: list[str] = []
@@ -214,7 +218,7 @@ class WebDatasetSource(IterableDataset):
         for shard, key, members in self.samples(bad):
             try:  # the transform too: an image can decode and still fail to convert
                 image, caption = self.decode(members)
-                pixels = to_model_input(image, self.resolution, self.crop, self.horizontal_flip)
+                pixels = to_model_input(image, size_of(image), self.crop, self.horizontal_flip)
             except UNREADABLE_ERRORS as error:
                 bad.append(describe_failure(f"{shard}:{key}", error))
                 continue

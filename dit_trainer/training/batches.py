@@ -75,7 +75,8 @@ def _stream_batches(dataloader: DataLoader, skip: int, data_path: str | None) ->
             raise ConfigError(
                 "data.path",
                 data_path,
-                f"an epoch of it gave this process no complete batch of {dataloader.batch_size}",
+                "an epoch of it gave this process no complete batch (of `trainer.batch_size` images, of one "
+                "bucket with `data.buckets`)",
                 "check the shards (and that there are at least as many as processes x workers), or lower "
                 "`trainer.batch_size`",
             )

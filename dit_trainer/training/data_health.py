@@ -14,10 +14,16 @@ SHOWN = 5
 
 
 class BadFileCounter:
-    def __init__(self, accelerator: Accelerator, max_bad_fraction: float, data_path: str | None) -> None:
+    """``sources``: the names of a mixture's data sets, whose skipped files (recorded as ``[name] ...``) are also
+    counted apart, as ``data/skipped/<name>``."""
+
+    def __init__(
+        self, accelerator: Accelerator, max_bad_fraction: float, data_path: str | None, sources: list[str] = ()
+    ) -> None:
         self.accelerator = accelerator
         self.max_bad_fraction = max_bad_fraction
         self.data_path = data_path
+        self.sources = list(sources)
         self.read = 0  # on this process: files read, good or bad
         self.bad: list[str] = []  # on this process
 
@@ -28,8 +34,9 @@ class BadFileCounter:
     def check(self) -> dict[str, int]:
         """Sum over processes (every process calls this at the same step) -> ``{"data/skipped": n}``; raises
         ``ConfigError`` naming ``data.path`` and the first bad files when there are too many."""
-        counts = torch.tensor([len(self.bad), self.read], device=self.accelerator.device)
-        bad, read = (int(v) for v in self.accelerator.reduce(counts, reduction="sum"))
+        per_source = [sum(record.startswith(f"[{name}] ") for record in self.bad) for name in self.sources]
+        counts = torch.tensor([len(self.bad), self.read, *per_source], device=self.accelerator.device)
+        bad, read, *per_source = (int(v) for v in self.accelerator.reduce(counts, reduction="sum"))
         if bad >= MIN_BAD_TO_STOP and bad > self.max_bad_fraction * read:
             shown = "; ".join(list(dict.fromkeys(self.bad))[:SHOWN]) or "(on other processes)"
             raise ConfigError(
@@ -40,4 +47,4 @@ class BadFileCounter:
                 "replace or remove the bad files (or their lines in the metadata), check that `data.path` points at "
                 "the data you meant, or raise `data.max_bad_fraction`",
             )
-        return {"data/skipped": bad}
+        return {"data/skipped": bad} | {f"data/skipped/{name}": n for name, n in zip(self.sources, per_source)}

@@ -16,12 +16,13 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from dit_trainer.components import Components, DiTAdapter, build_components, trainable_parameters
 from dit_trainer.components.build import configured_buckets
-from dit_trainer.config import TrainConfig, to_train_config
+from dit_trainer.config import MixtureSource, TrainConfig, to_train_config
 from dit_trainer.data import build_dataset, collate_batch
 from dit_trainer.data.batch_plan import BatchPlan, BucketBatchSampler
-from dit_trainer.data.buckets import BucketTable, bucketed, item_buckets
+from dit_trainer.data.buckets import BucketedStream, BucketTable, bucketed, item_buckets
 from dit_trainer.data.cache import CachedPrompts, open_cache
 from dit_trainer.data.latent_cache import LatentDataset, encode_dataset
+from dit_trainer.data.mixture import item_sources, source_names
 from dit_trainer.data.split import split_validation
 from dit_trainer.diffusion import SamplerSettings, TextToImage
 from dit_trainer.durable import write_text_atomically
@@ -84,16 +85,29 @@ def build_source(cfg: TrainConfig, accelerator: Accelerator) -> tuple[Dataset, C
     images it holds out (returned third); a map-style one is checked to give every process a complete batch before
     any model is built."""
     cache, cached_text = open_cache(cfg, accelerator.device) if cfg.data.cache_dir else (None, None)
-    table = None if cache is not None else configured_buckets(cfg)
-    source = cache if cache is not None else bucketed(build_dataset(cfg.data), table, accelerator.is_main_process)
+    table, source = (cache.table, cache) if cache is not None else (configured_buckets(cfg), build_dataset(cfg.data))
+    if cache is None:  # a stream in buckets batches itself, dropping incomplete batches as the loader would
+        source = bucketed(source, table, cfg.trainer.batch_size, True, accelerator.is_main_process)
     dataset, held_out = split_validation(cfg.data, cfg.validation, source, table)
     if not isinstance(dataset, IterableDataset):  # a stream's length is unknown: `resumable_batches` checks it
         held = len(held_out) if held_out is not None and cfg.validation.split else 0
         require_full_batches(len(dataset), cfg.trainer.batch_size, accelerator.num_processes, held)
-    buckets = item_buckets(dataset)
+    buckets, sources = item_buckets(dataset), item_sources(dataset)
     if buckets is not None:
-        report_buckets(buckets, table or source.table, cfg.trainer.batch_size, accelerator.num_processes)
+        report_buckets(buckets, table, cfg.trainer.batch_size, accelerator.num_processes)
+    if sources is not None:
+        report_mixture(sources, cfg.data.mixture)
     return dataset, cached_text, held_out
+
+
+def report_mixture(sources: list[int], mixture: list[MixtureSource]) -> None:
+    """Log each source's images and the share of every epoch its weight gives it."""
+    counts, total = Counter(sources), sum(entry.weight for entry in mixture)
+    described = ", ".join(
+        f"{name}: {counts[k]} images, {entry.weight / total:.0%} of each epoch"
+        for k, (name, entry) in enumerate(zip(source_names(mixture), mixture))
+    )
+    logger.info(f"data mixture: {described}", main_process_only=True)
 
 
 def report_buckets(buckets: list[int], table: BucketTable, batch_size: int, processes: int) -> None:
@@ -146,11 +160,16 @@ def loader_options(cfg: TrainConfig, dataset: Dataset, device: torch.device) -> 
 
 
 def build_dataloader(cfg: TrainConfig, dataset: Dataset, device: torch.device) -> DataLoader:
-    """Map-style data sets are shuffled (bucketed ones by a seeded plan whose every batch is one bucket); an
-    iterable one (webdataset) shuffles and splits its shards itself."""
-    buckets = item_buckets(dataset)
-    if buckets is not None:
-        plan = BatchPlan(buckets, cfg.trainer.batch_size, cfg.trainer.seed)
+    """Map-style data sets are shuffled (in buckets or mixed from several sources, by a seeded plan whose every
+    batch is one bucket and whose epochs draw each source by its weight); an iterable one (webdataset) shuffles
+    and splits its shards itself."""
+    if isinstance(dataset, BucketedStream):  # it yields whole batches
+        return DataLoader(dataset, batch_size=None, collate_fn=collate_batch, **loader_options(cfg, dataset, device))
+    buckets, sources = item_buckets(dataset), item_sources(dataset)
+    if buckets is not None or sources is not None:
+        weights = [entry.weight for entry in cfg.data.mixture] or None
+        buckets = buckets or [0] * len(dataset)
+        plan = BatchPlan(buckets, cfg.trainer.batch_size, cfg.trainer.seed, sources, weights)
         return DataLoader(
             dataset,
             batch_sampler=BucketBatchSampler(plan),
@@ -461,7 +480,9 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
             **loop,
             objective=DiffusionObjective(parts.vae, parts.text_encoder, parts.schedule, cfg.data.caption_dropout),
             dataloader=dataloader,
-            bad_files=BadFileCounter(accelerator, cfg.data.max_bad_fraction, cfg.data.path),
+            bad_files=BadFileCounter(
+                accelerator, cfg.data.max_bad_fraction, cfg.data.path, source_names(cfg.data.mixture)
+            ),
         )
     trainer.resume(cfg.trainer.resume)
     if accelerator.is_main_process:

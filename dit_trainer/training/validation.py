@@ -28,7 +28,7 @@ def encode_held_out(dataset: Dataset, vae, device: torch.device, batch_size: int
     """The held-out items as fixed batches: normalised latents (the posterior's mode, on the CPU) and captions,
     plus the cached text embeddings when the data carries them. Encoded once, at the start of the run."""
     batches, skipped = [], []
-    for batch in in_order_loader(dataset, batch_size)[0]:
+    for batch in in_order_loader(dataset, batch_size):
         skipped += batch.pop("bad_files")
         if "image" in batch:
             latents = vae.encode(batch.pop("image").to(device))
