@@ -2,9 +2,10 @@
 
 Two layouts, chosen by the run's text encoder:
 
-- **T5 runs** (``T5EncoderModel``, as PixArt-alpha) become a complete ``PixArtAlphaPipeline`` folder
-  (``transformer/``, ``vae/``, ``text_encoder/``, ``tokenizer/``, ``scheduler/``, ``model_index.json``), so
-  ``PixArtAlphaPipeline.from_pretrained(folder)`` generates images with no dit-trainer installed.
+- **T5 runs** (``T5EncoderModel``, as PixArt) become a complete folder of the model family's pipeline
+  (``PixArtAlphaPipeline``, ``PixArtSigmaPipeline``: ``transformer/``, ``vae/``, ``text_encoder/``, ``tokenizer/``,
+  ``scheduler/``, ``model_index.json``), so ``PixArtAlphaPipeline.from_pretrained(folder)`` generates images with no
+  dit-trainer installed.
 - **Other text encoders** (the shapes default's MiniLM/BERT, CLIP) are not copied: the folder holds
   ``transformer/``, ``vae/`` and ``scheduler/`` in diffusers format, and ``dit_trainer_export.json`` names the text
   encoder (id or path, subfolders, ``max_length``). ``PixArtAlphaPipeline`` only calls
@@ -43,12 +44,14 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import diffusers
 import psutil
 import torch
-from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, PixArtAlphaPipeline, PixArtTransformer2DModel
+from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ModelMixin
 from transformers import T5EncoderModel
 
 from dit_trainer.components import load_transformer, merge_adapter
+from dit_trainer.components.families import FAMILIES
 from dit_trainer.components.vae import FrozenVAE
 from dit_trainer.config import ExportConfig, TrainConfig, check_fields
 from dit_trainer.errors import ConfigError
@@ -61,13 +64,17 @@ MANIFEST = "dit_trainer_export.json"
 @dataclass
 class ExportResult:
     out_dir: Path
-    pipeline: bool  # True: a PixArtAlphaPipeline folder; False: transformer/vae/scheduler + the manifest
+    pipeline: bool  # True: a folder of the family's pipeline; False: transformer/vae/scheduler + the manifest
     manifest: dict
     usage: str  # the manifest's usage with ``folder`` set to ``out_dir`` as given: what to paste now
 
     @property
     def message(self) -> str:
-        kind = "a PixArtAlphaPipeline folder" if self.pipeline else "transformer/, vae/, scheduler/ and " + MANIFEST
+        kind = (
+            f"a {self.manifest['pipeline']} folder"
+            if self.pipeline
+            else "transformer/, vae/, scheduler/ and " + MANIFEST
+        )
         return f"Exported {self.manifest['checkpoint']} ({self.manifest['weights']} weights) as {kind} to " + (
             f"{self.out_dir}. Load and generate with:\n\n{self.usage}"
         )
@@ -113,11 +120,11 @@ def fold_latent_normalisation(vae: FrozenVAE) -> AutoencoderKL:
     return autoencoder
 
 
-def clean_transformer(transformer: PixArtTransformer2DModel) -> PixArtTransformer2DModel:
+def clean_transformer(transformer: ModelMixin) -> ModelMixin:
     """A copy whose config holds only the model's own arguments (EMA checkpoints add ``decay``, ``power``, ...)."""
-    accepted = inspect.signature(PixArtTransformer2DModel.__init__).parameters
+    accepted = inspect.signature(type(transformer).__init__).parameters
     config = {key: value for key, value in transformer.config.items() if key in accepted}
-    clean = PixArtTransformer2DModel.from_config(config)
+    clean = type(transformer).from_config(config)
     clean.load_state_dict(transformer.state_dict())
     return clean.eval()
 
@@ -189,11 +196,11 @@ def _kwargs(**values) -> str:
     return ", ".join(f"{key}={value!r}" for key, value in values.items() if value is not None)
 
 
-# PixArtAlphaPipeline predates flow matching: it scales the first latents by the scheduler's ``init_noise_sigma`` and
+# The PixArt pipelines predate flow matching: they scale the first latents by the scheduler's ``init_noise_sigma`` and
 # calls ``scale_model_input``, which FlowMatchEulerDiscreteScheduler lacks. For flow matching both are the identity,
 # so the printed recipe supplies them (the exported pipeline then reproduces our sampler).
 FLOW_MATCHING_PATCH = (
-    "# PixArtAlphaPipeline predates flow matching: give the scheduler the two identity members it expects\n"
+    "# The PixArt pipelines predate flow matching: give the scheduler the two identity members they expect\n"
     "pipe.scheduler.init_noise_sigma = 1.0\n"
     "pipe.scheduler.scale_model_input = lambda sample, timestep=None: sample\n"
 )
@@ -201,7 +208,7 @@ FLOW_MATCHING_PATCH = (
 
 def _usage(folder: str, cfg: TrainConfig, manifest: dict, text_encoder_class: str | None) -> str:
     """Python that loads the export in ``folder`` and generates an image as our sampler would."""
-    generation = manifest["generation"]
+    generation, pipeline, transformer = (manifest[key] for key in ("generation", "pipeline_class", "transformer_class"))
     patch = FLOW_MATCHING_PATCH if manifest["scheduler_class"] == FlowMatchEulerDiscreteScheduler.__name__ else ""
     call = patch + (
         f'image = pipe("a red circle", height={generation["height"]}, width={generation["width"]}, '
@@ -215,8 +222,8 @@ def _usage(folder: str, cfg: TrainConfig, manifest: dict, text_encoder_class: st
     torch_dtype = f", torch_dtype=torch.{dtype}" if cast else ""
     if text_encoder_class is None:
         return (
-            f"{imports}from diffusers import PixArtAlphaPipeline\n\n"
-            f"pipe = PixArtAlphaPipeline.from_pretrained({folder!r}{torch_dtype})"
+            f"{imports}from diffusers import {pipeline}\n\n"
+            f"pipe = {pipeline}.from_pretrained({folder!r}{torch_dtype})"
             f"\n{call}"
         )
     te = cfg.text_encoder
@@ -224,13 +231,13 @@ def _usage(folder: str, cfg: TrainConfig, manifest: dict, text_encoder_class: st
     tok_args = _kwargs(subfolder=te.tokenizer_subfolder, revision=te.revision)
     scheduler = manifest["scheduler_class"]
     return (
-        f"{imports}from diffusers import AutoencoderKL, {scheduler}, PixArtAlphaPipeline, "
-        f"PixArtTransformer2DModel\nfrom transformers import AutoTokenizer, {text_encoder_class}\n\n"
+        f"{imports}from diffusers import AutoencoderKL, {scheduler}, {pipeline}, "
+        f"{transformer}\nfrom transformers import AutoTokenizer, {text_encoder_class}\n\n"
         f"folder, text_encoder = {folder!r}, {te.pretrained!r}\n"
-        "pipe = PixArtAlphaPipeline(\n"
+        f"pipe = {pipeline}(\n"
         f"    tokenizer=AutoTokenizer.from_pretrained(text_encoder{', ' + tok_args if tok_args else ''}),\n"
         f"    text_encoder={text_encoder_class}.from_pretrained(text_encoder{', ' + te_args if te_args else ''}),\n"
-        '    transformer=PixArtTransformer2DModel.from_pretrained(folder, subfolder="transformer"),\n'
+        f'    transformer={transformer}.from_pretrained(folder, subfolder="transformer"),\n'
         '    vae=AutoencoderKL.from_pretrained(folder, subfolder="vae"),\n'
         f'    scheduler={scheduler}.from_pretrained(folder, subfolder="scheduler"),\n'
         f"){to_dtype}\n{call}"
@@ -246,14 +253,15 @@ def export_run(cfg: ExportConfig) -> ExportResult:
     check_fields(cfg)
     run_dir = Path(cfg.run_dir).expanduser()
     train_cfg = read_run_config(run_dir)
+    family = FAMILIES[train_cfg.model.family]
     if train_cfg.vae.kind == "pixel":
         raise ConfigError(
             "vae.kind",
             "pixel",
-            f"the run {run_dir} diffuses in pixel space, and a diffusers PixArtAlphaPipeline (and this export's "
+            f"the run {run_dir} diffuses in pixel space, and a diffusers {family.pipeline} (and this export's "
             "layout) needs an AutoencoderKL to decode latents",
             "generate with `scripts/sample.py` instead; the checkpoint's `transformer/` folder is already a "
-            "diffusers PixArtTransformer2DModel",
+            f"diffusers {family.transformer_class.__name__}",
         )
     checkpoint = find_checkpoint(run_dir, cfg.checkpoint)
     out_dir = Path(cfg.out_dir).expanduser() if cfg.out_dir else run_dir / "export" / checkpoint.name
@@ -282,7 +290,9 @@ def export_run(cfg: ExportConfig) -> ExportResult:
             "checkpoint": checkpoint.name,
             "weights": "ema" if weights.name.endswith("_ema") else "raw",
             "dtype": cfg.dtype,
-            "pipeline": "PixArtAlphaPipeline" if is_t5 else None,
+            "pipeline": family.pipeline if is_t5 else None,
+            "pipeline_class": family.pipeline,
+            "transformer_class": family.transformer_class.__name__,
             "scheduler_class": type(scheduler).__name__,
             "text_encoder": {
                 "bundled": is_t5,
@@ -297,7 +307,7 @@ def export_run(cfg: ExportConfig) -> ExportResult:
                 "unconditional branch of classifier-free guidance",
             },
             "latents": "per-channel normalisation folded into vae/ (quant_conv, post_quant_conv): decode with "
-            "vae.decode(latents / vae.config.scaling_factor), as PixArtAlphaPipeline does",
+            f"vae.decode(latents / vae.config.scaling_factor), as {family.pipeline} does",
             "generation": {
                 "height": train_cfg.data.resolution,
                 "width": train_cfg.data.resolution,
@@ -312,7 +322,7 @@ def export_run(cfg: ExportConfig) -> ExportResult:
         text_encoder_class = None if is_t5 else type(text_encoder.model).__name__
         manifest["usage"] = _usage(".", train_cfg, manifest, text_encoder_class)  # wherever the folder is moved
         if is_t5:
-            pipeline = PixArtAlphaPipeline(
+            pipeline = getattr(diffusers, family.pipeline)(
                 tokenizer=text_encoder.tokenizer,
                 text_encoder=_cast(text_encoder.model, dtype),
                 vae=vae,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diffusers import PixArtTransformer2DModel
+from diffusers import ModelMixin
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -43,17 +43,17 @@ class WeightsFormat:
     ema_directory: str
     lora: bool
 
-    def save(self, transformer: PixArtTransformer2DModel, path: Path) -> None:
+    def save(self, transformer: ModelMixin, path: Path) -> None:
         if self.lora:
             save_adapter(transformer, path)
         else:
             transformer.save_pretrained(path)
 
-    def load(self, transformer: PixArtTransformer2DModel, path: Path) -> None:
+    def load(self, transformer: ModelMixin, path: Path) -> None:
         if self.lora:
             load_adapter(transformer, path)
         else:
-            transformer.load_state_dict(load_trained_transformer(path).state_dict())
+            transformer.load_state_dict(load_trained_transformer(path, type(transformer)).state_dict())
 
     def weights_dir(self, checkpoint: Path, ema: bool) -> Path:
         """The EMA weights if asked for and saved, else the raw ones."""

@@ -178,5 +178,5 @@ def tiny_pixart_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("tiny_pixart")
     torch.manual_seed(0)
     model = ModelConfig(num_layers=2, num_attention_heads=4, attention_head_dim=32, patch_size=4)
-    build_dit(model, in_channels=4, sample_size=16, caption_channels=384).transformer.save_pretrained(root)
+    build_dit(model, in_channels=4, sample_size=16, condition_dim=384).transformer.save_pretrained(root)
     return root

@@ -87,7 +87,7 @@ def test_t5_checkpoint_loads_encoder_only_from_subfolders(tiny_t5_dir):
 
 def test_dit_adapter_predicts_the_input_shape_and_hides_learned_sigma():
     cfg = ModelConfig(num_layers=1, num_attention_heads=2, attention_head_dim=8, patch_size=2, learned_sigma=True)
-    dit = build_dit(cfg, in_channels=4, sample_size=8, caption_channels=16)
+    dit = build_dit(cfg, in_channels=4, sample_size=8, condition_dim=16)
     assert dit.transformer.config.out_channels == 8 and dit.transformer.config.cross_attention_dim == 16
     x = torch.randn(3, 4, 8, 8)
     out = dit.predict(x, torch.tensor([1, 500, 999]), torch.randn(3, 5, 16), torch.ones(3, 5, dtype=torch.long))
@@ -98,7 +98,7 @@ def test_dit_adapter_casts_inputs_to_the_weights_dtype():
     """float32 latents and embeddings into a bfloat16 DiT (inference after `.to(bfloat16)`) must not fail with a
     dtype mismatch in the patch embedding: the adapter casts them to the weights' dtype."""
     cfg = ModelConfig(num_layers=1, num_attention_heads=2, attention_head_dim=8, patch_size=2)
-    dit = build_dit(cfg, in_channels=4, sample_size=8, caption_channels=16).to(torch.bfloat16)
+    dit = build_dit(cfg, in_channels=4, sample_size=8, condition_dim=16).to(torch.bfloat16)
     assert dit.compute_dtype == torch.bfloat16
     out = dit.predict(torch.randn(2, 4, 8, 8), torch.tensor([1, 999]), torch.randn(2, 5, 16), torch.ones(2, 5))
     assert out.dtype == torch.bfloat16 and out.shape == (2, 4, 8, 8)
@@ -107,7 +107,7 @@ def test_dit_adapter_casts_inputs_to_the_weights_dtype():
 def test_dit_sample_size_must_divide_by_patch():
     cfg = ModelConfig(num_layers=1, num_attention_heads=2, attention_head_dim=8, patch_size=3)
     with pytest.raises(ConfigError, match="patch"):
-        build_dit(cfg, in_channels=4, sample_size=8, caption_channels=16)
+        build_dit(cfg, in_channels=4, sample_size=8, condition_dim=16)
 
 
 def test_pretrained_pixart_with_micro_conditions_loads_and_runs(tmp_path):

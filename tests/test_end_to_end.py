@@ -154,14 +154,23 @@ def test_pixel_space_imagefolder_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_dit_experiment_offline_fails_fast_naming_the_model(tmp_path):
+@pytest.mark.parametrize(
+    ("experiment", "model", "key"),
+    [
+        ("dit", "stabilityai/sd-vae-ft-ema", "vae.pretrained"),
+        ("pixart_sigma", "PixArt-alpha/pixart_sigma_sdxlvae_T5_diffusers", "vae.pretrained"),
+    ],
+)
+def test_a_cluster_recipe_offline_fails_fast_naming_the_model(tmp_path, experiment, model, key):
     start = time.perf_counter()
     result = run_script(
-        ["train.py", "+experiment=dit", f"hydra.run.dir={tmp_path / 'run'}"], timeout=120, env={"HF_HUB_OFFLINE": "1"}
+        ["train.py", f"+experiment={experiment}", f"hydra.run.dir={tmp_path / 'run'}"],
+        timeout=120,
+        env={"HF_HUB_OFFLINE": "1"},
     )
     assert result.returncode == 2
     assert time.perf_counter() - start < 60
-    assert "stabilityai/sd-vae-ft-ema" in result.stderr and "vae.pretrained=DIR" in result.stderr
+    assert model in result.stderr and f"{key}=DIR" in result.stderr
     assert "Traceback" not in result.stderr
 
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from diffusers import AutoencoderKL, PixArtAlphaPipeline, PixArtTransformer2DModel
+from diffusers import AutoencoderKL, PixArtAlphaPipeline, PixArtSigmaPipeline, PixArtTransformer2DModel
 from safetensors.torch import load_file
 
 from dit_trainer.components.vae import FrozenVAE
@@ -26,9 +26,8 @@ _TOL = {"atol": 1e-4, "rtol": 1e-4}
 GENERATE = {"height": 32, "width": 32, "use_resolution_binning": False, "clean_caption": False}
 
 
-@pytest.fixture(scope="module")
-def t5_run(tmp_path_factory, tiny_t5_dir):
-    run_dir = tmp_path_factory.mktemp("export_t5") / "run"
+def _t5_run(root, tiny_t5_dir, *overrides: str):
+    run_dir = root / "run"
     train(
         run_dir,
         *QUICK,
@@ -38,8 +37,19 @@ def t5_run(tmp_path_factory, tiny_t5_dir):
         "text_encoder.tokenizer_subfolder=tokenizer",
         "text_encoder.max_length=8",
         "text_encoder.memo_size=0",
+        *overrides,
     )
     return run_dir
+
+
+@pytest.fixture(scope="module")
+def t5_run(tmp_path_factory, tiny_t5_dir):
+    return _t5_run(tmp_path_factory.mktemp("export_t5"), tiny_t5_dir)
+
+
+@pytest.fixture(scope="module")
+def sigma_run(tmp_path_factory, tiny_t5_dir):
+    return _t5_run(tmp_path_factory.mktemp("export_sigma"), tiny_t5_dir, "model.family=pixart_sigma")
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +70,25 @@ def _our_images_and_noise(run_dir, steps=2, guidance_scale=3.0):
 
 @pytest.mark.slow
 def test_t5_run_exports_a_pixart_pipeline_that_matches_our_sampler(t5_run):
+    _exports_a_pipeline_that_matches_our_sampler(t5_run, PixArtAlphaPipeline)
+
+
+@pytest.mark.slow
+def test_a_pixart_sigma_run_exports_a_sigma_pipeline_that_matches_our_sampler(sigma_run):
+    _exports_a_pipeline_that_matches_our_sampler(sigma_run, PixArtSigmaPipeline)
+
+
+def _exports_a_pipeline_that_matches_our_sampler(t5_run, pipeline_class):
     result = run_script(["scripts/export.py", str(t5_run)])
     assert result.returncode == 0, result.stderr[-3000:]
     folder = t5_run / "export" / "checkpoint-2"
-    assert "PixArtAlphaPipeline.from_pretrained" in result.stdout and str(folder) in result.stdout
+    assert f"{pipeline_class.__name__}.from_pretrained" in result.stdout and str(folder) in result.stdout
+    assert json.loads((folder / "model_index.json").read_text())["_class_name"] == pipeline_class.__name__
     for part in ("transformer", "vae", "text_encoder", "tokenizer", "scheduler", "model_index.json", MANIFEST):
         assert (folder / part).exists(), part
     assert "decay" not in json.loads((folder / "transformer" / "config.json").read_text())  # EMA bookkeeping
 
-    pipe = PixArtAlphaPipeline.from_pretrained(folder)
+    pipe = pipeline_class.from_pretrained(folder)
     assert pipe.vae.config.latents_mean is None and pipe.vae.config.latents_std is None
     run, ours, noise = _our_images_and_noise(t5_run)
     theirs = pipe(

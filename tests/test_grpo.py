@@ -211,7 +211,7 @@ def test_lora_reference_is_the_base_model_and_leaves_the_adapters_training():
     Called between a forward and its backward (as the KL term is), it leaves the adapters active and training."""
     torch.manual_seed(0)
     model = ModelConfig(num_layers=2, num_attention_heads=4, attention_head_dim=32, patch_size=4)
-    dit = build_dit(model, in_channels=4, sample_size=16, caption_channels=384).eval()
+    dit = build_dit(model, in_channels=4, sample_size=16, condition_dim=384).eval()
     generator = torch.Generator().manual_seed(0)
     x, t = torch.randn(2, 4, 16, 16, generator=generator), torch.tensor([500, 200])
     embeds, mask = torch.randn(2, 8, 384, generator=generator), torch.ones(2, 8, dtype=torch.long)

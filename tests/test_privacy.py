@@ -27,7 +27,7 @@ BATCH = 6
 
 def tiny_dit():
     torch.manual_seed(0)
-    return build_dit(TINY_DIT, in_channels=4, sample_size=8, caption_channels=12)
+    return build_dit(TINY_DIT, in_channels=4, sample_size=8, condition_dim=12)
 
 
 def tiny_batch():

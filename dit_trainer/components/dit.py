@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.utils.checkpoint
-from diffusers import PixArtTransformer2DModel
+from diffusers import ModelMixin
 from torch import nn
 
+from dit_trainer.components.families import FAMILIES, Family
 from dit_trainer.errors import ConfigError
 from dit_trainer.hub import load_pretrained, pretrained_config
 
@@ -18,39 +19,23 @@ if TYPE_CHECKING:
 
 
 class DiTAdapter(nn.Module):
-    """Hides the model family's quirks from the training loop and the samplers.
-
-    ``.sample`` vs tuple outputs, the learned-sigma half of the output channels (dropped here: the loss trains
-    the mean prediction), and PixArt's ``added_cond_kwargs`` (resolution/aspect ratio micro-conditions) all stop here.
-    ``forward`` is the same as ``predict`` so that DDP/FSDP wrappers see every call.
+    """Hides the model family's quirks from the training loop and the samplers: ``predict(x_t, t, embeds, mask)``
+    is the family's call (``.sample`` vs tuples, a learned-variance half of the outputs, PixArt's micro-conditions,
+    class labels), with the inputs in the transformer's compute dtype. ``forward`` is the same as ``predict`` so
+    that DDP/FSDP wrappers see every call.
     """
 
-    def __init__(self, transformer: PixArtTransformer2DModel) -> None:
+    def __init__(self, transformer: ModelMixin, family: Family) -> None:
         super().__init__()
         self.transformer = transformer
+        self.family = family
 
     def forward(
         self, x_t: torch.Tensor, t: torch.Tensor, embeds: torch.Tensor, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        config = self.transformer.config
-        added_cond_kwargs = {"resolution": None, "aspect_ratio": None}
-        if config.use_additional_conditions:
-            height, width = (size * 8 for size in x_t.shape[-2:])  # PixArt-alpha conditions on pixel size
-            batch = x_t.shape[0]
-            added_cond_kwargs = {
-                "resolution": torch.tensor([[height, width]], device=x_t.device, dtype=x_t.dtype).repeat(batch, 1),
-                "aspect_ratio": torch.tensor([[height / width]], device=x_t.device, dtype=x_t.dtype).repeat(batch, 1),
-            }
         dtype = self.compute_dtype
-        output = self.transformer(
-            x_t.to(dtype),
-            encoder_hidden_states=embeds.to(dtype),
-            encoder_attention_mask=mask,
-            timestep=t.expand(x_t.shape[0]),
-            added_cond_kwargs=added_cond_kwargs,
-            return_dict=False,
-        )[0]
-        return output[:, : x_t.shape[1]]
+        embeds = embeds.to(dtype) if embeds.is_floating_point() else embeds  # class labels stay integers
+        return self.family.predict(self.transformer, x_t.to(dtype), t, embeds, mask)
 
     predict = forward
 
@@ -58,14 +43,15 @@ class DiTAdapter(nn.Module):
     def compute_dtype(self) -> torch.dtype:
         """The dtype the inputs are cast to: that of the patch embedding, the first layer they meet. (diffusers'
         ``ModelMixin.dtype`` walks every submodule looking for casting hooks on each call, twice a forward.)"""
-        return self.transformer.pos_embed.proj.weight.dtype
+        return self.transformer.get_submodule(self.family.input_layer).weight.dtype
 
 
-def load_transformer(cfg: ModelConfig) -> PixArtTransformer2DModel:
-    """The pretrained transformer ``model.pretrained`` names (hub id or local path). A hub model may ship only a
-    pickled ``.bin``; diffusers reads that with ``torch.load(weights_only=True)``, safe from torch 2.6 on."""
+def load_transformer(cfg: ModelConfig) -> ModelMixin:
+    """The pretrained transformer ``model.pretrained`` names (hub id or local path), of the class of
+    ``model.family``. A hub model may ship only a pickled ``.bin``; diffusers reads that with
+    ``torch.load(weights_only=True)``, safe from torch 2.6 on."""
     return load_pretrained(
-        PixArtTransformer2DModel.from_pretrained,
+        FAMILIES[cfg.family].transformer_class.from_pretrained,
         cfg.pretrained,
         "model.pretrained",
         subfolder=cfg.subfolder,
@@ -81,10 +67,10 @@ def known_patch_size(cfg: ModelConfig) -> int | None:
     return (pretrained_config(cfg.pretrained, cfg.subfolder, cfg.revision) or {}).get("patch_size")
 
 
-def load_trained_transformer(folder: Path) -> PixArtTransformer2DModel:
+def load_trained_transformer(folder: Path, transformer_class: type[ModelMixin]) -> ModelMixin:
     """The transformer in one of our own checkpoint folders, read from safetensors only: dit-trainer never writes a
     pickle there, so a ``.bin`` beside or instead of the weights was planted, and is not unpickled."""
-    return PixArtTransformer2DModel.from_pretrained(folder, use_safetensors=True)
+    return transformer_class.from_pretrained(folder, use_safetensors=True)
 
 
 def enable_gradient_checkpointing(dit: DiTAdapter, reentrant: bool = False) -> None:
@@ -98,44 +84,26 @@ def enable_gradient_checkpointing(dit: DiTAdapter, reentrant: bool = False) -> N
 
 
 def build_dit(
-    cfg: ModelConfig, in_channels: int, sample_size: int, caption_channels: int, weights: Path | None = None
+    cfg: ModelConfig, in_channels: int, sample_size: int, condition_dim: int, weights: Path | None = None
 ) -> DiTAdapter:
-    """A PixArt transformer sized by ``cfg`` whose input follows the VAE (``in_channels``, ``sample_size``); with
-    ``weights`` (a checkpoint's transformer folder), the one trained there."""
+    """A transformer of ``model.family`` sized by ``cfg`` whose input follows the VAE (``in_channels``,
+    ``sample_size``) and whose conditioning input follows the text encoder (``condition_dim``); with ``weights`` (a
+    checkpoint's transformer folder), the one trained there."""
+    family = FAMILIES[cfg.family]
     if weights is not None or cfg.pretrained:
-        transformer = load_transformer(cfg) if weights is None else load_trained_transformer(weights)
-        source = str(weights or cfg.pretrained)
-        config = transformer.config
-        if config.in_channels != in_channels:
+        transformer = (
+            load_transformer(cfg) if weights is None else load_trained_transformer(weights, family.transformer_class)
+        )
+        problem = family.mismatch(transformer.config, in_channels, condition_dim)
+        if problem:
             raise ConfigError(
                 "model.pretrained",
-                source,
-                f"it takes {config.in_channels} input channels while the VAE gives {in_channels}",
-                "use the VAE this transformer was trained with (`vae=...`)",
-            )
-        if config.caption_channels != caption_channels:
-            raise ConfigError(
-                "model.pretrained",
-                source,
-                f"it expects {config.caption_channels}-dim text features while the text encoder gives "
-                f"{caption_channels}",
-                "use the text encoder it was trained with (`text_encoder=...`)",
+                str(weights or cfg.pretrained),
+                problem,
+                "use the VAE and the text encoder this transformer was trained with (`vae=...`, `text_encoder=...`)",
             )
     else:
-        inner = cfg.num_attention_heads * cfg.attention_head_dim
-        transformer = PixArtTransformer2DModel(
-            num_attention_heads=cfg.num_attention_heads,
-            attention_head_dim=cfg.attention_head_dim,
-            in_channels=in_channels,
-            out_channels=in_channels * (2 if cfg.learned_sigma else 1),
-            num_layers=cfg.num_layers,
-            dropout=cfg.dropout,
-            cross_attention_dim=cfg.cross_attention_dim or inner,
-            sample_size=sample_size,
-            patch_size=cfg.patch_size,
-            caption_channels=caption_channels,
-            use_additional_conditions=False,
-        )
+        transformer = family.build(cfg, in_channels, sample_size, condition_dim)
     if sample_size % transformer.config.patch_size:
         raise ConfigError(
             "model.patch_size",
@@ -143,4 +111,4 @@ def build_dit(
             f"the latent size {sample_size} must be divisible by it",
             "pick a patch size that divides the latent size, or change `data.resolution`",
         )
-    return DiTAdapter(transformer.train())
+    return DiTAdapter(transformer.train(), family)

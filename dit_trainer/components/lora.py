@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from diffusers import PixArtTransformer2DModel
+from diffusers import ModelMixin
 from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
 from peft.tuners.lora import LoraModel
 from peft.tuners.tuners_utils import BaseTunerLayer
@@ -36,7 +36,7 @@ def peft_config(cfg: LoRAConfig) -> LoraConfig:
     )
 
 
-def apply_lora(transformer: PixArtTransformer2DModel, cfg: LoRAConfig) -> LoraModel:
+def apply_lora(transformer: ModelMixin, cfg: LoRAConfig) -> LoraModel:
     """Freeze ``transformer`` and inject adapters into it in place; returns peft's tuner, which can merge them."""
     transformer.requires_grad_(False)
     try:
@@ -50,7 +50,7 @@ def apply_lora(transformer: PixArtTransformer2DModel, cfg: LoRAConfig) -> LoraMo
         ) from error
 
 
-def save_adapter(transformer: PixArtTransformer2DModel, directory: Path) -> None:
+def save_adapter(transformer: ModelMixin, directory: Path) -> None:
     """The adapter (and ``train_modules``) weights of ``transformer`` in peft's format."""
     directory.mkdir(parents=True, exist_ok=True)
     transformer.peft_config[ADAPTER_NAME].save_pretrained(str(directory))
@@ -58,7 +58,7 @@ def save_adapter(transformer: PixArtTransformer2DModel, directory: Path) -> None
     save_file({name: tensor.detach().contiguous() for name, tensor in state.items()}, directory / ADAPTER_WEIGHTS)
 
 
-def load_adapter(transformer: PixArtTransformer2DModel, directory: Path) -> None:
+def load_adapter(transformer: ModelMixin, directory: Path) -> None:
     """Load adapter weights saved by ``save_adapter`` into a transformer that ``apply_lora`` prepared."""
     result = set_peft_model_state_dict(transformer, load_file(directory / ADAPTER_WEIGHTS), adapter_name=ADAPTER_NAME)
     if result.unexpected_keys:
@@ -70,7 +70,7 @@ def load_adapter(transformer: PixArtTransformer2DModel, directory: Path) -> None
         )
 
 
-def merge_adapter(base: PixArtTransformer2DModel, cfg: LoRAConfig, directory: Path) -> PixArtTransformer2DModel:
+def merge_adapter(base: ModelMixin, cfg: LoRAConfig, directory: Path) -> ModelMixin:
     """``base`` with the adapter in ``directory`` merged into its weights: a plain diffusers transformer."""
     tuner = apply_lora(base, cfg)
     load_adapter(base, directory)
@@ -78,7 +78,7 @@ def merge_adapter(base: PixArtTransformer2DModel, cfg: LoRAConfig, directory: Pa
 
 
 @contextlib.contextmanager
-def adapters_disabled(transformer: PixArtTransformer2DModel) -> Iterator[None]:
+def adapters_disabled(transformer: ModelMixin) -> Iterator[None]:
     """``transformer`` computes as its base model inside (peft's switch; it also clears the adapters'
     ``requires_grad``, which re-enabling restores)."""
     layers = [module for module in transformer.modules() if isinstance(module, BaseTunerLayer)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dit_trainer.components.families import FAMILIES
 from dit_trainer.components.text_encoder import TEXT_ENCODER_KINDS
 from dit_trainer.components.vae import VAE_KINDS
 from dit_trainer.config.fields import at_least, between, checked, fraction, non_empty, one_of, open_unit, positive
@@ -27,11 +28,13 @@ from dit_trainer.grpo.prompts import PROMPT_SAMPLING
 
 @dataclass
 class ModelConfig:
-    """The trainable DiT: a diffusers ``PixArtTransformer2DModel`` built from these fields or loaded pretrained.
+    """The trainable DiT: a transformer of ``family`` built from these fields or loaded pretrained.
 
-    The defaults are a 1.3 M-parameter DiT for CPU runs; ``model=pixart_xl_2`` is DiT-XL/2.
+    The defaults are a 1.3 M-parameter PixArt DiT for CPU runs; ``model=pixart_xl_2`` is DiT-XL/2.
     """
 
+    # pixart_alpha | pixart_sigma (diffusers' PixArtTransformer2DModel; they differ in the pipeline an export writes)
+    family: str = one_of(FAMILIES, "pixart_alpha")
     pretrained: str | None = None  # hub id or local path; when set, the architecture fields below are ignored
     subfolder: str | None = None
     revision: str | None = None

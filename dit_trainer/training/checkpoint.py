@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from diffusers import PixArtTransformer2DModel
+from diffusers import ModelMixin
 from diffusers.training_utils import EMAModel
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
@@ -127,7 +127,7 @@ class Checkpointer:
             if self.ema is not None:
                 self._save_ema(transformer, Path(output_dir) / self.weights.ema_directory)
 
-    def _save_ema(self, transformer: PixArtTransformer2DModel, path: Path) -> None:
+    def _save_ema(self, transformer: ModelMixin, path: Path) -> None:
         parameters = trainable_parameters(transformer)
         self.ema.store(parameters)
         self.ema.copy_to(parameters)
@@ -145,7 +145,7 @@ class Checkpointer:
                 self._load_ema(transformer, Path(input_dir) / self.weights.ema_directory)
             self.weights.load(transformer, Path(input_dir) / self.weights.directory)
 
-    def _load_ema(self, transformer: PixArtTransformer2DModel, path: Path) -> None:
+    def _load_ema(self, transformer: ModelMixin, path: Path) -> None:
         """Load the EMA weights into the model to read them out as the EMA's shadow; the raw ones follow."""
         self.weights.load(transformer, path)
         # Checkpoints written by EMAModel.save_pretrained keep the counters in config.json.
