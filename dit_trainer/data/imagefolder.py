@@ -14,26 +14,46 @@ from dit_trainer.data.transforms import caption_keys, decode_image, header_size,
 from dit_trainer.errors import ConfigError
 
 METADATA = "metadata.jsonl"
+IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp")
+
+
+def class_folder_records(folder: Path) -> list[tuple[str, tuple[str, ...]]]:
+    """(file, (class name,)) for every image in the sub-folders of ``folder``, the class being the sub-folder's
+    name (torchvision's ``ImageFolder`` layout), sorted by class then file."""
+    return [
+        (f"{entry.name}/{image.name}", (entry.name,))
+        for entry in sorted(folder.iterdir())
+        if entry.is_dir()
+        for image in sorted(entry.iterdir())
+        if image.suffix.lower().lstrip(".") in IMAGE_SUFFIXES
+    ]
 
 
 def check_image_folder(path: str, key: str = "data.path") -> None:
-    """``key`` (``data.path``, ``validation.path``) holds a metadata.jsonl: checked with the config, before any
-    model is built."""
+    """``key`` (``data.path``, ``validation.path``) holds a metadata.jsonl, or class sub-folders of images: checked
+    with the config, before any model is built."""
     folder = Path(path).expanduser()
-    if not (folder / METADATA).is_file():
-        raise ConfigError(
-            key,
-            str(folder),
-            "no metadata.jsonl was found there (one JSON object per image with `file_name` and a caption column)",
-            f"point `{key}` at the folder that holds metadata.jsonl and the images",
-        )
+    if (folder / METADATA).is_file() or (folder.is_dir() and class_folder_records(folder)):
+        return
+    raise ConfigError(
+        key,
+        str(folder),
+        "no metadata.jsonl was found there (one JSON object per image with `file_name` and a caption column), nor "
+        "sub-folders of images (one per class)",
+        f"point `{key}` at the folder that holds metadata.jsonl and the images, or the class sub-folders",
+    )
 
 
 def metadata_fingerprint(path: str) -> dict:
-    """The number of entries of metadata.jsonl and its hash: a folder whose list of images or captions changed gets
-    another one. Images replaced in place under the same names do not (telling would mean reading them all)."""
-    digest, entries = hashlib.sha256(), 0
-    with (Path(path).expanduser() / METADATA).open("rb") as lines:
+    """The number of entries of metadata.jsonl (or of the class folders' images) and a hash of it: a folder whose
+    list of images or captions changed gets another one. Images replaced in place under the same names do not
+    (telling would mean reading them all)."""
+    folder, digest, entries = Path(path).expanduser(), hashlib.sha256(), 0
+    if not (folder / METADATA).is_file():
+        records = class_folder_records(folder)
+        digest.update(json.dumps(records).encode())
+        return {"entries": len(records), "class_folders_sha256": digest.hexdigest()}
+    with (folder / METADATA).open("rb") as lines:
         for line in lines:
             digest.update(line)
             entries += bool(line.strip())
@@ -64,7 +84,8 @@ def metadata_row(raw: bytes, number: int, folder: Path) -> dict | None:
 
 
 class ImageFolderDataset(SkipUnreadable):
-    """Images listed in ``root/metadata.jsonl`` (``{"file_name": ..., "<caption_column>": ...}`` per line).
+    """Images listed in ``root/metadata.jsonl`` (``{"file_name": ..., "<caption_column>": ...}`` per line), or
+    without one, the images of ``root``'s sub-folders captioned with the sub-folder's name (a class).
 
     Only listed files are used, so stray files in the folder never leak into training. A listed file that cannot
     be read is skipped and reported in ``"bad_files"`` (see ``SkipUnreadable``); a bad metadata line is an error.
@@ -82,7 +103,11 @@ class ImageFolderDataset(SkipUnreadable):
         self.root = Path(root).expanduser()
         self.path = str(self.root)
         self.resolution, self.crop, self.horizontal_flip = resolution, crop, horizontal_flip
-        self.records = self._read_metadata(self.root / METADATA, *caption_keys(caption_column, caption_columns))
+        metadata = self.root / METADATA
+        if metadata.is_file():
+            self.records = self._read_metadata(metadata, *caption_keys(caption_column, caption_columns))
+        else:
+            self.records = class_folder_records(self.root)
 
     @staticmethod
     def _read_metadata(path: Path, key: str, columns: list[str]) -> list[tuple[str, tuple[str, ...]]]:

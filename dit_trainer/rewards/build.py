@@ -15,6 +15,7 @@ import torch
 from dit_trainer.errors import ConfigError
 from dit_trainer.rewards.base import RewardFunction, WeightedReward
 from dit_trainer.rewards.clip import load_clip_score
+from dit_trainer.rewards.digits import DigitAccuracyReward
 from dit_trainer.rewards.jpeg import JPEGCompressibilityReward
 from dit_trainer.rewards.shapes import ShapesAlignmentReward
 
@@ -27,6 +28,7 @@ REWARDS: dict[str, RewardBuilder] = {
     "shapes_alignment": lambda cfg, device, dtype: ShapesAlignmentReward(),
     "clip_score": lambda cfg, device, dtype: load_clip_score(cfg.clip_model, device, dtype, cfg.clip_revision),
     "jpeg_compressibility": lambda cfg, device, dtype: JPEGCompressibilityReward(cfg.jpeg_quality),
+    "digit_accuracy": lambda cfg, device, dtype: DigitAccuracyReward(),
 }
 
 

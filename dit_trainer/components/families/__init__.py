@@ -7,8 +7,9 @@ the trainer, the samplers, the monitors, GRPO and export see only that. ``FAMILI
 """
 
 from dit_trainer.components.families.base import Family
+from dit_trainer.components.families.dit import DIT
 from dit_trainer.components.families.pixart import PIXART_ALPHA, PIXART_SIGMA
 
-FAMILIES: dict[str, Family] = {"pixart_alpha": PIXART_ALPHA, "pixart_sigma": PIXART_SIGMA}
+FAMILIES: dict[str, Family] = {"pixart_alpha": PIXART_ALPHA, "pixart_sigma": PIXART_SIGMA, "dit": DIT}
 
 __all__ = ["FAMILIES", "Family"]

@@ -11,35 +11,25 @@ from typing import TYPE_CHECKING
 import torch
 from diffusers import PixArtTransformer2DModel
 
-from dit_trainer.components.families.base import Family
+from dit_trainer.components.families.base import Family, architecture, input_mismatch
 
 if TYPE_CHECKING:
     from dit_trainer.config import ModelConfig
 
 
 def build(cfg: ModelConfig, in_channels: int, sample_size: int, condition_dim: int) -> PixArtTransformer2DModel:
-    inner = cfg.num_attention_heads * cfg.attention_head_dim
     return PixArtTransformer2DModel(
-        num_attention_heads=cfg.num_attention_heads,
-        attention_head_dim=cfg.attention_head_dim,
-        in_channels=in_channels,
-        out_channels=in_channels * (2 if cfg.learned_sigma else 1),
-        num_layers=cfg.num_layers,
-        dropout=cfg.dropout,
-        cross_attention_dim=cfg.cross_attention_dim or inner,
-        sample_size=sample_size,
-        patch_size=cfg.patch_size,
+        **architecture(cfg, in_channels, sample_size),
+        cross_attention_dim=cfg.cross_attention_dim or cfg.num_attention_heads * cfg.attention_head_dim,
         caption_channels=condition_dim,
         use_additional_conditions=False,
     )
 
 
 def mismatch(config: dict, in_channels: int, condition_dim: int) -> str | None:
-    if config["in_channels"] != in_channels:
-        return f"it takes {config['in_channels']} input channels while the VAE gives {in_channels}"
     if config["caption_channels"] != condition_dim:
         return f"it expects {config['caption_channels']}-dim text features while the text encoder gives {condition_dim}"
-    return None
+    return input_mismatch(config, in_channels)
 
 
 def predict(
