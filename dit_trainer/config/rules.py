@@ -192,6 +192,13 @@ def _check_privacy(cfg: TrainConfig) -> None:
         "use `trainer.mixed_precision=bf16` (or `no`)",
     )
     require(
+        p.mode != "ghost" or cfg.model.family != "dit",
+        "privacy.mode",
+        p.mode,
+        "Opacus' ghost clipping refuses DiTTransformer2DModel (it reports parameter tying)",
+        "use `privacy.mode=hooks` (per-sample gradients from hooks: more memory, the same guarantee)",
+    )
+    require(
         not SOURCES[cfg.data.source].streamed or bool(cfg.data.cache_dir),
         "data.source",
         cfg.data.source,
