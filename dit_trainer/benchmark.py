@@ -33,7 +33,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from dit_trainer.components import Components, build_components
 from dit_trainer.config import TrainConfig, to_train_config
 from dit_trainer.data import build_dataset, collate_batch
-from dit_trainer.data.batch_plan import BatchPlan, BucketBatchSampler
+from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
 from dit_trainer.data.cache import open_cache
 from dit_trainer.data.precompute import precompute
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
@@ -172,7 +172,7 @@ def batch_plan_cost(cache: Dataset, batch_size: int, epochs: int = 3) -> dict[st
     plan = BatchPlan(labels, batch_size, seed=0, sources=[index % 2 for index in range(len(cache))], weights=[3, 1])
     loaders = {
         "shuffled": DataLoader(cache, batch_size, shuffle=True, drop_last=True, collate_fn=collate_batch),
-        "planned": DataLoader(cache, batch_sampler=BucketBatchSampler(plan), collate_fn=collate_batch),
+        "planned": DataLoader(cache, batch_sampler=PlanBatchSampler(plan), collate_fn=collate_batch),
     }
     seconds = {}
     for name, loader in loaders.items():

@@ -12,7 +12,7 @@ import torch
 from accelerate.data_loader import BatchSamplerShard
 from PIL import Image
 
-from dit_trainer.data.batch_plan import BatchPlan, BucketBatchSampler
+from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
 from dit_trainer.data.buckets import BucketTable, bucket_table, in_order_batches, pixart_buckets, pixart_tables
 from dit_trainer.data.cache import open_cache
 from dit_trainer.data.precompute import precompute
@@ -88,7 +88,7 @@ def test_the_plan_gives_single_bucket_batches_seeded_per_epoch_with_each_item_at
 
 def test_accelerate_shards_the_plan_into_disjoint_single_bucket_batches():
     buckets = [i % 3 for i in range(60)]
-    sampler = BucketBatchSampler(BatchPlan(buckets, batch_size=4, seed=0))
+    sampler = PlanBatchSampler(BatchPlan(buckets, batch_size=4, seed=0))
     shards = [list(BatchSamplerShard(sampler, num_processes=2, process_index=rank)) for rank in (0, 1)]
     assert len(shards[0]) == len(shards[1]) > 0
     seen = [i for shard in shards for batch in shard for i in batch]

@@ -6,7 +6,7 @@ of all buckets are shuffled together. Quotas depend only on the pool sizes and t
 same number of batches: the trainer's resume (epoch, batches to skip) lands on exactly the batch it stopped at. A
 source of weight w gets w / sum(weights) of each epoch's items in expectation (a single source: every item once).
 
-``BucketBatchSampler`` is the plan as a ``torch`` batch sampler. accelerate shards it across processes (process r
+``PlanBatchSampler`` is the plan as a ``torch`` batch sampler. accelerate shards it across processes (process r
 takes every r-th batch of each group of ``num_processes``) and forwards ``set_epoch`` to it.
 """
 
@@ -79,7 +79,7 @@ class BatchPlan:
         return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
 
-class BucketBatchSampler(Sampler[list[int]]):
+class PlanBatchSampler(Sampler[list[int]]):
     """A ``BatchPlan`` as the DataLoader's ``batch_sampler``. ``sampler`` is the plan itself: accelerate's sharded
     loader calls ``set_epoch`` on its batch sampler's ``sampler``."""
 

@@ -18,7 +18,7 @@ from dit_trainer.components import Components, DiTAdapter, build_components, tra
 from dit_trainer.components.build import configured_buckets
 from dit_trainer.config import MixtureSource, TrainConfig, to_train_config
 from dit_trainer.data import build_dataset, collate_batch
-from dit_trainer.data.batch_plan import BatchPlan, BucketBatchSampler
+from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
 from dit_trainer.data.buckets import BucketedStream, BucketTable, bucketed, item_buckets
 from dit_trainer.data.cache import CachedPrompts, open_cache
 from dit_trainer.data.latent_cache import LatentDataset, encode_dataset
@@ -172,7 +172,7 @@ def build_dataloader(cfg: TrainConfig, dataset: Dataset, device: torch.device) -
         plan = BatchPlan(buckets, cfg.trainer.batch_size, cfg.trainer.seed, sources, weights)
         return DataLoader(
             dataset,
-            batch_sampler=BucketBatchSampler(plan),
+            batch_sampler=PlanBatchSampler(plan),
             collate_fn=collate_batch,
             **loader_options(cfg, dataset, device),
         )
