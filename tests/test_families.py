@@ -112,7 +112,7 @@ def test_the_digits_recipe_draws_digits_a_classifier_recognises(digits, tmp_path
     run = tmp_path / "run"
     result = run_script(["train.py", "+experiment=dit_digits", f"data.path={digits}", f"hydra.run.dir={run}",
                          "trainer.max_steps=400", "monitor.grpo.every_n_steps=400", "validation.every_n_steps=0",
-                         "trainer.sample_every=0", "trainer.checkpoint_every=0"], timeout=300)  # fmt: skip
+                         "trainer.sample_every=0", "trainer.checkpoint_every=0"], timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     accuracy = next(r["reward/mean"] for r in read_metrics(run) if "reward/mean" in r)
     assert accuracy >= 0.7
