@@ -163,7 +163,7 @@ def sample_to_folder(cfg: SampleConfig) -> Path:
     out_dir = Path(cfg.out_dir).expanduser()
     refuse_overwrite(out_dir, [SAMPLE_INDEX, *names])
     run = load_run(cfg.run_dir, cfg.checkpoint, cfg.ema).at_size(cfg.height, cfg.width)
-    run.text_to_image.text_encoder.encode(list(dict.fromkeys(prompts)))  # a prompt it refuses fails before any file
+    run.text_to_image.text_encoder.check_prompts(prompts)  # a prompt it refuses fails before any file is written
     settings = run.settings(cfg.steps, cfg.guidance_scale, cfg.sampler)
     out_dir.mkdir(parents=True, exist_ok=True)
     with (out_dir / SAMPLE_INDEX).open("x", encoding="utf-8") as index_file:

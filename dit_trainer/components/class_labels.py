@@ -55,6 +55,11 @@ class ClassLabels(nn.Module):
             "give class names or ids as prompts (one per line in a prompt file)",
         )
 
+    def check_prompts(self, prompts: Sequence[str]) -> None:
+        """Refuse a prompt that names no class, before anything is generated or written."""
+        for prompt in dict.fromkeys(prompts):
+            self.class_id(prompt)
+
     def encode(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         labels = torch.tensor([self.class_id(prompt) for prompt in prompts], dtype=torch.long, device=self.device)
         return labels, torch.ones(len(labels), 1, dtype=torch.long, device=self.device)

@@ -54,6 +54,9 @@ class FrozenTextEncoder(nn.Module):
         hidden = self.model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask).last_hidden_state
         return hidden, tokens.attention_mask
 
+    def check_prompts(self, prompts: list[str]) -> None:
+        """Every text is a prompt (class labels refuse names they do not know)."""
+
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         if self.memo_size == 0:
