@@ -101,7 +101,8 @@ def test_grpo_run_logs_each_epoch_and_fine_tunes_the_init_weights(grpo_run, init
     assert any(r["policy/updates"] > 0 for r in records)
     for record in records:
         assert set(record) >= POLICY_KEYS, sorted(POLICY_KEYS - set(record))
-        assert 0 <= record["rollout/reward_mean"] <= 1 and 0 <= record["rollout/zero_std_frac"] <= 1
+        assert 0 <= record["rollout/shapes_alignment"] <= 1 and -1 <= record["rollout/shapes_margin"] <= 1
+        assert 0 <= record["rollout/zero_std_frac"] <= 1
         assert record["policy/updates"] in (0, 1)
         if record["policy/updates"] == 1:  # one pass, one minibatch: the update is on the rollout's own policy
             assert set(record) >= UPDATE_KEYS, sorted(UPDATE_KEYS - set(record))
@@ -154,8 +155,9 @@ def test_sample_and_evaluate_read_a_grpo_run(grpo_run, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     assert report["checkpoint"] == str(grpo_run / "checkpoints" / "checkpoint-4")
-    assert report["rewards"] == {"shapes_alignment": 1.0} and report["images_per_prompt"] == 2
-    assert 0 <= report["reward/mean"] <= 1 and {"color", "shape"} <= set(report)
+    assert report["rewards"] == {"shapes_alignment": 1.0, "shapes_margin": 1.0}  # the run's reward
+    assert report["images_per_prompt"] == 2 and 0 <= report["reward/shapes_alignment"] <= 1
+    assert {"color", "shape"} <= set(report)
 
 
 @pytest.mark.slow

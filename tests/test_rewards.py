@@ -70,6 +70,14 @@ def test_shapes_alignment_scores_true_captions_high_and_wrong_ones_low(shapes_ba
     assert ((true_scores >= 0) & (true_scores <= 1)).all()
 
 
+def test_shapes_margin_is_built_by_name_and_separates_true_captions_from_wrong_ones(shapes_batch):
+    images, captions = shapes_batch
+    margin = build_reward(RewardConfig(weights={"shapes_margin": 1.0}), CPU)
+    true_margins = margin(images, captions)
+    assert true_margins.shape == (48,) and true_margins.dtype == torch.float32
+    assert (true_margins > 0).all() and (margin(images, [_mismatched(c) for c in captions]) < 0).all()
+
+
 def test_jpeg_compressibility_prefers_simple_images():
     flat = torch.full((2, 3, 32, 32), 0.5)
     noise = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))

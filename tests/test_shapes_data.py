@@ -1,6 +1,14 @@
 import torch
 
-from dit_trainer.data.shapes import CAPTIONS, COLORS, SHAPES, ShapesDataset, alignment_components, score_alignment
+from dit_trainer.data.shapes import (
+    CAPTIONS,
+    COLORS,
+    SHAPES,
+    ShapesDataset,
+    alignment_components,
+    score_alignment,
+    shape_margins,
+)
 
 
 def _batch(dataset: ShapesDataset, count: int) -> tuple[torch.Tensor, list[str]]:
@@ -46,3 +54,18 @@ def test_alignment_is_zero_for_a_blank_image_and_robust_to_mild_noise():
     torch.manual_seed(0)
     color_ok, shape_ok = alignment_components((images + 0.05 * torch.randn_like(images)).clamp(0, 1), captions)
     assert color_ok.mean() >= 0.95 and shape_ok.mean() >= 0.9
+
+
+def test_the_shape_margin_is_positive_only_where_the_judge_reads_the_captioned_shape_and_ranks_cleaner_shapes():
+    images, captions = _batch(ShapesDataset(96, seed=9), 96)
+    shapes = list(SHAPES)
+    wrong = [f"{c.rsplit(' ', 1)[0]} {shapes[(shapes.index(c.rsplit(' ', 1)[1]) + 1) % 3]}" for c in captions]
+    torch.manual_seed(0)
+    noisy = (images + 0.25 * torch.randn_like(images)).clamp(0, 1)
+    for batch, asked in [(images, captions), (images, wrong), (noisy, captions)]:
+        margins = shape_margins(batch, asked)
+        assert margins.shape == (96,) and margins.abs().max() <= 1
+        assert torch.equal(margins > 0, alignment_components(batch, asked)[1] > 0)
+    assert (shape_margins(images, captions) > 0).all() and (shape_margins(images, wrong) < 0).all()
+    assert shape_margins(noisy, captions).mean() < shape_margins(images, captions).mean()  # rougher, less clear
+    assert torch.equal(shape_margins(torch.full_like(images, 128 / 255), captions), torch.full((96,), -1.0))

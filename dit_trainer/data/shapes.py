@@ -92,12 +92,13 @@ class ShapesDataset(Dataset):
         return {"image": image, "caption": f"a {color} {shape}"}
 
 
-def _classify_one(pixels: np.ndarray) -> tuple[str | None, str | None]:
-    """Colour and shape seen in one (H, W, 3) image with values in [0, 255]."""
+def _read_one(pixels: np.ndarray) -> tuple[str | None, dict[str, float]]:
+    """The colour seen in one (H, W, 3) image with values in [0, 255] (``None``: nothing seen), and the IoU of the
+    shape's bounding-box mask with each shape's template (empty: no shape)."""
     background = np.asarray(BACKGROUND, dtype=np.float32)
     foreground = np.abs(pixels - background).max(axis=-1) > 48
     if foreground.sum() < 4:
-        return None, None
+        return None, {}
     palette = np.asarray(list(COLORS.values()), dtype=np.float32)
     median = np.median(pixels[foreground], axis=0)
     color_index = int(np.argmin(((palette - median) ** 2).sum(axis=1)))
@@ -111,26 +112,47 @@ def _classify_one(pixels: np.ndarray) -> tuple[str | None, str | None]:
     mask &= neighbours >= 2
     rows, cols = np.nonzero(mask)
     if len(rows) < 4:
-        return list(COLORS)[color_index], None
+        return list(COLORS)[color_index], {}
     box = mask[rows.min() : rows.max() + 1, cols.min() : cols.max() + 1]
-
-    def iou(shape: str) -> float:
+    ious = {}
+    for shape in SHAPES:
         template = shape_mask(shape, *box.shape)
-        return (box & template).sum() / (box | template).sum()
+        ious[shape] = float((box & template).sum() / (box | template).sum())
+    return list(COLORS)[color_index], ious
 
-    return list(COLORS)[color_index], max(SHAPES, key=iou)
+
+def _read(images: torch.Tensor) -> list[tuple[str | None, dict[str, float]]]:
+    """``_read_one`` of each image of a (B, 3, H, W) batch in [0, 1]."""
+    pixels = (images.detach().float().clamp(0, 1) * 255).permute(0, 2, 3, 1).cpu().numpy()
+    return [_read_one(image) for image in pixels]
 
 
 def classify(images: torch.Tensor) -> list[tuple[str | None, str | None]]:
-    """(colour, shape) read from each image of a (B, 3, H, W) batch in [0, 1]; ``None`` where nothing is seen."""
-    pixels = (images.detach().float().clamp(0, 1) * 255).permute(0, 2, 3, 1).cpu().numpy()
-    return [_classify_one(image) for image in pixels]
+    """(colour, shape) read from each image of a (B, 3, H, W) batch in [0, 1]; ``None`` where nothing is seen.
+    The shape is the template that overlaps the shape's mask best."""
+    return [(color, max(ious, key=ious.get) if ious else None) for color, ious in _read(images)]
+
+
+def _captioned(captions: list[str]) -> list[tuple[str, str]]:
+    """(colour, shape) asked for by each ``"a {color} {shape}"`` caption."""
+    return [tuple(caption.removeprefix("a ").split(" ", 1)) for caption in captions]
+
+
+def shape_margins(images: torch.Tensor, captions: list[str]) -> torch.Tensor:
+    """(B,) how clearly each image shows its captioned shape: the template IoU of that shape minus the best other
+    shape's, in [-1, 1] (positive only when the judge reads the captioned shape; -1 when no shape is seen).
+    Unlike the judge's verdict it keeps rising as a shape becomes cleaner, so it separates images the verdict ties."""
+    margins = []
+    for (_, ious), (_, shape) in zip(_read(images), _captioned(captions)):
+        others = [iou for name, iou in ious.items() if name != shape]
+        margins.append(ious[shape] - max(others) if ious else -1.0)
+    return torch.tensor(margins, dtype=torch.float32)
 
 
 def alignment_components(images: torch.Tensor, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Per image: (colour correct, shape correct) as float tensors of shape (B,)."""
     seen = classify(images)
-    expected = [caption.removeprefix("a ").split(" ", 1) for caption in captions]
+    expected = _captioned(captions)
     color_ok = torch.tensor([s[0] == e[0] for s, e in zip(seen, expected)], dtype=torch.float32)
     shape_ok = torch.tensor([s[1] == e[-1] for s, e in zip(seen, expected)], dtype=torch.float32)
     return color_ok, shape_ok

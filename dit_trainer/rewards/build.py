@@ -17,7 +17,7 @@ from dit_trainer.rewards.base import RewardFunction, WeightedReward
 from dit_trainer.rewards.clip import load_clip_score
 from dit_trainer.rewards.digits import DigitAccuracyReward
 from dit_trainer.rewards.jpeg import JPEGCompressibilityReward
-from dit_trainer.rewards.shapes import ShapesAlignmentReward
+from dit_trainer.rewards.shapes import ShapesAlignmentReward, ShapesMarginReward
 
 if TYPE_CHECKING:
     from dit_trainer.config import RewardConfig
@@ -26,6 +26,7 @@ RewardBuilder = Callable[["RewardConfig", torch.device, torch.dtype], RewardFunc
 
 REWARDS: dict[str, RewardBuilder] = {
     "shapes_alignment": lambda cfg, device, dtype: ShapesAlignmentReward(),
+    "shapes_margin": lambda cfg, device, dtype: ShapesMarginReward(),
     "clip_score": lambda cfg, device, dtype: load_clip_score(cfg.clip_model, device, dtype, cfg.clip_revision),
     "jpeg_compressibility": lambda cfg, device, dtype: JPEGCompressibilityReward(cfg.jpeg_quality),
     "digit_accuracy": lambda cfg, device, dtype: DigitAccuracyReward(),

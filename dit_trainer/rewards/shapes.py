@@ -1,4 +1,5 @@
-"""``shapes_alignment``: does the image show the captioned colour and shape? Read from the pixels, offline."""
+"""The shapes data set's judge as rewards, read from the pixels, offline: ``shapes_alignment`` (does the image show
+the captioned colour and shape?) and ``shapes_margin`` (how clearly does it show the captioned shape?)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dit_trainer.data.shapes import score_alignment
+from dit_trainer.data.shapes import score_alignment, shape_margins
 from dit_trainer.rewards.base import check_reward_inputs
 
 
@@ -19,3 +20,16 @@ class ShapesAlignmentReward:
     def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
         check_reward_inputs(images, prompts)
         return score_alignment(images, list(prompts)).to(images.device)
+
+
+class ShapesMarginReward:
+    """Range [-1, 1]: the judge's template IoU of the captioned shape minus the best other shape's. A verdict is
+    0 or 1, so a group whose images are all judged right carries no GRPO signal; the margin still ranks them by how
+    far each is from being misread."""
+
+    name = "shapes_margin"
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        check_reward_inputs(images, prompts)
+        return shape_margins(images, list(prompts)).to(images.device)
