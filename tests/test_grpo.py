@@ -19,6 +19,7 @@ from dit_trainer.grpo.build import build_policy
 from dit_trainer.grpo.loss import clipped_policy_loss, gaussian_kl, ratio_statistics
 from dit_trainer.grpo.reference import build_reference
 from dit_trainer.grpo.rollout import Rollout, recompute_steps, roll_out
+from dit_trainer.grpo.trainer import steps_to_train
 from dit_trainer.rewards.grpo import group_statistics
 
 CPU = torch.device("cpu")
@@ -286,6 +287,25 @@ def test_build_policy_draws_noise_only_in_the_configured_window(family):
     assert stochastic(sde_start=0, sde_steps=None) == list(range(9))
     assert stochastic(sde_start=2, sde_steps=None) == list(range(2, 9))
     assert stochastic(sde_start=8, sde_steps=1) == [8]
+
+
+def test_each_trajectory_trains_its_own_random_steps_of_the_window():
+    """``grpo.steps_per_trajectory=k``: k distinct steps of the window per trajectory, not the same k for all, drawn
+    from the generator alone (a resumed run, whose generator is restored, draws the same); null or the whole window
+    takes every step in order, drawing nothing."""
+    window = torch.tensor([2, 3, 4, 5])
+    generator = torch.Generator().manual_seed(0)
+    steps = steps_to_train(window, 64, 2, generator)
+    assert steps.shape == (64, 2)
+    assert all(len(set(row)) == 2 and set(row) <= {2, 3, 4, 5} for row in steps.tolist())
+    assert len({tuple(sorted(row)) for row in steps.tolist()}) > 1
+    assert torch.equal(steps, steps_to_train(window, 64, 2, torch.Generator().manual_seed(0)))
+    assert (torch.bincount(steps.flatten(), minlength=6)[2:] > 16).all()  # each step about 32 times of 128
+
+    state = generator.get_state()
+    for k in (None, 4):
+        assert steps_to_train(window, 3, k, generator).tolist() == [[2, 3, 4, 5]] * 3
+    assert torch.equal(generator.get_state(), state)
 
 
 @pytest.mark.parametrize("module", ["dit_trainer.grpo.build", "dit_trainer.grpo.trainer"])

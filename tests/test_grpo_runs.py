@@ -83,11 +83,14 @@ def init_weights(init_run) -> Path:
     return init_run / "checkpoints" / "checkpoint-10" / "transformer_ema"
 
 
+RANDOM_STEPS = "grpo.steps_per_trajectory=2"  # of the 3 noisy steps: the draws must resume too
+
+
 @pytest.fixture(scope="module")
 def grpo_run(init_run, tmp_path_factory) -> Path:
-    """4 GRPO epochs from ``init_run``, a checkpoint every 2."""
+    """4 GRPO epochs from ``init_run``, a checkpoint every 2, each trajectory training 2 random steps of its 3."""
     run_dir = tmp_path_factory.mktemp("grpo") / "run"
-    train_grpo(init_run, run_dir)
+    train_grpo(init_run, run_dir, RANDOM_STEPS)
     return run_dir
 
 
@@ -163,8 +166,8 @@ def test_sample_and_evaluate_read_a_grpo_run(grpo_run, tmp_path):
 @pytest.mark.slow
 def test_a_resumed_grpo_run_matches_the_uninterrupted_one(grpo_run, init_run, tmp_path):
     run_dir = tmp_path / "resumed"
-    train_grpo(init_run, run_dir, epochs=2)
-    result = train_grpo(init_run, run_dir, "trainer.resume=latest", epochs=4)
+    train_grpo(init_run, run_dir, RANDOM_STEPS, epochs=2)
+    result = train_grpo(init_run, run_dir, RANDOM_STEPS, "trainer.resume=latest", epochs=4)
     assert "Trained 4 steps" in result.stdout
     straight, resumed = read_metrics(grpo_run), read_metrics(run_dir)
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
@@ -219,6 +222,9 @@ def test_grpo_config_refuses_what_it_cannot_start_from(fake_init_run, tmp_path):
     with pytest.raises(ConfigError, match=r"grpo\.init_from.*neither a run folder") as error:
         _grpo_config(not_a_run)
     assert str(not_a_run) in str(error.value) and exit_code(error.value) == 2
+
+    with pytest.raises(ConfigError, match=r"grpo\.steps_per_trajectory.*only 3 trained steps.*=3` or lower"):
+        _grpo_config(fake_init_run, "grpo.steps_per_trajectory=4")  # 4 sampler steps, the last deterministic
 
     from dit_trainer.training.run import save_resolved_config
 

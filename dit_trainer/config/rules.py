@@ -227,6 +227,14 @@ def _check_grpo(cfg: TrainConfig) -> None:
         f"{g.sample_steps}` sampler steps (the last step is deterministic)",
         "lower `grpo.sde_start` or `grpo.sde_steps`, or raise `grpo.sample_steps`",
     )
+    window_size = g.sde_steps or g.sample_steps - 1 - g.sde_start
+    require(
+        g.steps_per_trajectory is None or g.steps_per_trajectory <= window_size,
+        "grpo.steps_per_trajectory",
+        g.steps_per_trajectory,
+        f"a trajectory has only {window_size} trained steps (the `grpo.sde_start`/`sde_steps` window) to draw from",
+        f"set `grpo.steps_per_trajectory={window_size}` or lower, or null for all of them",
+    )
     require(
         g.prompts_per_epoch * g.group_size >= g.minibatches,
         "grpo.minibatches",

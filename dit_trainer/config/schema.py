@@ -339,6 +339,9 @@ class GRPOConfig:
     # `sde_start`, `sde_steps` of them (null: every step that can; the last is always deterministic).
     sde_start: int = at_least(0, 0)
     sde_steps: int | None = at_least(1, None, note="or null for all")
+    # Of the window's steps, how many each trajectory trains per epoch: a random subset per trajectory (DanceGRPO's
+    # and Flow-GRPO's timestep_fraction), for cheaper updates and so more epochs. Null: every step of the window.
+    steps_per_trajectory: int | None = at_least(1, None, note="or null for every step of the window")
     clip_range: float = positive(1e-4)  # PPO's clip of the ratio, on the per-dimension mean log-prob scale
     adv_clip_max: float = positive(5.0)  # advantages are clamped to +- this
     advantage_std: str = one_of(("group", "global"), "group")  # divide by each group's std or by all rewards'

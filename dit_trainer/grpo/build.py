@@ -29,6 +29,7 @@ def grpo_settings(cfg: TrainConfig) -> GRPOSettings:
         passes=g.passes,
         rollout_batch_size=g.rollout_batch_size,
         eps=g.eps,
+        steps_per_trajectory=g.steps_per_trajectory,
         train_unconditional=g.train_unconditional,
     )
 

@@ -5,7 +5,8 @@ the ``Trainer``'s.
 An epoch on each process: draw ``prompts_per_epoch`` prompts, roll out ``group_size`` trajectories each with the
 raw weights (``roll_out``), decode and score the final latents, turn rewards into advantages within each prompt's
 group (statistics gathered over processes), then ``passes`` x ``minibatches`` optimizer updates of the clipped
-policy loss over the trained steps of the kept trajectories. The model stays in eval mode throughout (no dropout):
+policy loss over the trained steps of the kept trajectories (every step of the noisy window, or a random
+``steps_per_trajectory`` of them per trajectory). The model stays in eval mode throughout (no dropout):
 the policy that rolls out is exactly the one that is updated, so the first update's ratio is 1.
 """
 
@@ -46,6 +47,17 @@ class GRPOSettings:
     rollout_batch_size: int
     eps: float
     train_unconditional: bool = True
+    steps_per_trajectory: int | None = None
+
+
+def steps_to_train(window: torch.Tensor, count: int, k: int | None, generator: torch.Generator) -> torch.Tensor:
+    """(count, k) CPU: the steps each of ``count`` trajectories trains this epoch: the whole ``window``, or ``k`` of
+    its steps drawn per trajectory from ``generator`` (the run's checkpointed one, so a resumed run draws the same)."""
+    window = window.cpu()
+    if k is None or k == len(window):
+        return window.expand(count, -1)
+    draws = torch.rand(count, len(window), generator=generator, device=generator.device)
+    return window[draws.argsort(dim=1)[:, :k].cpu()]
 
 
 class GRPOTrainer(Trainer):
@@ -164,12 +176,13 @@ class GRPOTrainer(Trainer):
             zero = torch.zeros((), device=self.accelerator.device)
             return zero, zero, {"policy/updates": 0}
         kept = self._kept(zero_std)
+        steps = steps_to_train(self.trained_steps, len(zero_std), self.grpo.steps_per_trajectory, self.state.generator)
         losses, statistics, grad_norm = [], [], torch.zeros(())
         generator = self.state.generator
         for _ in range(self.grpo.passes):
             order = kept[torch.randperm(len(kept), generator=generator, device=generator.device).cpu()]
             for trajectories in torch.tensor_split(order, self.grpo.minibatches):
-                loss, grad_norm, stats = self._optimizer_update(rollout, advantages, trajectories)
+                loss, grad_norm, stats = self._optimizer_update(rollout, advantages, trajectories, steps[trajectories])
                 losses.append(loss)
                 statistics.append(stats)
         metrics = {"policy/updates": len(losses), "policy/trained_trajectories": len(kept)}
@@ -189,11 +202,11 @@ class GRPOTrainer(Trainer):
         return summary
 
     def _optimizer_update(
-        self, rollout: Rollout, advantages: torch.Tensor, trajectories: torch.Tensor
+        self, rollout: Rollout, advantages: torch.Tensor, trajectories: torch.Tensor, trajectory_steps: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-        """One update on every trained step of ``trajectories``, all in one forward and backward."""
-        rows = trajectories.repeat_interleave(len(self.trained_steps)).to(rollout.samples.device)
-        steps = self.trained_steps.repeat(len(trajectories)).to(rollout.samples.device)
+        """One update on ``trajectory_steps[i]`` (CPU) of each of ``trajectories``, all in one forward and backward."""
+        rows = trajectories.repeat_interleave(trajectory_steps.shape[1]).to(rollout.samples.device)
+        steps = trajectory_steps.flatten().to(rollout.samples.device)
         if not self._preflight_done:
             model = self.accelerator.unwrap_model(self.dit)
             preflight(model, lambda: self.policy_loss(model, rollout, advantages, rows, steps)[0].mean())
