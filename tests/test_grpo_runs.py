@@ -37,7 +37,7 @@ UPDATE_KEYS = {
 def grpo_overrides(init_dir: Path, *extra: str, epochs: int = 4) -> list[str]:
     """A tiny GRPO run from ``init_dir``: 2 prompts x 4 images an epoch, a 4-step sampler, one update an epoch
     (``grpo.passes=1``, ``grpo.minibatches=1``: on-policy). No model keys: those are the init run's. The rest
-    (optimizer, noise level, prompt sampling, no EMA) is ``shapes_grpo``'s."""
+    (optimizer, noise level, prompt sampling, the EMA) is ``shapes_grpo``'s."""
     return [
         "+experiment=shapes_grpo",
         f"grpo.init_from={init_dir}",
@@ -272,7 +272,7 @@ def test_a_lora_grpo_run_with_a_kl_penalty_saves_adapters_and_exports_them_merge
     result = run_script(["scripts/export.py", str(run_dir), f"out_dir={out_dir}"])
     assert result.returncode == 0, result.stderr[-3000:]
     manifest = json.loads((out_dir / "dit_trainer_export.json").read_text())
-    assert manifest["checkpoint"] == "checkpoint-3" and manifest["weights"] == "raw"  # no EMA: ema_decay=0
+    assert manifest["checkpoint"] == "checkpoint-3" and manifest["weights"] == "ema"  # shapes_grpo's EMA
     merged, start = weights(out_dir / "transformer"), weights(init_weights)
     assert sorted(merged) == sorted(start)  # a plain transformer, the adapter merged in
     changed = {name for name in start if not torch.equal(merged[name], start[name])}
