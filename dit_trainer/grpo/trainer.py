@@ -175,10 +175,10 @@ class GRPOTrainer(Trainer):
         if self.accelerator.reduce(signal, reduction="sum").item() == 0:
             zero = torch.zeros((), device=self.accelerator.device)
             return zero, zero, {"policy/updates": 0}
-        kept = self._kept(zero_std)
-        steps = steps_to_train(self.trained_steps, len(zero_std), self.grpo.steps_per_trajectory, self.state.generator)
-        losses, statistics, grad_norm = [], [], torch.zeros(())
         generator = self.state.generator
+        kept = self._kept(zero_std)
+        steps = steps_to_train(self.trained_steps, len(zero_std), self.grpo.steps_per_trajectory, generator)
+        losses, statistics, grad_norm = [], [], torch.zeros(())
         for _ in range(self.grpo.passes):
             order = kept[torch.randperm(len(kept), generator=generator, device=generator.device).cpu()]
             for trajectories in torch.tensor_split(order, self.grpo.minibatches):
