@@ -16,11 +16,13 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from dit_trainer.config import register_configs, to_train_config
-from dit_trainer.errors import EXIT_PREEMPTED, USER_ERRORS, exit_code
+from dit_trainer.config import register_configs
+from dit_trainer.config.command_line import check_command_line
+from dit_trainer.errors import EXIT_PREEMPTED, USER_ERRORS, ConfigError, exit_code
 from dit_trainer.failures import FailureWatch, is_multi_process, record_failure
-from dit_trainer.training.run import run
+from dit_trainer.run_config import to_train_config
 
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 register_configs()
 
 
@@ -29,7 +31,10 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     watch = FailureWatch(run_dir).start() if is_multi_process() else None  # the others stop with a failed one
     try:
-        result = run(to_train_config(cfg, HydraConfig.get().overrides.task), run_dir)
+        train_cfg = to_train_config(cfg, HydraConfig.get().overrides.task)
+        from dit_trainer.training.run import run  # the training stack: only once the config is known to be good
+
+        result = run(train_cfg, run_dir)
     except USER_ERRORS as error:
         if watch is not None:  # an error caused by another process's failure (a folder it removed) reports that
             watch.stop_if_failed_elsewhere(timeout=0.0)
@@ -54,4 +59,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    try:
+        check_command_line(sys.argv[1:], CONFIG_DIR)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(exit_code(error))
     main()

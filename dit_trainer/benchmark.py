@@ -30,14 +30,16 @@ from diffusers import DDPMScheduler
 from torch.utils.data import DataLoader, Dataset
 from torch.utils.flop_counter import FlopCounterMode
 
-from dit_trainer.components import Components, build_components
-from dit_trainer.config import TrainConfig, to_train_config
-from dit_trainer.data import build_dataset, collate_batch
+from dit_trainer.components.build import Components, build_components
+from dit_trainer.config import TrainConfig
 from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
 from dit_trainer.data.cache import open_cache
+from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.precompute import precompute
+from dit_trainer.data.source import build_dataset
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
-from dit_trainer.training.run import build_optimizer, build_trainer
+from dit_trainer.training.optim import build_optimizer
+from dit_trainer.training.run import build_trainer
 
 
 @dataclass
@@ -196,9 +198,8 @@ def flops_per_image(cfg: TrainConfig, parts: Components, device: torch.device) -
 
 
 def run_benchmark(cfg: TrainConfig, out_dir: Path, warmup: int = 5, steps: int = 20) -> dict:
-    """All four measurements; writes ``out_dir/benchmark.json`` (and the cache in ``out_dir/cache`` unless
-    ``data.cache_dir`` names one) and returns what it wrote."""
-    cfg = to_train_config(cfg)
+    """All four measurements of a validated ``cfg``; writes ``out_dir/benchmark.json`` (and the cache in
+    ``out_dir/cache`` unless ``data.cache_dir`` names one) and returns what it wrote."""
     private = cfg.privacy.enabled
     cfg = replace(cfg, privacy=replace(cfg.privacy, enabled=False))  # (a)-(d) measure the non-private trainer
     out_dir.mkdir(parents=True, exist_ok=True)

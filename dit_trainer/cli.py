@@ -14,13 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from dit_trainer.config import TrainConfig, register_configs, to_train_config
+from dit_trainer.config import TrainConfig, register_configs
 from dit_trainer.errors import EXIT_BAD_INPUT, USER_ERRORS, exit_code
+from dit_trainer.run_config import compose_train_config
 
 # A bad override (an unknown key, a value of the wrong type) is bad input too.
 PARSE_ERRORS = (HydraException, OmegaConfBaseException)
@@ -51,13 +51,6 @@ def run_cli(main: Callable[[T], str], schema: type[T], argv: list[str], usage: s
     """Parse ``argv`` onto ``schema``, run ``main`` and print what it returns."""
     register_configs()
     return _report(lambda: (main(parse_cli(schema, argv)), 0), usage)
-
-
-def compose_train_config(config_dir: Path, overrides: list[str]) -> TrainConfig:
-    """The validated config ``train.py`` would build from ``overrides``."""
-    register_configs()
-    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        return to_train_config(compose(config_name="train", overrides=overrides))
 
 
 def run_train_script(config_dir: Path, overrides: list[str], main: Callable[[TrainConfig], tuple[str, int]]) -> int:

@@ -37,6 +37,12 @@ class ConfigError(ValueError):
         self.value = value
 
 
+def require(ok: bool, key: str, value: Any, accepted: str, fix: str | None = None) -> None:
+    """Raise ``ConfigError(key, value, accepted, fix)`` unless ``ok``: how every config check reads."""
+    if not ok:
+        raise ConfigError(key, value, accepted, fix)
+
+
 class ModelLoadError(RuntimeError):
     """A model could not be loaded; the message names the id/path, the config key and the way out."""
 

@@ -1,48 +1,38 @@
-"""Judging a trained run: N prompts x G images scored with the run's rewards, plus colour and shape accuracy for
-the shapes data (read from the pixels); and FID / KID of samples against the run's validation images."""
+"""Judging a trained run: N prompts x G images scored with the run's rewards, plus what the data set's own judge
+reads from the pixels (shapes: colour and shape accuracy); and FID / KID of samples against the run's validation
+images."""
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from dit_trainer.config import EvaluateConfig, RewardConfig, TrainConfig, check_fields
+from dit_trainer.config import EvaluateConfig, RewardConfig, TrainConfig
 from dit_trainer.data import SOURCES
-from dit_trainer.data.shapes import CAPTIONS, alignment_components
-from dit_trainer.data.split import unaugmented, validation_images
-from dit_trainer.diffusion import SamplerSettings
+from dit_trainer.diffusion.sampler import SamplerSettings
 from dit_trainer.errors import ConfigError
-from dit_trainer.fid import (
-    ReferenceSet,
-    build_feature_extractor,
-    cached_reference_set,
-    distances,
-    extract_features,
-    reference_set,
-)
+from dit_trainer.fid import build_feature_extractor, sample_distances, validation_reference
 from dit_trainer.images import image_grid
-from dit_trainer.inference import TrainedRun, load_run
+from dit_trainer.inference import TrainedRun, check_sampling_args, load_run
 from dit_trainer.prompts import load_prompts
-from dit_trainer.rewards import REWARDS, build_reward, reward_metrics
+from dit_trainer.rewards import REWARDS
+from dit_trainer.rewards.build import build_reward
+from dit_trainer.rewards.grpo import reward_metrics
 
 
 def evaluation_prompts(cfg: EvaluateConfig, run_cfg: TrainConfig) -> list[str]:
-    """The prompts given, else the run's reward-monitor prompts, else (shapes) every caption, else its sample
-    prompts: by default a run is judged on what it was watched with."""
+    """The prompts given, else the run's reward-monitor prompts, else every caption of a data set with a closed set
+    of them (shapes), else its sample prompts: by default a run is judged on what it was watched with."""
     if cfg.prompts or cfg.prompt_file:
         return load_prompts(cfg.prompts, cfg.prompt_file)
     grpo = run_cfg.monitor.grpo
     if grpo.prompts or grpo.prompt_file:
         return load_prompts(grpo.prompts, grpo.prompt_file, "monitor.grpo.")
-    if run_cfg.data.source == "shapes":
-        return list(CAPTIONS)
-    return list(run_cfg.trainer.sample_prompts)
+    captions = SOURCES.get(run_cfg.data.source).captions
+    return captions() if captions is not None else list(run_cfg.trainer.sample_prompts)
 
 
 def evaluation_reward(cfg: EvaluateConfig, run_cfg: TrainConfig) -> RewardConfig:
@@ -60,12 +50,6 @@ def evaluation_reward(cfg: EvaluateConfig, run_cfg: TrainConfig) -> RewardConfig
             f"pass the rewards to score with, e.g. `weights.{next(iter(REWARDS))}=1.0` (names: {', '.join(REWARDS)})",
         )
     return reward
-
-
-def shapes_accuracy(images: torch.Tensor, prompts: list[str]) -> dict[str, float]:
-    """Share of images showing the captioned colour, and the captioned shape."""
-    color_ok, shape_ok = alignment_components(images, prompts)
-    return {"color": color_ok.mean().item(), "shape": shape_ok.mean().item()}
 
 
 def reward_report(
@@ -90,78 +74,14 @@ def reward_report(
         "rewards": reward_cfg.weights,
         **reward_metrics(scores, rewards, group),
     }
-    if run.cfg.data.source == "shapes":
-        report |= shapes_accuracy(images, all_prompts)
+    judge = SOURCES.get(run.cfg.data.source).judge
+    if judge is not None:  # what the data set's own judge reads from the images (shapes: colour, shape)
+        report |= judge(images, all_prompts)
     report["per_prompt"] = [
         {"prompt": prompt, "reward_mean": values.mean().item(), "rewards": values.tolist()}
         for prompt, values in zip(prompts, rewards.view(len(prompts), group))
     ]
     return report, images, rewards
-
-
-def reference_fingerprint(run_cfg: TrainConfig, extractor: nn.Module) -> dict:
-    """What the validation images' features depend on: the data, its content where a source can tell cheaply,
-    the held-out selection, and the feature extractor."""
-    data, validation = run_cfg.data, run_cfg.validation
-    content = SOURCES[data.source].content
-    fields = ("source", "path", "split", "image_column", "caption_column", "caption_columns", "resolution", "crop")
-    return {
-        "data": {name: getattr(data, name) for name in fields} | {"length": data.length, "seed": data.seed},
-        "content": content(unaugmented(data, validation.path or data.path)) if content else None,
-        "held_out": {"split": validation.split, "seed": validation.seed, "path": validation.path},
-        "features": extractor.identity,
-    }
-
-
-def reference_cache_dir(cache_dir: str | None, run_cfg: TrainConfig) -> Path:
-    """``cache_dir``, else the run's latent cache folder, else the user's cache folder."""
-    if cache_dir:
-        return Path(cache_dir).expanduser()
-    if run_cfg.data.cache_dir:
-        return Path(run_cfg.data.cache_dir).expanduser() / "fid_reference"
-    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "dit_trainer" / "fid_reference"
-
-
-def validation_reference(
-    run_cfg: TrainConfig, extractor: nn.Module, cache_dir: str | None, device: torch.device, batch_size: int
-) -> ReferenceSet:
-    """The features and captions of the run's validation images, computed once and cached."""
-    held_out = validation_images(run_cfg.data, run_cfg.validation)
-    if held_out is None:  # the config rules refuse a FID monitor without validation; evaluate.py checks here
-        raise ConfigError(
-            "metrics",
-            ["fid"],
-            "FID compares samples with the run's validation images, and this run holds none out (its "
-            "`validation.every_n_steps` is 0)",
-            "train with validation (`validation.every_n_steps=5000 validation.split=0.01`, or `validation.path=...`)",
-        )
-    return cached_reference_set(
-        reference_cache_dir(cache_dir, run_cfg),
-        reference_fingerprint(run_cfg, extractor),
-        lambda: reference_set(held_out, extractor, device, batch_size),
-    )
-
-
-def sample_distances(
-    generate: Callable[[list[str], list[int]], torch.Tensor],
-    reference: ReferenceSet,
-    extractor: nn.Module,
-    count: int | None,
-    seed: int,
-    batch_size: int,
-    device: torch.device,
-) -> dict[str, float]:
-    """FID and KID of ``count`` samples (default: one per reference image; sample ``i`` for reference caption
-    ``i``, cycled, with seed ``seed + i``) against the reference set."""
-    count = count or len(reference.captions)
-    prompts = [reference.captions[i % len(reference.captions)] for i in range(count)]
-    images = generate(prompts, [seed + i for i in range(count)])
-    samples = extract_features(extractor, images.split(batch_size), device)
-    return {
-        "fid_images": count,
-        "fid_reference_images": len(reference.captions),
-        **distances(reference.features, samples, seed),
-    }
 
 
 def fid_report(run: TrainedRun, cfg: EvaluateConfig, settings: SamplerSettings) -> dict:
@@ -199,7 +119,7 @@ def evaluate(run: TrainedRun, cfg: EvaluateConfig) -> tuple[dict, torch.Tensor |
 
 def evaluate_to_folder(cfg: EvaluateConfig) -> tuple[Path, dict]:
     """Write ``report.json`` and ``grid.png`` (one row per prompt, each image captioned with its reward)."""
-    check_fields(cfg)
+    check_sampling_args(cfg)
     run = load_run(cfg.run_dir, cfg.checkpoint, cfg.ema).at_size(cfg.height, cfg.width)
     out_dir = Path(cfg.out_dir).expanduser() if cfg.out_dir else Path(cfg.run_dir) / "eval" / run.checkpoint.name
     report, images, rewards = evaluate(run, cfg)

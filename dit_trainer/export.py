@@ -1,20 +1,17 @@
 """Export one checkpoint of a run for the diffusers ecosystem (``scripts/export.py``).
 
-Two layouts, chosen by the run's text encoder:
+The layout is the model family's (``Family.export``):
 
-- **T5 runs** (``T5EncoderModel``, as PixArt) become a complete folder of the model family's pipeline
-  (``PixArtAlphaPipeline``, ``PixArtSigmaPipeline``: ``transformer/``, ``vae/``, ``text_encoder/``, ``tokenizer/``,
-  ``scheduler/``, ``model_index.json``), so ``PixArtAlphaPipeline.from_pretrained(folder)`` generates images with no
-  dit-trainer installed.
+- **PixArt runs with a T5 text encoder** become a complete folder of the family's pipeline (``PixArtAlphaPipeline``,
+  ``PixArtSigmaPipeline``: ``transformer/``, ``vae/``, ``text_encoder/``, ``tokenizer/``, ``scheduler/``,
+  ``model_index.json``), so ``PixArtAlphaPipeline.from_pretrained(folder)`` generates images with no dit-trainer
+  installed; with another text encoder (the shapes default's MiniLM/BERT, CLIP) the folder holds ``transformer/``,
+  ``vae/`` and ``scheduler/`` and ``dit_trainer_export.json`` names the text encoder (the JSON's ``usage`` shows
+  how the pieces assemble into the same pipeline class).
 - **Class-conditional runs** (``model.family=dit``) become a ``DiTPipeline`` folder (``transformer/``, ``vae/``,
   ``scheduler/``); the class names are in the manifest (``DiTPipeline`` takes class ids).
-- **Other text encoders** (the shapes default's MiniLM/BERT, CLIP) are not copied: the folder holds
-  ``transformer/``, ``vae/`` and ``scheduler/`` in diffusers format, and ``dit_trainer_export.json`` names the text
-  encoder (id or path, subfolders, ``max_length``). ``PixArtAlphaPipeline`` only calls
-  ``text_encoder(input_ids, attention_mask=mask)[0]``, which is the last hidden state our ``FrozenTextEncoder``
-  conditions on, so the pieces assemble into the same pipeline class (the JSON's ``usage`` shows how).
 
-Both layouts write ``dit_trainer_export.json``: which checkpoint and weights (EMA or raw), the dtype, and the
+Every export writes ``dit_trainer_export.json``: which checkpoint and weights (EMA or raw), the dtype, and the
 generation settings that reproduce the run's sampler (``max_sequence_length`` must be the run's
 ``text_encoder.max_length``; resolution binning must be off for sample sizes other than PixArt's own). Its paths are
 relative to the export folder (``run_dir``, the ``usage`` snippet's ``folder``), so an export moved with or without
@@ -46,22 +43,23 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import diffusers
 import psutil
 import torch
-from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ModelMixin
-from transformers import T5EncoderModel
+from diffusers import AutoencoderKL, ModelMixin
 
-from dit_trainer.components import load_transformer, merge_adapter
+from dit_trainer.components.dit import load_transformer
 from dit_trainer.components.families import FAMILIES
+from dit_trainer.components.families.base import ExportParts
+from dit_trainer.components.lora import merge_adapter
 from dit_trainer.components.vae import FrozenVAE
-from dit_trainer.config import ExportConfig, TrainConfig, check_fields
+from dit_trainer.config import ExportConfig
+from dit_trainer.diffusion.checks import check_sampler
 from dit_trainer.errors import ConfigError
-from dit_trainer.inference import find_checkpoint, load_run
-from dit_trainer.run_folder import read_run_config, weights_format
+from dit_trainer.inference import check_sampling_args, load_run
+from dit_trainer.run_config import read_run_config
+from dit_trainer.run_folder import find_checkpoint, weights_layout
 
 MANIFEST = "dit_trainer_export.json"
-DIT_PIPELINE_CLASSES = 1000  # DiTPipeline's null class id is 1000: ImageNet's class count
 
 
 @dataclass
@@ -195,117 +193,16 @@ def _cast(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return module if dtype == torch.float32 else module.to(dtype)  # float32 already; .to() would only warn
 
 
-def _kwargs(**values) -> str:
-    return ", ".join(f"{key}={value!r}" for key, value in values.items() if value is not None)
-
-
-# The PixArt pipelines predate flow matching: they scale the first latents by the scheduler's ``init_noise_sigma`` and
-# calls ``scale_model_input``, which FlowMatchEulerDiscreteScheduler lacks. For flow matching both are the identity,
-# so the printed recipe supplies them (the exported pipeline then reproduces our sampler).
-FLOW_MATCHING_PATCH = (
-    "# The PixArt pipelines predate flow matching: give the scheduler the two identity members they expect\n"
-    "pipe.scheduler.init_noise_sigma = 1.0\n"
-    "pipe.scheduler.scale_model_input = lambda sample, timestep=None: sample\n"
-)
-
-
-def _usage(folder: str, cfg: TrainConfig, manifest: dict, text_encoder_class: str | None) -> str:
-    """Python that loads the export in ``folder`` and generates an image as our sampler would."""
-    generation, pipeline, transformer = (manifest[key] for key in ("generation", "pipeline_class", "transformer_class"))
-    if "classes" in manifest:
-        first = manifest["classes"]["names"][0]
-        return (
-            f"from diffusers import {pipeline}\n\npipe = {pipeline}.from_pretrained({folder!r})\n"
-            f"image = pipe(class_labels=[0], num_inference_steps={generation['num_inference_steps']}, "
-            f"guidance_scale={generation['guidance_scale']}).images[0]  # class 0: {first!r}"
-        )
-    patch = FLOW_MATCHING_PATCH if manifest["scheduler_class"] == FlowMatchEulerDiscreteScheduler.__name__ else ""
-    call = patch + (
-        f'image = pipe("a red circle", height={generation["height"]}, width={generation["width"]}, '
-        f"num_inference_steps={generation['num_inference_steps']}, guidance_scale={generation['guidance_scale']},\n"
-        f"             max_sequence_length={generation['max_sequence_length']}, use_resolution_binning=False, "
-        "clean_caption=False).images[0]"
-    )
-    dtype = manifest["dtype"]
-    cast = dtype != "float32"
-    imports, to_dtype = ("import torch\n", f".to(torch.{dtype})") if cast else ("", "")
-    torch_dtype = f", torch_dtype=torch.{dtype}" if cast else ""
-    if text_encoder_class is None:
-        return (
-            f"{imports}from diffusers import {pipeline}\n\n"
-            f"pipe = {pipeline}.from_pretrained({folder!r}{torch_dtype})"
-            f"\n{call}"
-        )
-    te = cfg.text_encoder
-    te_args = _kwargs(subfolder=te.subfolder, revision=te.revision)
-    tok_args = _kwargs(subfolder=te.tokenizer_subfolder, revision=te.revision)
-    scheduler = manifest["scheduler_class"]
-    return (
-        f"{imports}from diffusers import AutoencoderKL, {scheduler}, {pipeline}, "
-        f"{transformer}\nfrom transformers import AutoTokenizer, {text_encoder_class}\n\n"
-        f"folder, text_encoder = {folder!r}, {te.pretrained!r}\n"
-        f"pipe = {pipeline}(\n"
-        f"    tokenizer=AutoTokenizer.from_pretrained(text_encoder{', ' + tok_args if tok_args else ''}),\n"
-        f"    text_encoder={text_encoder_class}.from_pretrained(text_encoder{', ' + te_args if te_args else ''}),\n"
-        f'    transformer={transformer}.from_pretrained(folder, subfolder="transformer"),\n'
-        '    vae=AutoencoderKL.from_pretrained(folder, subfolder="vae"),\n'
-        f'    scheduler={scheduler}.from_pretrained(folder, subfolder="scheduler"),\n'
-        f"){to_dtype}\n{call}"
-    )
-
-
-def _text_conditioning(cfg: TrainConfig, text_encoder, bundled: bool) -> dict:
-    """The manifest's text encoder (bundled in the folder, or named) and the pipeline call that reproduces our
-    sampler."""
-    te = cfg.text_encoder
-    return {
-        "text_encoder": {
-            "bundled": bundled,
-            "pretrained": "text_encoder" if bundled else te.pretrained,
-            "subfolder": None if bundled else te.subfolder,
-            "tokenizer_subfolder": "tokenizer" if bundled else te.tokenizer_subfolder,
-            "revision": None if bundled else te.revision,
-            "class": type(text_encoder.model).__name__,
-            "max_length": te.max_length,
-            "conditioning": "last_hidden_state and attention_mask of the prompt tokenized with "
-            "padding='max_length', truncation=True, max_length=max_length; the empty prompt '' is the "
-            "unconditional branch of classifier-free guidance",
-        },
-        "generation": {
-            "height": cfg.data.resolution,
-            "width": cfg.data.resolution,
-            "num_inference_steps": cfg.diffusion.sample_steps,
-            "guidance_scale": cfg.diffusion.guidance_scale,
-            "negative_prompt": "",
-            "max_sequence_length": te.max_length,
-            "use_resolution_binning": False,
-            "clean_caption": False,
-        },
-    }
-
-
-def _class_conditioning(cfg: TrainConfig) -> dict:
-    """The manifest's classes (id = position; the null class, CFG's unconditional branch, is the next id) and the
-    pipeline call. ``DiTPipeline`` takes class 1000 as the null class, so its guidance matches ours only for
-    1,000-class models; with other class counts it generates as ours does at ``guidance_scale=1``."""
-    classes = cfg.text_encoder.classes
-    guidance = cfg.diffusion.guidance_scale if len(classes) == DIT_PIPELINE_CLASSES else 1.0
-    return {
-        "classes": {"names": classes, "null_class": len(classes)},
-        "generation": {"num_inference_steps": cfg.diffusion.sample_steps, "guidance_scale": guidance},
-    }
-
-
 def export_run(cfg: ExportConfig) -> ExportResult:
     """Write ``cfg.checkpoint`` of ``cfg.run_dir`` to ``cfg.out_dir`` (see the module docstring for the layouts).
 
     Everything that can be checked without loading models is checked first, and the folder is written under a
     staging name and renamed at the end: a refused or failed export leaves ``out_dir`` as it was.
     """
-    check_fields(cfg)
+    check_sampling_args(cfg)
     run_dir = Path(cfg.run_dir).expanduser()
     train_cfg = read_run_config(run_dir)
-    family = FAMILIES[train_cfg.model.family]
+    family = FAMILIES.get(train_cfg.model.family)
     if train_cfg.vae.kind == "pixel":
         raise ConfigError(
             "vae.kind",
@@ -315,10 +212,11 @@ def export_run(cfg: ExportConfig) -> ExportResult:
             "generate with `scripts/sample.py` instead; the checkpoint's `transformer/` folder is already a "
             f"diffusers {family.transformer_class.__name__}",
         )
+    sampler = cfg.sampler or train_cfg.diffusion.sampler
+    check_sampler(train_cfg.diffusion.objective, sampler, "sampler")
     checkpoint = find_checkpoint(run_dir, cfg.checkpoint)
     out_dir = Path(cfg.out_dir).expanduser() if cfg.out_dir else run_dir / "export" / checkpoint.name
     _check_out_dir(out_dir)
-    sampler = cfg.sampler or train_cfg.diffusion.sampler
     dtype = getattr(torch, cfg.dtype)
 
     remove_stale_staging(out_dir)
@@ -326,54 +224,45 @@ def export_run(cfg: ExportConfig) -> ExportResult:
     try:
         run = load_run(run_dir, str(checkpoint), cfg.ema, device="cpu")
         parts = run.text_to_image
-        weights = weights_format(train_cfg.lora.enabled).weights_dir(checkpoint, cfg.ema)
+        weights = weights_layout(train_cfg.lora.enabled).weights_dir(checkpoint, cfg.ema)
         transformer = run.dit.transformer
         if train_cfg.lora.enabled:  # a plain diffusers transformer: the base with the adapter merged in
-            transformer = merge_adapter(load_transformer(train_cfg.model), train_cfg.lora, weights)
-        transformer = _cast(clean_transformer(transformer), dtype)
-        vae = _cast(fold_latent_normalisation(parts.vae), dtype)
+            base = load_transformer(train_cfg.model)
+            transformer = merge_adapter(base, train_cfg.lora, weights, family.lora_targets)
         scheduler = parts.schedule.diffusers_sampler(sampler)
-        text_encoder = parts.text_encoder
-        classes = family.condition == "class"
-        bundled = classes or isinstance(text_encoder.model, T5EncoderModel)  # a whole pipeline folder
+        exported = family.export(
+            ExportParts(
+                cfg=train_cfg,
+                transformer=_cast(clean_transformer(transformer), dtype),
+                vae=_cast(fold_latent_normalisation(parts.vae), dtype),
+                scheduler=scheduler,
+                text_encoder=parts.text_encoder,
+                pipeline=family.pipeline,
+                dtype=cfg.dtype,
+            )
+        )
         manifest = {
             "format": "dit-trainer export 1",
             "run_dir": os.path.relpath(run_dir.resolve(), out_dir.resolve()),  # from this folder
             "checkpoint": checkpoint.name,
             "weights": "ema" if weights.name.endswith("_ema") else "raw",
             "dtype": cfg.dtype,
-            "pipeline": family.pipeline if bundled else None,
+            "pipeline": family.pipeline if exported.bundled else None,
             "pipeline_class": family.pipeline,
             "transformer_class": family.transformer_class.__name__,
             "scheduler_class": type(scheduler).__name__,
             "latents": "per-channel normalisation folded into vae/ (quant_conv, post_quant_conv): decode with "
             f"vae.decode(latents / vae.config.scaling_factor), as {family.pipeline} does",
-            **(_class_conditioning(train_cfg) if classes else _text_conditioning(train_cfg, text_encoder, bundled)),
+            **exported.manifest,
+            "usage": exported.usage("."),  # wherever the folder is moved
         }
-        text_encoder_class = None if bundled else type(text_encoder.model).__name__
-        manifest["usage"] = _usage(".", train_cfg, manifest, text_encoder_class)  # wherever the folder is moved
-        pipeline_class = getattr(diffusers, family.pipeline)
-        if classes:
-            pipeline_class(transformer=transformer, vae=vae, scheduler=scheduler).save_pretrained(staging)
-        elif bundled:
-            pipeline = pipeline_class(
-                tokenizer=text_encoder.tokenizer,
-                text_encoder=_cast(text_encoder.model, dtype),
-                vae=vae,
-                transformer=transformer,
-                scheduler=scheduler,
-            )
-            pipeline.save_pretrained(staging)
-        else:
-            transformer.save_pretrained(staging / "transformer")
-            vae.save_pretrained(staging / "vae")
-            scheduler.save_pretrained(staging / "scheduler")
+        exported.save(staging)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         _publish(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return ExportResult(out_dir, bundled, manifest, _usage(str(out_dir), train_cfg, manifest, text_encoder_class))
+    return ExportResult(out_dir, exported.bundled, manifest, exported.usage(str(out_dir)))
 
 
 def _publish(staging: Path, out_dir: Path) -> None:

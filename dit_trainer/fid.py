@@ -12,11 +12,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -27,15 +27,14 @@ from torch.utils.data import DataLoader, Dataset
 from torchmetrics.image.fid import FrechetInceptionDistance
 from torchmetrics.image.kid import KernelInceptionDistance
 
+from dit_trainer.config import TrainConfig, VAEConfig
+from dit_trainer.data import SOURCES
 from dit_trainer.data.collate import collate_batch
+from dit_trainer.data.split import unaugmented, validation_images
 from dit_trainer.durable import write_atomically
 from dit_trainer.errors import ConfigError
 
-if TYPE_CHECKING:
-    from dit_trainer.config import VAEConfig
-
 logger = logging.getLogger(__name__)
-FID_FEATURES = ("inception", "vae")
 KID_SUBSET_SIZE = 1000  # torchmetrics' default; smaller sets use all their images per subset
 
 
@@ -164,3 +163,68 @@ def distances(real: torch.Tensor, fake: torch.Tensor, seed: int = 0) -> dict[str
         torch.manual_seed(seed)
         kid_mean, kid_std = kid.compute()
     return {"fid": fid.compute().item(), "kid_mean": kid_mean.item(), "kid_std": kid_std.item()}
+
+
+def reference_fingerprint(run_cfg: TrainConfig, extractor: nn.Module) -> dict:
+    """What the validation images' features depend on: the data, its content where a source can tell cheaply,
+    the held-out selection, and the feature extractor."""
+    data, validation = run_cfg.data, run_cfg.validation
+    content = SOURCES.get(data.source).content
+    fields = ("source", "path", "split", "image_column", "caption_column", "caption_columns", "resolution", "crop")
+    return {
+        "data": {name: getattr(data, name) for name in fields} | {"length": data.length, "seed": data.seed},
+        "content": content(unaugmented(data, validation.path or data.path)) if content else None,
+        "held_out": {"split": validation.split, "seed": validation.seed, "path": validation.path},
+        "features": extractor.identity,
+    }
+
+
+def reference_cache_dir(cache_dir: str | None, run_cfg: TrainConfig) -> Path:
+    """``cache_dir``, else the run's latent cache folder, else the user's cache folder."""
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    if run_cfg.data.cache_dir:
+        return Path(run_cfg.data.cache_dir).expanduser() / "fid_reference"
+    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "dit_trainer" / "fid_reference"
+
+
+def validation_reference(
+    run_cfg: TrainConfig, extractor: nn.Module, cache_dir: str | None, device: torch.device, batch_size: int
+) -> ReferenceSet:
+    """The features and captions of the run's validation images, computed once and cached."""
+    held_out = validation_images(run_cfg.data, run_cfg.validation)
+    if held_out is None:  # the config rules refuse a FID monitor without validation; evaluate.py checks here
+        raise ConfigError(
+            "metrics",
+            ["fid"],
+            "FID compares samples with the run's validation images, and this run holds none out (its "
+            "`validation.every_n_steps` is 0)",
+            "train with validation (`validation.every_n_steps=5000 validation.split=0.01`, or `validation.path=...`)",
+        )
+    return cached_reference_set(
+        reference_cache_dir(cache_dir, run_cfg),
+        reference_fingerprint(run_cfg, extractor),
+        lambda: reference_set(held_out, extractor, device, batch_size),
+    )
+
+
+def sample_distances(
+    generate: Callable[[list[str], list[int]], torch.Tensor],
+    reference: ReferenceSet,
+    extractor: nn.Module,
+    count: int | None,
+    seed: int,
+    batch_size: int,
+    device: torch.device,
+) -> dict[str, float]:
+    """FID and KID of ``count`` samples (default: one per reference image; sample ``i`` for reference caption
+    ``i``, cycled, with seed ``seed + i``) against the reference set."""
+    count = count or len(reference.captions)
+    prompts = [reference.captions[i % len(reference.captions)] for i in range(count)]
+    images = generate(prompts, [seed + i for i in range(count)])
+    samples = extract_features(extractor, images.split(batch_size), device)
+    return {
+        "fid_images": count,
+        "fid_reference_images": len(reference.captions),
+        **distances(reference.features, samples, seed),
+    }

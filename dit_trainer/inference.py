@@ -9,20 +9,19 @@ from pathlib import Path
 
 import torch
 
-from dit_trainer.components import DiTAdapter, build_components, load_adapter
+from dit_trainer.components.build import build_components
+from dit_trainer.components.dit import DiTAdapter
+from dit_trainer.components.lora import load_adapter
 from dit_trainer.config import SampleConfig, TrainConfig, check_fields
-from dit_trainer.diffusion import SamplerSettings, TextToImage
+from dit_trainer.config.scripts import RunCheckpointArgs
+from dit_trainer.diffusion import SAMPLERS
+from dit_trainer.diffusion.checks import check_sampler
+from dit_trainer.diffusion.sampler import SamplerSettings, TextToImage
 from dit_trainer.errors import ConfigError, shortlist
 from dit_trainer.images import to_pil
 from dit_trainer.prompts import load_prompts
-from dit_trainer.run_folder import (
-    CHECKPOINTS,
-    check_writable_folder,
-    is_checkpoint,
-    read_run_config,
-    resolve_checkpoint,
-    weights_format,
-)
+from dit_trainer.run_config import read_run_config
+from dit_trainer.run_folder import check_writable_folder, find_checkpoint, weights_layout
 
 SAMPLE_INDEX = "index.jsonl"
 
@@ -40,8 +39,11 @@ class TrainedRun:
     def settings(
         self, steps: int | None = None, guidance_scale: float | None = None, sampler: str | None = None
     ) -> SamplerSettings:
-        """Sampler settings: the run's own ``diffusion.*`` values where an argument is None."""
+        """Sampler settings: the run's own ``diffusion.*`` values where an argument is None; a ``sampler`` that does
+        not sample the run's objective is a ``ConfigError`` naming it."""
         diffusion = self.cfg.diffusion
+        if sampler is not None:
+            check_sampler(diffusion.objective, sampler, "sampler")
         return SamplerSettings(
             steps or diffusion.sample_steps,
             diffusion.guidance_scale if guidance_scale is None else guidance_scale,
@@ -77,27 +79,11 @@ class TrainedRun:
         return self.text_to_image(self.dit, prompts, seeds, settings, batch_size)
 
 
-def find_checkpoint(run_dir: Path, spec: str) -> Path:
-    """``latest`` (the run's newest complete checkpoint) or the path of a checkpoint folder (one written before
-    checkpoints had a manifest too: reading weights needs no more)."""
-    path = Path(spec).expanduser() if spec != "latest" else None
-    if path is not None and not is_checkpoint(path):
-        raise ConfigError(
-            "checkpoint",
-            spec,
-            "it is not a checkpoint folder (one with a `transformer/` or `transformer_lora/` inside)",
-            f"use `checkpoint=latest` or a folder such as {run_dir / CHECKPOINTS}/checkpoint-1000",
-        )
-    path = path or resolve_checkpoint(spec, run_dir / CHECKPOINTS)
-    if path is None:
-        raise ConfigError(
-            "checkpoint",
-            spec,
-            f"{run_dir / CHECKPOINTS} holds no checkpoint yet",
-            "train longer (checkpoints are written every `trainer.checkpoint_every` steps and at the end), "
-            "or pass `checkpoint=PATH`",
-        )
-    return path
+def check_sampling_args(cfg: RunCheckpointArgs) -> None:
+    """A script's own arguments, before any run is read: the field checks, and a sampler dit-trainer knows."""
+    check_fields(cfg)
+    if cfg.sampler is not None:
+        SAMPLERS.check(cfg.sampler, "sampler")
 
 
 def require_safetensors(checkpoint: Path, weights: Path) -> None:
@@ -121,7 +107,7 @@ def load_run(
     run_dir = Path(run_dir).expanduser()
     cfg = read_run_config(run_dir)
     path = find_checkpoint(run_dir, checkpoint)
-    weights = weights_format(cfg.lora.enabled).weights_dir(path, ema)
+    weights = weights_layout(cfg.lora.enabled).weights_dir(path, ema)
     require_safetensors(path, weights)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
@@ -153,7 +139,7 @@ def refuse_overwrite(out_dir: Path, names: list[str]) -> None:
 def sample_to_folder(cfg: SampleConfig) -> Path:
     """Write one PNG per image and ``index.jsonl`` (``{"file", "prompt", "seed"}`` per image) into ``out_dir``,
     none of whose files are replaced (files are created exclusively)."""
-    check_fields(cfg)
+    check_sampling_args(cfg)
     prompts = load_prompts(cfg.prompts, cfg.prompt_file)
     jobs = [
         (prompt, cfg.seed + index)

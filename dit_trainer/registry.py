@@ -1,10 +1,17 @@
-"""Name -> implementation lookups for the config's choices (data sources, rewards, VAE and text-encoder kinds,
-objectives, samplers): the accepted names in every error come from the registry itself, so they cannot drift."""
+"""Registries: the names a config choice accepts (``model.family``, ``data.source``, ``reward.weights``, ...), each
+bound to the implementation it names, imported on first use.
+
+The names are plain strings, known without importing torch or diffusers (torchtitan keeps its model names the same
+way), so a config can be checked, and a wrong name answered with the accepted ones, in a fraction of a second. A
+name of the form ``package.module:ATTRIBUTE`` that is not in the table imports that attribute: a family, data source
+or reward of the user's own, in a module outside this package, with no file here edited.
+"""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Mapping
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from dit_trainer.errors import ConfigError
 
@@ -18,3 +25,60 @@ def lookup(registry: Mapping[str, T], key: str, name: str) -> T:
             key, name, f"accepted values are {', '.join(registry)}", f"set e.g. `{key}={next(iter(registry))}`"
         )
     return registry[name]
+
+
+def is_import_path(name: str) -> bool:
+    """``package.module:ATTRIBUTE``: a user's own entry, imported as written."""
+    module, colon, attribute = name.partition(":")
+    return bool(colon and module and attribute.isidentifier())
+
+
+def import_object(path: str, key: str) -> object:
+    """The attribute ``path`` (``package.module:ATTRIBUTE``) names; one that cannot be imported is a ``ConfigError``
+    naming ``key``."""
+    module_name, _, attribute = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(
+            key,
+            path,
+            f"the module `{module_name}` could not be imported ({error})",
+            "check the module name, and that its folder is on PYTHONPATH (or the package is installed)",
+        ) from error
+    if not hasattr(module, attribute):
+        raise ConfigError(key, path, f"the module `{module_name}` defines no `{attribute}`", "check the name")
+    return getattr(module, attribute)
+
+
+class Registry(Generic[T]):
+    """``name -> "module:ATTRIBUTE"`` for the config key ``key``, resolved (and imported) on first use."""
+
+    def __init__(self, key: str, entries: Mapping[str, str]) -> None:
+        self.key = key
+        self.entries = dict(entries)
+        self._resolved: dict[str, T] = {}
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (name in self.entries or is_import_path(name))
+
+    def check(self, name: str, key: str | None = None) -> None:
+        """Refuse a name that is neither registered nor an import path, without importing anything."""
+        if name not in self:
+            key = key or self.key
+            raise ConfigError(
+                key,
+                name,
+                f"accepted values are {', '.join(self.entries)} (or `package.module:ATTRIBUTE` for one of your own)",
+                f"set e.g. `{key}={next(iter(self.entries))}`",
+            )
+
+    def get(self, name: str, key: str | None = None) -> T:
+        """The implementation ``name`` stands for, imported now if it was not yet."""
+        self.check(name, key)
+        if name not in self._resolved:
+            self._resolved[name] = import_object(self.entries.get(name, name), key or self.key)  # type: ignore[assignment]
+        return self._resolved[name]

@@ -1,7 +1,7 @@
 """A run folder: what ``train.py`` writes there and how other tools find it again.
 
 Layout: ``config.yaml`` (the resolved config), ``metrics.jsonl``, ``checkpoints/checkpoint-N/`` (each complete one
-with a ``manifest.json`` listing its files and sizes, the trained weights in one of the ``WeightsFormat`` layouts),
+with a ``manifest.json`` listing its files and sizes, the trained weights in one of the ``WeightsLayout``s),
 ``samples/`` and ``rewards/``. The run folder is also checked before Hydra creates it: an unwritable or impossible
 path (a full or read-only disk, a file where a folder should be) becomes one paragraph naming ``hydra.run.dir``
 instead of a traceback from Hydra.
@@ -17,14 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from diffusers import ModelMixin
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig
 
-from dit_trainer.components.dit import load_trained_transformer
-from dit_trainer.components.lora import load_adapter, save_adapter
-from dit_trainer.config import TrainConfig, to_train_config
 from dit_trainer.errors import ConfigError, exit_code
 from dit_trainer.run_lock import RunFolderLock
 
@@ -35,25 +30,14 @@ MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)
-class WeightsFormat:
-    """Where and how a checkpoint keeps the trained weights: the raw ones in ``directory``, the EMA ones in
-    ``ema_directory``."""
+class WeightsLayout:
+    """Where a checkpoint keeps the trained weights: the raw ones in ``directory``, the EMA ones in
+    ``ema_directory``; ``lora``: an adapter in peft's format rather than a whole transformer
+    (``components.weights`` writes and reads them)."""
 
     directory: str
     ema_directory: str
     lora: bool
-
-    def save(self, transformer: ModelMixin, path: Path) -> None:
-        if self.lora:
-            save_adapter(transformer, path)
-        else:
-            transformer.save_pretrained(path)
-
-    def load(self, transformer: ModelMixin, path: Path) -> None:
-        if self.lora:
-            load_adapter(transformer, path)
-        else:
-            transformer.load_state_dict(load_trained_transformer(path, type(transformer)).state_dict())
 
     def weights_dir(self, checkpoint: Path, ema: bool) -> Path:
         """The EMA weights if asked for and saved, else the raw ones."""
@@ -62,11 +46,11 @@ class WeightsFormat:
         )
 
 
-FULL_WEIGHTS = WeightsFormat("transformer", "transformer_ema", lora=False)
-LORA_WEIGHTS = WeightsFormat("transformer_lora", "transformer_lora_ema", lora=True)
+FULL_WEIGHTS = WeightsLayout("transformer", "transformer_ema", lora=False)
+LORA_WEIGHTS = WeightsLayout("transformer_lora", "transformer_lora_ema", lora=True)
 
 
-def weights_format(lora: bool) -> WeightsFormat:
+def weights_layout(lora: bool) -> WeightsLayout:
     return LORA_WEIGHTS if lora else FULL_WEIGHTS
 
 
@@ -131,66 +115,27 @@ def resolve_checkpoint(spec: str | None, checkpoints_dir: Path) -> Path | None:
     return path
 
 
-def first_interpolation(node: Any, key: str = "") -> tuple[str, str] | None:
-    """The dotted key and text of the first ``${...}`` in a plain (unresolved) config tree, or None."""
-    if isinstance(node, dict):
-        children = ((f"{key}.{name}" if key else str(name), child) for name, child in node.items())
-    elif isinstance(node, list):
-        children = ((f"{key}[{index}]", child) for index, child in enumerate(node))
-    else:
-        return (key, node) if isinstance(node, str) and "${" in node else None
-    for child_key, child in children:
-        found = first_interpolation(child, child_key)
-        if found is not None:
-            return found
-    return None
-
-
-def refuse_interpolations(saved: DictConfig, config_path: Path) -> None:
-    """Refuse a run config holding an interpolation, before anything resolves it.
-
-    ``train.py`` writes ``config.yaml`` with every interpolation resolved, so one in it was added by hand or by
-    another tool, and resolving it is not safe: ``${oc.env:NAME}`` reads an environment variable (a token, a
-    password) into the config, and a resolver such as ``${package_model:MODULE}`` imports a module, running its
-    code. Refusing is clearer than keeping the text literally, which would only fail later as a strange model path
-    or prompt.
-    """
-    found = first_interpolation(OmegaConf.to_container(saved, resolve=False))
-    if found is not None:
-        key, text = found
+def find_checkpoint(run_dir: Path, spec: str) -> Path:
+    """``latest`` (the run's newest complete checkpoint) or the path of a checkpoint folder (one written before
+    checkpoints had a manifest too: reading weights needs no more)."""
+    path = Path(spec).expanduser() if spec != "latest" else None
+    if path is not None and not is_checkpoint(path):
         raise ConfigError(
-            key,
-            text,
-            f"{config_path} must hold plain values (train.py writes it with every interpolation resolved), and "
-            "resolving one from a run folder could read environment variables or import code",
-            f"replace the interpolation in {config_path} with the value it stands for, then run again",
+            "checkpoint",
+            spec,
+            "it is not a checkpoint folder (one with a `transformer/` or `transformer_lora/` inside)",
+            f"use `checkpoint=latest` or a folder such as {run_dir / CHECKPOINTS}/checkpoint-1000",
         )
-
-
-def read_run_config(run_dir: Path) -> TrainConfig:
-    """The validated config a run folder was trained with; interpolations in it are refused, never resolved."""
-    config_path = run_dir / CONFIG
-    if not config_path.is_file():
+    path = path or resolve_checkpoint(spec, run_dir / CHECKPOINTS)
+    if path is None:
         raise ConfigError(
-            "run_dir",
-            str(run_dir),
-            f"it holds no {CONFIG}, so it is not a dit-trainer run folder",
-            "pass the folder train.py wrote (its hydra.run.dir)",
+            "checkpoint",
+            spec,
+            f"{run_dir / CHECKPOINTS} holds no checkpoint yet",
+            "train longer (checkpoints are written every `trainer.checkpoint_every` steps and at the end), "
+            "or pass `checkpoint=PATH`",
         )
-    saved = OmegaConf.load(config_path)
-    refuse_interpolations(saved, config_path)
-    try:
-        return to_train_config(saved)
-    except OmegaConfBaseException as error:  # a setting renamed, removed or retyped since the run was trained
-        key, reason = error.full_key or CONFIG, str(error).partition("\n")[0]
-        raise ConfigError(
-            key,
-            OmegaConf.select(saved, error.full_key, default=None) if error.full_key else None,
-            f"this version of dit-trainer does not accept it in {config_path} ({reason}; "
-            "the file was written by another version, or edited)",
-            f"edit that key in {config_path} to the current setting (`python train.py --cfg job` prints them "
-            "all) or remove it, then run again",
-        ) from None
+    return path
 
 
 def check_writable_folder(path: Path, key: str) -> None:

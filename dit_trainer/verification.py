@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import DataLoader
 
-from dit_trainer.components import build_components
+from dit_trainer.components.build import build_components
 from dit_trainer.config import TrainConfig
-from dit_trainer.data import build_dataset, collate_batch
+from dit_trainer.data.collate import collate_batch
+from dit_trainer.data.source import build_dataset
 from dit_trainer.diagnostics import GradientReport, diagnose_gradient_flow
 from dit_trainer.diagnostics.parameters import (
     ParameterCount,
@@ -25,9 +26,9 @@ from dit_trainer.diagnostics.parameters import (
     snapshot,
     step_changes,
 )
-from dit_trainer.training.objective import DiffusionObjective
+from dit_trainer.diffusion.loss import DiffusionLoss
+from dit_trainer.training.optim import build_optimizer
 from dit_trainer.training.privacy import coverage_report, without_per_sample_gradients
-from dit_trainer.training.run import build_optimizer
 
 TRAINED = "dit"
 VERIFY_BATCH_SIZE = 8  # enough for every code path; small enough for any machine
@@ -84,10 +85,10 @@ def verify_training_setup(cfg: TrainConfig, device: torch.device | None = None) 
     loader = DataLoader(build_dataset(cfg.data), batch_size=VERIFY_BATCH_SIZE, collate_fn=collate_batch)
     batch = next(iter(loader))
     generator = torch.Generator(device).manual_seed(cfg.trainer.seed)
-    objective = DiffusionObjective(parts.vae, parts.text_encoder, parts.schedule, cfg.data.caption_dropout)
+    loss_fn = DiffusionLoss(parts.vae, parts.text_encoder, parts.schedule, cfg.data.caption_dropout)
 
     def compute_loss() -> torch.Tensor:
-        return objective(batch, parts.dit, generator)[0].mean()
+        return loss_fn(batch, parts.dit, generator)[0].mean()
 
     if cfg.privacy.enabled and without_per_sample_gradients(parts.dit):
         warnings.append("some trainable parameters get no per-sample gradient: DP training would refuse this DiT")

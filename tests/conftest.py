@@ -17,7 +17,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from dit_trainer.config import TrainConfig, register_configs, to_train_config  # noqa: E402
+from dit_trainer.config import TrainConfig, register_configs  # noqa: E402
+from dit_trainer.run_config import to_train_config
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "configs"
@@ -92,7 +93,7 @@ def wait_for(condition, process: subprocess.Popen, timeout: float = 240) -> None
 @pytest.fixture()
 def tiny_parts():
     """The TINY_SHAPES components (shipped VAE, MiniLM, a 2-layer PixArt) on the CPU, seeded."""
-    from dit_trainer.components import build_components
+    from dit_trainer.components.build import build_components
 
     torch.manual_seed(0)
     return build_components(compose_config(TINY_SHAPES), torch.device("cpu"), torch.float32)
@@ -110,9 +111,9 @@ def image_batch() -> dict:
 
 def tiny_loss(parts, batch: dict, seed: int = 0) -> torch.Tensor:
     """The per-sample training loss (B,) of ``batch`` with caption dropout 0.1, drawn from ``seed``."""
-    from dit_trainer.training.objective import DiffusionObjective
+    from dit_trainer.diffusion.loss import DiffusionLoss
 
-    objective = DiffusionObjective(parts.vae, parts.text_encoder, parts.schedule, caption_dropout=0.1)
+    objective = DiffusionLoss(parts.vae, parts.text_encoder, parts.schedule, caption_dropout=0.1)
     return objective(batch, parts.dit, torch.Generator().manual_seed(seed))[0]
 
 
@@ -172,7 +173,7 @@ def tiny_t5_dir(tmp_path_factory, minilm_path) -> Path:
 def tiny_pixart_dir(tmp_path_factory) -> Path:
     """A randomly initialised 2-layer PixArt sized for the shapes data (4 x 16 x 16 latents, MiniLM's 384-dim text
     features): the "pretrained" base that LoRA tests fine-tune."""
-    from dit_trainer.components import build_dit
+    from dit_trainer.components.dit import build_dit
     from dit_trainer.config import ModelConfig
 
     root = tmp_path_factory.mktemp("tiny_pixart")

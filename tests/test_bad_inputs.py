@@ -301,7 +301,7 @@ def test_a_prompt_file_that_is_not_utf8_is_refused(tmp_path, content):
     ids=["number", "list", "null", "string", "latin-1"],
 )  # fmt: skip
 def test_a_metadata_line_that_is_not_a_utf8_json_object_names_the_line(tmp_path, line, reason):
-    from dit_trainer.data import ImageFolderDataset
+    from dit_trainer.data.imagefolder import ImageFolderDataset
 
     (tmp_path / "metadata.jsonl").write_bytes(b'{"file_name": "0.png", "text": "a"}\n' + line + b"\n")
     with pytest.raises(ConfigError) as caught:
@@ -326,7 +326,7 @@ def test_a_resolution_the_vae_and_patches_do_not_divide_is_refused_at_validation
 
 def test_a_resolution_is_checked_again_once_the_vae_is_loaded():
     """A VAE named by a hub id that is not on this machine yet has an unknown factor until it loads."""
-    from dit_trainer.components import build_components
+    from dit_trainer.components.build import build_components
 
     cfg = compose_config(TINY_SHAPES)
     cfg.data.resolution = 33  # as if validation could not know the VAE's factor
@@ -338,7 +338,7 @@ def test_a_resolution_is_checked_again_once_the_vae_is_loaded():
 def test_an_hf_data_folder_with_metadata_that_is_not_utf8_names_the_cause(tmp_path, monkeypatch):
     import datasets
 
-    from dit_trainer.data import HFImageDataset
+    from dit_trainer.data.hf import HFImageDataset
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")  # keep ~/.cache clean
     (tmp_path / "images").mkdir()
@@ -385,7 +385,7 @@ def test_a_run_config_with_an_interpolation_is_refused_unresolved(written_run, t
                                                                   interpolation):  # fmt: skip
     """train.py writes config.yaml resolved; an interpolation in it was put there by hand or by another tool, and
     resolving it would read the environment (a secret) or import a module (run its code)."""
-    from dit_trainer.run_folder import read_run_config
+    from dit_trainer.run_config import read_run_config
 
     monkeypatch.setenv("DIT_TEST_SECRET", SECRET)
     imported = tmp_path / "imported"

@@ -11,11 +11,11 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
-from dit_trainer.components import build_components
-from dit_trainer.data import ShapesDataset
+from dit_trainer.components.build import build_components
 from dit_trainer.data.cache import INDEX, CachedPrompts, open_cache, save_shard
 from dit_trainer.data.poisson import collate_poisson, is_empty
 from dit_trainer.data.precompute import precompute
+from dit_trainer.data.shapes import ShapesDataset
 from dit_trainer.errors import ConfigError
 
 from .conftest import TINY_SHAPES, compose_config, read_metrics, run_script, train

@@ -3,7 +3,9 @@ import torch
 from diffusers import AutoencoderKL, PixArtTransformer2DModel
 from transformers import BertModel, T5EncoderModel
 
-from dit_trainer.components import DiTAdapter, PixelVAE, build_dit, build_text_encoder, build_vae
+from dit_trainer.components.dit import DiTAdapter, build_dit
+from dit_trainer.components.text_encoder import build_text_encoder
+from dit_trainer.components.vae import PixelVAE, build_vae
 from dit_trainer.config import ASSETS_DIR, ModelConfig, TextEncoderConfig, VAEConfig
 from dit_trainer.data.shapes import ShapesDataset
 from dit_trainer.errors import ConfigError, ModelLoadError

@@ -2,7 +2,9 @@ import pytest
 import torch
 from PIL import Image
 
-from dit_trainer.components.build import configured_buckets
+from dit_trainer.data.buckets import configured_buckets
+from dit_trainer.data.shapes import ShapesDataset
+from dit_trainer.data.source import Source, build_dataset
 from dit_trainer.diffusion import OBJECTIVES
 from dit_trainer.errors import ConfigError, ModelLoadError
 
@@ -168,8 +170,8 @@ def test_an_unknown_name_is_refused_listing_its_registry(override, key, registry
 
 def test_builders_refuse_an_unknown_name_instead_of_falling_back():
     from dit_trainer.config import DataConfig, RewardConfig
-    from dit_trainer.data import build_dataset
-    from dit_trainer.rewards import build_reward
+    from dit_trainer.data.source import build_dataset
+    from dit_trainer.rewards.build import build_reward
 
     with pytest.raises(ConfigError, match="`data.source` is 'laion'"):
         build_dataset(DataConfig(source="laion"))
@@ -177,17 +179,17 @@ def test_builders_refuse_an_unknown_name_instead_of_falling_back():
         build_reward(RewardConfig(weights={"aesthetic": 1.0}), torch.device("cpu"))
 
 
-def test_a_source_added_to_the_registry_is_accepted_and_built(monkeypatch, tmp_path):
-    """Adding a data source is one registry entry (and its YAML file): validation and building both read it."""
-    from dit_trainer.data import SOURCES, ShapesDataset, Source, build_dataset
+BUILT: list[str] = []
+TINY_SOURCE = Source(lambda cfg: BUILT.append(cfg.path) or ShapesDataset(4, 32), "a folder", "/x")
 
-    built = []
-    source = Source(lambda cfg: built.append(cfg.path) or ShapesDataset(4, 32), "a folder", "/x")
-    monkeypatch.setitem(SOURCES, "tiny", source)
-    with pytest.raises(ConfigError, match="`data=tiny` needs a folder"):
-        compose_config(["+experiment=shapes", "data.source=tiny"])
-    cfg = compose_config(["+experiment=shapes", "data.source=tiny", f"data.path={tmp_path}"])
-    assert len(build_dataset(cfg.data)) == 4 and built == [str(tmp_path)]
+
+def test_a_source_of_ones_own_is_named_by_its_import_path(tmp_path):
+    """A data source outside the package is ``data.source=package.module:SOURCE``: validation and building both
+    read it, and its own path rule applies."""
+    with pytest.raises(ConfigError, match="`data=tests.test_config:TINY_SOURCE` needs a folder"):
+        compose_config(["+experiment=shapes", "data.source=tests.test_config:TINY_SOURCE"])
+    cfg = compose_config(["+experiment=shapes", "data.source=tests.test_config:TINY_SOURCE", f"data.path={tmp_path}"])
+    assert len(build_dataset(cfg.data)) == 4 and [str(tmp_path)] == BUILT
 
 
 def test_dit_lora_is_dit_with_lora(tmp_path, online):
@@ -201,7 +203,8 @@ def test_dit_lora_is_dit_with_lora(tmp_path, online):
 
 
 def test_a_python_built_config_resolves_its_interpolations():
-    from dit_trainer.config import ASSETS_DIR, TrainConfig, to_train_config
+    from dit_trainer.config import ASSETS_DIR, TrainConfig
+    from dit_trainer.run_config import to_train_config
 
     cfg = to_train_config(TrainConfig())
     assert cfg.vae.pretrained == str(ASSETS_DIR / "shapes_vae")

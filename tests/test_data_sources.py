@@ -17,15 +17,13 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from dit_trainer.config import DataConfig
-from dit_trainer.data import (
-    HFImageDataset,
-    ImageFolderDataset,
-    ShapesDataset,
-    WebDatasetSource,
-    build_dataset,
-    collate_batch,
-)
+from dit_trainer.data.collate import collate_batch
+from dit_trainer.data.hf import HFImageDataset
+from dit_trainer.data.imagefolder import ImageFolderDataset
+from dit_trainer.data.shapes import ShapesDataset
+from dit_trainer.data.source import build_dataset
 from dit_trainer.data.transforms import resize_to_cover, to_model_input, to_tensor
+from dit_trainer.data.webdataset import WebDatasetSource
 from dit_trainer.errors import ConfigError
 
 from .conftest import TINY_SHAPES, run_script, train

@@ -16,7 +16,7 @@ from dit_trainer.config import ExportConfig
 from dit_trainer.errors import ConfigError
 from dit_trainer.export import MANIFEST, _staging_dir, export_run, fold_latent_normalisation
 from dit_trainer.inference import load_run
-from dit_trainer.run_folder import read_run_config
+from dit_trainer.run_config import read_run_config
 
 from .conftest import REPO, run_script, train, wait_for
 

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.evaluation import validation_reference
-from dit_trainer.fid import LatentFeatures, ReferenceSet, cached_reference_set, distances
+from dit_trainer.fid import LatentFeatures, ReferenceSet, cached_reference_set, distances, validation_reference
 
 from .conftest import TINY_SHAPES, compose_config, read_metrics, run_script, train
 

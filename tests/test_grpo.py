@@ -11,10 +11,10 @@ import warnings
 import pytest
 import torch
 
-from dit_trainer.components import build_dit
+from dit_trainer.components.dit import build_dit
 from dit_trainer.components.lora import apply_lora
 from dit_trainer.config import DiffusionConfig, LoRAConfig, ModelConfig, TrainConfig
-from dit_trainer.diffusion import build_noise_schedule
+from dit_trainer.diffusion.families import build_noise_schedule
 from dit_trainer.grpo.build import build_policy
 from dit_trainer.grpo.loss import clipped_policy_loss, gaussian_kl, ratio_statistics
 from dit_trainer.grpo.reference import build_reference

@@ -4,7 +4,7 @@ import pytest
 import torch
 from PIL import Image
 
-from dit_trainer.data import ImageFolderDataset
+from dit_trainer.data.imagefolder import ImageFolderDataset
 from dit_trainer.errors import ConfigError
 
 

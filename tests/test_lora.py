@@ -8,11 +8,11 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
-from dit_trainer.components import build_components
+from dit_trainer.components.build import build_components
 from dit_trainer.data.shapes import ShapesDataset
+from dit_trainer.diffusion.loss import diffusion_loss
 from dit_trainer.errors import ConfigError
-from dit_trainer.training.objective import diffusion_loss
-from dit_trainer.training.run import build_optimizer
+from dit_trainer.training.optim import build_optimizer
 
 from .conftest import TINY_SHAPES, compose_config, read_metrics, run_script, train
 

@@ -3,8 +3,8 @@ all its randomness from one generator, and drops captions for classifier-free gu
 
 import torch
 
-from dit_trainer.training.objective import drop_captions
-from dit_trainer.training.run import build_optimizer
+from dit_trainer.diffusion.loss import drop_captions
+from dit_trainer.training.optim import build_optimizer
 
 from .conftest import TINY_SHAPES, compose_config, tiny_loss
 

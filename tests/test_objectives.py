@@ -7,13 +7,14 @@ import pytest
 import torch
 from diffusers.training_utils import compute_density_for_timestep_sampling
 
-from dit_trainer.components import build_components
+from dit_trainer.components.build import build_components
 from dit_trainer.config import DiffusionConfig
-from dit_trainer.data import ShapesDataset, collate_batch
-from dit_trainer.diffusion import build_noise_schedule
+from dit_trainer.data.collate import collate_batch
+from dit_trainer.data.shapes import ShapesDataset
+from dit_trainer.diffusion.families import build_noise_schedule
+from dit_trainer.diffusion.loss import diffusion_loss
 from dit_trainer.errors import ConfigError
-from dit_trainer.training.objective import diffusion_loss
-from dit_trainer.training.run import build_optimizer
+from dit_trainer.training.optim import build_optimizer
 
 from .conftest import TINY_SHAPES, compose_config
 

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from dit_trainer.config import DiffusionConfig
-from dit_trainer.diffusion import NoiseSchedule, build_noise_schedule
+from dit_trainer.diffusion.families import build_noise_schedule
 from dit_trainer.diffusion.policy import gaussian_log_prob
+from dit_trainer.diffusion.schedule import NoiseSchedule
 
 CPU = torch.device("cpu")
 SHAPE = (3, 4, 4, 4)

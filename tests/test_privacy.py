@@ -11,7 +11,8 @@ import torch
 from opacus.accountants import PRVAccountant
 from torch.utils.data import TensorDataset
 
-from dit_trainer.components import build_dit, expose_modulation_tables
+from dit_trainer.components.dit import build_dit
+from dit_trainer.components.modulation import expose_modulation_tables
 from dit_trainer.config import ModelConfig, PrivacyConfig
 from dit_trainer.data.poisson import PoissonBatchSampler
 from dit_trainer.diffusion.loss import per_sample_mse

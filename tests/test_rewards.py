@@ -5,15 +5,12 @@ from torch.utils.data import DataLoader
 from dit_trainer.config import RewardConfig
 from dit_trainer.data.shapes import COLORS, SHAPES, ShapesDataset
 from dit_trainer.errors import ConfigError
-from dit_trainer.rewards import (
-    JPEGCompressibilityReward,
-    ShapesAlignmentReward,
-    WeightedReward,
-    build_reward,
-    group_statistics,
-    load_clip_score,
-    reward_metrics,
-)
+from dit_trainer.rewards.base import WeightedReward
+from dit_trainer.rewards.build import build_reward
+from dit_trainer.rewards.clip import load_clip_score
+from dit_trainer.rewards.grpo import group_statistics, reward_metrics
+from dit_trainer.rewards.jpeg import JPEGCompressibilityReward
+from dit_trainer.rewards.shapes import ShapesAlignmentReward
 
 CPU = torch.device("cpu")
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from diffusers import PixArtTransformer2DModel
 
-from dit_trainer.run_folder import FULL_WEIGHTS
+from dit_trainer.components.weights import load_weights
 
 
 def test_checkpoint_weights_are_never_read_from_a_pickle(tiny_pixart_dir, tmp_path):
@@ -19,5 +19,5 @@ def test_checkpoint_weights_are_never_read_from_a_pickle(tiny_pixart_dir, tmp_pa
     assert sorted(p.name for p in pickled.iterdir()) == ["config.json", "diffusion_pytorch_model.bin"]
     before = model.proj_out.weight.clone()
     with pytest.raises(OSError, match="safetensors"):
-        FULL_WEIGHTS.load(model, pickled)
+        load_weights(model, pickled, lora=False)
     assert torch.equal(model.proj_out.weight, before)

@@ -3,7 +3,10 @@ import torch
 from diffusers import DDPMScheduler
 
 from dit_trainer.config import DiffusionConfig
-from dit_trainer.diffusion import FallbackScheduler, NoiseSchedule, build_noise_schedule, per_sample_mse
+from dit_trainer.diffusion.ddpm import FallbackScheduler
+from dit_trainer.diffusion.families import build_noise_schedule
+from dit_trainer.diffusion.loss import per_sample_mse
+from dit_trainer.diffusion.schedule import NoiseSchedule
 from dit_trainer.errors import ConfigError
 
 

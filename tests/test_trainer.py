@@ -10,7 +10,7 @@ from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from dit_trainer.data import collate_batch
+from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.poisson import PoissonBatchSampler, collate_poisson
 from dit_trainer.errors import EXIT_NONFINITE, EXIT_PREEMPTED, ConfigError, GradientFlowError, NonFiniteError
 from dit_trainer.run_folder import list_checkpoints
@@ -113,7 +113,7 @@ class Empty(IterableDataset):
 
 def test_every_process_needs_one_full_batch():
     """Incomplete batches are dropped: fewer items than batch size x processes would leave a process with none."""
-    from dit_trainer.training.batches import require_full_batches
+    from dit_trainer.data.loading import require_full_batches
 
     require_full_batches(32, batch_size=16, processes=2)
     with pytest.raises(ConfigError) as caught:

@@ -10,7 +10,7 @@ from PIL import Image
 
 from dit_trainer.data.precompute import precompute
 from dit_trainer.data.split import split_indices
-from dit_trainer.diffusion import build_noise_schedule
+from dit_trainer.diffusion.families import build_noise_schedule
 from dit_trainer.errors import ConfigError
 from dit_trainer.run_folder import list_checkpoints
 from dit_trainer.training.run import build_trainer

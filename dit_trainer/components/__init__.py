@@ -1,40 +1,24 @@
-"""The three components behind one call signature each: frozen VAE, frozen text encoder, trainable DiT; and
-``build_components``, which builds them (and the noise schedule) from a run's config."""
+"""The frozen VAE, the frozen conditioner (a text encoder, or class labels) and the trainable DiT, each behind one
+call signature, and ``build.build_components``, which builds them (and the noise schedule) from a run's config.
 
-from dit_trainer.components.build import Components, build_components
-from dit_trainer.components.dit import (
-    DiTAdapter,
-    build_dit,
-    enable_gradient_checkpointing,
-    load_trained_transformer,
-    load_transformer,
+The kinds a config names are registries, imported on first use (``dit_trainer.registry``): ``vae.kind`` here,
+``text_encoder.kind`` here, ``model.family`` in ``families``. Each entry checks what it needs of the config.
+"""
+
+from dit_trainer.registry import Registry
+
+VAE_KINDS = Registry(
+    "vae.kind",
+    {"autoencoder_kl": "dit_trainer.components.vae:AUTOENCODER_KL", "pixel": "dit_trainer.components.vae:PIXEL"},
 )
-from dit_trainer.components.freeze import freeze, trainable_parameters
-from dit_trainer.components.lora import apply_lora, load_adapter, merge_adapter, save_adapter
-from dit_trainer.components.modulation import expose_modulation_tables
-from dit_trainer.components.text_encoder import TEXT_ENCODER_KINDS, FrozenTextEncoder, build_text_encoder
-from dit_trainer.components.vae import VAE_KINDS, FrozenVAE, PixelVAE, build_vae
-
-__all__ = [
-    "TEXT_ENCODER_KINDS",
-    "VAE_KINDS",
-    "Components",
-    "DiTAdapter",
-    "FrozenTextEncoder",
-    "FrozenVAE",
-    "PixelVAE",
-    "apply_lora",
-    "build_components",
-    "build_dit",
-    "build_text_encoder",
-    "build_vae",
-    "enable_gradient_checkpointing",
-    "expose_modulation_tables",
-    "freeze",
-    "load_adapter",
-    "load_trained_transformer",
-    "load_transformer",
-    "merge_adapter",
-    "save_adapter",
-    "trainable_parameters",
-]
+# auto reads the checkpoint's model type; T5 and CLIP checkpoints hold more than their text encoder, so t5 and clip
+# load their encoder-only classes; class_labels conditions a class-conditional family on class ids.
+TEXT_ENCODER_KINDS = Registry(
+    "text_encoder.kind",
+    {
+        "auto": "dit_trainer.components.text_encoder:TRANSFORMERS_ENCODER",
+        "t5": "dit_trainer.components.text_encoder:TRANSFORMERS_ENCODER",
+        "clip": "dit_trainer.components.text_encoder:TRANSFORMERS_ENCODER",
+        "class_labels": "dit_trainer.components.class_labels:CLASS_LABELS_ENCODER",
+    },
+)

@@ -4,23 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from dit_trainer.components.dit import DiTAdapter, build_dit, enable_gradient_checkpointing, known_patch_size
+from dit_trainer.components.kinds import Conditioner
 from dit_trainer.components.lora import apply_lora
-from dit_trainer.components.modulation import expose_modulation_tables
 from dit_trainer.components.text_encoder import build_text_encoder
 from dit_trainer.components.vae import autoencoder_downsample_factor, build_vae, known_downsample_factor
-from dit_trainer.data.buckets import BucketTable, bucket_table
-from dit_trainer.diffusion import NoiseSchedule, build_noise_schedule
+from dit_trainer.config import TrainConfig
+from dit_trainer.diffusion.families import build_noise_schedule
+from dit_trainer.diffusion.schedule import NoiseSchedule
 from dit_trainer.errors import ConfigError
 from dit_trainer.hub import model_config
-
-if TYPE_CHECKING:
-    from dit_trainer.config import TrainConfig
-    from dit_trainer.data.cache import CachedPrompts
 
 
 @dataclass
@@ -28,7 +24,7 @@ class Components:
     """The built models and schedule of a run: what a training step and a sampler need."""
 
     vae: torch.nn.Module
-    text_encoder: torch.nn.Module
+    text_encoder: Conditioner
     dit: DiTAdapter
     schedule: NoiseSchedule
     latent_shape: tuple[int, int, int]
@@ -71,19 +67,11 @@ def pixel_multiple(cfg: TrainConfig, download: bool = False) -> int | None:
     return None if factor is None or patch is None else factor * patch
 
 
-def configured_buckets(cfg: TrainConfig) -> BucketTable | None:
-    """The bucket table ``data.buckets`` asks for at ``data.resolution`` (None for squares); its sizes depend on
-    the VAE and the patch size, whose config files are downloaded first if need be."""
-    if cfg.data.buckets == "none":
-        return None
-    return bucket_table(cfg.data.buckets, cfg.data.resolution, pixel_multiple(cfg, download=True))
-
-
 def build_components(
     cfg: TrainConfig,
     device: torch.device,
     frozen_dtype: torch.dtype,
-    cached_text: CachedPrompts | None = None,
+    cached_text: Conditioner | None = None,
     dit_weights: Path | None = None,
 ) -> Components:
     """Frozen VAE and text encoder on ``device`` in ``frozen_dtype``; the DiT (float32 master weights) sized by
@@ -98,9 +86,9 @@ def build_components(
     latent_size = cfg.data.resolution // vae.downsample_factor
     dit = build_dit(cfg.model, vae.latent_channels, latent_size, text_encoder.hidden_size, dit_weights)
     if cfg.lora.enabled:
-        apply_lora(dit.transformer, cfg.lora)
-    if cfg.privacy.enabled:  # before the optimizer and EMA collect the parameters: their order changes
-        expose_modulation_tables(dit.transformer)
+        apply_lora(dit.transformer, cfg.lora, dit.family.lora_targets)
+    if cfg.privacy.enabled and dit.family.prepare_private is not None:
+        dit.family.prepare_private(dit.transformer)  # before the optimizer and EMA collect the parameters
     if cfg.trainer.gradient_checkpointing:
         enable_gradient_checkpointing(dit, cfg.trainer.reentrant_checkpointing)
     schedule = build_noise_schedule(cfg.diffusion)

@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dit_trainer.errors import ConfigError
-
-CLASS_LABELS = "class_labels"  # the text_encoder.kind that selects it
+from dit_trainer.components.kinds import ConditionerKind
+from dit_trainer.config import TextEncoderConfig, TrainConfig
+from dit_trainer.errors import ConfigError, require
+from dit_trainer.prompts import load_prompts
 
 
 class ClassLabels(nn.Module):
@@ -68,3 +69,41 @@ class ClassLabels(nn.Module):
 def class_folders(path: str | Path) -> list[str]:
     """The sub-folder names of ``path``, sorted: the classes of a torchvision-style ``ImageFolder``."""
     return sorted(entry.name for entry in Path(path).expanduser().iterdir() if entry.is_dir())
+
+
+def check_class_labels(cfg: TrainConfig) -> None:
+    """Class labels need their names, and the prompts a run samples must be among them."""
+    text = cfg.text_encoder
+    require(
+        bool(text.classes),
+        "text_encoder.classes",
+        text.classes,
+        "class labels need the class names, and `data.path` is not a folder of class sub-folders to read them from",
+        "list them (`text_encoder.classes=[cat,dog]`, ids in that order) or train on class sub-folders",
+    )
+    require(
+        not cfg.data.cache_dir,
+        "data.cache_dir",
+        cfg.data.cache_dir,
+        "a disk cache of class-conditional data is not supported yet",
+        "cache in memory instead (`data.cache_latents=true`)",
+    )
+    grpo = cfg.monitor.grpo
+    monitored = load_prompts(grpo.prompts, grpo.prompt_file, "monitor.grpo.") if grpo.enabled else []
+    ids = {str(index) for index in range(len(text.classes))}
+    unknown = [p for p in [*cfg.trainer.sample_prompts, *monitored] if p not in text.classes and p not in ids]
+    require(
+        not unknown,
+        "trainer.sample_prompts",
+        unknown[:3],
+        f"a class-conditional run samples class names or ids, and these are neither (classes: "
+        f"{', '.join(text.classes[:10])}{', ...' if len(text.classes) > 10 else ''})",
+        "sample class names or ids, e.g. `trainer.sample_prompts=[0,1,2]`",
+    )
+
+
+def _build(cfg: TextEncoderConfig, device: torch.device, dtype: torch.dtype) -> ClassLabels:
+    return ClassLabels(cfg.classes, device)
+
+
+CLASS_LABELS_ENCODER = ConditionerKind(_build, condition="class", check=check_class_labels, pretrained=False)

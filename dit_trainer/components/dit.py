@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.utils.checkpoint
 from diffusers import ModelMixin
 from torch import nn
 
-from dit_trainer.components.families import FAMILIES, Family
+from dit_trainer.components.families import FAMILIES
+from dit_trainer.components.families.base import Family
+from dit_trainer.config import ModelConfig
 from dit_trainer.errors import ConfigError
 from dit_trainer.hub import load_pretrained, pretrained_config
-
-if TYPE_CHECKING:
-    from dit_trainer.config import ModelConfig
 
 
 class DiTAdapter(nn.Module):
@@ -51,7 +49,7 @@ def load_transformer(cfg: ModelConfig) -> ModelMixin:
     ``model.family``. A hub model may ship only a pickled ``.bin``; diffusers reads that with
     ``torch.load(weights_only=True)``, safe from torch 2.6 on."""
     return load_pretrained(
-        FAMILIES[cfg.family].transformer_class.from_pretrained,
+        FAMILIES.get(cfg.family).transformer_class.from_pretrained,
         cfg.pretrained,
         "model.pretrained",
         subfolder=cfg.subfolder,
@@ -89,7 +87,7 @@ def build_dit(
     """A transformer of ``model.family`` sized by ``cfg`` whose input follows the VAE (``in_channels``,
     ``sample_size``) and whose conditioning input follows the text encoder (``condition_dim``); with ``weights`` (a
     checkpoint's transformer folder), the one trained there."""
-    family = FAMILIES[cfg.family]
+    family = FAMILIES.get(cfg.family)
     if weights is not None or cfg.pretrained:
         transformer = (
             load_transformer(cfg) if weights is None else load_trained_transformer(weights, family.transformer_class)

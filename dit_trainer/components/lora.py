@@ -7,9 +7,8 @@ holds only what trains and ``peft`` users can load it onto the same base model.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from diffusers import ModelMixin
 from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
@@ -17,34 +16,33 @@ from peft.tuners.lora import LoraModel
 from peft.tuners.tuners_utils import BaseTunerLayer
 from safetensors.torch import load_file, save_file
 
+from dit_trainer.config import LoRAConfig
 from dit_trainer.errors import ConfigError
-
-if TYPE_CHECKING:
-    from dit_trainer.config import LoRAConfig
 
 ADAPTER_NAME = "default"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-def peft_config(cfg: LoRAConfig) -> LoraConfig:
+def peft_config(cfg: LoRAConfig, default_targets: Sequence[str] = ()) -> LoraConfig:
     return LoraConfig(
         r=cfg.rank,
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
-        target_modules=list(cfg.target_modules),
+        target_modules=list(cfg.target_modules or default_targets),
         modules_to_save=list(cfg.train_modules) or None,
     )
 
 
-def apply_lora(transformer: ModelMixin, cfg: LoRAConfig) -> LoraModel:
-    """Freeze ``transformer`` and inject adapters into it in place; returns peft's tuner, which can merge them."""
+def apply_lora(transformer: ModelMixin, cfg: LoRAConfig, default_targets: Sequence[str] = ()) -> LoraModel:
+    """Freeze ``transformer`` and inject adapters into it in place (into ``lora.target_modules``, or when that is
+    empty the family's ``default_targets``); returns peft's tuner, which can merge them."""
     transformer.requires_grad_(False)
     try:
-        return LoraModel(transformer, peft_config(cfg), ADAPTER_NAME)
+        return LoraModel(transformer, peft_config(cfg, default_targets), ADAPTER_NAME)
     except ValueError as error:  # peft: "Target modules {...} not found in the base model"
         raise ConfigError(
             "lora.target_modules",
-            list(cfg.target_modules),
+            list(cfg.target_modules or default_targets),
             f"peft could not adapt them ({str(error).splitlines()[0]})",
             "name the DiT's Linear layers by suffix, e.g. `lora.target_modules=[to_q,to_k,to_v,to_out.0]`",
         ) from error
@@ -70,9 +68,11 @@ def load_adapter(transformer: ModelMixin, directory: Path) -> None:
         )
 
 
-def merge_adapter(base: ModelMixin, cfg: LoRAConfig, directory: Path) -> ModelMixin:
+def merge_adapter(
+    base: ModelMixin, cfg: LoRAConfig, directory: Path, default_targets: Sequence[str] = ()
+) -> ModelMixin:
     """``base`` with the adapter in ``directory`` merged into its weights: a plain diffusers transformer."""
-    tuner = apply_lora(base, cfg)
+    tuner = apply_lora(base, cfg, default_targets)
     load_adapter(base, directory)
     return tuner.merge_and_unload()
 

@@ -3,23 +3,21 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, CLIPTextModel, PreTrainedModel, T5EncoderModel
 
-from dit_trainer.components.class_labels import CLASS_LABELS, ClassLabels
+from dit_trainer.components import TEXT_ENCODER_KINDS
 from dit_trainer.components.freeze import freeze
+from dit_trainer.components.kinds import Conditioner, ConditionerKind
+from dit_trainer.config import TextEncoderConfig
 from dit_trainer.hub import load_pretrained
 from dit_trainer.registry import lookup
 
-if TYPE_CHECKING:
-    from dit_trainer.config import TextEncoderConfig
-
 # text_encoder.kind -> the model class to load: T5 and CLIP checkpoints hold more than their text encoder, so they
 # get their encoder-only class; "auto" reads the checkpoint's model type.
-TEXT_ENCODER_KINDS: dict[str, type[PreTrainedModel]] = {"auto": AutoModel, "t5": T5EncoderModel, "clip": CLIPTextModel}
+MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {"auto": AutoModel, "t5": T5EncoderModel, "clip": CLIPTextModel}
 MODEL_TYPE_KINDS = {"t5": "t5", "umt5": "t5", "clip": "clip", "clip_text_model": "clip"}
 
 
@@ -89,16 +87,20 @@ def _model_class(cfg: TextEncoderConfig) -> type[PreTrainedModel]:
     kind = cfg.kind
     if kind == "auto":
         kind = MODEL_TYPE_KINDS.get(_load(cfg, AutoConfig.from_pretrained, cfg.subfolder).model_type, "auto")
-    return lookup(TEXT_ENCODER_KINDS, "text_encoder.kind", kind)
+    return lookup(MODEL_CLASSES, "text_encoder.kind", kind)
 
 
-def build_text_encoder(
-    cfg: TextEncoderConfig, device: torch.device, dtype: torch.dtype = torch.float32
-) -> FrozenTextEncoder | ClassLabels:
-    """The configured text encoder and tokenizer, frozen, on ``device`` in ``dtype``; or the class labels that
-    stand in for it in a class-conditional run."""
-    if cfg.kind == CLASS_LABELS:
-        return ClassLabels(cfg.classes, device)
+def _transformers_encoder(cfg: TextEncoderConfig, device: torch.device, dtype: torch.dtype) -> FrozenTextEncoder:
+    """The configured transformers text encoder and its tokenizer, frozen, on ``device`` in ``dtype``."""
     tokenizer = _load(cfg, AutoTokenizer.from_pretrained, cfg.tokenizer_subfolder)
     model = _load(cfg, _model_class(cfg).from_pretrained, cfg.subfolder, dtype=dtype)
     return FrozenTextEncoder(tokenizer, model.to(device), cfg.max_length, cfg.memo_size)
+
+
+TRANSFORMERS_ENCODER = ConditionerKind(_transformers_encoder)
+
+
+def build_text_encoder(cfg: TextEncoderConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> Conditioner:
+    """The conditioner ``text_encoder.kind`` names, frozen, on ``device`` in ``dtype``: a text encoder, or the
+    class labels that stand in for one in a class-conditional run."""
+    return TEXT_ENCODER_KINDS.get(cfg.kind).build(cfg, device, dtype)

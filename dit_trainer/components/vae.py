@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
-
 import torch
 from diffusers import AutoencoderKL
 from torch import nn
 
+from dit_trainer.components import VAE_KINDS
 from dit_trainer.components.freeze import freeze
+from dit_trainer.components.kinds import VAEKind
+from dit_trainer.config import VAEConfig
 from dit_trainer.hub import load_pretrained, pretrained_config
-from dit_trainer.registry import lookup
-
-if TYPE_CHECKING:
-    from dit_trainer.config import VAEConfig
 
 
 def autoencoder_downsample_factor(block_out_channels: list[int]) -> int:
@@ -122,22 +118,22 @@ def _autoencoder_kl(cfg: VAEConfig, device: torch.device, dtype: torch.dtype) ->
     return FrozenVAE(autoencoder).to(device)
 
 
-# vae.kind -> how to build it
-VAE_KINDS: dict[str, Callable[[VAEConfig, torch.device, torch.dtype], FrozenVAE | PixelVAE]] = {
-    "autoencoder_kl": _autoencoder_kl,
-    "pixel": lambda cfg, device, dtype: PixelVAE(),
-}
-
-
-def known_downsample_factor(cfg: VAEConfig) -> int | None:
-    """The downsampling factor before any model loads: 1 in pixel space, else from the autoencoder's config.json
-    when it is on this machine; None when only loading it will tell (a hub id not downloaded yet)."""
-    if cfg.kind == "pixel":
-        return PixelVAE.downsample_factor
+def _autoencoder_factor(cfg: VAEConfig) -> int | None:
+    """From the autoencoder's config.json when it is on this machine; None when only loading it will tell."""
     config = pretrained_config(cfg.pretrained, cfg.subfolder, cfg.revision) or {}
     return autoencoder_downsample_factor(config["block_out_channels"]) if "block_out_channels" in config else None
 
 
+AUTOENCODER_KL = VAEKind(_autoencoder_kl, _autoencoder_factor)
+PIXEL = VAEKind(lambda cfg, device, dtype: PixelVAE(), lambda cfg: PixelVAE.downsample_factor, pretrained=False)
+
+
+def known_downsample_factor(cfg: VAEConfig) -> int | None:
+    """The downsampling factor before any model loads (1 in pixel space); None when only loading will tell (a hub
+    id not downloaded yet)."""
+    return VAE_KINDS.get(cfg.kind).downsample_factor(cfg)
+
+
 def build_vae(cfg: VAEConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> FrozenVAE | PixelVAE:
     """The configured VAE, frozen, on ``device`` in ``dtype`` (its normalisation statistics stay float32)."""
-    return lookup(VAE_KINDS, "vae.kind", cfg.kind)(cfg, device, dtype)
+    return VAE_KINDS.get(cfg.kind).build(cfg, device, dtype)

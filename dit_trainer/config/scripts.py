@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
+from dit_trainer.config.choices import FID_FEATURES
 from dit_trainer.config.fields import at_least, checked, one_of
-from dit_trainer.diffusion import SAMPLERS
-from dit_trainer.fid import FID_FEATURES
 
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 EVALUATION_METRICS = ("rewards", "fid")
@@ -22,8 +21,9 @@ class RunCheckpointArgs:
     run_dir: str = MISSING
     checkpoint: str = "latest"  # latest | path to a checkpoint folder
     ema: bool = True  # use the EMA weights when the checkpoint has them
-    # ddim | dpmsolver++ (epsilon / v runs) | euler (flow matching); default: the run's diffusion.sampler
-    sampler: str | None = one_of(SAMPLERS, None)
+    # ddim | dpmsolver++ (epsilon / v runs) | euler (flow matching), checked against the run's objective; default:
+    # the run's diffusion.sampler
+    sampler: str | None = None
 
 
 @dataclass

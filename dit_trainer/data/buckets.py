@@ -22,25 +22,12 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 from tqdm.auto import tqdm
 
+from dit_trainer.components.build import pixel_multiple
+from dit_trainer.config import TrainConfig
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.errors import ConfigError
 
-BUCKET_PRESETS = ("none", "pixart")
 Size = tuple[int, int]  # (height, width) in pixels
-
-
-def is_bucket_spec(value: Any) -> bool:
-    """``none``, ``pixart`` or a non-empty list of [height, width] pairs of positive whole numbers."""
-    if isinstance(value, str):
-        return value in BUCKET_PRESETS
-    try:
-        pairs = [list(pair) for pair in value]
-    except TypeError:
-        return False
-    return bool(pairs) and all(
-        len(pair) == 2 and all(isinstance(side, int) and not isinstance(side, bool) and side > 0 for side in pair)
-        for pair in pairs
-    )
 
 
 def pixart_tables() -> dict[int, list[Size]]:
@@ -112,6 +99,14 @@ def bucket_table(spec: Any, resolution: int, multiple: int, key: str = "data.buc
             f"use e.g. [{rounded[0]}, {rounded[1]}] instead",
         )
     return BucketTable(tuple(dict.fromkeys(sizes)))
+
+
+def configured_buckets(cfg: TrainConfig) -> BucketTable | None:
+    """The bucket table ``data.buckets`` asks for at ``data.resolution`` (None for squares); its sizes depend on
+    the VAE and the patch size, whose config files are downloaded first if need be."""
+    if cfg.data.buckets == "none":
+        return None
+    return bucket_table(cfg.data.buckets, cfg.data.resolution, pixel_multiple(cfg, download=True))
 
 
 class Bucketed(Dataset):

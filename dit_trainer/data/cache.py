@@ -25,20 +25,18 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch.utils.data import Dataset
 
+from dit_trainer.config import TrainConfig
 from dit_trainer.data import SOURCES
-from dit_trainer.data.buckets import BucketTable
+from dit_trainer.data.buckets import BucketTable, configured_buckets
 from dit_trainer.errors import ConfigError, shortlist
 from dit_trainer.prompts import load_prompts
-
-if TYPE_CHECKING:
-    from dit_trainer.config import TrainConfig
 
 INDEX = "index.json"
 PROMPTS = "prompts.safetensors"
@@ -53,7 +51,6 @@ INDEX_KEYS = ("fingerprint", "items", "dtype", "shards", "prompts")
 FORMAT_VERSION = 2  # 2: the fingerprint holds the text encoder's tokenizer_subfolder and the data's content
 TENSOR_KEYS = ("latent_mean", "latent_std", "text_embeds", "text_mask")
 IN_MEMORY_BYTES = 2 << 30  # as stored; float16 doubles in memory
-STORAGE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}  # data.cache_dtype
 # Settings that change nothing in the cached tensors: reading options and training-time augmentation knobs.
 NOT_FINGERPRINTED = (
     "caption_dropout",
@@ -80,10 +77,8 @@ def cache_fingerprint(cfg: TrainConfig) -> dict:
         "data": data,
     }
     if cfg.data.buckets != "none":  # the sizes `pixart` resolves to depend on the VAE and the patch size too
-        from dit_trainer.components.build import configured_buckets  # not at the top: components import data
-
         fingerprint["bucket_sizes"] = [list(size) for size in configured_buckets(cfg).sizes]
-    content = SOURCES[cfg.data.source].content
+    content = SOURCES.get(cfg.data.source).content
     return fingerprint | ({"data_content": content(cfg.data)} if content else {})
 
 

@@ -11,7 +11,9 @@ from typing import Any
 
 from PIL import Image
 
+from dit_trainer.config import DataConfig
 from dit_trainer.data.collate import SkipUnreadable
+from dit_trainer.data.source import Source, augmentation
 from dit_trainer.data.transforms import caption_keys, decode_image, header_size, pick_caption
 from dit_trainer.errors import ConfigError
 
@@ -139,3 +141,18 @@ class HFImageDataset(SkipUnreadable):
         image = self._image(row)
         data = image if isinstance(image, bytes) else image.read_bytes()
         return decode_image(data), pick_caption([row[column] for column in self.caption_columns])
+
+
+def _build(cfg: DataConfig) -> HFImageDataset:
+    return HFImageDataset(
+        cfg.path, cfg.resolution, cfg.split, cfg.image_column, cfg.caption_column, **augmentation(cfg)
+    )
+
+
+SOURCE = Source(
+    _build,
+    "a dataset name on the hub or a folder written by `Dataset.save_to_disk`",
+    "/path/to/dataset",
+    bucketed=True,
+    content=lambda cfg: split_fingerprint(cfg.path, cfg.split),
+)

@@ -9,7 +9,9 @@ from pathlib import Path
 
 from PIL import Image
 
+from dit_trainer.config import DataConfig
 from dit_trainer.data.collate import SkipUnreadable
+from dit_trainer.data.source import Source, augmentation
 from dit_trainer.data.transforms import caption_keys, decode_image, header_size, json_type, pick_caption
 from dit_trainer.errors import ConfigError
 
@@ -147,3 +149,17 @@ class ImageFolderDataset(SkipUnreadable):
     def read(self, index: int) -> tuple[Image.Image, str]:
         file_name, captions = self.records[index]
         return decode_image((self.root / file_name).read_bytes()), pick_caption(captions)
+
+
+def _build(cfg: DataConfig) -> ImageFolderDataset:
+    return ImageFolderDataset(cfg.path, cfg.resolution, cfg.caption_column, **augmentation(cfg))
+
+
+SOURCE = Source(
+    _build,
+    "the folder that holds your images and metadata.jsonl",
+    "/path/to/images",
+    check_image_folder,
+    bucketed=True,
+    content=lambda cfg: metadata_fingerprint(cfg.path),
+)

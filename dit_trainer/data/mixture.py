@@ -6,14 +6,12 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.utils.data import Dataset
 
+from dit_trainer.config import DataConfig, MixtureSource
 from dit_trainer.data.buckets import per_item
-
-if TYPE_CHECKING:
-    from dit_trainer.config import DataConfig, MixtureSource
 
 
 def source_names(mixture: list[MixtureSource]) -> list[str]:

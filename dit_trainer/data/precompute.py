@@ -18,16 +18,15 @@ from safetensors.torch import save_file
 from torch.utils.data import IterableDataset, Subset
 from tqdm.auto import tqdm
 
-from dit_trainer.components import build_text_encoder, build_vae
-from dit_trainer.components.build import check_resolution, configured_buckets
+from dit_trainer.components.build import check_resolution
+from dit_trainer.components.text_encoder import build_text_encoder
+from dit_trainer.components.vae import build_vae
 from dit_trainer.config import TrainConfig
-from dit_trainer.data import build_dataset
-from dit_trainer.data.buckets import bucketed, in_order_loader
+from dit_trainer.data.buckets import bucketed, configured_buckets, in_order_loader
 from dit_trainer.data.cache import (
     INDEX,
     PROMPTS,
     SHARD_LIST,
-    STORAGE_DTYPES,
     TENSOR_KEYS,
     cache_fingerprint,
     cache_prompts,
@@ -37,6 +36,7 @@ from dit_trainer.data.cache import (
     save_shard,
     shard_name,
 )
+from dit_trainer.data.source import build_dataset
 from dit_trainer.durable import write_atomically, write_text_atomically
 from dit_trainer.errors import ConfigError
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
@@ -90,7 +90,7 @@ def _encode_images(cfg: TrainConfig, cache_dir: Path, state: PartialState, vae, 
     table, batch_size = configured_buckets(cfg), cfg.trainer.batch_size
     source = bucketed(build_dataset(cfg.data), table, batch_size, show_progress=state.is_main_process)
     loader = in_order_loader(_rank_share(source, state), batch_size, cfg.data.num_workers)  # bucket by bucket
-    storage, shards, bad_files, items = STORAGE_DTYPES[cfg.data.cache_dtype], [], [], 0
+    storage, shards, bad_files, items = getattr(torch, cfg.data.cache_dtype), [], [], 0
     pending: dict[tuple[int, int], list[dict]] = {}  # encoded batches by image size: every shard holds one size
 
     def flush(size: tuple[int, int]) -> None:

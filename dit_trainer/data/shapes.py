@@ -14,6 +14,8 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from dit_trainer.data.source import Source
+
 COLORS: dict[str, tuple[int, int, int]] = {
     "red": (230, 30, 30),
     "green": (30, 170, 40),
@@ -177,3 +179,16 @@ def write_shapes_folder(folder: Path, count: int, sizes: list[tuple[int, int]], 
         rows.append(json.dumps({"file_name": name, "text": f"a {color} {shape}"}) + "\n")
     (folder / "metadata.jsonl").write_text("".join(rows))
     return folder
+
+
+def judge(images: torch.Tensor, captions: list[str]) -> dict[str, float]:
+    """Share of images showing the captioned colour, and the captioned shape."""
+    color_ok, shape_ok = alignment_components(images, captions)
+    return {"color": color_ok.mean().item(), "shape": shape_ok.mean().item()}
+
+
+SOURCE = Source(
+    lambda cfg: ShapesDataset(length=cfg.length, resolution=cfg.resolution, seed=cfg.seed),
+    captions=lambda: list(CAPTIONS),
+    judge=judge,
+)

@@ -7,17 +7,14 @@ evaluation hold out the same items, and no held-out item is ever in the training
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import Dataset, Subset
 
-from dit_trainer.data import build_dataset
+from dit_trainer.config import DataConfig, ValidationConfig
 from dit_trainer.data.buckets import Bucketed, BucketTable, bucketed
 from dit_trainer.data.cache import CacheDataset
-
-if TYPE_CHECKING:
-    from dit_trainer.config import DataConfig, ValidationConfig
+from dit_trainer.data.source import build_dataset
 
 
 def held_out_count(length: int, fraction: float) -> int:

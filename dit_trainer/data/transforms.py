@@ -11,8 +11,9 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from dit_trainer.config.choices import CROPS
+
 # center / random: resized to cover the target size, then the target cut out; none: squashed to the target size.
-CROPS = ("center", "random", "none")
 # Resizing an image whole costs memory in proportion to its elongation (a 10 x 20000 strip at 1024 px: 8 GB). Up to
 # this elongation relative to the target it is done as always (so the images of every earlier run come out
 # bit-identical); beyond it, a window of the target's shape is cut out of the original first.

@@ -21,6 +21,8 @@ from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 from webdataset.tariterators import base_plus_ext
 
+from dit_trainer.config import DataConfig
+from dit_trainer.data.source import Source, augmentation
 from dit_trainer.data.transforms import (
     UNREADABLE_ERRORS,
     caption_keys,
@@ -234,3 +236,24 @@ class WebDatasetSource(IterableDataset):
             yield previous
         elif bad:
             logger.warning("this worker read no image, only %d unreadable samples: %s", len(bad), "; ".join(bad))
+
+
+def _build(cfg: DataConfig) -> WebDatasetSource:
+    return WebDatasetSource(
+        cfg.path,
+        cfg.resolution,
+        cfg.caption_column,
+        seed=cfg.seed,
+        shuffle_buffer=cfg.shuffle_buffer,
+        **augmentation(cfg),
+    )
+
+
+SOURCE = Source(
+    _build,
+    "tar shards in brace notation",
+    "'/data/shards/{000000..000099}.tar'",
+    streamed=True,
+    bucketed=True,
+    content=lambda cfg: shards_fingerprint(cfg.path),
+)

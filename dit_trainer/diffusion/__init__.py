@@ -1,24 +1,16 @@
-"""Noise schedules by family, the per-sample loss, and the sampler: the math of diffusion in one place."""
+"""The math of diffusion in one place: noise schedules by family (``ddpm``: epsilon / v-prediction, ``flow``: flow
+matching), the training loss (``loss``), the samplers with classifier-free guidance (``sampler``) and the
+stochastic policy steps GRPO needs (``policy``).
 
-from dit_trainer.diffusion.ddpm import DDPMSchedule, FallbackScheduler
-from dit_trainer.diffusion.families import OBJECTIVES, SAMPLERS, build_noise_schedule
-from dit_trainer.diffusion.flow import FallbackFlowScheduler, FlowSchedule
-from dit_trainer.diffusion.loss import per_sample_mse
-from dit_trainer.diffusion.sampler import SamplerSettings, TextToImage, generate
-from dit_trainer.diffusion.schedule import NoiseSchedule, TimestepDensity
+``OBJECTIVES`` names the schedule family that trains each ``diffusion.objective``, ``SAMPLERS`` the family each
+``diffusion.sampler`` samples; both are registries, imported on first use. A schedule family checks its own
+``diffusion.*`` settings (``NoiseSchedule.check_config``).
+"""
 
-__all__ = [
-    "OBJECTIVES",
-    "SAMPLERS",
-    "DDPMSchedule",
-    "FallbackFlowScheduler",
-    "FallbackScheduler",
-    "FlowSchedule",
-    "NoiseSchedule",
-    "SamplerSettings",
-    "TextToImage",
-    "TimestepDensity",
-    "build_noise_schedule",
-    "generate",
-    "per_sample_mse",
-]
+from dit_trainer.registry import Registry
+
+DDPM = "dit_trainer.diffusion.ddpm:DDPMSchedule"
+FLOW = "dit_trainer.diffusion.flow:FlowSchedule"
+
+OBJECTIVES = Registry("diffusion.objective", {"epsilon": DDPM, "v_prediction": DDPM, "flow_matching": FLOW})
+SAMPLERS = Registry("diffusion.sampler", {"ddim": DDPM, "dpmsolver++": DDPM, "euler": FLOW})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import diffusers
 import torch
@@ -14,13 +14,12 @@ from diffusers import DDIMScheduler, DPMSolverMultistepScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.training_utils import compute_snr
 
+from dit_trainer.config import DiffusionConfig
+from dit_trainer.diffusion.flow import FLOW_SCHEDULER
 from dit_trainer.diffusion.policy import DDIMPolicy
 from dit_trainer.diffusion.schedule import NoiseSchedule, SchedulerStep, TimestepDensity
+from dit_trainer.errors import require
 from dit_trainer.registry import lookup
-
-if TYPE_CHECKING:
-    from dit_trainer.config import DiffusionConfig
-
 
 DEFAULT_ETA = 1.0  # DDPO's
 
@@ -170,6 +169,32 @@ class DDPMSchedule(NoiseSchedule):
     def __init__(self, scheduler, objective: str, density: TimestepDensity, snr_gamma: float | None = None) -> None:
         super().__init__(scheduler, objective, density)
         self.snr_gamma = snr_gamma
+
+    @classmethod
+    def check_config(cls, d: DiffusionConfig) -> None:
+        require(
+            d.scheduler != FLOW_SCHEDULER,
+            "diffusion.objective",
+            d.objective,
+            f"`{FLOW_SCHEDULER}` (configs/diffusion/flow.yaml) trains with flow matching",
+            "set `diffusion.objective=flow_matching` as well (an experiment that sets its own objective keeps it when "
+            "`diffusion=flow` is picked; `+experiment=shapes_flow` is shapes with flow matching)",
+        )
+        require(
+            d.flow_weighting == "none",
+            "diffusion.flow_weighting",
+            d.flow_weighting,
+            "it applies to flow matching only; epsilon / v_prediction weight with `diffusion.snr_gamma`",
+            "set `diffusion.flow_weighting=none`",
+        )
+        if d.scheduler is None:
+            require(
+                d.beta_schedule in BETA_SCHEDULES,
+                "diffusion.beta_schedule",
+                d.beta_schedule,
+                f"the fallback schedule computes {', '.join(BETA_SCHEDULES)}",
+                "set e.g. `diffusion.beta_schedule=linear`",
+            )
 
     @classmethod
     def from_config(cls, cfg: DiffusionConfig, density: TimestepDensity) -> DDPMSchedule:

@@ -3,21 +3,18 @@ predicts the velocity eps - x0, and Euler steps integrate it from sigma 1 to 0. 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.training_utils import compute_loss_weighting_for_sd3
 
+from dit_trainer.config import DiffusionConfig
 from dit_trainer.diffusion.policy import FlowSDEPolicy
 from dit_trainer.diffusion.schedule import NoiseSchedule, SchedulerStep, TimestepDensity
+from dit_trainer.errors import require
 
-if TYPE_CHECKING:
-    from dit_trainer.config import DiffusionConfig
-
-FLOW_WEIGHTINGS = ("none", "sigma_sqrt", "cosmap")
 DEFAULT_NOISE_LEVEL = 0.7  # Flow-GRPO's a
+FLOW_SCHEDULER = "FlowMatchEulerDiscreteScheduler"  # diffusers' sampler of flow matching
 
 
 def shift_sigmas(sigmas: torch.Tensor, shift: float) -> torch.Tensor:
@@ -63,6 +60,23 @@ class FlowSchedule(NoiseSchedule):
         super().__init__(scheduler, "flow_matching", density)
         self.shift = shift
         self.weighting = weighting
+
+    @classmethod
+    def check_config(cls, d: DiffusionConfig) -> None:
+        require(
+            d.snr_gamma is None,
+            "diffusion.snr_gamma",
+            d.snr_gamma,
+            "min-SNR weighting is for epsilon / v_prediction; flow matching weights with `diffusion.flow_weighting`",
+            "set `diffusion.snr_gamma=null` and e.g. `diffusion.flow_weighting=sigma_sqrt`",
+        )
+        require(
+            d.scheduler in (None, FLOW_SCHEDULER),
+            "diffusion.scheduler",
+            d.scheduler,
+            f"flow matching uses `{FLOW_SCHEDULER}` (or null for the built-in Euler)",
+            f"set `diffusion.scheduler={FLOW_SCHEDULER}` (configs/diffusion/flow.yaml does)",
+        )
 
     @classmethod
     def from_config(cls, cfg: DiffusionConfig, density: TimestepDensity) -> FlowSchedule:

@@ -19,10 +19,9 @@ import torch
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from diffusers.training_utils import compute_density_for_timestep_sampling
 
+from dit_trainer.config import DiffusionConfig
 from dit_trainer.diffusion.policy import StochasticPolicy
 from dit_trainer.registry import lookup
-
-TIMESTEP_DENSITIES = ("uniform", "logit_normal", "mode", "cosmap")
 
 
 @dataclass
@@ -74,6 +73,12 @@ class NoiseSchedule(ABC):
         if self.is_fallback:
             return self.scheduler.num_train_timesteps
         return self.scheduler.config.num_train_timesteps
+
+    @classmethod
+    @abstractmethod
+    def check_config(cls, d: DiffusionConfig) -> None:
+        """Refuse ``diffusion.*`` settings this family does not train or sample with (checked with the config,
+        before any model is built)."""
 
     @abstractmethod
     def sample_timesteps(self, batch_size: int, device: torch.device, generator: torch.Generator) -> torch.Tensor:

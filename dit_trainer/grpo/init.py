@@ -1,10 +1,11 @@
 """A GRPO run starts from a trained run: its model, VAE, text encoder, data and diffusion settings, and one
 checkpoint's weights (EMA by default).
 
-``start_from_run`` rewrites the config before it is validated: the inherited sections are copied from the init run's
-``config.yaml`` and ``model.pretrained`` points at the checkpoint's weights folder, so the GRPO run is an ordinary
-fine-tuning run of a pretrained DiT. Its own ``config.yaml`` therefore records where it started, and sampling,
-evaluation, export and resuming read it as they read any run. A value set explicitly for an inherited key that
+``inherit_init_run`` rewrites the config before it is validated (``run_config`` reads the init run's config and
+calls it): the inherited sections are copied from the init run's config and ``model.pretrained`` points at the
+checkpoint's weights folder, so the GRPO run is an ordinary fine-tuning run of a pretrained DiT. Its own
+``config.yaml`` therefore records where it started, and sampling, evaluation, export and resuming read it as they
+read any run. A value set explicitly for an inherited key that
 differs from the init run's is refused: the weights were trained with the init run's.
 """
 
@@ -17,7 +18,7 @@ from typing import Any
 
 from dit_trainer.config import TrainConfig
 from dit_trainer.errors import ConfigError, shortlist
-from dit_trainer.run_folder import CONFIG, is_checkpoint, read_run_config, weights_format
+from dit_trainer.run_folder import CONFIG, find_checkpoint, is_checkpoint, weights_layout
 
 INHERITED_SECTIONS = ("model", "vae", "text_encoder", "data", "diffusion")
 # How a run samples and loads data, not what its weights learned: a GRPO run may set these.
@@ -33,8 +34,6 @@ FREE_KEYS = {
 def init_checkpoint(init_from: str) -> tuple[Path, Path]:
     """(run folder, checkpoint) of ``grpo.init_from``: a run folder (its newest complete checkpoint) or one of
     its checkpoint folders."""
-    from dit_trainer.inference import find_checkpoint  # inference imports the config package, as this one does
-
     path = Path(init_from).expanduser()
     if is_checkpoint(path):
         return path.parent.parent, path
@@ -73,13 +72,15 @@ def _set_by_hand(cfg: TrainConfig, overrides: Sequence[str] | None) -> set[str]:
     return {key for key in inherited if any(key == n or key.startswith(f"{n}.") for n in named)}
 
 
-def start_from_run(cfg: TrainConfig, overrides: Sequence[str] | None = None) -> TrainConfig:
-    """``cfg`` with the init run's model, VAE, text encoder, data and diffusion settings and ``model.pretrained``
-    at the checkpoint's weights; ``grpo.init_weights`` records that folder. ``overrides`` are the command line's
-    (None from Python: then values other than the schema's defaults count as set by hand)."""
+def inherit_init_run(
+    cfg: TrainConfig, init: TrainConfig, checkpoint: Path, overrides: Sequence[str] | None = None
+) -> TrainConfig:
+    """``cfg`` with the model, VAE, text encoder, data and diffusion settings of ``init`` (the config of the run
+    ``grpo.init_from`` names) and ``model.pretrained`` at ``checkpoint``'s weights; ``grpo.init_weights`` records
+    that folder. ``overrides`` are the command line's (None from Python: then values other than the schema's
+    defaults count as set by hand)."""
     grpo = cfg.grpo
-    run_dir, checkpoint = init_checkpoint(grpo.init_from)
-    init = read_run_config(run_dir)
+    run_dir = checkpoint.parent.parent
     if init.lora.enabled:
         raise ConfigError(
             "grpo.init_from",
@@ -88,7 +89,7 @@ def start_from_run(cfg: TrainConfig, overrides: Sequence[str] | None = None) -> 
             f"export it (`python scripts/export.py run_dir={run_dir}` merges the adapter), then start the GRPO run "
             "from the export with `model.pretrained=EXPORT/transformer` and the run's other settings",
         )
-    weights = weights_format(False).weights_dir(checkpoint, grpo.init_ema)
+    weights = weights_layout(False).weights_dir(checkpoint, grpo.init_ema)
     inherited_model = dataclasses.replace(init.model, pretrained=str(weights.resolve()), subfolder=None, revision=None)
     sections = {**{name: getattr(init, name) for name in INHERITED_SECTIONS}, "model": inherited_model}
     ours = {key: value for name in INHERITED_SECTIONS for key, value in _flatten(getattr(cfg, name), name).items()}

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-PROMPT_SAMPLING = ("uniform", "spread")
 UNSEEN = 1.0  # the weight of a prompt not rolled out yet: above any within-group std of rewards in [0, 1]
 
 

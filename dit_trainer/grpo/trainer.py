@@ -24,7 +24,8 @@ from dit_trainer.grpo.loss import clipped_policy_loss, gaussian_kl, ratio_statis
 from dit_trainer.grpo.prompts import PromptSampler
 from dit_trainer.grpo.reference import ReferencePolicy
 from dit_trainer.grpo.rollout import Rollout, recompute_steps, roll_out
-from dit_trainer.rewards import WeightedReward, group_statistics
+from dit_trainer.rewards.base import WeightedReward
+from dit_trainer.rewards.grpo import group_statistics
 from dit_trainer.training.preflight import preflight
 from dit_trainer.training.trainer import Trainer
 

@@ -1,23 +1,20 @@
-"""Rewards of generated images, behind one protocol: ``reward(images [0, 1] (B, 3, H, W), prompts) -> (B,)``."""
+"""Rewards of generated images, behind one protocol: ``reward(images [0, 1] (B, 3, H, W), prompts) -> (B,)``
+(``base``), their weighted sum (``build``) and GRPO's group statistics (``grpo``).
 
-from dit_trainer.rewards.base import RewardFunction, WeightedReward
-from dit_trainer.rewards.build import REWARDS, build_reward, check_reward_weights
-from dit_trainer.rewards.clip import CLIPScoreReward, load_clip_score
-from dit_trainer.rewards.grpo import GroupStatistics, group_statistics, reward_metrics
-from dit_trainer.rewards.jpeg import JPEGCompressibilityReward
-from dit_trainer.rewards.shapes import ShapesAlignmentReward
+``REWARDS`` is the registry ``reward.weights`` names, each entry a ``base.Reward`` imported on first use: adding a
+reward is its module, one entry here and one YAML file in ``configs/reward/`` (or, outside this package, a weight
+for ``package.module:REWARD``).
+"""
 
-__all__ = [
-    "REWARDS",
-    "CLIPScoreReward",
-    "GroupStatistics",
-    "JPEGCompressibilityReward",
-    "RewardFunction",
-    "ShapesAlignmentReward",
-    "WeightedReward",
-    "build_reward",
-    "check_reward_weights",
-    "group_statistics",
-    "load_clip_score",
-    "reward_metrics",
-]
+from dit_trainer.registry import Registry
+
+REWARDS = Registry(
+    "reward.weights",
+    {
+        "shapes_alignment": "dit_trainer.rewards.shapes:SHAPES_ALIGNMENT",
+        "shapes_margin": "dit_trainer.rewards.shapes:SHAPES_MARGIN",
+        "clip_score": "dit_trainer.rewards.clip:CLIP_SCORE",
+        "jpeg_compressibility": "dit_trainer.rewards.jpeg:JPEG_COMPRESSIBILITY",
+        "digit_accuracy": "dit_trainer.rewards.digits:DIGIT_ACCURACY",
+    },
+)

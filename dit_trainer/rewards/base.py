@@ -7,16 +7,33 @@ A reward function maps images in [0, 1] with shape (B, 3, H, W) and their prompt
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from dit_trainer.config import RewardConfig
 
 
 class RewardFunction(Protocol):
     name: str
 
     def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor: ...
+
+
+def no_models(cfg: RewardConfig) -> dict[str, str | None]:
+    return {}
+
+
+@dataclass(frozen=True)
+class Reward:
+    """An entry of ``REWARDS``: ``build(cfg, device, dtype)`` makes the reward function (its models loaded once,
+    frozen, on ``device`` in ``dtype``); ``models(cfg)`` names the models it loads, by config key, so that an
+    offline machine is told before training which are missing."""
+
+    build: Callable[[RewardConfig, torch.device, torch.dtype], RewardFunction]
+    models: Callable[[RewardConfig], dict[str, str | None]] = no_models
 
 
 def check_reward_inputs(images: torch.Tensor, prompts: Sequence[str]) -> None:

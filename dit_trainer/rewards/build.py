@@ -1,36 +1,18 @@
-"""Reward functions from the ``reward`` config: each model loaded once, frozen, on the device in ``dtype``.
-
-``REWARDS`` is the registry ``reward.weights`` names: adding a reward is its module, one entry here and one YAML
-file in ``configs/reward/``.
-"""
+"""Reward functions from the ``reward`` config: each model loaded once, frozen, on the device in ``dtype``; and the
+``reward`` section's checks."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
 
 import torch
 
+from dit_trainer.config import RewardConfig, TrainConfig
 from dit_trainer.errors import ConfigError
-from dit_trainer.rewards.base import RewardFunction, WeightedReward
-from dit_trainer.rewards.clip import load_clip_score
-from dit_trainer.rewards.digits import DigitAccuracyReward
-from dit_trainer.rewards.jpeg import JPEGCompressibilityReward
-from dit_trainer.rewards.shapes import ShapesAlignmentReward, ShapesMarginReward
-
-if TYPE_CHECKING:
-    from dit_trainer.config import RewardConfig
-
-RewardBuilder = Callable[["RewardConfig", torch.device, torch.dtype], RewardFunction]
-
-REWARDS: dict[str, RewardBuilder] = {
-    "shapes_alignment": lambda cfg, device, dtype: ShapesAlignmentReward(),
-    "shapes_margin": lambda cfg, device, dtype: ShapesMarginReward(),
-    "clip_score": lambda cfg, device, dtype: load_clip_score(cfg.clip_model, device, dtype, cfg.clip_revision),
-    "jpeg_compressibility": lambda cfg, device, dtype: JPEGCompressibilityReward(cfg.jpeg_quality),
-    "digit_accuracy": lambda cfg, device, dtype: DigitAccuracyReward(),
-}
+from dit_trainer.hub import require_offline_copy
+from dit_trainer.rewards import REWARDS
+from dit_trainer.rewards.base import WeightedReward
 
 
 def check_reward_weights(weights: Mapping[str, float], required: bool = True) -> None:
@@ -40,7 +22,8 @@ def check_reward_weights(weights: Mapping[str, float], required: bool = True) ->
             raise ConfigError(
                 f"reward.weights.{name}",
                 weight,
-                f"`{name}` is not a reward function; the known ones are {', '.join(REWARDS)}",
+                f"`{name}` is not a reward function; the known ones are {', '.join(REWARDS)} (or "
+                "`package.module:REWARD` for one of your own)",
                 "remove it, or pick one of those, e.g. `reward=clip_score` or `reward.weights={shapes_alignment:1.0}`",
             )
         if not math.isfinite(weight):
@@ -54,7 +37,26 @@ def check_reward_weights(weights: Mapping[str, float], required: bool = True) ->
         )
 
 
+def check_rewards(cfg: TrainConfig) -> None:
+    """The configured rewards, and, when a run scores images (the reward monitor, GRPO), every model they load is
+    on this machine under HF_HUB_OFFLINE=1."""
+    scoring = cfg.monitor.grpo.enabled or cfg.grpo.enabled
+    check_reward_weights(cfg.reward.weights, required=scoring)
+    if not scoring:
+        return
+    for name in cfg.reward.weights:
+        reward = REWARDS.get(name, f"reward.weights.{name}")
+        for key, name_or_path in reward.models(cfg.reward).items():
+            if name_or_path:
+                require_offline_copy(str(name_or_path), key)
+
+
 def build_reward(cfg: RewardConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> WeightedReward:
     """The weighted sum of the configured reward functions (one term when a single reward is configured)."""
     check_reward_weights(cfg.weights)
-    return WeightedReward({name: (weight, REWARDS[name](cfg, device, dtype)) for name, weight in cfg.weights.items()})
+    return WeightedReward(
+        {
+            name: (weight, REWARDS.get(name, f"reward.weights.{name}").build(cfg, device, dtype))
+            for name, weight in cfg.weights.items()
+        }
+    )

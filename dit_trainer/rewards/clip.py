@@ -10,7 +10,7 @@ from transformers import AutoTokenizer, CLIPModel, ImageProcessingMixin
 
 from dit_trainer.components.freeze import freeze
 from dit_trainer.hub import load_pretrained
-from dit_trainer.rewards.base import check_reward_inputs
+from dit_trainer.rewards.base import Reward, check_reward_inputs
 
 CONFIG_KEY = "reward.clip_model"
 
@@ -97,3 +97,9 @@ def load_clip_score(
         processor["image_mean"],
         processor["image_std"],
     )
+
+
+CLIP_SCORE = Reward(
+    lambda cfg, device, dtype: load_clip_score(cfg.clip_model, device, dtype, cfg.clip_revision),
+    models=lambda cfg: {CONFIG_KEY: cfg.clip_model},
+)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from dit_trainer.data.digits import DigitClassifier
-from dit_trainer.rewards.base import check_reward_inputs
+from dit_trainer.rewards.base import Reward, check_reward_inputs
 
 
 class DigitAccuracyReward:
@@ -25,3 +25,6 @@ class DigitAccuracyReward:
         predicted = self.classifier.predict(images)
         correct = [str(label) == prompt for label, prompt in zip(predicted, prompts)]
         return torch.tensor(correct, dtype=torch.float32, device=images.device)
+
+
+DIGIT_ACCURACY = Reward(lambda cfg, device, dtype: DigitAccuracyReward())

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from PIL import Image
 
-from dit_trainer.rewards.base import check_reward_inputs
+from dit_trainer.rewards.base import Reward, check_reward_inputs
 
 
 class JPEGCompressibilityReward:
@@ -32,3 +32,6 @@ class JPEGCompressibilityReward:
         check_reward_inputs(images, prompts)
         pixels = (images.float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
         return -torch.tensor([self._bits_per_pixel(image) for image in pixels], device=images.device)
+
+
+JPEG_COMPRESSIBILITY = Reward(lambda cfg, device, dtype: JPEGCompressibilityReward(cfg.jpeg_quality))

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 
 from dit_trainer.data.shapes import score_alignment, shape_margins
-from dit_trainer.rewards.base import check_reward_inputs
+from dit_trainer.rewards.base import Reward, check_reward_inputs
 
 
 class ShapesAlignmentReward:
@@ -33,3 +33,7 @@ class ShapesMarginReward:
     def __call__(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
         check_reward_inputs(images, prompts)
         return shape_margins(images, list(prompts)).to(images.device)
+
+
+SHAPES_ALIGNMENT = Reward(lambda cfg, device, dtype: ShapesAlignmentReward())
+SHAPES_MARGIN = Reward(lambda cfg, device, dtype: ShapesMarginReward())

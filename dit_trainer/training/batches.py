@@ -13,24 +13,6 @@ from dit_trainer.data.poisson import PoissonBatchSampler
 from dit_trainer.errors import ConfigError
 
 
-def require_full_batches(items: int, batch_size: int, processes: int, held_out: int = 0) -> None:
-    """Every process needs one complete batch: the loaders drop an incomplete last batch (and Poisson sampling
-    draws ``batch_size`` on average), so a smaller data set would train on nothing, or fail deep in the loop.
-    ``held_out``: the items validation keeps out of ``items``' data set."""
-    if items >= batch_size * processes:
-        return
-    largest = items // processes
-    per_process = f" per process x {processes} processes" if processes > 1 else ""
-    held = f" to train on ({held_out} more are held out for validation)" if held_out else ""
-    raise ConfigError(
-        "trainer.batch_size",
-        batch_size,
-        f"the data set has {items} items{held}, fewer than one batch of {batch_size}{per_process}, and incomplete "
-        "batches are dropped",
-        f"set `trainer.batch_size={largest}` or lower, or add data" if largest else "add data (or use fewer processes)",
-    )
-
-
 def resumable_batches(
     dataloader: DataLoader, accelerator: Accelerator, micro_steps: int, data_path: str | None = None
 ) -> Iterator[dict]:

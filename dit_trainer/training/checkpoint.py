@@ -1,6 +1,6 @@
 """Writing and restoring checkpoints: accelerate state (optimizer, LR schedule, RNG, data position) plus what
 trains, and its EMA, in a format other tools load: the whole DiT as a diffusers ``save_pretrained`` folder, or a
-LoRA run's adapter in peft's format (the frozen base is not saved again; ``run_folder.WeightsFormat``).
+LoRA run's adapter in peft's format (the frozen base is not saved again; ``run_folder.WeightsLayout``).
 
 A checkpoint is written to ``.checkpoint-N.partial`` and renamed to ``checkpoint-N`` only when every file is in
 place, with ``manifest.json`` listing them and their sizes; only checkpoints whose manifest matches the disk count,
@@ -25,14 +25,15 @@ from diffusers.training_utils import EMAModel
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from dit_trainer.components import trainable_parameters
+from dit_trainer.components.freeze import trainable_parameters
+from dit_trainer.components.weights import load_weights, save_weights
 from dit_trainer.durable import fsync_tree, publish
 from dit_trainer.errors import CheckpointWriteError, ConfigError
 from dit_trainer.run_folder import (
     CHECKPOINTS,
     FULL_WEIGHTS,
     MANIFEST,
-    WeightsFormat,
+    WeightsLayout,
     list_checkpoints,
     resolve_checkpoint,
 )
@@ -100,7 +101,7 @@ class Checkpointer:
         state: TrainingState,
         ema: EMAModel | None,
         total_limit: int | None,
-        weights: WeightsFormat = FULL_WEIGHTS,
+        weights: WeightsLayout = FULL_WEIGHTS,
         config: dict[str, Any] | None = None,
         allow_config_change: bool = False,
         json_states: dict[str, JSONState] | None = None,
@@ -122,7 +123,7 @@ class Checkpointer:
             return
         for model in models:
             transformer = self.accelerator.unwrap_model(model).transformer
-            self.weights.save(transformer, Path(output_dir) / self.weights.directory)
+            save_weights(transformer, Path(output_dir) / self.weights.directory, self.weights.lora)
             weights.pop()  # saved above; accelerate need not save it again
             if self.ema is not None:
                 self._save_ema(transformer, Path(output_dir) / self.weights.ema_directory)
@@ -132,7 +133,7 @@ class Checkpointer:
         self.ema.store(parameters)
         self.ema.copy_to(parameters)
         try:
-            self.weights.save(transformer, path)
+            save_weights(transformer, path, self.weights.lora)
         finally:
             self.ema.restore(parameters)
         counters = {k: v for k, v in self.ema.state_dict().items() if k != "shadow_params"}
@@ -143,11 +144,11 @@ class Checkpointer:
             transformer = self.accelerator.unwrap_model(models.pop()).transformer
             if self.ema is not None:
                 self._load_ema(transformer, Path(input_dir) / self.weights.ema_directory)
-            self.weights.load(transformer, Path(input_dir) / self.weights.directory)
+            load_weights(transformer, Path(input_dir) / self.weights.directory, self.weights.lora)
 
     def _load_ema(self, transformer: ModelMixin, path: Path) -> None:
         """Load the EMA weights into the model to read them out as the EMA's shadow; the raw ones follow."""
-        self.weights.load(transformer, path)
+        load_weights(transformer, path, self.weights.lora)
         # Checkpoints written by EMAModel.save_pretrained keep the counters in config.json.
         counters = json.loads((path / EMA_STATE if (path / EMA_STATE).is_file() else path / "config.json").read_text())
         shadow = [parameter.detach().clone() for parameter in trainable_parameters(transformer)]

@@ -6,9 +6,8 @@ import time
 
 from torch import nn
 
-from dit_trainer.diffusion import SamplerSettings
-from dit_trainer.evaluation import sample_distances
-from dit_trainer.fid import ReferenceSet
+from dit_trainer.diffusion.sampler import SamplerSettings
+from dit_trainer.fid import ReferenceSet, sample_distances
 from dit_trainer.training.monitors import Monitor, MonitorContext, sampling_weights
 
 

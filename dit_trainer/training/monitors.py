@@ -17,11 +17,12 @@ from accelerate import Accelerator
 from diffusers.training_utils import EMAModel
 from torch import nn
 
-from dit_trainer.components import trainable_parameters
+from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.config import LoggerConfig
 from dit_trainer.diffusion.sampler import SamplerSettings, TextToImage
 from dit_trainer.images import image_grid
-from dit_trainer.rewards import WeightedReward, reward_metrics
+from dit_trainer.rewards.base import WeightedReward
+from dit_trainer.rewards.grpo import reward_metrics
 from dit_trainer.training.trackers import log_image
 
 

@@ -37,9 +37,9 @@ from dit_trainer.components.modulation import (
     output_modulation_grad_sample,
 )
 from dit_trainer.config import PrivacyConfig
+from dit_trainer.data.loading import require_full_batches
 from dit_trainer.data.poisson import PoissonBatchSampler, collate_poisson
 from dit_trainer.errors import ConfigError
-from dit_trainer.training.batches import require_full_batches
 
 logging.getLogger("opacus").setLevel(logging.WARNING)  # it logs every hooked layer at INFO
 register_grad_sampler(BlockModulation)(block_modulation_grad_sample)

@@ -1,6 +1,6 @@
 """The training loop: one optimizer step per iteration, then logging, checkpoints and monitors when they are due.
 
-The loop is model-agnostic. What a step computes is the ``objective`` (batch, DiT, generator -> (B,) loss); how
+The loop is model-agnostic. What a step computes is the ``loss_fn`` (batch, DiT, generator -> (B,) loss); how
 its gradients become an update is the ``update`` strategy (accelerate's accumulation and clipping, or DP-SGD).
 ``train_step`` is the seam a trainer with another kind of step (GRPO's rollouts and policy updates) overrides: the
 loop, checkpoints, resume, monitors and metrics stay the same.
@@ -35,7 +35,7 @@ from dit_trainer.training.update import Update
 
 logger = get_logger(__name__)
 
-Objective = Callable[[dict, nn.Module, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+LossFn = Callable[[dict, nn.Module, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,8 @@ class TrainResult:
 
 
 class Trainer:
-    """Trains ``dit`` on ``objective`` with ``update``; checkpoints through ``checkpointer`` (whose ``state`` holds
-    the step and the generator every random draw of a step comes from). ``objective``, ``dataloader`` and
+    """Trains ``dit`` on ``loss_fn`` with ``update``; checkpoints through ``checkpointer`` (whose ``state`` holds
+    the step and the generator every random draw of a step comes from). ``loss_fn``, ``dataloader`` and
     ``bad_files`` are the data-driven step's; a subclass with its own ``batches`` and ``train_step`` (GRPO) needs
     none of them."""
 
@@ -76,7 +76,7 @@ class Trainer:
         checkpointer: Checkpointer,
         guard: NonFiniteGuard,
         num_train_timesteps: int,
-        objective: Objective | None = None,
+        loss_fn: LossFn | None = None,
         dataloader: DataLoader | None = None,
         bad_files: BadFileCounter | None = None,
         ema: EMAModel | None = None,
@@ -87,7 +87,7 @@ class Trainer:
         self.run_dir = run_dir
         self.accelerator = accelerator
         self.dit = dit
-        self.objective = objective
+        self.loss_fn = loss_fn
         self.update = update
         self.dataloader = dataloader
         self.checkpointer = checkpointer
@@ -142,7 +142,7 @@ class Trainer:
         """Forward and backward of one micro-batch; returns its mean loss."""
         if is_empty(batch):  # only a Poisson draw (DP) can select no image
             return self.update.backward_empty()
-        per_sample, timesteps = self.objective(batch, self.dit, self.state.generator)
+        per_sample, timesteps = self.loss_fn(batch, self.dit, self.state.generator)
         self.timestep_losses.add(per_sample, timesteps)
         return self.update.backward(per_sample)
 
@@ -155,7 +155,7 @@ class Trainer:
 
         def compute_loss() -> torch.Tensor:
             with self.accelerator.autocast():
-                return self.objective(batch, model, generator)[0].mean()
+                return self.loss_fn(batch, model, generator)[0].mean()
 
         with self.update.diagnostics_paused():
             preflight(model, compute_loss)

@@ -16,9 +16,9 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from dit_trainer.data.buckets import in_order_loader
-from dit_trainer.diffusion import NoiseSchedule, per_sample_mse
+from dit_trainer.diffusion.loss import batch_condition, per_sample_mse
+from dit_trainer.diffusion.schedule import NoiseSchedule
 from dit_trainer.training.monitors import Monitor, MonitorContext, sampling_weights
-from dit_trainer.training.objective import text_condition
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def validation_losses(
         count = len(latents)
         noise = torch.stack([image_noise(seed + first + i, len(timesteps), latents.shape[1:]) for i in range(count)])
         noise = noise.to(device)
-        embeds, mask = text_condition(batch, text_encoder, 0.0, torch.Generator(device))
+        embeds, mask = batch_condition(batch, text_encoder, 0.0, torch.Generator(device))
         losses = []
         for k, timestep in enumerate(timesteps):
             t = timestep.expand(count)

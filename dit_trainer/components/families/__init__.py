@@ -1,15 +1,21 @@
-"""Transformer families: what the trainer needs to know of a diffusers transformer class, behind one interface.
+"""Transformer families: what the trainer needs to know of a diffusers transformer class, behind one interface
+(``base.Family``).
 
 A ``Family`` builds a randomly initialised transformer from ``ModelConfig`` or loads a pretrained one, says whether a
-loaded one fits the run's VAE and conditioning, and calls it as ``predict(transformer, x_t, t, embeds, mask)``:
-the trainer, the samplers, the monitors, GRPO and export see only that. ``FAMILIES`` is the registry that
-``model.family`` names; adding a family is its module, one entry here and a recipe in ``configs/``.
+loaded one fits the run's VAE and conditioning, checks its own config rules, and calls it as
+``predict(transformer, x_t, t, embeds, mask)``; it also names its LoRA targets, prepares itself for DP and writes
+its diffusers pipeline on export. The trainer, the samplers, the monitors, GRPO and export see only that.
+``FAMILIES`` is the registry ``model.family`` names; adding a family is its module, one entry here and a recipe in
+``configs/`` (or, outside this package, ``model.family=package.module:FAMILY``).
 """
 
-from dit_trainer.components.families.base import Family
-from dit_trainer.components.families.dit import DIT
-from dit_trainer.components.families.pixart import PIXART_ALPHA, PIXART_SIGMA
+from dit_trainer.registry import Registry
 
-FAMILIES: dict[str, Family] = {"pixart_alpha": PIXART_ALPHA, "pixart_sigma": PIXART_SIGMA, "dit": DIT}
-
-__all__ = ["FAMILIES", "Family"]
+FAMILIES = Registry(
+    "model.family",
+    {
+        "pixart_alpha": "dit_trainer.components.families.pixart:PIXART_ALPHA",
+        "pixart_sigma": "dit_trainer.components.families.pixart:PIXART_SIGMA",
+        "dit": "dit_trainer.components.families.dit:DIT",
+    },
+)

@@ -2,19 +2,52 @@
 
 The two share the transformer class and this module; they differ in their released weights (Σ: the SDXL VAE, 300
 T5 tokens, no micro-conditions) and in the pipeline an export writes.
+
+An export is a whole pipeline folder when the run's text encoder is a T5 (what the PixArt pipelines load); with
+another text encoder (the shapes default's MiniLM/BERT, CLIP) the folder holds ``transformer/``, ``vae/`` and
+``scheduler/``, and the manifest names the text encoder: the PixArt pipelines only call
+``text_encoder(input_ids, attention_mask=mask)[0]``, the last hidden state our text encoder conditions on, so the
+pieces assemble into the same pipeline class (the manifest's ``usage`` shows how).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
 
+import diffusers
 import torch
-from diffusers import PixArtTransformer2DModel
+from diffusers import FlowMatchEulerDiscreteScheduler, PixArtTransformer2DModel
+from transformers import T5EncoderModel
 
-from dit_trainer.components.families.base import Family, architecture, input_mismatch
+from dit_trainer.components.families.base import ExportParts, Family, PipelineExport, architecture, input_mismatch
+from dit_trainer.components.modulation import expose_modulation_tables
+from dit_trainer.config import ModelConfig, TrainConfig
+from dit_trainer.errors import require
 
-if TYPE_CHECKING:
-    from dit_trainer.config import ModelConfig
+# The PixArt pipelines predate flow matching: they scale the first latents by the scheduler's ``init_noise_sigma`` and
+# call ``scale_model_input``, which FlowMatchEulerDiscreteScheduler lacks. For flow matching both are the identity,
+# so the printed recipe supplies them (the exported pipeline then reproduces our sampler).
+FLOW_MATCHING_PATCH = (
+    "# The PixArt pipelines predate flow matching: give the scheduler the two identity members they expect\n"
+    "pipe.scheduler.init_noise_sigma = 1.0\n"
+    "pipe.scheduler.scale_model_input = lambda sample, timestep=None: sample\n"
+)
+
+
+def check(cfg: TrainConfig) -> None:
+    """PixArt's caption projection maps text features to the inner size, so a built one has no other."""
+    m = cfg.model
+    if m.pretrained is not None:
+        return
+    inner = m.num_attention_heads * m.attention_head_dim
+    require(
+        m.cross_attention_dim in (None, inner),
+        "model.cross_attention_dim",
+        m.cross_attention_dim,
+        f"PixArt's caption projection maps text features to heads x head_dim = {m.num_attention_heads} x "
+        f"{m.attention_head_dim} = {inner}, so cross_attention_dim must equal {inner}",
+        f"set `model.cross_attention_dim={inner}` or `model.cross_attention_dim=null`",
+    )
 
 
 def build(cfg: ModelConfig, in_channels: int, sample_size: int, condition_dim: int) -> PixArtTransformer2DModel:
@@ -59,5 +92,117 @@ def predict(
     )[0][:, : x_t.shape[1]]
 
 
-PIXART_ALPHA = Family(PixArtTransformer2DModel, build, mismatch, predict, "PixArtAlphaPipeline")
-PIXART_SIGMA = Family(PixArtTransformer2DModel, build, mismatch, predict, "PixArtSigmaPipeline")
+def _kwargs(**values) -> str:
+    return ", ".join(f"{key}={value!r}" for key, value in values.items() if value is not None)
+
+
+def _conditioning(cfg: TrainConfig, text_encoder, bundled: bool) -> dict:
+    """The manifest's text encoder (bundled in the folder, or named) and the pipeline call that reproduces our
+    sampler."""
+    te = cfg.text_encoder
+    return {
+        "text_encoder": {
+            "bundled": bundled,
+            "pretrained": "text_encoder" if bundled else te.pretrained,
+            "subfolder": None if bundled else te.subfolder,
+            "tokenizer_subfolder": "tokenizer" if bundled else te.tokenizer_subfolder,
+            "revision": None if bundled else te.revision,
+            "class": type(text_encoder.model).__name__,
+            "max_length": te.max_length,
+            "conditioning": "last_hidden_state and attention_mask of the prompt tokenized with "
+            "padding='max_length', truncation=True, max_length=max_length; the empty prompt '' is the "
+            "unconditional branch of classifier-free guidance",
+        },
+        "generation": {
+            "height": cfg.data.resolution,
+            "width": cfg.data.resolution,
+            "num_inference_steps": cfg.diffusion.sample_steps,
+            "guidance_scale": cfg.diffusion.guidance_scale,
+            "negative_prompt": "",
+            "max_sequence_length": te.max_length,
+            "use_resolution_binning": False,
+            "clean_caption": False,
+        },
+    }
+
+
+def _usage(folder: str, parts: ExportParts, generation: dict, text_encoder_class: str | None) -> str:
+    """Python that loads the export in ``folder`` and generates an image as our sampler would."""
+    pipeline, scheduler = parts.pipeline, type(parts.scheduler).__name__
+    patch = FLOW_MATCHING_PATCH if isinstance(parts.scheduler, FlowMatchEulerDiscreteScheduler) else ""
+    call = patch + (
+        f'image = pipe("a red circle", height={generation["height"]}, width={generation["width"]}, '
+        f"num_inference_steps={generation['num_inference_steps']}, guidance_scale={generation['guidance_scale']},\n"
+        f"             max_sequence_length={generation['max_sequence_length']}, use_resolution_binning=False, "
+        "clean_caption=False).images[0]"
+    )
+    cast = parts.dtype != "float32"
+    imports, to_dtype = ("import torch\n", f".to(torch.{parts.dtype})") if cast else ("", "")
+    torch_dtype = f", torch_dtype=torch.{parts.dtype}" if cast else ""
+    if text_encoder_class is None:
+        return (
+            f"{imports}from diffusers import {pipeline}\n\npipe = {pipeline}.from_pretrained({folder!r}{torch_dtype})\n"
+            + call
+        )
+    te = parts.cfg.text_encoder
+    te_args = _kwargs(subfolder=te.subfolder, revision=te.revision)
+    tok_args = _kwargs(subfolder=te.tokenizer_subfolder, revision=te.revision)
+    transformer = type(parts.transformer).__name__
+    return (
+        f"{imports}from diffusers import AutoencoderKL, {scheduler}, {pipeline}, "
+        f"{transformer}\nfrom transformers import AutoTokenizer, {text_encoder_class}\n\n"
+        f"folder, text_encoder = {folder!r}, {te.pretrained!r}\n"
+        f"pipe = {pipeline}(\n"
+        f"    tokenizer=AutoTokenizer.from_pretrained(text_encoder{', ' + tok_args if tok_args else ''}),\n"
+        f"    text_encoder={text_encoder_class}.from_pretrained(text_encoder{', ' + te_args if te_args else ''}),\n"
+        f'    transformer={transformer}.from_pretrained(folder, subfolder="transformer"),\n'
+        '    vae=AutoencoderKL.from_pretrained(folder, subfolder="vae"),\n'
+        f'    scheduler={scheduler}.from_pretrained(folder, subfolder="scheduler"),\n'
+        f"){to_dtype}\n{call}"
+    )
+
+
+def export(parts: ExportParts) -> PipelineExport:
+    """A whole pipeline folder with a T5 text encoder (the PixArt pipelines' own), else the pieces and the text
+    encoder named in the manifest."""
+    text_encoder = parts.text_encoder
+    bundled = isinstance(text_encoder.model, T5EncoderModel)
+    manifest = _conditioning(parts.cfg, text_encoder, bundled)
+    text_encoder_class = None if bundled else type(text_encoder.model).__name__
+
+    def save(folder: Path) -> None:
+        if bundled:
+            model = text_encoder.model
+            pipeline = getattr(diffusers, parts.pipeline)(
+                tokenizer=text_encoder.tokenizer,
+                text_encoder=model if parts.dtype == "float32" else model.to(getattr(torch, parts.dtype)),
+                vae=parts.vae,
+                transformer=parts.transformer,
+                scheduler=parts.scheduler,
+            )
+            pipeline.save_pretrained(folder)
+            return
+        parts.transformer.save_pretrained(folder / "transformer")
+        parts.vae.save_pretrained(folder / "vae")
+        parts.scheduler.save_pretrained(folder / "scheduler")
+
+    return PipelineExport(
+        bundled, manifest, save, lambda folder: _usage(folder, parts, manifest["generation"], text_encoder_class)
+    )
+
+
+def _family(pipeline: str) -> Family:
+    return Family(
+        transformer_class=PixArtTransformer2DModel,
+        build=build,
+        mismatch=mismatch,
+        predict=predict,
+        pipeline=pipeline,
+        export=export,
+        check=check,
+        prepare_private=expose_modulation_tables,
+    )
+
+
+PIXART_ALPHA = _family("PixArtAlphaPipeline")
+PIXART_SIGMA = _family("PixArtSigmaPipeline")

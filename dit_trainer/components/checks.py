@@ -1,0 +1,59 @@
+"""The checks of the model sections (``model``, ``lora``, ``vae``, ``text_encoder``): each names a registry entry
+(a family, a VAE kind, a conditioner kind) that checks its own part, the conditioner gives what the family is
+conditioned on, the resolution cuts into whole patches, and every model named by hub id is on this machine when
+the hub is offline."""
+
+from __future__ import annotations
+
+from dit_trainer.components import TEXT_ENCODER_KINDS, VAE_KINDS
+from dit_trainer.components.build import check_resolution
+from dit_trainer.components.families import FAMILIES
+from dit_trainer.config import TrainConfig
+from dit_trainer.errors import require
+from dit_trainer.hub import require_offline_copy
+
+CONDITIONS = {"text": "text", "class": "class labels"}
+
+
+def check_components(cfg: TrainConfig) -> None:
+    family = FAMILIES.get(cfg.model.family)
+    vae = VAE_KINDS.get(cfg.vae.kind)
+    conditioner = TEXT_ENCODER_KINDS.get(cfg.text_encoder.kind)
+    if family.check is not None:
+        family.check(cfg)
+    factor = vae.downsample_factor(cfg.vae)
+    if factor is not None:  # else checked as soon as the VAE has loaded (build_components)
+        check_resolution(cfg, factor)
+    require(
+        not vae.pretrained or bool(cfg.vae.pretrained),
+        "vae.pretrained",
+        cfg.vae.pretrained,
+        f"`vae.kind={cfg.vae.kind}` needs a hub id or a local path",
+        "set `vae.pretrained=...` or use `vae=pixel`",
+    )
+    require(
+        not cfg.lora.enabled or bool(cfg.model.pretrained),
+        "model.pretrained",
+        cfg.model.pretrained,
+        "`lora.enabled=true` fine-tunes a pretrained DiT, and none is set (the base would stay random and frozen)",
+        "set `model.pretrained=<hub id or path>` (with `model.subfolder=transformer` for a pipeline repository)",
+    )
+    require(
+        conditioner.condition == family.condition,
+        "text_encoder.kind",
+        cfg.text_encoder.kind,
+        f"`model.family={cfg.model.family}` is conditioned on {CONDITIONS.get(family.condition, family.condition)}",
+        "set `text_encoder.kind=class_labels` (with `model.family=dit`)"
+        if family.condition == "class"
+        else "use a text encoder (`text_encoder=minilm` or `t5`), or `model.family=dit` for class labels",
+    )
+    if conditioner.check is not None:
+        conditioner.check(cfg)
+    models = {
+        "vae.pretrained": cfg.vae.pretrained if vae.pretrained else None,
+        "text_encoder.pretrained": cfg.text_encoder.pretrained if conditioner.pretrained else None,
+        "model.pretrained": cfg.model.pretrained,
+    }
+    for key, name_or_path in models.items():
+        if name_or_path:
+            require_offline_copy(str(name_or_path), key)

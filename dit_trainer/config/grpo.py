@@ -1,0 +1,90 @@
+"""The sections of reward fine-tuning and monitoring: which rewards score images (``reward``), the periodic reward
+monitor in GRPO's shape (``monitor.grpo``) and GRPO training itself (``grpo``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dit_trainer.config.choices import PROMPT_SAMPLING
+from dit_trainer.config.fields import at_least, between, one_of, positive
+
+
+@dataclass
+class RewardConfig:
+    """Rewards of generated images: a weighted sum of named reward functions (``dit_trainer.rewards.REWARDS``)."""
+
+    # name -> weight. Empty here so that a config group option replaces it rather than merging.
+    weights: dict[str, float] = field(default_factory=dict)
+    clip_model: str = "openai/clip-vit-base-patch32"  # clip_score: hub id or local path of a transformers CLIPModel
+    clip_revision: str | None = None
+    jpeg_quality: int = between(1, 100, 95)  # jpeg_compressibility: the JPEG quality the images are encoded at
+
+
+@dataclass
+class GRPOMonitorConfig:
+    """Periodic reward monitoring in GRPO's shape: ``prompts`` x ``group_size`` images with fixed seeds, sampled with
+    the EMA weights under no_grad on the main process and scored by ``reward``. Logs reward/mean, reward/std,
+    reward/<name>, grpo/adv_abs_mean, grpo/zero_std_frac and monitor/seconds; writes RUN/rewards/step_N.png."""
+
+    enabled: bool = False
+    every_n_steps: int = at_least(1, 1000)  # also runs at the last step
+    prompts: list[str] = field(default_factory=list)
+    prompt_file: str | None = None  # one prompt per line; used instead of `prompts` when set
+    group_size: int = at_least(  # G: images per prompt
+        2, 4, "set e.g. `{key}=4`", "GRPO's group statistics, a per-prompt mean and std, need at least 2 images"
+    )
+    seed: int = 0  # image j of every prompt uses seed + j, so groups are comparable across prompts and runs
+    sample_steps: int | None = at_least(1, None, note="or null for diffusion.sample_steps")
+    guidance_scale: float | None = at_least(0, None, note="or null for diffusion.guidance_scale")
+    batch_size: int = at_least(1, 32)  # images sampled at once
+    # advantages are (r - mean) / (std + eps)
+    eps: float = positive(1e-4, note="it keeps advantages finite for zero-std groups")
+
+
+@dataclass
+class GRPOConfig:
+    """GRPO reward fine-tuning (Flow-GRPO for flow matching, DDPO's DDIM-eta for epsilon / v). Each training step is
+    one epoch: every process rolls out ``prompts_per_epoch`` x ``group_size`` images with the current (raw) weights
+    and a stochastic sampler, scores them with ``reward``, normalises the rewards within each prompt's group, and
+    updates the DiT on the PPO-clipped ratio of the log-probabilities of its own sampling steps. No gradient flows
+    through images. ``trainer.max_steps`` counts epochs; ``optim.lr`` is the learning rate."""
+
+    enabled: bool = False
+    # A run folder (its newest checkpoint) or one of its checkpoint folders: the model, VAE, text encoder, data and
+    # diffusion settings come from that run, the weights from that checkpoint. Null: start from `model.pretrained`.
+    init_from: str | None = None
+    init_ema: bool = True  # start from the checkpoint's EMA weights (when it has them)
+    # Written by train.py when it applies `init_from`: the weights folder the run started from. Not set by hand.
+    init_weights: str | None = None
+    prompts: list[str] = field(default_factory=list)  # what the policy is trained on
+    prompt_file: str | None = None  # one prompt per line; used instead of `prompts` when set
+    prompts_per_epoch: int = at_least(1, 12)  # per process, drawn without repetition within an epoch
+    # uniform: a fresh permutation each epoch | spread: prompts drawn in proportion to their recent within-group
+    # reward std (at least a tenth of the largest), so rollouts go where groups disagree, the only place GRPO learns
+    prompt_sampling: str = one_of(PROMPT_SAMPLING, "uniform")
+    group_size: int = at_least(2, 16, note="advantages compare images of one prompt")  # G: images per prompt
+    sample_steps: int = at_least(2, 10)  # steps of the rollout sampler
+    guidance_scale: float | None = at_least(0, None, note="or null for diffusion.guidance_scale")
+    # Noise of the stochastic sampler: flow matching's a (std a sqrt(sigma / (1 - sigma)); null: 0.7) or DDIM's
+    # eta (null: 1.0). It must be > 0: the deterministic sampler has no log-probability to train.
+    noise_level: float | None = positive(None, note="or null for the family's default")
+    # The window of steps that draw noise and are trained (the others are the deterministic sampler's): from step
+    # `sde_start`, `sde_steps` of them (null: every step that can; the last is always deterministic).
+    sde_start: int = at_least(0, 0)
+    sde_steps: int | None = at_least(1, None, note="or null for all")
+    # Of the window's steps, how many each trajectory trains per epoch: a random subset per trajectory (DanceGRPO's
+    # and Flow-GRPO's timestep_fraction), for cheaper updates and so more epochs. Null: every step of the window.
+    steps_per_trajectory: int | None = at_least(1, None, note="or null for every step of the window")
+    clip_range: float = positive(1e-4)  # PPO's clip of the ratio, on the per-dimension mean log-prob scale
+    adv_clip_max: float = positive(5.0)  # advantages are clamped to +- this
+    advantage_std: str = one_of(("group", "global"), "group")  # divide by each group's std or by all rewards'
+    filter_zero_std: bool = True  # skip the samples of groups whose rewards are all equal (their advantage is 0)
+    beta: float = at_least(0, 0.0, note="0 disables the KL penalty")  # KL to the starting policy
+    minibatches: int = at_least(1, 1)  # optimizer updates per pass over an epoch's rollouts
+    passes: int = at_least(1, 1)  # passes over an epoch's rollouts (after the first, updates are off-policy)
+    rollout_batch_size: int = at_least(1, 64)  # images sampled at once
+    # With CFG, also train the empty-prompt prediction that every prompt's guided step shares. Off: updates reach
+    # only the conditional half (the unconditional one is used as is), so prompts do not pull it in conflicting
+    # directions.
+    train_unconditional: bool = True
+    eps: float = positive(1e-4, note="it keeps advantages finite for zero-std groups")

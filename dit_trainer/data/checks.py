@@ -1,0 +1,148 @@
+"""The ``data`` and ``validation`` sections' checks: every source named is registered and gets the path it needs
+(checked by the source itself), a mixture mixes only what can be mixed, buckets fit the source and the model,
+and validation has held-out images from exactly one place."""
+
+from __future__ import annotations
+
+from dit_trainer.components.build import pixel_multiple
+from dit_trainer.config import TrainConfig
+from dit_trainer.data import SOURCES
+from dit_trainer.data.buckets import configured_buckets
+from dit_trainer.errors import require
+
+
+def check_data(cfg: TrainConfig) -> None:
+    for position, entry in enumerate(cfg.data.mixture):
+        SOURCES.check(entry.source, f"data.mixture[{position}].source")
+    SOURCES.check(cfg.data.source)
+    if not cfg.grpo.enabled:  # GRPO trains on its own samples and reads no data
+        if cfg.data.mixture:
+            _check_mixture(cfg)
+        else:
+            _check_source_path(cfg.data.source, cfg.data.path, "data.path")
+        if cfg.data.buckets != "none":
+            _check_buckets(cfg)
+    if cfg.validation.every_n_steps:
+        _check_validation(cfg)
+
+
+def _check_source_path(name: str, path: str | None, key: str) -> None:
+    source = SOURCES.get(name)
+    if source.path_meaning is None:
+        return
+    require(
+        bool(path),
+        key,
+        path,
+        f"`data={name}` needs {source.path_meaning}",
+        f"add `{key}={source.path_example}` to the command line",
+    )
+    if source.check_path is not None:
+        source.check_path(path, key)
+
+
+def _check_mixture(cfg: TrainConfig) -> None:
+    """A mixture's entries name random-access sources with their paths; the settings that need one source (or a
+    stream-free sampler) are refused with it."""
+    data, key = cfg.data, "data.mixture"
+    for position, entry in enumerate(data.mixture):
+        require(
+            not SOURCES.get(entry.source).streamed,
+            f"{key}[{position}].source",
+            entry.source,
+            "a mixture draws each epoch's items by weight from random-access data sets, and a stream has no "
+            "items to draw",
+            "mix imagefolder, hf or shapes data sets (write the shards' images to a folder, or train on the "
+            "stream alone)",
+        )
+        _check_source_path(entry.source, entry.path, f"{key}[{position}].path")
+    for name, value, reason, fix in (
+        ("data.path", data.path, "the entries name their own paths", "remove `data.path`"),
+        (
+            "data.cache_dir",
+            data.cache_dir,
+            "a disk cache is not supported yet",
+            "cache in memory instead (`data.cache_latents=true`), or precompute and train on one data set",
+        ),
+        (
+            "privacy.enabled",
+            cfg.privacy.enabled,
+            "DP's Poisson sampling draws every image with the same probability, so it cannot weight sources",
+            "train one data set under DP",
+        ),
+        (
+            "validation.path",
+            cfg.validation.path,
+            "validation images are held out of the mixture's own data sets",
+            "set `validation.split=0.01` and `validation.path=null`",
+        ),
+    ):
+        require(not value, name, value, f"with `data.mixture`, {reason}", fix)
+
+
+def _check_buckets(cfg: TrainConfig) -> None:
+    """Buckets need a source that reads image sizes, batches that can be made one bucket at a time, and sizes the
+    latents cut into whole patches."""
+    sources = [entry.source for entry in cfg.data.mixture] or [cfg.data.source]
+    square = next((name for name in sources if not SOURCES.get(name).bucketed), None)
+    require(
+        square is None,
+        "data.buckets",
+        cfg.data.buckets,
+        f"`{square}` gives square images of one size, so every image would land in one bucket",
+        "use buckets with a folder or data set of real images (`data=imagefolder`, `data=hf`), or set "
+        "`data.buckets=none`",
+    )
+    require(
+        not cfg.privacy.enabled,
+        "data.buckets",
+        cfg.data.buckets,
+        "DP's Poisson sampling draws every image independently at every step, so a batch cannot be kept to one bucket",
+        "set `data.buckets=none` under `privacy.enabled=true`",
+    )
+    if pixel_multiple(cfg) is not None:  # else the models' config files are downloaded when the data is read
+        configured_buckets(cfg)
+
+
+def _check_validation(cfg: TrainConfig) -> None:
+    """Validation needs held-out data: a fraction of a random-access data set, or a folder of its own."""
+    v, source = cfg.validation, SOURCES.get(cfg.data.source)
+    require(
+        not cfg.grpo.enabled,
+        "validation.every_n_steps",
+        v.every_n_steps,
+        "a GRPO run trains on its own samples and reads no data set to hold images out of",
+        "set `validation.every_n_steps=0`",
+    )
+    require(
+        (v.split > 0) != bool(v.path),
+        "validation.split",
+        v.split,
+        f"validation needs held-out images from exactly one place (`validation.path` is {v.path!r})",
+        "hold out a fraction of the data (`validation.split=0.01`) or name a folder (`validation.path=...` with "
+        "`validation.split=0`)",
+    )
+    require(
+        v.split == 0 or not source.streamed,
+        "validation.split",
+        v.split,
+        f"`data={cfg.data.source}` is streamed, and a stream has no items to hold out by index",
+        "write held-out shards and set `validation.path=<their brace pattern>` with `validation.split=0`",
+    )
+    require(
+        not (v.path and cfg.data.cache_dir),
+        "validation.path",
+        v.path,
+        "training from a latent cache (`data.cache_dir`) loads neither the VAE encoder nor the text encoder, so "
+        "images outside the cache cannot be validated",
+        "hold out part of the cached data instead (`validation.split=0.01`, `validation.path=null`)",
+    )
+    require(
+        v.timesteps <= cfg.diffusion.num_train_timesteps,
+        "validation.timesteps",
+        v.timesteps,
+        f"there are only {cfg.diffusion.num_train_timesteps} training timesteps to stratify",
+        f"set `validation.timesteps={min(8, cfg.diffusion.num_train_timesteps)}`",
+    )
+    if v.path and source.check_path is not None:
+        source.check_path(v.path, "validation.path")

@@ -1,0 +1,150 @@
+"""A run's training data, from source to DataLoader: the disk cache or the source (one, or a mixture), less the
+validation images it holds out, in buckets when configured, optionally encoded once into memory, and batched by
+the loader that fits it (a seeded batch plan for buckets and mixtures, a plain shuffle, or the stream's own order).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from dit_trainer.config import MixtureSource, TrainConfig
+from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
+from dit_trainer.data.buckets import BucketedStream, BucketTable, bucketed, configured_buckets, item_buckets
+from dit_trainer.data.cache import CachedPrompts, open_cache
+from dit_trainer.data.collate import collate_batch
+from dit_trainer.data.latent_cache import LatentDataset, encode_dataset
+from dit_trainer.data.mixture import item_sources, source_names
+from dit_trainer.data.source import build_dataset
+from dit_trainer.data.split import split_validation
+from dit_trainer.errors import ConfigError
+
+logger = get_logger(__name__)
+
+
+def require_full_batches(items: int, batch_size: int, processes: int, held_out: int = 0) -> None:
+    """Every process needs one complete batch: the loaders drop an incomplete last batch (and Poisson sampling
+    draws ``batch_size`` on average), so a smaller data set would train on nothing, or fail deep in the loop.
+    ``held_out``: the items validation keeps out of ``items``' data set."""
+    if items >= batch_size * processes:
+        return
+    largest = items // processes
+    per_process = f" per process x {processes} processes" if processes > 1 else ""
+    held = f" to train on ({held_out} more are held out for validation)" if held_out else ""
+    raise ConfigError(
+        "trainer.batch_size",
+        batch_size,
+        f"the data set has {items} items{held}, fewer than one batch of {batch_size}{per_process}, and incomplete "
+        "batches are dropped",
+        f"set `trainer.batch_size={largest}` or lower, or add data" if largest else "add data (or use fewer processes)",
+    )
+
+
+def build_source(cfg: TrainConfig, accelerator: Accelerator) -> tuple[Dataset, CachedPrompts | None, Dataset | None]:
+    """The disk cache (and its prompt embeddings) when there is one, else the source data set, less the validation
+    images it holds out (returned third); a map-style one is checked to give every process a complete batch before
+    any model is built."""
+    cache, cached_text = open_cache(cfg, accelerator.device) if cfg.data.cache_dir else (None, None)
+    table, source = (cache.table, cache) if cache is not None else (configured_buckets(cfg), build_dataset(cfg.data))
+    if cache is None:  # a stream in buckets batches itself, dropping incomplete batches as the loader would
+        source = bucketed(source, table, cfg.trainer.batch_size, True, accelerator.is_main_process)
+    dataset, held_out = split_validation(cfg.data, cfg.validation, source, table)
+    if not isinstance(dataset, IterableDataset):  # a stream's length is unknown: `resumable_batches` checks it
+        held = len(held_out) if held_out is not None and cfg.validation.split else 0
+        require_full_batches(len(dataset), cfg.trainer.batch_size, accelerator.num_processes, held)
+    buckets, sources = item_buckets(dataset), item_sources(dataset)
+    if buckets is not None:
+        report_buckets(buckets, table, cfg.trainer.batch_size, accelerator.num_processes)
+    if sources is not None:
+        report_mixture(sources, cfg.data.mixture)
+    return dataset, cached_text, held_out
+
+
+def report_mixture(sources: list[int], mixture: list[MixtureSource]) -> None:
+    """Log each source's images and the share of every epoch its weight gives it."""
+    counts, total = Counter(sources), sum(entry.weight for entry in mixture)
+    described = ", ".join(
+        f"{name}: {counts[k]} images, {entry.weight / total:.0%} of each epoch"
+        for k, (name, entry) in enumerate(zip(source_names(mixture), mixture))
+    )
+    logger.info(f"data mixture: {described}", main_process_only=True)
+
+
+def report_buckets(buckets: list[int], table: BucketTable, batch_size: int, processes: int) -> None:
+    """Log how many images each bucket holds, warn about buckets too small for one batch (their images are never
+    trained on), and refuse data that fills no batch per process at all."""
+    logger.info(f"aspect-ratio buckets (height x width: images): {table.describe(buckets)}", main_process_only=True)
+    counts = Counter(buckets)
+    small = {bucket: count for bucket, count in counts.items() if count < batch_size}
+    if small:
+        names = ", ".join(f"{table.sizes[b][0]}x{table.sizes[b][1]} ({n})" for b, n in sorted(small.items()))
+        logger.warning(
+            f"{sum(small.values())} images sit in buckets smaller than one batch of {batch_size} and are never "
+            f"trained on: {names}. Lower `trainer.batch_size` or list fewer buckets in `data.buckets`.",
+            main_process_only=True,
+        )
+    batches = sum(count // batch_size for count in counts.values())
+    if batches < processes:
+        raise ConfigError(
+            "trainer.batch_size",
+            batch_size,
+            f"the buckets ({table.describe(buckets)}) fill {batches} complete batches of {batch_size}, fewer than "
+            f"one per process ({processes})",
+            "lower `trainer.batch_size`, list fewer buckets in `data.buckets`, or add data",
+        )
+
+
+def build_training_data(cfg: TrainConfig, accelerator: Accelerator, vae, source: Dataset) -> Dataset:
+    """``source``, or with ``data.cache_latents`` its posteriors kept in memory (a disk cache holds them already)."""
+    if not cfg.data.cache_latents or cfg.data.cache_dir:
+        return source
+    return encode_dataset(
+        source,
+        vae,
+        accelerator.device,
+        num_workers=cfg.data.num_workers,
+        show_progress=accelerator.is_main_process,
+    )
+
+
+def loader_options(cfg: TrainConfig, dataset: Dataset, device: torch.device) -> dict:
+    """Worker processes when the items need decoding (an in-memory latent cache does not), pinned memory for
+    CUDA, workers kept alive across epochs."""
+    workers = 0 if isinstance(dataset, LatentDataset) else cfg.data.num_workers
+    return {
+        "num_workers": workers,
+        "pin_memory": device.type == "cuda",
+        "persistent_workers": workers > 0 and not isinstance(dataset, IterableDataset),  # set_epoch reaches workers
+        "prefetch_factor": cfg.data.prefetch_factor if workers > 0 else None,
+    }
+
+
+def build_dataloader(cfg: TrainConfig, dataset: Dataset, device: torch.device) -> DataLoader:
+    """Map-style data sets are shuffled (in buckets or mixed from several sources, by a seeded plan whose every
+    batch is one bucket and whose epochs draw each source by its weight); an iterable one (webdataset) shuffles
+    and splits its shards itself."""
+    if isinstance(dataset, BucketedStream):  # it yields whole batches
+        return DataLoader(dataset, batch_size=None, collate_fn=collate_batch, **loader_options(cfg, dataset, device))
+    buckets, sources = item_buckets(dataset), item_sources(dataset)
+    if buckets is not None or sources is not None:
+        weights = [entry.weight for entry in cfg.data.mixture] or None
+        buckets = buckets or [0] * len(dataset)
+        plan = BatchPlan(buckets, cfg.trainer.batch_size, cfg.trainer.seed, sources, weights)
+        return DataLoader(
+            dataset,
+            batch_sampler=PlanBatchSampler(plan),
+            collate_fn=collate_batch,
+            **loader_options(cfg, dataset, device),
+        )
+    return DataLoader(
+        dataset,
+        batch_size=cfg.trainer.batch_size,
+        shuffle=not isinstance(dataset, IterableDataset),
+        drop_last=True,
+        collate_fn=collate_batch,
+        **loader_options(cfg, dataset, device),
+    )

@@ -1,0 +1,49 @@
+"""What a data source (an entry of ``SOURCES``) tells the rest of the package, and ``build_dataset``, which builds
+the configured one (or the mixture of several)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import Dataset
+
+from dit_trainer.config import DataConfig
+from dit_trainer.data import SOURCES
+from dit_trainer.data.mixture import MixtureDataset, entry_config, source_names
+
+
+@dataclass(frozen=True)
+class Source:
+    """How to build a source from ``DataConfig`` and what it needs of the config; what it can do (streamed,
+    bucketed); and, for a procedural source whose images can be judged, how to judge a run trained on it."""
+
+    build: Callable[[DataConfig], Dataset]
+    path_meaning: str | None = None  # completes "`data=NAME` needs ..."; None: it takes no data.path
+    path_example: str | None = None
+    check_path: Callable[[str, str], None] | None = None  # (path, its key): a cheap check before any model is built
+    streamed: bool = False  # an IterableDataset: no random access (so no Poisson sampling for DP)
+    bucketed: bool = False  # its items can come at any (height, width) and it reads image sizes: `data.buckets`
+    # What identifies the data beyond its config, for the cache fingerprint: cheap (no image is read), so None
+    # where the config alone determines the data (shapes).
+    content: Callable[[DataConfig], dict] | None = None
+    # Every caption of a data set with a closed set of them: what evaluate.py judges a run on by default.
+    captions: Callable[[], list[str]] | None = None
+    # Metrics read from generated images and their prompts (shapes: colour and shape accuracy), for evaluate.py.
+    judge: Callable[[torch.Tensor, list[str]], dict[str, float]] | None = None
+
+
+def augmentation(cfg: DataConfig) -> dict:
+    """How a file-based source reads an image and its caption: the crop, the flip, several caption columns."""
+    return {"crop": cfg.crop, "horizontal_flip": cfg.horizontal_flip, "caption_columns": cfg.caption_columns}
+
+
+def build_dataset(cfg: DataConfig) -> Dataset:
+    """The source ``cfg.source`` names, or the mixture of ``cfg.mixture``'s. ``webdataset`` is an
+    ``IterableDataset`` (no ``len``), sharded by the torch.distributed rank of this process; the others are
+    map-style."""
+    if cfg.mixture:
+        entries = [build_dataset(entry_config(cfg, entry)) for entry in cfg.mixture]
+        return MixtureDataset(entries, source_names(cfg.mixture))
+    return SOURCES.get(cfg.source).build(cfg)

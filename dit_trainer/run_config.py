@@ -1,0 +1,156 @@
+"""The one loader of training configs, above every part of the package: what ``train.py``, the scripts and the
+tests call to turn a composed Hydra config (or a ``TrainConfig`` built in Python) into a validated ``TrainConfig``,
+and to read a run folder's config back.
+
+The order keeps mistakes cheap: the schema's field checks first (no torch, no model, no folder read), then a GRPO
+run inherits its init run's settings, a class-conditional run its class folders, and only then does each part of
+the package check its own sections (``components``, ``diffusion``, ``data``, ``training``, ``grpo``, ``rewards``),
+importing what those checks need. Defaults that depend on a registry entry (LoRA's target modules) are recorded
+last, so that the saved config says what was trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from dit_trainer.config import TrainConfig, check_fields, register_configs
+from dit_trainer.config.choices import CLASS_LABELS
+from dit_trainer.config.resolvers import register_resolvers
+from dit_trainer.errors import ConfigError
+from dit_trainer.grpo.init import inherit_init_run, init_checkpoint
+from dit_trainer.run_folder import CONFIG
+
+
+def compose_train_config(config_dir: Path, overrides: list[str]) -> TrainConfig:
+    """The validated config ``train.py`` would build from ``overrides``, composed with Hydra's compose API (no
+    output folder is made)."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+        return to_train_config(compose(config_name="train", overrides=overrides), overrides)
+
+
+def to_train_config(cfg: DictConfig | TrainConfig, overrides: Sequence[str] | None = None) -> TrainConfig:
+    """A composed Hydra config (or a ``TrainConfig`` built in Python) as validated dataclasses, interpolations
+    such as ``${asset:shapes_vae}`` resolved. A GRPO run's ``grpo.init_from`` is applied here, once (a run's saved
+    config records it in ``grpo.init_weights``); ``overrides`` are the command line's, to tell which values were
+    set by hand."""
+    register_resolvers()
+    structured = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg))
+    check_fields(structured)
+    if structured.grpo.init_from and structured.grpo.init_weights is None:
+        run_dir, checkpoint = init_checkpoint(structured.grpo.init_from)
+        structured = inherit_init_run(structured, read_run_config(run_dir), checkpoint, overrides)
+    return with_lora_targets(validate(with_class_folders(structured)))
+
+
+def with_lora_targets(cfg: TrainConfig) -> TrainConfig:
+    """An empty ``lora.target_modules`` is the family's own targets, recorded in the run's saved config: a resume
+    or an export later adapts the same modules, whatever the family's defaults have become by then."""
+    if cfg.lora.target_modules:
+        return cfg
+    from dit_trainer.components.families import FAMILIES
+
+    targets = list(FAMILIES.get(cfg.model.family).lora_targets)
+    return dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, target_modules=targets))
+
+
+def with_class_folders(cfg: TrainConfig) -> TrainConfig:
+    """A class-conditional run on an image folder of class sub-folders, with ``text_encoder.classes`` unset, gets
+    the sub-folder names (sorted, as torchvision numbers them), recorded in its saved config: sampling and export
+    later read the classes there, with no data at hand."""
+    text, data = cfg.text_encoder, cfg.data
+    if text.kind != CLASS_LABELS or text.classes or data.source != "imagefolder" or not data.path:
+        return cfg
+    from dit_trainer.components.class_labels import class_folders
+    from dit_trainer.data.imagefolder import METADATA
+
+    folder = Path(data.path).expanduser()
+    if not folder.is_dir() or (folder / METADATA).is_file():
+        return cfg
+    return dataclasses.replace(cfg, text_encoder=dataclasses.replace(text, classes=class_folders(folder)))
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """The field checks, then each part's checks of its own sections; the first failure is one ``ConfigError``
+    paragraph naming the key, the value, what is accepted and the fix. Returns ``cfg``."""
+    check_fields(cfg)
+    # The parts' checks import torch and the model libraries: only once the fields are known to be good.
+    from dit_trainer.components.checks import check_components
+    from dit_trainer.data.checks import check_data
+    from dit_trainer.diffusion.checks import check_diffusion
+    from dit_trainer.grpo.checks import check_grpo
+    from dit_trainer.rewards.build import check_rewards
+    from dit_trainer.training.checks import check_training
+
+    for check in (check_components, check_diffusion, check_data, check_training, check_grpo, check_rewards):
+        check(cfg)
+    return cfg
+
+
+def first_interpolation(node: Any, key: str = "") -> tuple[str, str] | None:
+    """The dotted key and text of the first ``${...}`` in a plain (unresolved) config tree, or None."""
+    if isinstance(node, dict):
+        children = ((f"{key}.{name}" if key else str(name), child) for name, child in node.items())
+    elif isinstance(node, list):
+        children = ((f"{key}[{index}]", child) for index, child in enumerate(node))
+    else:
+        return (key, node) if isinstance(node, str) and "${" in node else None
+    for child_key, child in children:
+        found = first_interpolation(child, child_key)
+        if found is not None:
+            return found
+    return None
+
+
+def refuse_interpolations(saved: DictConfig, config_path: Path) -> None:
+    """Refuse a run config holding an interpolation, before anything resolves it.
+
+    ``train.py`` writes ``config.yaml`` with every interpolation resolved, so one in it was added by hand or by
+    another tool, and resolving it is not safe: ``${oc.env:NAME}`` reads an environment variable (a token, a
+    password) into the config, and a resolver such as ``${package_model:MODULE}`` imports a module, running its
+    code. Refusing is clearer than keeping the text literally, which would only fail later as a strange model path
+    or prompt.
+    """
+    found = first_interpolation(OmegaConf.to_container(saved, resolve=False))
+    if found is not None:
+        key, text = found
+        raise ConfigError(
+            key,
+            text,
+            f"{config_path} must hold plain values (train.py writes it with every interpolation resolved), and "
+            "resolving one from a run folder could read environment variables or import code",
+            f"replace the interpolation in {config_path} with the value it stands for, then run again",
+        )
+
+
+def read_run_config(run_dir: Path) -> TrainConfig:
+    """The validated config a run folder was trained with; interpolations in it are refused, never resolved."""
+    config_path = run_dir / CONFIG
+    if not config_path.is_file():
+        raise ConfigError(
+            "run_dir",
+            str(run_dir),
+            f"it holds no {CONFIG}, so it is not a dit-trainer run folder",
+            "pass the folder train.py wrote (its hydra.run.dir)",
+        )
+    saved = OmegaConf.load(config_path)
+    refuse_interpolations(saved, config_path)
+    try:
+        return to_train_config(saved)
+    except OmegaConfBaseException as error:  # a setting renamed, removed or retyped since the run was trained
+        key, reason = error.full_key or CONFIG, str(error).partition("\n")[0]
+        raise ConfigError(
+            key,
+            OmegaConf.select(saved, error.full_key, default=None) if error.full_key else None,
+            f"this version of dit-trainer does not accept it in {config_path} ({reason}; "
+            "the file was written by another version, or edited)",
+            f"edit that key in {config_path} to the current setting (`python train.py --cfg job` prints them "
+            "all) or remove it, then run again",
+        ) from None

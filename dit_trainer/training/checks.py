@@ -1,0 +1,79 @@
+"""The checks of what the training run itself is configured to do beyond the model and data: DP-SGD (what would
+void its guarantee or fail inside Opacus) and the monitors (their prompts, and FID's need for validation images)."""
+
+from __future__ import annotations
+
+from dit_trainer.config import TrainConfig
+from dit_trainer.data import SOURCES
+from dit_trainer.errors import require
+from dit_trainer.prompts import load_prompts
+
+
+def check_training(cfg: TrainConfig) -> None:
+    if cfg.privacy.enabled:
+        _check_privacy(cfg)
+    if cfg.monitor.grpo.enabled:
+        load_prompts(cfg.monitor.grpo.prompts, cfg.monitor.grpo.prompt_file, "monitor.grpo.")
+    if cfg.monitor.fid.enabled:
+        _check_fid_monitor(cfg)
+
+
+def _check_privacy(cfg: TrainConfig) -> None:
+    """The combinations that would void the DP guarantee or fail inside Opacus (a family adds its own)."""
+    p, t = cfg.privacy, cfg.trainer
+    require(
+        (p.noise_multiplier is None) != (p.target_epsilon is None),
+        "privacy.noise_multiplier/target_epsilon",
+        (p.noise_multiplier, p.target_epsilon),
+        "exactly one of them must be set (the noise, or the budget the noise is calibrated to)",
+        "set e.g. `privacy.target_epsilon=8` and `privacy.noise_multiplier=null`",
+    )
+    require(
+        t.gradient_accumulation_steps == 1,
+        "trainer.gradient_accumulation_steps",
+        t.gradient_accumulation_steps,
+        "under `privacy.enabled=true` each optimizer step must see one Poisson-sampled batch (accumulating "
+        "several would change the sampling rate the privacy accounting assumes)",
+        f"set `trainer.gradient_accumulation_steps=1` and "
+        f"`trainer.batch_size={t.batch_size * t.gradient_accumulation_steps}` (the expected batch size)",
+    )
+    require(
+        not t.gradient_checkpointing,
+        "trainer.gradient_checkpointing",
+        t.gradient_checkpointing,
+        "Opacus computes per-sample gradients from hooks that checkpointing's recomputation would run twice",
+        "set `trainer.gradient_checkpointing=false` (lower `trainer.batch_size` if memory is short)",
+    )
+    require(
+        t.mixed_precision != "fp16",
+        "trainer.mixed_precision",
+        t.mixed_precision,
+        "fp16's loss scaling would scale the per-sample gradients that DP clips",
+        "use `trainer.mixed_precision=bf16` (or `no`)",
+    )
+    require(
+        not SOURCES.get(cfg.data.source).streamed or bool(cfg.data.cache_dir),
+        "data.source",
+        cfg.data.source,
+        "DP needs Poisson sampling (each image drawn independently at every step), which a stream cannot do",
+        "use a random-access source (`data=imagefolder` or `data=hf`) or a latent cache (`data.cache_dir`)",
+    )
+
+
+def _check_fid_monitor(cfg: TrainConfig) -> None:
+    """The FID monitor compares samples with the validation images, read as images."""
+    require(
+        bool(cfg.validation.every_n_steps),
+        "monitor.fid.enabled",
+        True,
+        "the FID monitor compares samples with the validation images, and validation is off",
+        "turn validation on (`validation.every_n_steps=5000 validation.split=0.01`, or `validation.path=...`)",
+    )
+    require(
+        not (cfg.monitor.fid.features == "vae" and cfg.data.cache_dir),
+        "monitor.fid.features",
+        "vae",
+        "training from a latent cache (`data.cache_dir`) does not load the VAE encoder these features come from",
+        "use `monitor.fid.features=inception`, or compute FID after training with `scripts/evaluate.py RUN "
+        "metrics=[fid] fid_features=vae`",
+    )

@@ -1,0 +1,61 @@
+"""The optimizer side of a run: AdamW over what trains, the diffusers LR schedule, and the EMA of the weights."""
+
+from __future__ import annotations
+
+import torch
+from accelerate import Accelerator
+from diffusers.optimization import get_scheduler
+
+from dit_trainer.components.dit import DiTAdapter
+from dit_trainer.config import TrainConfig
+from dit_trainer.training.ema import FusedEMA
+
+
+def optimizer_groups(dit: DiTAdapter, weight_decay: float) -> list[dict]:
+    """The DiT's trainable parameters in AdamW groups. A learned-variance DiT (2 x latent channels out, as
+    pretrained PixArt) has its variance outputs ignored by the loss: their rows of ``proj_out`` get zero gradient,
+    so AdamW leaves them as loaded unless weight decay shrinks them. ``proj_out`` is therefore exempt from weight
+    decay: the variance half stays frozen, not silently decayed towards zero."""
+    named = [(name, p) for name, p in dit.named_parameters() if p.requires_grad]
+    config = dit.transformer.config
+    if not weight_decay or config.out_channels == config.in_channels:
+        return [{"params": [p for _, p in named]}]
+    exempt = [p for name, p in named if name.startswith("transformer.proj_out.")]
+    rest = [p for name, p in named if not name.startswith("transformer.proj_out.")]
+    return [{"params": rest}, {"params": exempt, "weight_decay": 0.0}]
+
+
+def build_optimizer(cfg: TrainConfig, dit: DiTAdapter) -> torch.optim.Optimizer:
+    """AdamW over what trains in ``dit``, with the fused kernel: one kernel for all parameters instead of a loop
+    over them."""
+    o = cfg.optim
+    return torch.optim.AdamW(
+        optimizer_groups(dit, o.weight_decay),
+        lr=o.lr,
+        betas=(o.beta1, o.beta2),
+        eps=o.eps,
+        weight_decay=o.weight_decay,
+        fused=True,
+    )
+
+
+def build_lr_scheduler(
+    cfg: TrainConfig, optimizer: torch.optim.Optimizer, accelerator: Accelerator, updates_per_step: int = 1
+):
+    """The diffusers LR schedule in optimizer updates (a GRPO step makes ``updates_per_step``); accelerate steps it
+    once per process, so its lengths count all processes."""
+    return get_scheduler(
+        cfg.optim.lr_schedule,
+        optimizer,
+        num_warmup_steps=cfg.optim.warmup_steps * accelerator.num_processes,
+        num_training_steps=cfg.trainer.max_steps * updates_per_step * accelerator.num_processes,
+    )
+
+
+def build_ema(cfg: TrainConfig, parameters: list[torch.nn.Parameter], device: torch.device) -> FusedEMA | None:
+    """The EMA of what trains (the whole DiT, or a LoRA run's adapters); None with ``trainer.ema_decay=0``."""
+    if cfg.trainer.ema_decay == 0:
+        return None
+    ema = FusedEMA(parameters, decay=cfg.trainer.ema_decay)
+    ema.to(device)
+    return ema
