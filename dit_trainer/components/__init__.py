@@ -5,6 +5,7 @@ The kinds a config names are registries, imported on first use (``dit_trainer.re
 ``text_encoder.kind`` here, ``model.family`` in ``families``. Each entry checks what it needs of the config.
 """
 
+from dit_trainer.config.choices import CLASS_LABELS
 from dit_trainer.registry import Registry
 
 VAE_KINDS = Registry(
@@ -19,6 +20,6 @@ TEXT_ENCODER_KINDS = Registry(
         "auto": "dit_trainer.components.text_encoder:TRANSFORMERS_ENCODER",
         "t5": "dit_trainer.components.text_encoder:TRANSFORMERS_ENCODER",
         "clip": "dit_trainer.components.text_encoder:TRANSFORMERS_ENCODER",
-        "class_labels": "dit_trainer.components.class_labels:CLASS_LABELS_ENCODER",
+        CLASS_LABELS: "dit_trainer.components.class_labels:CLASS_LABELS_ENCODER",
     },
 )
