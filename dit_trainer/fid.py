@@ -193,7 +193,7 @@ def validation_reference(
 ) -> ReferenceSet:
     """The features and captions of the run's validation images, computed once and cached."""
     held_out = validation_images(run_cfg.data, run_cfg.validation)
-    if held_out is None:  # the config rules refuse a FID monitor without validation; evaluate.py checks here
+    if held_out is None:  # the training checks refuse a FID monitor without validation; evaluate.py checks here
         raise ConfigError(
             "metrics",
             ["fid"],

@@ -3,10 +3,11 @@ tests call to turn a composed Hydra config (or a ``TrainConfig`` built in Python
 and to read a run folder's config back.
 
 The order keeps mistakes cheap: the schema's field checks first (no torch, no model, no folder read), then a GRPO
-run inherits its init run's settings, a class-conditional run its class folders, and only then does each part of
-the package check its own sections (``components``, ``diffusion``, ``data``, ``training``, ``grpo``, ``rewards``),
-importing what those checks need. Defaults that depend on a registry entry (LoRA's target modules) are recorded
-last, so that the saved config says what was trained.
+run inherits its init run's settings, a class-conditional run its class folders, every name a registry holds is
+looked up (still without torch), and only then does each part of the package check its own sections
+(``components``, ``diffusion``, ``data``, ``training``, ``grpo``, ``rewards``), importing what those checks need.
+Defaults that depend on a registry entry (LoRA's target modules) are recorded last, so that the saved config says
+what was trained.
 """
 
 from __future__ import annotations
@@ -20,11 +21,16 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from dit_trainer.components import TEXT_ENCODER_KINDS, VAE_KINDS
+from dit_trainer.components.families import FAMILIES
 from dit_trainer.config import TrainConfig, check_fields, register_configs
 from dit_trainer.config.choices import CLASS_LABELS
 from dit_trainer.config.resolvers import register_resolvers
+from dit_trainer.data import SOURCES
+from dit_trainer.diffusion import OBJECTIVES, SAMPLERS
 from dit_trainer.errors import ConfigError
 from dit_trainer.grpo.init import inherit_init_run, init_checkpoint
+from dit_trainer.rewards import REWARDS
 from dit_trainer.run_folder import CONFIG
 
 
@@ -77,10 +83,29 @@ def with_class_folders(cfg: TrainConfig) -> TrainConfig:
     return dataclasses.replace(cfg, text_encoder=dataclasses.replace(text, classes=class_folders(folder)))
 
 
+def check_names(cfg: TrainConfig) -> None:
+    """Every name that picks an implementation, against its registry: a typo is answered with the accepted names
+    before any implementation (or torch) is imported."""
+    for registry, name in (
+        (FAMILIES, cfg.model.family),
+        (VAE_KINDS, cfg.vae.kind),
+        (TEXT_ENCODER_KINDS, cfg.text_encoder.kind),
+        (SOURCES, cfg.data.source),
+        (OBJECTIVES, cfg.diffusion.objective),
+        (SAMPLERS, cfg.diffusion.sampler),
+    ):
+        registry.check(name)
+    for position, entry in enumerate(cfg.data.mixture):
+        SOURCES.check(entry.source, f"data.mixture[{position}].source")
+    for name in cfg.reward.weights:
+        REWARDS.check(name, f"reward.weights.{name}")
+
+
 def validate(cfg: TrainConfig) -> TrainConfig:
-    """The field checks, then each part's checks of its own sections; the first failure is one ``ConfigError``
-    paragraph naming the key, the value, what is accepted and the fix. Returns ``cfg``."""
+    """The field checks, the names, then each part's checks of its own sections; the first failure is one
+    ``ConfigError`` paragraph naming the key, the value, what is accepted and the fix. Returns ``cfg``."""
     check_fields(cfg)
+    check_names(cfg)
     # The parts' checks import torch and the model libraries: only once the fields are known to be good.
     from dit_trainer.components.checks import check_components
     from dit_trainer.data.checks import check_data

@@ -12,9 +12,6 @@ from dit_trainer.errors import require
 
 
 def check_data(cfg: TrainConfig) -> None:
-    for position, entry in enumerate(cfg.data.mixture):
-        SOURCES.check(entry.source, f"data.mixture[{position}].source")
-    SOURCES.check(cfg.data.source)
     if not cfg.grpo.enabled:  # GRPO trains on its own samples and reads no data
         if cfg.data.mixture:
             _check_mixture(cfg)

@@ -11,7 +11,7 @@ from dit_trainer.hub import require_offline_copy
 
 def check_sampler(objective: str, sampler: str, key: str = "diffusion.sampler") -> None:
     """``sampler`` (set at ``key``) samples the process ``objective`` trains: another would sample a different one."""
-    SAMPLERS.check(sampler, key)
+    SAMPLERS.check(sampler, key)  # a name no family offers is told apart from one this family does not
     samplers = OBJECTIVES.get(objective).samplers
     require(
         sampler in samplers,
