@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -34,9 +36,30 @@ TINY_SHAPES = [
     "trainer.log_every=5",
     "trainer.sample_prompts=[a red circle,a blue square]",
     "diffusion.sample_steps=4",
-    "monitor.grpo.enabled=false",  # tests/test_monitor.py turns it on
-    "validation.every_n_steps=0",  # tests/test_validation.py and tests/test_fid.py turn it on
+    "monitor.grpo.enabled=false",  # tests/e2e/test_monitors.py turns it on
+    "validation.every_n_steps=0",  # tests/training/test_validation.py and the FID tests turn it on
 ]
+# Shared additions to TINY_SHAPES: a finished run in seconds, and a log line at every step with no sample grids
+# (QUICK and QUIET both set trainer.sample_every: use one of them).
+QUICK = ("trainer.max_steps=2", "trainer.sample_every=0")
+QUIET = ("trainer.log_every=1", "trainer.sample_every=0")
+# A 40-item shapes data set cached in three shards of 16 (the disk-cache tests).
+CACHE = ["data.length=40", "data.cache_dtype=float32", "data.cache_shard_size=16"]
+CACHE_SHAPES = [*TINY_SHAPES, *CACHE]
+# 8 shapes, fewer than a batch (the refused data inputs).
+DATA_SMALL = [*TINY_SHAPES, "data.length=8", "data.cache_dtype=float32"]
+# Validation every 10 steps on 1/8 of the data, logged with the loss.
+VALIDATE = ("validation.every_n_steps=10", "validation.split=0.125", "trainer.log_every=10", "trainer.sample_every=0")
+# The environment of `accelerate_launch()` runs: CPU ranks, one thread each.
+CPU_PROCESSES = {"ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+
+# The transformer `tiny_transformer` builds unless told otherwise: 2 PixArt blocks of 2 heads x 8 dims over 4 x 8 x 8
+# latents, patches of 2, 16-dim conditions.
+TINY_TRANSFORMER = {"num_layers": 2, "num_attention_heads": 2, "attention_head_dim": 8, "patch_size": 2}
+# The TINY_SHAPES transformer's sizes (4 x 16 x 16 latents of the shipped VAE, MiniLM's 384-dim text features), as
+# `tiny_transformer(**SHAPES_TRANSFORMER)` overrides.
+SHAPES_TRANSFORMER = {"num_attention_heads": 4, "attention_head_dim": 32, "patch_size": 4, "sample_size": 16,
+                      "condition_dim": 384}  # fmt: skip
 
 register_configs()
 
@@ -74,11 +97,24 @@ def read_metrics(run_dir: Path) -> list[dict]:
 def start_training(run_dir: Path, *overrides: str, code: str | None = None) -> subprocess.Popen:
     """train.py in the background, logging every step; ``code`` runs first in the same interpreter (to plant a
     delay or a fault)."""
-    argv = ["train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", "trainer.log_every=1", "trainer.sample_every=0",
-            *overrides]  # fmt: skip
+    argv = ["train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", *QUIET, *overrides]
     launch = f"import runpy, sys\nsys.argv = {argv!r}\nrunpy.run_path('train.py', run_name='__main__')"
     command = [sys.executable, *argv] if code is None else [sys.executable, "-c", f"{code}\n{launch}"]
     return subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def accelerate_launch(processes: int = 2) -> list[str]:
+    """``accelerate launch`` of ``processes`` CPU processes on one machine, on a free port: put it before a script
+    and its arguments in ``run_script``, with ``env=CPU_PROCESSES``."""
+    return ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(free_port())]  # fmt: skip
 
 
 def wait_for(condition, process: subprocess.Popen, timeout: float = 240) -> None:
@@ -88,6 +124,114 @@ def wait_for(condition, process: subprocess.Popen, timeout: float = 240) -> None
         assert process.poll() is None, process.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.1)
+
+
+def digest(folder: Path) -> dict[str, str]:
+    """The SHA-256 of every file under ``folder``, by relative path: to show that nothing there changed."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*")
+            if p.is_file()}  # fmt: skip
+
+
+def one_paragraph(error: Exception, key: str) -> str:
+    """``error``'s message, asserted to be one paragraph that names ``key`` and a fix."""
+    message = str(error)
+    assert f"`{key}`" in message and "\n" not in message and "To fix it" in message, message
+    return message
+
+
+def lora_overrides(base) -> list[str]:
+    """LoRA (rank 4, the caption projection trained too) with gradient checkpointing on the pretrained ``base``."""
+    return [
+        f"model.pretrained={base}",
+        "lora.enabled=true",
+        "lora.rank=4",
+        "lora.train_modules=[caption_projection]",
+        "trainer.gradient_checkpointing=true",
+    ]
+
+
+def class_conditional(folder, *extra: str) -> list[str]:
+    """TINY_SHAPES' trainer with a 2-layer DiT on the digits in pixel space (``folder``: the ``digits`` fixture)."""
+    return ["model.family=dit", "text_encoder.kind=class_labels", "data=imagefolder", f"data.path={folder}",
+            "data.resolution=16", "data.num_workers=0", "vae=pixel", "trainer.sample_prompts=[3,7]",
+            *extra]  # fmt: skip
+
+
+GRPO_PROMPTS = "grpo.prompts=[a red circle,a blue square,a green triangle]"
+
+
+def grpo_overrides(init_dir: Path, *extra: str, epochs: int = 4) -> list[str]:
+    """A tiny GRPO run from ``init_dir``: 2 prompts x 4 images an epoch, a 4-step sampler, one update an epoch
+    (``grpo.passes=1``, ``grpo.minibatches=1``: on-policy). No model keys: those are the init run's. The rest
+    (optimizer, noise level, prompt sampling, the EMA) is ``shapes_grpo``'s."""
+    return [
+        "+experiment=shapes_grpo",
+        f"grpo.init_from={init_dir}",
+        GRPO_PROMPTS,
+        "grpo.prompt_file=null",
+        "grpo.prompts_per_epoch=2",
+        "grpo.group_size=4",
+        "grpo.sample_steps=4",
+        "grpo.sde_steps=null",  # every step but the last is trained
+        "grpo.passes=1",
+        "grpo.minibatches=1",
+        "grpo.rollout_batch_size=8",
+        f"trainer.max_steps={epochs}",
+        "trainer.checkpoint_every=2",
+        "trainer.sample_every=0",
+        "trainer.sample_prompts=[a red circle]",
+        "diffusion.sample_steps=4",
+        "monitor.grpo.enabled=false",
+        *extra,
+    ]
+
+
+def build_tiny_transformer(
+    family: str = "pixart_alpha",
+    *,
+    in_channels: int = 4,
+    sample_size: int = 8,
+    condition_dim: int = 16,
+    seed: int = 0,
+    **model,
+):
+    """A randomly initialised ``DiTAdapter`` of ``family``, drawn from ``seed``: TINY_TRANSFORMER's sizes, or
+    ``model`` (``ModelConfig`` fields) instead; ``in_channels``, ``sample_size`` and ``condition_dim`` are
+    ``build_dit``'s."""
+    from dit_trainer.components.dit import build_dit
+    from dit_trainer.config import ModelConfig
+
+    torch.manual_seed(seed)
+    cfg = ModelConfig(family=family, **{**TINY_TRANSFORMER, **model})
+    return build_dit(cfg, in_channels=in_channels, sample_size=sample_size, condition_dim=condition_dim)
+
+
+@pytest.fixture()
+def tiny_transformer():
+    """``tiny_transformer(family="pixart_alpha", **overrides)``: a small, seeded, randomly initialised transformer
+    (``build_tiny_transformer``) behind its ``DiTAdapter``; ``.transformer`` is the diffusers model."""
+    return build_tiny_transformer
+
+
+@pytest.fixture()
+def online(monkeypatch):
+    """Validation checks hub ids only offline; tests that look at values, not at model availability, use this."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory):
+    """scikit-learn's digits as 16-px class sub-folders (the class-conditional DiT's data)."""
+    from dit_trainer.data.digits import write_digits_folder
+
+    return write_digits_folder(tmp_path_factory.mktemp("digits") / "digits", resolution=16)
+
+
+def validation_monitor(trainer):
+    """``trainer``'s ``ValidationMonitor``."""
+    from dit_trainer.training.validation import ValidationMonitor
+
+    return next(monitor for monitor in trainer.monitors if isinstance(monitor, ValidationMonitor))
 
 
 @pytest.fixture()
@@ -173,11 +317,32 @@ def tiny_t5_dir(tmp_path_factory, minilm_path) -> Path:
 def tiny_pixart_dir(tmp_path_factory) -> Path:
     """A randomly initialised 2-layer PixArt sized for the shapes data (4 x 16 x 16 latents, MiniLM's 384-dim text
     features): the "pretrained" base that LoRA tests fine-tune."""
-    from dit_trainer.components.dit import build_dit
-    from dit_trainer.config import ModelConfig
-
     root = tmp_path_factory.mktemp("tiny_pixart")
-    torch.manual_seed(0)
-    model = ModelConfig(num_layers=2, num_attention_heads=4, attention_head_dim=32, patch_size=4)
-    build_dit(model, in_channels=4, sample_size=16, condition_dim=384).transformer.save_pretrained(root)
+    build_tiny_transformer(**SHAPES_TRANSFORMER).transformer.save_pretrained(root)
     return root
+
+
+@pytest.fixture()
+def written_run(tmp_path, tiny_pixart_dir):
+    """A run folder as train.py leaves it, written in-process: the resolved config.yaml and one checkpoint whose
+    transformer is the tiny PixArt."""
+    import shutil
+
+    from dit_trainer.training.run import save_resolved_config
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(tiny_pixart_dir, run_dir / "checkpoints" / "checkpoint-1" / "transformer")
+    save_resolved_config(compose_config(TINY_SHAPES), run_dir / "config.yaml")
+    return run_dir
+
+
+def sample_in_process(run_dir, out_dir, *args: str) -> int:
+    """scripts/sample.py's command line, in-process: one image of one prompt, one sampling step, from
+    ``written_run``'s checkpoint."""
+    from dit_trainer.cli import run_cli
+    from dit_trainer.config import SampleConfig
+    from dit_trainer.inference import sample_to_folder
+
+    argv = [str(run_dir), f"out_dir={out_dir}", f"checkpoint={run_dir / 'checkpoints' / 'checkpoint-1'}",
+            "prompts=[a red circle]", "images_per_prompt=1", "steps=1", *args]  # fmt: skip
+    return run_cli(sample_to_folder, SampleConfig, argv, "usage: sample.py")

@@ -1,17 +1,12 @@
-"""One process of a multi-process run fails: every process stops at once with its message and exit code, and job
-scripts get that code back from the run folder (``failures.py``)."""
+"""One process of a multi-process run fails (``failures.py``): every process stops at once with its message and exit
+code, and job scripts get that code back from the run folder. (Two ranks of train.py: tests/e2e/test_failures.py.)"""
 
 import json
-import socket
 import subprocess
 import sys
 import time
 
-import pytest
-
-from dit_trainer.errors import EXIT_CHECKPOINT_FAILED
-
-from .conftest import REPO, TINY_SHAPES
+from .conftest import REPO
 
 WATCHER = """
 import os, sys, time
@@ -52,41 +47,3 @@ def test_a_watching_process_stops_with_the_first_failure_another_records(tmp_pat
     assert subprocess.run(command, cwd=REPO, capture_output=True, text=True).stdout.strip() == "5"  # the first
     empty = [*command[:3], str(tmp_path / "none"), "--since", since, "--default", "1"]
     assert subprocess.run(empty, cwd=REPO, capture_output=True, text=True).stdout.strip() == "1"
-
-
-PLANT = """
-import runpy, sys
-from dit_trainer.training import checkpoint
-save = checkpoint.TrainingState.save
-def full(self, path):
-    if self.step == 4 and path.name == "trainer_state_1.safetensors":  # only rank 1's disk is full
-        raise OSError(28, "No space left on device", str(path))
-    save(self, path)
-checkpoint.TrainingState.save = full
-sys.argv = ["train.py", *sys.argv[1:]]
-runpy.run_path("train.py", run_name="__main__")
-"""
-
-
-@pytest.mark.slow
-def test_when_one_rank_fails_both_stop_with_its_message_and_the_job_gets_its_code(tmp_path):
-    (tmp_path / "plant.py").write_text(PLANT)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    run_dir, launched = tmp_path / "run", time.time()
-    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--master_port", str(port)]
-    result = subprocess.run(
-        [sys.executable, *launch, str(tmp_path / "plant.py"), *TINY_SHAPES, f"hydra.run.dir={run_dir}",
-         "trainer.max_steps=8", "trainer.checkpoint_every=4", "trainer.sample_every=0"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-        env={**__import__("os").environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
-    assert result.returncode == 1  # torchrun's own code for any failed rank
-    output = result.stdout + result.stderr
-    assert "process 1 failed, so this one (0) stops: Could not write the checkpoint of step 4" in output
-    assert "Connection closed by peer" not in output  # rank 0 stops on rank 1's message, not the transport's
-    assert "exitcode  : 5" in output and "exitcode  : 1" not in output  # both ranks exit with rank 1's code
-    command = [sys.executable, "-m", "dit_trainer.failures", str(run_dir), "--since", str(launched)]
-    code = subprocess.run(command, cwd=REPO, capture_output=True, text=True).stdout.strip()
-    assert code == str(EXIT_CHECKPOINT_FAILED)

@@ -1,7 +1,7 @@
-"""FID and KID: the numbers behave (zero for a set against itself, larger for a worse one), reference features are
-cached under their fingerprint and never trusted when they do not match, and evaluate.py reports them for a run."""
+"""FID and KID (``fid.py``): the numbers behave (zero for a set against itself, larger for a worse one), reference
+features are cached under their fingerprint and never trusted when they do not match, and a run without validation
+images is refused. (evaluate.py's FID of a trained run: tests/e2e/test_fid.py.)"""
 
-import json
 import os
 
 import pytest
@@ -10,7 +10,7 @@ import torch
 from dit_trainer.errors import ConfigError
 from dit_trainer.fid import LatentFeatures, ReferenceSet, cached_reference_set, distances, validation_reference
 
-from .conftest import TINY_SHAPES, compose_config, read_metrics, run_script, train
+from .conftest import TINY_SHAPES, compose_config
 
 
 def _features(count: int, seed: int, shift: float = 0.0) -> torch.Tensor:
@@ -50,40 +50,10 @@ def test_reference_features_are_cached_under_their_fingerprint_and_recomputed_wh
     assert not list(tmp_path.glob(".*partial"))
 
 
-@pytest.mark.slow
-def test_evaluate_reports_a_lower_fid_for_a_trained_checkpoint_than_an_early_one_as_the_monitor_did(tmp_path):
-    run = tmp_path / "run"
-    train(run, "trainer.max_steps=60", "trainer.checkpoint_every=10", "validation.every_n_steps=60",
-          "validation.split=0.25", "trainer.sample_every=0", "monitor.fid.enabled=true", "monitor.fid.features=vae",
-          "monitor.fid.every_n_steps=60", f"monitor.fid.cache_dir={tmp_path / 'fid'}")  # fmt: skip
-    monitored = [record for record in read_metrics(run) if "fid/fid" in record]
-    assert [record["step"] for record in monitored] == [60] and monitored[0]["fid/seconds"] > 0
-    fid = {}
-    for step in (10, 60):
-        out = tmp_path / f"eval{step}"
-        result = run_script(
-            ["scripts/evaluate.py", str(run), f"checkpoint={run / 'checkpoints' / f'checkpoint-{step}'}",
-             "metrics=[fid]", "fid_features=vae", f"fid_cache_dir={tmp_path / 'fid'}", f"out_dir={out}"]
-        )  # fmt: skip
-        assert result.returncode == 0, result.stderr[-3000:]
-        report = json.loads((out / "report.json").read_text())
-        assert report["fid_images"] == report["fid_reference_images"] == 64
-        assert not (out / "grid.png").exists()  # no rewards asked for
-        fid[step] = report["fid"]
-    assert fid[60] < fid[10]
-    assert fid[60] == pytest.approx(monitored[0]["fid/fid"], rel=1e-9)  # same weights, seeds, sampler, reference
-    assert len(list((tmp_path / "fid").glob("*.safetensors"))) == 1  # the reference was computed once
-
-
 def test_a_run_without_validation_images_is_refused_for_fid():
     run_cfg = compose_config([*TINY_SHAPES, "validation.every_n_steps=0"])
     with pytest.raises(ConfigError, match=r"`metrics`.*holds none out.*validation\.split"):
         validation_reference(run_cfg, LatentFeatures(None, {}), None, torch.device("cpu"), 8)
-
-
-def test_the_fid_monitor_needs_validation():
-    with pytest.raises(ConfigError, match="`monitor.fid.enabled`"):
-        compose_config([*TINY_SHAPES, "validation.every_n_steps=0", "monitor.fid.enabled=true"])
 
 
 @pytest.mark.skipif(

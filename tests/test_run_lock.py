@@ -1,5 +1,6 @@
-"""One run per run folder (``run_lock.py``): a live holder refuses a second run, a dead one's lock is taken over
-with a warning that names it, and a holder on another host counts as alive while its record is fresh."""
+"""One run per run folder (``run_lock.py``): a live holder refuses a second run, a dead one's lock is taken over with
+a warning that names it, and a holder on another host counts as alive while its record is fresh. (A second
+train.py launched into a running run's folder: tests/e2e/test_run_lock.py.)"""
 
 import json
 import os
@@ -13,7 +14,7 @@ import pytest
 from dit_trainer.errors import ConfigError
 from dit_trainer.run_lock import LOCK, STALE_AFTER_SECONDS, RunFolderLock
 
-from .conftest import REPO, TINY_SHAPES, read_metrics, run_script, start_training, wait_for
+from .conftest import REPO
 
 
 def test_a_second_lock_on_a_held_folder_is_refused_naming_the_holder(tmp_path):
@@ -60,22 +61,3 @@ def test_a_fresh_lock_from_another_host_is_respected_and_a_silent_one_taken_over
     with RunFolderLock(tmp_path):
         pass
     assert "stale lock of process 4242 on node-b, Slurm job 77 (silent for" in caplog.text
-
-
-@pytest.mark.slow
-def test_a_second_launch_into_a_running_run_s_folder_is_refused_and_the_first_carries_on(tmp_path):
-    run_dir = tmp_path / "run"
-    first = start_training(run_dir, "trainer.max_steps=100000", "trainer.log_every=1", "trainer.sample_every=0")
-    wait_for(lambda: len(read_metrics(run_dir)) >= 2, first)
-    hydra_files = {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()}
-    second = run_script(["train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", "trainer.resume=latest"], timeout=120)
-    assert second.returncode == 2 and f"process {first.pid} on" in second.stderr
-    assert "Traceback" not in second.stderr
-    assert {p.name: p.read_bytes() for p in (run_dir / ".hydra").iterdir()} == hydra_files  # refused before Hydra wrote
-    steps_so_far = len(read_metrics(run_dir))
-    wait_for(lambda: len(read_metrics(run_dir)) > steps_so_far, first)  # still training after the refusal
-    first.send_signal(signal.SIGTERM)  # preempted: it checkpoints, exits 3 and releases the folder
-    _, stderr = first.communicate(timeout=240)
-    assert first.returncode == 3, stderr[-3000:]
-    steps = [r["step"] for r in read_metrics(run_dir) if "loss" in r]
-    assert steps == list(range(1, len(steps) + 1)) and not (run_dir / LOCK).exists()

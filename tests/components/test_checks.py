@@ -1,0 +1,36 @@
+"""The model sections' checks (``components/checks.py``): a model by hub id missing from this machine is named with
+its key and fix, and a resolution the VAE and the patches do not divide is refused with the nearest ones."""
+
+import pytest
+
+from dit_trainer.errors import ConfigError, ModelLoadError
+
+from ..conftest import compose_config, one_paragraph
+
+
+def test_offline_validation_names_a_model_missing_from_this_machine():
+    with pytest.raises(ModelLoadError) as caught:
+        compose_config(["+experiment=shapes", "vae=sd"])
+    message = str(caught.value)
+    assert "vae.pretrained=stabilityai/sd-vae-ft-ema" in message and "vae.pretrained=DIR" in message
+
+
+@pytest.mark.parametrize("key", ["vae.pretrained", "text_encoder.pretrained", "model.pretrained"])
+def test_a_missing_model_folder_names_its_key(key, tmp_path):
+    with pytest.raises(ModelLoadError) as caught:
+        compose_config(["+experiment=shapes", f"{key}=org/no-such-model-{tmp_path.name}"])
+    assert f"{key}=org/no-such-model" in str(caught.value) and f"{key}=DIR" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "step", "nearest"),
+    [(["data.resolution=36"], "2 × 4 = 8", "`data.resolution=32` or `data.resolution=40`"),
+     (["data.resolution=33"], "2 × 4 = 8", "`data.resolution=32` or `data.resolution=40`"),
+     (["vae=pixel", "data.resolution=34"], "1 × 4 = 4", "`data.resolution=32` or `data.resolution=36`"),
+     (["model.patch_size=2", "data.resolution=14"], "2 × 2 = 4", "`data.resolution=12` or `data.resolution=16`")],
+)  # fmt: skip
+def test_a_resolution_the_vae_and_patches_do_not_divide_is_refused_at_validation(overrides, step, nearest):
+    with pytest.raises(ConfigError) as caught:
+        compose_config(["+experiment=shapes", *overrides])
+    message = one_paragraph(caught.value, "data.resolution")
+    assert step in message and nearest in message

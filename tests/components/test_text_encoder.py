@@ -1,0 +1,40 @@
+"""The frozen text encoder (``components/text_encoder.py``): fixed-length hidden states and masks from MiniLM, an exact
+and bounded memo, and a T5 encoder loaded from a pipeline's sub-folders."""
+
+import torch
+from transformers import BertModel, T5EncoderModel
+
+from dit_trainer.components.text_encoder import build_text_encoder
+from dit_trainer.config import TextEncoderConfig
+
+CPU = torch.device("cpu")
+
+
+def test_minilm_text_encoder_gives_fixed_length_hidden_states_and_mask(minilm_path):
+    encoder = build_text_encoder(TextEncoderConfig(pretrained=minilm_path, max_length=8), CPU)
+    assert isinstance(encoder.model, BertModel) and encoder.hidden_size == 384
+    assert not any(p.requires_grad for p in encoder.parameters())
+    embeds, mask = encoder.encode(["a red circle", ""])
+    assert embeds.shape == (2, 8, 384) and mask.shape == (2, 8)
+    assert mask[0].sum() > mask[1].sum() >= 1  # [CLS] a red circle [SEP] vs [CLS] [SEP]
+
+
+def test_memoised_text_encoder_is_exact_and_bounded(minilm_path):
+    cfg = TextEncoderConfig(pretrained=minilm_path, max_length=8)
+    plain = build_text_encoder(cfg, CPU)
+    cfg.memo_size = 2
+    memo = build_text_encoder(cfg, CPU)
+    prompts = ["a red circle", "a blue square", "a red circle", "a green triangle"]
+    for a, b in zip(plain.encode(prompts), memo.encode(prompts)):
+        torch.testing.assert_close(a, b)
+    assert len(memo._memo) == 2
+
+
+def test_t5_checkpoint_loads_encoder_only_from_subfolders(tiny_t5_dir):
+    cfg = TextEncoderConfig(
+        pretrained=str(tiny_t5_dir), subfolder="text_encoder", tokenizer_subfolder="tokenizer", max_length=12
+    )
+    encoder = build_text_encoder(cfg, CPU)
+    assert isinstance(encoder.model, T5EncoderModel) and encoder.hidden_size == 32
+    embeds, mask = encoder.encode(["a cat"])
+    assert embeds.shape == (1, 12, 32) and mask.shape == (1, 12)

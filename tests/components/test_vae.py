@@ -1,0 +1,57 @@
+"""Frozen autoencoders (``components/vae.py``): the shipped VAE's normalised latents, scaling and shift factors, the
+pixel-space identity, and a missing VAE named with its fix."""
+
+import pytest
+import torch
+from diffusers import AutoencoderKL
+
+from dit_trainer.components.vae import PixelVAE, build_vae
+from dit_trainer.config import ASSETS_DIR, VAEConfig
+from dit_trainer.data.shapes import ShapesDataset
+from dit_trainer.errors import ModelLoadError
+
+CPU = torch.device("cpu")
+
+
+def _shapes_images(count: int = 8) -> torch.Tensor:
+    dataset = ShapesDataset(count, seed=1)
+    return torch.stack([dataset[i]["image"] for i in range(count)])
+
+
+def test_shipped_vae_encodes_normalised_latents_and_reconstructs():
+    vae = build_vae(VAEConfig(pretrained=str(ASSETS_DIR / "shapes_vae")), CPU)
+    assert not any(p.requires_grad for p in vae.parameters())
+    images = _shapes_images(64)
+    latents = vae.encode(images)
+    assert latents.shape == (64, 4, 16, 16) and vae.downsample_factor == 2
+    # per-channel statistics from the VAE's config make every channel roughly zero-mean, unit-variance
+    assert latents.mean(dim=(0, 2, 3)).abs().max() < 0.2
+    assert ((latents.std(dim=(0, 2, 3)) - 1).abs() < 0.2).all()
+    assert torch.nn.functional.mse_loss(vae.decode(latents), images) < 0.01
+
+
+def test_vae_uses_scaling_and_shift_factor_without_per_channel_statistics(tmp_path):
+    torch.manual_seed(0)
+    AutoencoderKL(block_out_channels=(32,), latent_channels=4, scaling_factor=0.5, shift_factor=0.25).save_pretrained(
+        tmp_path / "vae"
+    )
+    vae = build_vae(VAEConfig(pretrained=str(tmp_path), subfolder="vae"), CPU)
+    images = torch.rand(2, 3, 16, 16) * 2 - 1
+    raw = vae.autoencoder.encode(images).latent_dist.mode()
+    torch.testing.assert_close(vae.encode(images), (raw - 0.25) * 0.5)
+    latents = vae.encode(images)
+    torch.testing.assert_close(vae.decode(latents), vae.autoencoder.decode(raw).sample.clamp(-1, 1))
+
+
+def test_pixel_vae_is_the_identity():
+    vae = build_vae(VAEConfig(kind="pixel"), CPU)
+    images = _shapes_images(2)
+    assert isinstance(vae, PixelVAE) and vae.latent_channels == 3 and vae.downsample_factor == 1
+    assert torch.equal(vae.encode(images), images) and torch.equal(vae.decode(images), images)
+
+
+def test_missing_vae_names_the_path_and_the_fix(tmp_path):
+    with pytest.raises(ModelLoadError) as caught:
+        build_vae(VAEConfig(pretrained=str(tmp_path / "missing_vae")), CPU)
+    message = str(caught.value)
+    assert "missing_vae" in message and "vae.pretrained" in message

@@ -1,0 +1,17 @@
+"""Single-field checks declared beside their fields (``config/fields.py``)."""
+
+import pytest
+
+from dit_trainer.errors import ConfigError
+
+
+def test_field_checks_pass_through_omegaconf_and_catch_a_merged_value():
+    from omegaconf import OmegaConf
+
+    from dit_trainer.config import TrainConfig, check_fields
+
+    merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.from_dotlist(["trainer.batch_size=0"]))
+    cfg = OmegaConf.to_object(merged)
+    assert cfg.trainer.batch_size == 0 and cfg.trainer.max_steps == TrainConfig().trainer.max_steps
+    with pytest.raises(ConfigError, match=r"`trainer.batch_size` is 0, but it must be >= 1.*`trainer.batch_size=1`"):
+        check_fields(cfg)

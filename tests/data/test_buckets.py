@@ -1,0 +1,109 @@
+"""Aspect-ratio buckets (``data/buckets.py``): PixArt's table, the nearest-ratio rule, in-order batches, bucket sizes
+that wait for a VAE's config, and bucketed folders, caches and streams whose batches are single-bucket and resume
+exactly."""
+
+import json
+import logging
+from itertools import islice
+
+import pytest
+import torch
+
+from dit_trainer.data.buckets import (
+    BucketTable,
+    bucket_table,
+    configured_buckets,
+    in_order_batches,
+    pixart_buckets,
+    pixart_tables,
+)
+from dit_trainer.data.cache import open_cache
+from dit_trainer.data.precompute import precompute
+from dit_trainer.data.shapes import write_shapes_folder
+from dit_trainer.errors import ConfigError, ModelLoadError
+from dit_trainer.training.batches import resumable_batches
+from dit_trainer.training.run import build_trainer
+
+from ..conftest import TINY_SHAPES, compose_config
+from .files import CANVASES, SIZES, bucketed, shards_of
+
+
+@pytest.mark.parametrize("resolution", [256, 512, 1024])
+def test_the_pixart_preset_is_the_published_table_at_its_resolutions(resolution):
+    assert pixart_buckets(resolution, 16) == list(dict.fromkeys(pixart_tables()[resolution]))
+
+
+def test_the_pixart_preset_scales_to_any_resolution_in_whole_patches():
+    sizes = pixart_buckets(32, 8)
+    assert (32, 32) in sizes and len(sizes) > 3
+    assert all(h % 8 == 0 and w % 8 == 0 for h, w in sizes)
+    assert min(h / w for h, w in sizes) < 0.5 < 2 < max(h / w for h, w in sizes)  # wide and tall buckets remain
+
+
+def test_each_image_goes_to_the_bucket_nearest_its_aspect_ratio():
+    table = BucketTable(tuple(SIZES))
+    assert [table.nearest(w, h) for w, h in [(100, 100), (1920, 1080), (300, 400), (90, 110)]] == [0, 1, 2, 0]
+    assert table.assign([None, (40, 24)]) == [0, 1]  # an unreadable header: the squarest bucket
+
+
+def test_a_bucket_the_patches_do_not_divide_is_refused_naming_the_fix():
+    with pytest.raises(ConfigError, match=r"data\.buckets.*24x30.*multiple of 8.*\[24, 32\]"):
+        bucket_table([[32, 32], [24, 30]], 32, 8)
+
+
+def test_in_order_batches_read_every_item_once_one_bucket_per_batch():
+    batches = in_order_batches([0, 1, 0, 1, 1, 2], 2)
+    assert batches == [[0, 2], [1, 3], [4], [5]]
+
+
+def test_bucket_sizes_wait_for_the_config_files_of_models_not_on_this_machine(tmp_path, online, monkeypatch):
+    (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
+    cfg = compose_config(["+experiment=dit", f"data.path={tmp_path}"])  # accepted: the VAE is only a hub id here
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # so its config.json, downloaded when the data is read, cannot come
+    with pytest.raises(ModelLoadError, match=r"`vae\.pretrained=stabilityai/sd-vae-ft-ema`"):
+        configured_buckets(cfg)
+
+
+def test_a_bucketed_folder_gives_single_bucket_batches_and_resumes_exactly(tmp_path, caplog):
+    write_shapes_folder(tmp_path / "images", 48, CANVASES)
+    with caplog.at_level(logging.INFO):
+        trainer = build_trainer(compose_config([*TINY_SHAPES, *bucketed(tmp_path / "images")]), tmp_path / "run")
+    assert "32x32: 16, 24x40: 16, 40x24: 16" in caplog.text
+    loader, accelerator = trainer.dataloader, trainer.accelerator
+    batches = list(islice(resumable_batches(loader, accelerator, 0), 30))  # 2.5 epochs of 12 batches
+    assert {tuple(batch["image"].shape[-2:]) for batch in batches} == set(SIZES)
+    assert all(len(batch["image"]) == 4 for batch in batches)
+    resumed = list(islice(resumable_batches(loader, accelerator, 17), 13))
+    assert [batch["caption"] for batch in resumed] == [batch["caption"] for batch in batches[17:]]
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(resumed, batches[17:]))
+
+
+@pytest.mark.parametrize("source", ["imagefolder", "webdataset"])
+def test_a_bucketed_cache_keeps_each_items_bucket(tmp_path, source):
+    write_shapes_folder(tmp_path / "images", 48, CANVASES)
+    overrides = [*TINY_SHAPES, *bucketed(tmp_path / "images"), f"data.cache_dir={tmp_path / 'cache'}"]
+    if source == "webdataset":  # batches assembled per bucket from the stream, every one written
+        overrides += ["data=webdataset", f"data.path={shards_of(tmp_path / 'images', tmp_path)}"]
+    precompute(compose_config(overrides))
+    index = json.loads((tmp_path / "cache" / "index.json").read_text())
+    assert sorted(tuple(shard["size"]) for shard in index["shards"]) == sorted(SIZES) and index["items"] == 48
+    assert index["fingerprint"]["bucket_sizes"] == [list(size) for size in SIZES]
+    trainer = build_trainer(compose_config(overrides), tmp_path / "run")
+    batches = list(islice(trainer.batches(), 12))
+    latent_sizes = {tuple(batch["latent_mean"].shape[-2:]) for batch in batches}
+    assert latent_sizes == {(h // 2, w // 2) for h, w in SIZES}  # the shapes VAE halves each side
+    with pytest.raises(ConfigError, match=r"data\.cache_dir.*other settings.*bucket_sizes"):
+        open_cache(compose_config([*overrides, "data.buckets=[[32,32],[24,40]]"]), torch.device("cpu"))
+
+
+def test_a_bucketed_stream_assembles_single_bucket_batches_and_resumes_exactly(tmp_path):
+    write_shapes_folder(tmp_path / "images", 48, CANVASES)
+    shards = shards_of(tmp_path / "images", tmp_path)
+    overrides = [*TINY_SHAPES, *bucketed(tmp_path / "images"), "data=webdataset", f"data.path={shards}",
+                 "data.shuffle_buffer=8"]  # fmt: skip
+    trainer = build_trainer(compose_config(overrides), tmp_path / "run")
+    batches = list(islice(trainer.batches(), 25))  # 10 or 11 full batches an epoch: the tails are dropped
+    assert {tuple(batch["image"].shape[-2:]) for batch in batches} == set(SIZES)
+    assert all(len(batch["caption"]) == 4 for batch in batches)
+    resumed = list(islice(resumable_batches(trainer.dataloader, trainer.accelerator, 13), 12))
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(resumed, batches[13:], strict=True))

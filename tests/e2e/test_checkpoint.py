@@ -1,0 +1,141 @@
+"""Checkpoints that survive clusters (``training/checkpoint.py``, ``run_folder.py``) in ``train.py`` runs: an atomic
+write that a kill -9 or a full disk cannot turn into a corrupt ``latest``, truncated files noticed, one run folder
+shared by all ranks, and a fresh run that never mixes with another's checkpoints."""
+
+import json
+import subprocess
+
+import pytest
+
+from dit_trainer.errors import EXIT_CHECKPOINT_FAILED
+from dit_trainer.run_folder import MANIFEST, incomplete_reason, list_checkpoints
+
+from ..conftest import (
+    CPU_PROCESSES,
+    QUIET,
+    TINY_SHAPES,
+    accelerate_launch,
+    read_metrics,
+    run_script,
+    start_training,
+    train,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow  # every test here trains or launches processes
+
+
+PLANT_SLOW_WRITE = """
+import time
+from dit_trainer.training import checkpoint
+write = checkpoint.Checkpointer._write_manifest
+def slow(self, folder, step):
+    if step == 20:
+        time.sleep(600)  # the test kills the process here: files written, manifest and rename not yet
+    write(self, folder, step)
+checkpoint.Checkpointer._write_manifest = slow
+"""
+
+
+def test_kill_9_during_a_checkpoint_write_leaves_the_previous_one_as_latest(tmp_path):
+    run_dir = tmp_path / "run"
+    process = start_training(run_dir, "trainer.max_steps=30", "trainer.checkpoint_every=10", code=PLANT_SLOW_WRITE)
+    partial = run_dir / "checkpoints" / ".checkpoint-20.partial"
+    wait_for(lambda: (partial / "trainer_state_0.safetensors").is_file(), process)
+    process.kill()  # SIGKILL: no handler, no cleanup
+    process.communicate(timeout=60)
+    previous = run_dir / "checkpoints" / "checkpoint-10"
+    before = {p.name: p.read_bytes() for p in previous.rglob("*") if p.is_file()}
+    assert incomplete_reason(previous) is None and not (run_dir / "checkpoints" / "checkpoint-20").exists()
+    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["checkpoint-10"]
+
+    result = train(run_dir, "trainer.max_steps=30", "trainer.checkpoint_every=10", "trainer.resume=latest", *QUIET)
+    log = result.stdout + result.stderr
+    assert "Resumed from" in log and "checkpoint-10 at step 10" in log
+    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == [f"checkpoint-{s}" for s in (10, 20, 30)]
+    assert not partial.exists()
+    assert {p.name: p.read_bytes() for p in previous.rglob("*") if p.is_file()} == before
+    assert json.loads((run_dir / "checkpoints" / "checkpoint-20" / MANIFEST).read_text())["step"] == 20
+
+
+# A tmpfs that holds the first checkpoint (~12.3 MB: two 3.1 MB weight files, a 6.2 MB optimizer state) and then
+# runs out during the second: in the optimizer state (torch.save raises RuntimeError) or in the first weight file
+# (safetensors raises SafetensorError).
+@pytest.mark.parametrize(("disk_mb", "writer_error"), [(21, "RuntimeError"), (14, "SafetensorError")])
+def test_a_full_disk_during_a_checkpoint_write_stops_with_exit_5_and_keeps_the_previous_one(
+    small_disk, disk_mb, writer_error
+):
+    run_dir = small_disk(disk_mb * 2**20) / "run"
+    result = run_script(
+        ["train.py", *TINY_SHAPES, *QUIET, f"hydra.run.dir={run_dir}", "trainer.max_steps=4",
+         "trainer.checkpoint_every=2"],
+        timeout=240,
+    )  # fmt: skip
+    assert result.returncode == EXIT_CHECKPOINT_FAILED, result.stderr[-3000:]
+    assert "Could not write the checkpoint of step 4" in result.stderr and writer_error in result.stderr
+    assert "checkpoint-2, is intact" in result.stderr and "Traceback" not in result.stderr
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["checkpoint-2"]  # partial removed
+    assert incomplete_reason(run_dir / "checkpoints" / "checkpoint-2") is None
+
+
+def test_a_truncated_checkpoint_is_not_latest_and_is_refused_by_path(tmp_path):
+    run_dir = tmp_path / "run"
+    train(run_dir, "trainer.max_steps=4", "trainer.checkpoint_every=2", *QUIET)
+    newest = run_dir / "checkpoints" / "checkpoint-4"
+    optimizer = newest / "optimizer.bin"
+    optimizer.write_bytes(optimizer.read_bytes()[:100])  # a disk that filled up mid-file
+    assert "optimizer.bin has 100 bytes" in incomplete_reason(newest)
+    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["checkpoint-2"]
+    result = run_script(
+        ["train.py", *TINY_SHAPES, f"hydra.run.dir={tmp_path / 'other'}", f"trainer.resume={newest}"], timeout=120
+    )
+    assert result.returncode == 2 and "not a complete checkpoint" in result.stderr and "optimizer.bin" in result.stderr
+
+
+def test_a_newest_checkpoint_that_does_not_load_is_reported_and_the_previous_one_resumed(tmp_path):
+    """Damage that keeps every size (bit rot, a bad sector) passes the manifest check; loading finds it."""
+    run_dir = tmp_path / "run"
+    train(run_dir, "trainer.max_steps=4", "trainer.checkpoint_every=2", *QUIET)
+    optimizer = run_dir / "checkpoints" / "checkpoint-4" / "optimizer.bin"
+    optimizer.write_bytes(bytes(optimizer.stat().st_size))
+    assert incomplete_reason(optimizer.parent) is None
+    result = train(run_dir, "trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.resume=latest", *QUIET)
+    log = " ".join((result.stdout + result.stderr).split())
+    assert f"{run_dir}/checkpoints/checkpoint-4 could not be loaded (" in log
+    assert f"resuming from {run_dir}/checkpoints/checkpoint-2 instead" in log and "at step 2" in log
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3, 4, 5, 6]  # 3 and 4 trained again
+    assert incomplete_reason(optimizer.parent) is None and optimizer.read_bytes() != bytes(len(optimizer.read_bytes()))
+
+
+def test_a_fresh_run_refuses_a_folder_with_checkpoints(tmp_path):
+    run_dir = tmp_path / "run"
+    train(run_dir, "trainer.max_steps=2", *QUIET)
+    checkpoint = run_dir / "checkpoints" / "checkpoint-2" / "transformer" / "diffusion_pytorch_model.safetensors"
+    before = checkpoint.read_bytes()
+    result = run_script(["train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", "trainer.max_steps=2"], timeout=120)
+    assert result.returncode == 2
+    assert "trainer.resume=latest" in result.stderr and "checkpoint-2" in result.stderr
+    assert checkpoint.read_bytes() == before and len(read_metrics(run_dir)) == 2
+
+
+def _launch_2_processes(*args: str) -> subprocess.CompletedProcess:
+    return run_script([*accelerate_launch(), "train.py", *TINY_SHAPES, *QUIET, *args], timeout=300,
+                      env=CPU_PROCESSES)  # fmt: skip
+
+
+def test_two_processes_share_one_run_folder_checkpoint_and_resume(tmp_path):
+    runs = tmp_path / "runs"
+    # Microseconds in the folder name: with each rank's own clock (Hydra's ${now:}) the ranks would split it.
+    first = _launch_2_processes(f"hydra.run.dir={runs}/${{launch_time:%H-%M-%S-%f}}", "trainer.max_steps=6",
+                                "trainer.checkpoint_every=3")  # fmt: skip
+    assert first.returncode == 0, first.stderr[-4000:]
+    [run_dir] = list(runs.iterdir())
+    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["checkpoint-3", "checkpoint-6"]
+    for rank in (0, 1):
+        assert (run_dir / "checkpoints" / "checkpoint-6" / f"trainer_state_{rank}.safetensors").is_file()
+
+    resumed = _launch_2_processes(f"hydra.run.dir={run_dir}", "trainer.max_steps=9", "trainer.resume=latest")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert resumed.stdout.count("Trained 9 steps") == 2
+    assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, 10))
+    assert list(runs.iterdir()) == [run_dir]

@@ -1,0 +1,107 @@
+"""The GRPO reward monitor in real ``train.py`` runs: what it logs, that it never changes training, and DDP."""
+
+import json
+
+import pytest
+
+from ..conftest import CPU_PROCESSES, QUIET, TINY_SHAPES, accelerate_launch, read_metrics, run_script, train
+
+MONITOR_ON = (
+    "monitor.grpo.enabled=true",
+    "monitor.grpo.every_n_steps=10",
+    "monitor.grpo.batch_size=96",
+)
+COMMON = ("trainer.max_steps=20", *QUIET, "trainer.checkpoint_every=10")
+
+
+@pytest.fixture(scope="module")
+def monitored_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("monitor") / "run"
+    result = train(run_dir, *COMMON, *MONITOR_ON)
+    return run_dir, result
+
+
+@pytest.mark.slow
+def test_monitor_logs_reward_and_group_statistics_at_its_steps(monitored_run):
+    run_dir, result = monitored_run
+    records = read_metrics(run_dir)
+    monitored = [r for r in records if "reward/mean" in r]
+    assert [r["step"] for r in monitored] == [10, 20]
+    keys = {"reward/mean", "reward/std", "reward/shapes_alignment", "grpo/adv_abs_mean", "grpo/zero_std_frac"}
+    for record in monitored:
+        assert keys | {"monitor/seconds", "loss"} <= set(record)  # one line per step: training and monitor metrics
+        assert 0 <= record["reward/mean"] <= 1 and 0 <= record["grpo/zero_std_frac"] <= 1
+        assert record["monitor/seconds"] > 0
+    assert sorted(p.name for p in (run_dir / "rewards").iterdir()) == ["step_0000010.png", "step_0000020.png"]
+    assert "monitors took" in result.stdout
+
+
+@pytest.mark.slow
+def test_training_with_the_monitor_is_bit_identical_to_training_without(monitored_run, tmp_path):
+    train(tmp_path / "off", *COMMON)
+    with_monitor = [r["loss"] for r in read_metrics(monitored_run[0])]
+    without = [r["loss"] for r in read_metrics(tmp_path / "off")]
+    assert len(without) == 20 and with_monitor == without
+
+
+@pytest.mark.slow
+def test_evaluate_reproduces_the_monitor_s_reward_from_the_checkpoint(monitored_run, tmp_path):
+    run_dir = monitored_run[0]
+    result = run_script(
+        [
+            "scripts/evaluate.py",
+            str(run_dir),
+            f"checkpoint={run_dir / 'checkpoints' / 'checkpoint-10'}",
+            "batch_size=96",
+            f"out_dir={tmp_path / 'eval'}",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    monitored = next(r for r in read_metrics(run_dir) if r["step"] == 10)
+    assert report["reward/mean"] == pytest.approx(monitored["reward/mean"], abs=1e-6)
+    assert report["prompts"] == 24 and report["images_per_prompt"] == 4
+    assert {"color", "shape"} <= set(report) and len(report["per_prompt"]) == 24
+    assert (tmp_path / "eval" / "grid.png").is_file()
+    assert json.loads(result.stdout.strip().splitlines()[-1])["images"] == 96
+
+
+@pytest.mark.slow
+def test_monitor_config_errors_name_the_key(tmp_path):
+    result = run_script(
+        [
+            "train.py",
+            *TINY_SHAPES,
+            "monitor.grpo.enabled=true",
+            "monitor.grpo.group_size=1",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        timeout=120,
+    )
+    assert result.returncode == 2 and "monitor.grpo.group_size" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_monitor_runs_once_per_call_under_two_process_ddp(tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = [
+        "trainer.max_steps=10",
+        "trainer.log_every=5",
+        "trainer.sample_every=10",
+        "trainer.checkpoint_every=0",
+        "monitor.grpo.enabled=true",
+        "monitor.grpo.every_n_steps=5",
+        "monitor.grpo.prompt_file=null",
+        "monitor.grpo.prompts=[a red circle,a blue square]",
+    ]
+    result = run_script(
+        [*accelerate_launch(), "train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", *overrides],
+        timeout=300,
+        env=CPU_PROCESSES,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert result.stdout.count("Trained 10 steps") == 2  # both ranks got past every monitor barrier
+    monitored = [r["step"] for r in read_metrics(run_dir) if "reward/mean" in r]
+    assert monitored == [5, 10]  # written once per call, by the main process
+    assert sorted(p.name for p in (run_dir / "rewards").iterdir()) == ["step_0000005.png", "step_0000010.png"]

@@ -1,0 +1,33 @@
+"""Rewards from the ``reward`` config and its checks (``rewards/build.py``): bad weights name the key, and a CLIP model
+missing from this machine is named only when the monitor uses it."""
+
+import pytest
+import torch
+
+from dit_trainer.config import RewardConfig
+from dit_trainer.errors import ConfigError, ModelLoadError
+from dit_trainer.rewards.build import build_reward
+
+from ..conftest import compose_config
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("weights", "key"),
+    [
+        ({"aesthetic": 1.0}, "reward.weights.aesthetic"),
+        ({}, "reward.weights"),
+        ({"clip_score": float("nan")}, "reward.weights.clip_score"),
+    ],
+)
+def test_bad_reward_configs_name_the_key(weights, key):
+    with pytest.raises(ConfigError) as caught:
+        build_reward(RewardConfig(weights=weights), CPU)
+    assert f"`{key}`" in str(caught.value)
+
+
+def test_offline_validation_names_a_missing_clip_model_only_when_the_monitor_uses_it():
+    with pytest.raises(ModelLoadError, match="reward.clip_model=openai/clip-vit-base-patch32"):
+        compose_config(["+experiment=shapes", "reward=clip_score"])
+    assert compose_config(["+experiment=shapes", "reward=clip_score", "monitor.grpo.enabled=false"])

@@ -1,0 +1,84 @@
+"""The one loader of training configs (``run_config.py``): each bad value is one paragraph naming the key and the
+fix, a config built in Python is resolved, and a run folder's config.yaml with an interpolation is refused
+unresolved."""
+
+import pytest
+
+from dit_trainer.errors import ConfigError
+
+from .conftest import compose_config, sample_in_process
+
+# (override, the key the message must name, a fragment of the value or reason)
+CONFIG_VALUES = [
+    ("diffusion.objective=x0", "diffusion.objective", "'x0'"),
+    ("optim.lr=-1", "optim.lr", "-1"),
+    ("optim.lr_schedule=exponential", "optim.lr_schedule", "'exponential'"),
+    ("trainer.batch_size=0", "trainer.batch_size", "0"),
+    ("trainer.mixed_precision=fp8", "trainer.mixed_precision", "'fp8'"),
+    ("trainer.max_consecutive_nonfinite=0", "trainer.max_consecutive_nonfinite", "0"),
+    ("trainer.ema_decay=1.5", "trainer.ema_decay", "1.5"),
+    ("trainer.checkpoints_total_limit=-1", "trainer.checkpoints_total_limit", "-1"),  # deleted every new checkpoint
+    ("model.cross_attention_dim=100", "model.cross_attention_dim", "100"),
+    ("data.caption_dropout=1.5", "data.caption_dropout", "1.5"),
+    ("data.resolution=4", "data.resolution", "4"),
+    ("diffusion.sample_steps=5000", "diffusion.sample_steps", "5000"),
+    ("diffusion.sampler=euler", "diffusion.sampler", "'euler'"),
+    ("diffusion=flow", "diffusion.objective", "'v_prediction'"),  # the experiment's objective stays
+    ("monitor.grpo.group_size=1", "monitor.grpo.group_size", "1"),
+    ("+reward.weights.aesthetic=1.0", "reward.weights.aesthetic", "aesthetic"),
+    ("reward.jpeg_quality=0", "reward.jpeg_quality", "0"),
+    ("lora.enabled=true", "model.pretrained", "pretrained DiT"),
+    ("data=imagefolder", "data.path", "None"),
+    ("data=imagefolder data.path=/no/such/folder", "data.path", "metadata.jsonl"),
+    ("monitor.grpo.prompt_file=/no/such/prompts.txt", "monitor.grpo.prompt_file", "no such file"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "key", "fragment"), CONFIG_VALUES)
+def test_a_bad_config_value_is_one_paragraph_naming_key_and_fix(overrides, key, fragment):
+    with pytest.raises(ConfigError) as caught:
+        compose_config(["+experiment=shapes", *overrides.split()])
+    message = str(caught.value)
+    assert f"`{key}`" in message and fragment in message
+    assert "\n" not in message and "To fix it" in message
+
+
+def test_a_python_built_config_resolves_its_interpolations():
+    from dit_trainer.config import ASSETS_DIR, TrainConfig
+    from dit_trainer.run_config import to_train_config
+
+    cfg = to_train_config(TrainConfig())
+    assert cfg.vae.pretrained == str(ASSETS_DIR / "shapes_vae")
+    assert "${" not in cfg.text_encoder.pretrained
+
+
+SECRET = "sentinel-secret-5f0c2a9e41d7"
+
+
+@pytest.mark.parametrize("interpolation", ["${oc.env:DIT_TEST_SECRET}", "${package_model:planted_module}"],
+                         ids=["environment", "resolver-import"])  # fmt: skip
+def test_a_run_config_with_an_interpolation_is_refused_unresolved(written_run, tmp_path, monkeypatch, capsys,
+                                                                  interpolation):  # fmt: skip
+    """train.py writes config.yaml resolved; an interpolation in it was put there by hand or by another tool, and
+    resolving it would read the environment (a secret) or import a module (run its code)."""
+    from dit_trainer.run_config import read_run_config
+
+    monkeypatch.setenv("DIT_TEST_SECRET", SECRET)
+    imported = tmp_path / "imported"
+    (tmp_path / "planted_module.py").write_text(
+        f"open({str(imported)!r}, 'w').close()\ndef get_model_path():\n    return {SECRET!r}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    config = written_run / "config.yaml"
+    config.write_text(config.read_text().replace("  run_name: null\n", f"  run_name: {interpolation}\n", 1))
+
+    with pytest.raises(ConfigError) as caught:
+        read_run_config(written_run)
+    message = str(caught.value)
+    assert "`logger.run_name`" in message and str(config) in message and "\n" not in message
+    assert SECRET not in message and not imported.exists()
+
+    assert sample_in_process(written_run, tmp_path / "out") == 2
+    printed = capsys.readouterr()
+    assert "`logger.run_name`" in printed.err and SECRET not in printed.out + printed.err
+    assert not imported.exists() and not (tmp_path / "out").exists()

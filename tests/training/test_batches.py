@@ -1,0 +1,60 @@
+"""Batches that continue where a resumed run stopped (``training/batches.py``): map-style, Poisson-sampled, and a
+stream that yields nothing."""
+
+import pytest
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from dit_trainer.data.collate import collate_batch
+from dit_trainer.data.poisson import PoissonBatchSampler, collate_poisson
+from dit_trainer.errors import ConfigError
+from dit_trainer.training.batches import resumable_batches
+
+
+class Numbered(Dataset):
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, index: int) -> dict:
+        return {"caption": str(index)}
+
+
+def _captions(batches, count: int) -> list[list[str]]:
+    return [next(batches)["caption"] for _ in range(count)]
+
+
+def test_map_style_batches_resume_mid_epoch_in_the_same_order():
+    """Micro-step k of a resumed run reads what the uninterrupted run read at k: same shuffle, epochs included."""
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+
+    def loader():
+        data = DataLoader(Numbered(), batch_size=3, shuffle=True, drop_last=True, collate_fn=collate_batch)
+        return accelerator.prepare_data_loader(data, device_placement=False)
+
+    uninterrupted = _captions(resumable_batches(loader(), accelerator, 0), 8)  # 3 batches an epoch: 2 epochs+
+    assert uninterrupted[0] != uninterrupted[3]  # epochs are shuffled differently
+    for start in (2, 4):
+        assert _captions(resumable_batches(loader(), accelerator, start), 8 - start) == uninterrupted[start:]
+
+
+def test_poisson_batches_resume_at_the_step():
+    """Step s's draw depends only on s, so a run resumed at step 7 reads draws 7, 8, ... (an empty draw included)."""
+    sampler = PoissonBatchSampler(num_samples=10, steps_per_epoch=3, seed=1)
+    data = DataLoader(Numbered(), batch_sampler=sampler, collate_fn=collate_poisson)
+    resumed = resumable_batches(data, Accelerator(cpu=True), 7)
+    expected = [[str(i) for i in PoissonBatchSampler(10, 3, seed=1).indices(step)] for step in range(7, 13)]
+    assert [next(resumed).get("caption", []) for _ in range(6)] == expected
+    assert any(expected) and len(set(map(tuple, expected))) > 1
+
+
+class Empty(IterableDataset):
+    def __iter__(self):
+        return iter(())
+
+
+def test_a_stream_that_yields_no_batch_names_data_path():
+    data = DataLoader(Empty(), batch_size=4, collate_fn=collate_batch)
+    data.dataset.set_epoch = lambda epoch: None
+    with pytest.raises(ConfigError, match=r"`data.path` is '/data/shards'.*no complete batch"):
+        next(resumable_batches(data, Accelerator(cpu=True), 0, "/data/shards"))

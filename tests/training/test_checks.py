@@ -1,0 +1,29 @@
+"""The training run's checks (``training/checks.py``): DP-SGD combinations that would void its guarantee or fail
+inside Opacus, and an FID monitor without validation images, are refused naming the key."""
+
+import pytest
+
+from dit_trainer.errors import ConfigError
+
+from ..conftest import TINY_SHAPES, compose_config
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("trainer.gradient_accumulation_steps=2", "trainer.gradient_accumulation_steps"),
+        ("trainer.gradient_checkpointing=true", "trainer.gradient_checkpointing"),
+        ("trainer.mixed_precision=fp16", "trainer.mixed_precision"),
+        ("privacy.noise_multiplier=1.0", "privacy.noise_multiplier/target_epsilon"),  # both set
+        ("privacy.target_epsilon=null", "privacy.noise_multiplier/target_epsilon"),  # neither
+        ("privacy.mode=exact", "privacy.mode"),
+    ],
+)
+def test_refused_combinations_name_the_key(override, key):
+    with pytest.raises(ConfigError, match=f"`{key}`.*To fix it"):
+        compose_config(["+experiment=shapes_dp", override])
+
+
+def test_the_fid_monitor_needs_validation():
+    with pytest.raises(ConfigError, match="`monitor.fid.enabled`"):
+        compose_config([*TINY_SHAPES, "validation.every_n_steps=0", "monitor.fid.enabled=true"])

@@ -1,0 +1,36 @@
+"""The optimizer side of a run (``training/optim.py``): the AdamW groups keep weight decay off what the loss does
+not train."""
+
+import torch
+
+from dit_trainer.components.build import build_components
+from dit_trainer.data.collate import collate_batch
+from dit_trainer.data.shapes import ShapesDataset
+from dit_trainer.diffusion.loss import diffusion_loss
+from dit_trainer.training.optim import build_optimizer
+
+from ..conftest import TINY_SHAPES, compose_config
+
+
+def test_learned_variance_outputs_stay_as_loaded_under_weight_decay():
+    """The loss ignores the variance half of a learned-sigma DiT: its proj_out rows get zero gradient and no
+    weight decay, so they do not drift; the mean half trains."""
+    cfg = compose_config([*TINY_SHAPES, "model.learned_sigma=true", "optim.weight_decay=0.1"])
+    torch.manual_seed(0)
+    parts = build_components(cfg, torch.device("cpu"), torch.float32)
+    proj = parts.dit.transformer.proj_out
+    assert proj.out_features == parts.dit.transformer.config.patch_size**2 * 2 * parts.latent_shape[0]
+    before = proj.weight.detach().clone()
+    optimizer = build_optimizer(cfg, parts.dit)
+    data = ShapesDataset(16, 32, seed=1)
+    batch = collate_batch([data[i] for i in range(8)])
+    for _ in range(3):
+        loss, _ = diffusion_loss(batch, parts.dit, parts.vae, parts.text_encoder, parts.schedule,
+                                 torch.Generator().manual_seed(0), 0.1)  # fmt: skip
+        loss.mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    rows = proj.weight.view(parts.dit.transformer.config.patch_size**2, -1, proj.in_features)  # (p*p, 2C, D)
+    channels = parts.latent_shape[0]
+    assert torch.equal(rows[:, channels:], before.view_as(rows)[:, channels:])  # variance half as loaded
+    assert not torch.equal(rows[:, :channels], before.view_as(rows)[:, :channels])  # mean half trains

@@ -1,0 +1,26 @@
+"""The training loop (``training/trainer.py``): a step's optimizer update sees the gradients clipped to
+``optim.max_grad_norm`` by the trainer's own update path."""
+
+import pytest
+import torch
+
+from dit_trainer.training.run import build_trainer
+
+from ..conftest import TINY_SHAPES, compose_config
+
+
+@pytest.mark.parametrize("max_grad_norm", [1e-3, 1e6, 0.0])
+def test_the_optimizer_steps_on_gradients_clipped_to_max_grad_norm(tmp_path, max_grad_norm):
+    """The trainer clips (its own path, not accelerate's) and returns the norm before clipping: the optimizer sees
+    min(norm, max_grad_norm), and untouched gradients when the norm is under the limit or clipping is off."""
+    cfg = compose_config([*TINY_SHAPES, "monitor.grpo.enabled=false", f"optim.max_grad_norm={max_grad_norm}"])
+    trainer = build_trainer(cfg, tmp_path)
+    seen = []
+    trainer.update.optimizer.optimizer.register_step_pre_hook(
+        lambda optimizer, args, kwargs: seen.append(
+            torch.nn.utils.get_total_norm([p.grad for p in trainer.dit.parameters()])
+        )
+    )
+    _, grad_norm = trainer.train_step(trainer.batches())
+    expected = min(grad_norm.item(), max_grad_norm or float("inf"))
+    assert grad_norm.item() > 1e-3 and seen[0].item() == pytest.approx(expected, rel=1e-5)
