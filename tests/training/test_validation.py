@@ -15,8 +15,10 @@ from ..data.files import captioned_folder
 @pytest.mark.parametrize("cached", [False, True], ids=["source", "disk_cache"])
 def test_held_out_images_are_never_trained_on(tmp_path, cached):
     captioned_folder(tmp_path / "images", 40)
+    # No loader workers: this trainer never finishes `fit`, and its persistent workers would hold the interpreter's
+    # exit for ~20 s each.
     overrides = [*TINY_SHAPES, "data=imagefolder", f"data.path={tmp_path / 'images'}", "data.resolution=32",
-                 "trainer.batch_size=4", *VALIDATE]  # fmt: skip
+                 "data.num_workers=0", "trainer.batch_size=4", *VALIDATE]  # fmt: skip
     if cached:  # the held-out posteriors come from the cache, and the in-memory latents are the training subset's
         overrides += [f"data.cache_dir={tmp_path / 'cache'}", "data.cache_latents=true"]
         precompute(compose_config(overrides))
