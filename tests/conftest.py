@@ -63,6 +63,18 @@ SHAPES_TRANSFORMER = {"num_attention_heads": 4, "attention_head_dim": 32, "patch
 
 register_configs()
 
+TINY_BATCH, TINY_CONDITION_DIM = 6, 12
+
+
+def tiny_batch() -> tuple[torch.Tensor, ...]:
+    """(x_t, t, embeds, mask, target) for ``tiny_transformer(condition_dim=TINY_CONDITION_DIM)``: 6 samples of
+    4 x 8 x 8 latents and 5 text tokens, drawn from seed 1."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(TINY_BATCH, 4, 8, 8, generator=generator)
+    t = torch.randint(0, 1000, (TINY_BATCH,), generator=generator)
+    embeds = torch.randn(TINY_BATCH, 5, TINY_CONDITION_DIM, generator=generator)
+    return x, t, embeds, torch.ones(TINY_BATCH, 5), torch.randn(TINY_BATCH, 4, 8, 8, generator=generator)
+
 
 def compose_config(overrides: list[str]) -> TrainConfig:
     """The validated config ``train.py`` would build for ``overrides``."""

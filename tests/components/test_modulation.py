@@ -5,19 +5,14 @@ import torch
 
 from dit_trainer.components.modulation import expose_modulation_tables
 
-BATCH = 6
-
-
-def tiny_batch():
-    generator = torch.Generator().manual_seed(1)
-    x = torch.randn(BATCH, 4, 8, 8, generator=generator)
-    t = torch.randint(0, 1000, (BATCH,), generator=generator)
-    embeds = torch.randn(BATCH, 5, 12, generator=generator)
-    return x, t, embeds, torch.ones(BATCH, 5), torch.randn(BATCH, 4, 8, 8, generator=generator)
+from ..conftest import TINY_CONDITION_DIM, tiny_batch
 
 
 def test_moved_modulation_tables_keep_outputs_and_diffusers_state_dict(tiny_transformer):
-    plain, exposed = tiny_transformer(condition_dim=12), tiny_transformer(condition_dim=12)
+    plain, exposed = (
+        tiny_transformer(condition_dim=TINY_CONDITION_DIM),
+        tiny_transformer(condition_dim=TINY_CONDITION_DIM),
+    )
     moved = expose_modulation_tables(exposed.transformer)
     assert moved == ["transformer_blocks.0.scale_shift_table", "transformer_blocks.1.scale_shift_table",
                      "scale_shift_table"]  # fmt: skip

@@ -18,18 +18,7 @@ from dit_trainer.errors import ConfigError
 from dit_trainer.training.privacy import check_model, make_private, noise_multiplier
 from dit_trainer.training.run import build_trainer
 
-from ..conftest import TINY_SHAPES, compose_config
-
-BATCH = 6
-CONDITION_DIM = 12  # tiny_batch's text features
-
-
-def tiny_batch():
-    generator = torch.Generator().manual_seed(1)
-    x = torch.randn(BATCH, 4, 8, 8, generator=generator)
-    t = torch.randint(0, 1000, (BATCH,), generator=generator)
-    embeds = torch.randn(BATCH, 5, 12, generator=generator)
-    return x, t, embeds, torch.ones(BATCH, 5), torch.randn(BATCH, 4, 8, 8, generator=generator)
+from ..conftest import TINY_BATCH, TINY_CONDITION_DIM, TINY_SHAPES, compose_config, tiny_batch
 
 
 def per_sample_loss(dit, x, t, embeds, mask, target) -> torch.Tensor:
@@ -38,7 +27,7 @@ def per_sample_loss(dit, x, t, embeds, mask, target) -> torch.Tensor:
 
 @pytest.mark.parametrize("mode", ["ghost", "hooks"])
 def test_per_sample_norms_and_clipping_match_one_sample_at_a_time(mode, tiny_transformer):
-    dit = tiny_transformer(condition_dim=CONDITION_DIM)
+    dit = tiny_transformer(condition_dim=TINY_CONDITION_DIM)
     expose_modulation_tables(dit.transformer)
     max_grad_norm = 2.0
     cfg = PrivacyConfig(enabled=True, max_grad_norm=max_grad_norm, noise_multiplier=1.0, mode=mode)
@@ -52,7 +41,7 @@ def test_per_sample_norms_and_clipping_match_one_sample_at_a_time(mode, tiny_tra
 
     reference = []
     with private.hooks_paused():
-        for i in range(BATCH):
+        for i in range(TINY_BATCH):
             loss = per_sample_loss(dit, *(tensor[i : i + 1] for tensor in batch)).sum()
             reference.append(torch.autograd.grad(loss, params))
     norms = torch.stack([torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])) for grads in reference])
@@ -78,7 +67,7 @@ def test_per_sample_norms_and_clipping_match_one_sample_at_a_time(mode, tiny_tra
 
 
 def test_empty_draw_is_a_noise_only_step(tiny_transformer):
-    dit = tiny_transformer(condition_dim=CONDITION_DIM)
+    dit = tiny_transformer(condition_dim=TINY_CONDITION_DIM)
     expose_modulation_tables(dit.transformer)
     cfg = PrivacyConfig(enabled=True, noise_multiplier=1.0)
     before = [p.detach().clone() for p in dit.parameters()]
@@ -132,7 +121,7 @@ def test_noise_for_target_epsilon_and_budget_overrun():
 
 
 def test_batchnorm_is_refused_with_the_fix(tiny_transformer):
-    dit = tiny_transformer(condition_dim=CONDITION_DIM)
+    dit = tiny_transformer(condition_dim=TINY_CONDITION_DIM)
     dit.transformer.pos_norm = torch.nn.BatchNorm2d(4)
     with pytest.raises(ConfigError, match=r"privacy.enabled.*BatchNorm.*GroupNorm"):
         check_model(dit)
