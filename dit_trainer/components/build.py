@@ -11,7 +11,7 @@ from dit_trainer.components.dit import DiTAdapter, build_dit, enable_gradient_ch
 from dit_trainer.components.kinds import Conditioner
 from dit_trainer.components.lora import apply_lora
 from dit_trainer.components.text_encoder import build_text_encoder
-from dit_trainer.components.vae import autoencoder_downsample_factor, build_vae, known_downsample_factor
+from dit_trainer.components.vae import build_vae, known_downsample_factor
 from dit_trainer.config import TrainConfig
 from dit_trainer.diffusion.families import build_noise_schedule
 from dit_trainer.diffusion.schedule import NoiseSchedule
@@ -56,10 +56,7 @@ def pixel_multiple(cfg: TrainConfig, download: bool = False) -> int | None:
     """What every image side must be a multiple of for its latent to cut into whole patches: the VAE's downsampling
     factor x the DiT's patch size. Read from the models' config.json files where they are on this machine; else
     None, or with ``download`` those files are downloaded (not the weights)."""
-    factor, patch = known_downsample_factor(cfg.vae), known_patch_size(cfg.model)
-    if download and factor is None:
-        vae = model_config(cfg.vae.pretrained, cfg.vae.subfolder, cfg.vae.revision, "vae.pretrained")
-        factor = autoencoder_downsample_factor(vae["block_out_channels"])
+    factor, patch = known_downsample_factor(cfg.vae, download), known_patch_size(cfg.model)
     if download and patch is None:
         patch = model_config(cfg.model.pretrained, cfg.model.subfolder, cfg.model.revision, "model.pretrained")[
             "patch_size"

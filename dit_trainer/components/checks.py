@@ -21,7 +21,7 @@ def check_components(cfg: TrainConfig) -> None:
     conditioner = TEXT_ENCODER_KINDS.get(cfg.text_encoder.kind)
     if family.check is not None:
         family.check(cfg)
-    factor = vae.downsample_factor(cfg.vae)
+    factor = vae.downsample_factor(cfg.vae, False)  # from config files on this machine: nothing downloaded
     if factor is not None:  # else checked as soon as the VAE has loaded (build_components)
         check_resolution(cfg, factor)
     require(

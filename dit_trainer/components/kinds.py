@@ -27,11 +27,12 @@ class Conditioner(Protocol):
 
 @dataclass(frozen=True)
 class VAEKind:
-    """``build(cfg, device, dtype)``: the frozen VAE. ``downsample_factor(cfg)``: its factor before any model loads
-    (None when only loading tells). ``pretrained``: whether ``vae.pretrained`` names a model it loads."""
+    """``build(cfg, device, dtype)``: the frozen VAE. ``downsample_factor(cfg, download)``: its factor before any
+    model loads (None when only loading tells, unless ``download`` may fetch a config file). ``pretrained``: whether
+    ``vae.pretrained`` names a model it loads."""
 
     build: Callable[[VAEConfig, torch.device, torch.dtype], Any]
-    downsample_factor: Callable[[VAEConfig], int | None]
+    downsample_factor: Callable[[VAEConfig, bool], int | None]
     pretrained: bool = True
 
 

@@ -10,7 +10,7 @@ from dit_trainer.components import VAE_KINDS
 from dit_trainer.components.freeze import freeze
 from dit_trainer.components.kinds import VAEKind
 from dit_trainer.config import VAEConfig
-from dit_trainer.hub import load_pretrained, pretrained_config
+from dit_trainer.hub import load_pretrained, model_config, pretrained_config
 
 
 def autoencoder_downsample_factor(block_out_channels: list[int]) -> int:
@@ -118,20 +118,26 @@ def _autoencoder_kl(cfg: VAEConfig, device: torch.device, dtype: torch.dtype) ->
     return FrozenVAE(autoencoder).to(device)
 
 
-def _autoencoder_factor(cfg: VAEConfig) -> int | None:
-    """From the autoencoder's config.json when it is on this machine; None when only loading it will tell."""
-    config = pretrained_config(cfg.pretrained, cfg.subfolder, cfg.revision) or {}
+def _autoencoder_factor(cfg: VAEConfig, download: bool) -> int | None:
+    """From the autoencoder's config.json when it is on this machine (or, with ``download``, once that file alone is
+    downloaded); None when only loading it will tell."""
+    if download:
+        config = model_config(cfg.pretrained, cfg.subfolder, cfg.revision, "vae.pretrained")
+    else:
+        config = pretrained_config(cfg.pretrained, cfg.subfolder, cfg.revision) or {}
     return autoencoder_downsample_factor(config["block_out_channels"]) if "block_out_channels" in config else None
 
 
 AUTOENCODER_KL = VAEKind(_autoencoder_kl, _autoencoder_factor)
-PIXEL = VAEKind(lambda cfg, device, dtype: PixelVAE(), lambda cfg: PixelVAE.downsample_factor, pretrained=False)
+PIXEL = VAEKind(
+    lambda cfg, device, dtype: PixelVAE(), lambda cfg, download: PixelVAE.downsample_factor, pretrained=False
+)
 
 
-def known_downsample_factor(cfg: VAEConfig) -> int | None:
+def known_downsample_factor(cfg: VAEConfig, download: bool = False) -> int | None:
     """The downsampling factor before any model loads (1 in pixel space); None when only loading will tell (a hub
-    id not downloaded yet)."""
-    return VAE_KINDS.get(cfg.kind).downsample_factor(cfg)
+    id not downloaded yet), unless ``download`` fetches the autoencoder's config file first."""
+    return VAE_KINDS.get(cfg.kind).downsample_factor(cfg, download)
 
 
 def build_vae(cfg: VAEConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> FrozenVAE | PixelVAE:
