@@ -9,6 +9,7 @@ and extractor and cached under a fingerprint of everything that determines them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -27,9 +28,10 @@ from torch.utils.data import DataLoader, Dataset
 from torchmetrics.image.fid import FrechetInceptionDistance
 from torchmetrics.image.kid import KernelInceptionDistance
 
-from dit_trainer.config import TrainConfig, VAEConfig
+from dit_trainer.config import DataConfig, TrainConfig, VAEConfig
 from dit_trainer.data import SOURCES
 from dit_trainer.data.collate import collate_batch
+from dit_trainer.data.mixture import entry_config
 from dit_trainer.data.split import unaugmented, validation_images
 from dit_trainer.durable import write_atomically
 from dit_trainer.errors import ConfigError
@@ -166,17 +168,28 @@ def distances(real: torch.Tensor, fake: torch.Tensor, seed: int = 0) -> dict[str
 
 
 def reference_fingerprint(run_cfg: TrainConfig, extractor: nn.Module) -> dict:
-    """What the validation images' features depend on: the data, its content where a source can tell cheaply,
-    the held-out selection, and the feature extractor."""
+    """What the validation images' features depend on: the data (every source of a mixture), its content where a
+    source can tell cheaply, the held-out selection, and the feature extractor."""
     data, validation = run_cfg.data, run_cfg.validation
-    content = SOURCES.get(data.source).content
     fields = ("source", "path", "split", "image_column", "caption_column", "caption_columns", "resolution", "crop")
+    sources = [entry_config(data, entry) for entry in data.mixture] or [data]
+    if validation.path:  # validation reads a data set of its own, of the same kind
+        sources = [dataclasses.replace(data, path=validation.path, mixture=[])]
     return {
         "data": {name: getattr(data, name) for name in fields} | {"length": data.length, "seed": data.seed},
-        "content": content(unaugmented(data, validation.path or data.path)) if content else None,
+        "sources": [
+            {"source": source.source, "path": source.path, "split": source.split, "content": _content(source)}
+            for source in sources
+        ],
         "held_out": {"split": validation.split, "seed": validation.seed, "path": validation.path},
         "features": extractor.identity,
     }
+
+
+def _content(data: DataConfig) -> dict | None:
+    """What identifies a source's data beyond its config (None where the config alone does: shapes)."""
+    content = SOURCES.get(data.source).content
+    return content(unaugmented(data, data.path)) if content else None
 
 
 def reference_cache_dir(cache_dir: str | None, run_cfg: TrainConfig) -> Path:

@@ -127,7 +127,11 @@ class Bucketed(Dataset):
         return len(self.buckets)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        return self.dataset.item(index, self.table.sizes[self.buckets[index]])
+        return self.item(index)
+
+    def item(self, index: int, size: Size | None = None, within: Sequence[int] | None = None) -> dict[str, Any]:
+        """Item ``index`` at its bucket's size (``size`` is the bucket's to decide); ``within`` as the source's."""
+        return self.dataset.item(index, self.table.sizes[self.buckets[index]], within)
 
 
 class BucketedStream(IterableDataset):

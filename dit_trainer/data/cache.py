@@ -22,7 +22,7 @@ import bisect
 import json
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
@@ -190,8 +190,11 @@ class CacheDataset(Dataset):
         for shard in index["shards"]:
             self.offsets.append(self.offsets[-1] + shard["items"])
         self._handles: dict[int, object] = {}  # opened lazily, so each DataLoader worker opens its own
-        self.captions = [c for k in range(len(self.shards)) for c in json.loads(self._handle(k).metadata()["captions"])]
+        metadata = [self._handle(k).metadata() for k in range(len(self.shards))]
+        self.captions = [caption for shard in metadata for caption in json.loads(shard["captions"])]
         sizes = [tuple(shard.get("size", ())) for shard in index["shards"]]  # (height, width) when bucketed
+        self.cache_dir = cache_dir
+        self.source_indices = self._source_indices(metadata, index, any(sizes))
         self.table = BucketTable(tuple(dict.fromkeys(sizes))) if any(sizes) else None
         shard_blocks = [self.table.sizes.index(size) for size in sizes] if self.table else [0] * len(sizes)
         item_blocks = [block for block, shard in zip(shard_blocks, index["shards"]) for _ in range(shard["items"])]
@@ -215,6 +218,28 @@ class CacheDataset(Dataset):
 
     def __len__(self) -> int:
         return self.offsets[-1]
+
+    def _source_indices(self, metadata: list[dict], index: dict, bucketed: bool) -> list[int] | None:
+        """Which source item each row holds. A cache written before shards recorded it is in source order when one
+        process wrote it without buckets; otherwise (None) its rows cannot be told apart."""
+        if all("indices" in shard for shard in metadata):
+            return [item for shard in metadata for item in json.loads(shard["indices"])]
+        in_order = not bucketed and all(shard["file"].startswith(shard_name(0, 0)[:12]) for shard in index["shards"])
+        return list(range(len(self.captions))) if in_order else None
+
+    def rows_of(self, items: Sequence[int]) -> list[int]:
+        """The rows (ascending) that hold the source items ``items``: one side of the held-out split, say."""
+        if self.source_indices is None:
+            raise ConfigError(
+                "data.cache_dir",
+                str(self.cache_dir),
+                "it was written (with buckets or by several processes, so its rows are not in source order) before "
+                "caches recorded which source item each row holds, so the held-out items' rows cannot be found",
+                "write the cache again with `python scripts/precompute.py <the same overrides as train.py>` into a new "
+                "folder, or train from it without `validation.split`",
+            )
+        wanted = set(items)
+        return [row for row, item in enumerate(self.source_indices) if item in wanted]
 
     def _handle(self, shard: int):
         if shard not in self._handles:
@@ -328,9 +353,12 @@ def refuse_non_finite(
             raise ConfigError(key, value, problem, fix)
 
 
-def save_shard(path: Path, tensors: dict[str, torch.Tensor], captions: list[str], dtype: torch.dtype) -> None:
-    """One shard, float tensors in the storage ``dtype``; NaN/inf is refused at write time (an encoder that
-    overflowed, or values beyond float16's range)."""
+def save_shard(
+    path: Path, tensors: dict[str, torch.Tensor], captions: list[str], indices: list[int] | None, dtype: torch.dtype
+) -> None:
+    """One shard, float tensors in the storage ``dtype``, with each row's caption and source item (``indices``: the
+    rows of a bucketed or multi-process cache are not in source order); NaN/inf is refused at write time (an encoder
+    that overflowed, or values beyond float16's range)."""
     stored = {k: (v.to(dtype) if v.is_floating_point() else v.to(torch.int8)).contiguous() for k, v in tensors.items()}
     refuse_non_finite(
         stored,
@@ -342,4 +370,5 @@ def save_shard(path: Path, tensors: dict[str, torch.Tensor], captions: list[str]
         "precompute in float32 (`trainer.mixed_precision=no`), store as `data.cache_dtype=bfloat16` or float32, or "
         "check those images",
     )
-    save_file(stored, path, metadata={"captions": json.dumps(captions)})
+    metadata = {"captions": json.dumps(captions)} | ({"indices": json.dumps(indices)} if indices is not None else {})
+    save_file(stored, path, metadata=metadata)

@@ -7,6 +7,8 @@ batch, and the trainer counts them against ``data.max_bad_fraction``.
 
 from __future__ import annotations
 
+import bisect
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -42,7 +44,9 @@ def collate_batch(items: list[dict[str, Any]] | dict[str, Any]) -> dict[str, Any
 
 class SkipUnreadable(Dataset):
     """Map-style base: item ``i`` is the first readable image at ``i, i+1, ...`` (wrapping), with the files passed
-    over in ``"bad_files"``. Subclasses set the attributes below and implement ``read`` and ``name``.
+    over in ``"bad_files"``; when a view of the data set (one side of the held-out split) names the indices it may
+    read, the replacement is the next readable one of those. Subclasses set the attributes below and implement
+    ``read`` and ``name``.
     """
 
     path: str  # data.path, for the error message
@@ -66,15 +70,20 @@ class SkipUnreadable(Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.item(index)
 
-    def item(self, index: int, size: tuple[int, int] | None = None) -> dict[str, Any]:
+    def item(
+        self, index: int, size: tuple[int, int] | None = None, within: Sequence[int] | None = None
+    ) -> dict[str, Any]:
         """Item ``index`` at ``size`` (height, width), default a ``resolution`` square. A skipped file's replacement
-        is brought to the same size, so a batch of one bucket stays one bucket."""
+        is brought to the same size, so a batch of one bucket stays one bucket, and is taken from ``within`` (sorted
+        indices that include ``index``) when given, so it stays on its side of the held-out split."""
         if not 0 <= index < len(self):
             raise IndexError(index)  # ends `for item in dataset`, which would otherwise wrap around forever
         bad: list[str] = []
-        tries = min(MAX_CONSECUTIVE_BAD, len(self))
+        candidates = range(len(self)) if within is None else within
+        start = bisect.bisect_left(candidates, index)
+        tries = min(MAX_CONSECUTIVE_BAD, len(candidates))
         for offset in range(tries):
-            current = (index + offset) % len(self)
+            current = candidates[(start + offset) % len(candidates)]
             try:  # the transform too: an image can decode and still fail to convert
                 image, caption = self.read(current)
                 item = {

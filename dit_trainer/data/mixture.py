@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any
 
@@ -54,10 +55,17 @@ class MixtureDataset(Dataset):
         source, local = self._locate(index)
         return self.datasets[source].image_size(local)
 
-    def item(self, index: int, size: tuple[int, int] | None = None) -> dict[str, Any]:
+    def item(
+        self, index: int, size: tuple[int, int] | None = None, within: Sequence[int] | None = None
+    ) -> dict[str, Any]:
+        """Item ``index``; a skipped file is replaced from the same source (and from ``within``, sorted indices of
+        this mixture, when given)."""
         source, local = self._locate(index)
-        dataset = self.datasets[source]
-        item = dataset.item(local, size) if size is not None else dataset[local]
+        dataset, offset = self.datasets[source], self.offsets[source]
+        if within is not None:
+            end = self.offsets[source + 1]
+            within = [i - offset for i in within[bisect.bisect_left(within, offset) : bisect.bisect_left(within, end)]]
+        item = dataset.item(local, size, within) if hasattr(dataset, "item") else dataset[local]
         if item.get("bad_files"):
             item["bad_files"] = [f"[{self.names[source]}] {record}" for record in item["bad_files"]]
         return item

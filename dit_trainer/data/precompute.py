@@ -8,6 +8,7 @@ writes ``index.json`` when all are done.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch
 from accelerate import PartialState
 from accelerate.utils import parse_flag_from_env
 from safetensors.torch import save_file
-from torch.utils.data import IterableDataset, Subset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 from tqdm.auto import tqdm
 
 from dit_trainer.components.build import check_resolution
@@ -83,13 +84,25 @@ def _rank_share(dataset, state: PartialState):
     return Subset(dataset, range(state.process_index, len(dataset), state.num_processes))
 
 
+def _source_items(share: Dataset, loader: DataLoader) -> Iterator[list[int]] | None:
+    """The source item each row of each batch of ``loader`` holds, in reading order (a rank's share is every N-th
+    item, buckets are read bucket by bucket): what lets a held-out split find its items' rows. None for a stream,
+    which has no item numbers (and which no split holds items out of)."""
+    if isinstance(share, IterableDataset):
+        return None
+    to_source = share.indices if isinstance(share, Subset) else range(len(share))
+    return iter([[to_source[row] for row in rows] for rows in loader.batch_sampler])
+
+
 @torch.no_grad()
 def _encode_images(cfg: TrainConfig, cache_dir: Path, state: PartialState, vae, text_encoder) -> tuple[int, list]:
     """Encode this rank's share into shards; returns (items, bad files) and leaves its shard list beside them."""
     device = state.device
     table, batch_size = configured_buckets(cfg), cfg.trainer.batch_size
     source = bucketed(build_dataset(cfg.data), table, batch_size, show_progress=state.is_main_process)
-    loader = in_order_loader(_rank_share(source, state), batch_size, cfg.data.num_workers)  # bucket by bucket
+    share = _rank_share(source, state)
+    loader = in_order_loader(share, batch_size, cfg.data.num_workers)  # bucket by bucket
+    source_items = _source_items(share, loader)
     storage, shards, bad_files, items = getattr(torch, cfg.data.cache_dtype), [], [], 0
     pending: dict[tuple[int, int], list[dict]] = {}  # encoded batches by image size: every shard holds one size
 
@@ -97,8 +110,9 @@ def _encode_images(cfg: TrainConfig, cache_dir: Path, state: PartialState, vae, 
         batches = pending.pop(size)
         tensors = {k: torch.cat([batch[k] for batch in batches]) for k in TENSOR_KEYS}
         captions = [c for batch in batches for c in batch["caption"]]
+        indices = None if source_items is None else [i for batch in batches for i in batch["items"]]
         name = shard_name(state.process_index, len(shards))
-        save_shard(cache_dir / name, tensors, captions, storage)
+        save_shard(cache_dir / name, tensors, captions, indices, storage)
         shards.append({"file": name, "items": len(captions)} | ({"size": list(size)} if table is not None else {}))
 
     for batch in tqdm(loader, desc="precompute", disable=not state.is_main_process):
@@ -107,7 +121,8 @@ def _encode_images(cfg: TrainConfig, cache_dir: Path, state: PartialState, vae, 
         mean, std = vae.encode_posterior(batch["image"].to(device))
         embeds, mask = text_encoder.encode(batch["caption"])
         encoded = {"latent_mean": mean, "latent_std": std, "text_embeds": embeds.float(), "text_mask": mask}
-        pending.setdefault(size, []).append({k: v.cpu() for k, v in encoded.items()} | {"caption": batch["caption"]})
+        encoded |= {"caption": batch["caption"], "items": None if source_items is None else next(source_items)}
+        pending.setdefault(size, []).append({k: v.cpu() if torch.is_tensor(v) else v for k, v in encoded.items()})
         items += len(batch["caption"])
         if sum(len(b["caption"]) for b in pending[size]) >= cfg.data.cache_shard_size:
             flush(size)

@@ -1,12 +1,16 @@
 """The validation data of a run: a seeded held-out split of a random-access data set, or a data set of its own.
 
 The split is a function of the data set's length and the seed alone, so every process, a resumed run and a later
-evaluation hold out the same items, and no held-out item is ever in the training subset.
+evaluation hold out the same items, and no held-out item is ever in the training subset. It is drawn over the
+source's items; a latent cache, whose rows precompute may have written in another order (bucket by bucket, or a
+share per process), holds out the rows of those same items. Each side of the split replaces an unreadable item with
+the next readable one of its own side.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset, Subset
@@ -15,6 +19,21 @@ from dit_trainer.config import DataConfig, ValidationConfig
 from dit_trainer.data.buckets import Bucketed, BucketTable, bucketed
 from dit_trainer.data.cache import CacheDataset
 from dit_trainer.data.source import build_dataset
+
+
+class SplitSide(Subset):
+    """One side of the held-out split (what is trained on, or what is validated): ``indices`` of ``dataset``, sorted.
+    An unreadable item's replacement comes from this side too, so no image crosses the split."""
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not hasattr(self.dataset, "item"):  # a cache or a procedural source: nothing is unreadable
+            return self.dataset[self.indices[index]]
+        return self.dataset.item(self.indices[index], within=self.indices)
+
+    def __getitems__(self, indices: list[int]) -> list[dict[str, Any]] | dict[str, Any]:
+        if callable(getattr(self.dataset, "__getitems__", None)):  # a cache gathers a batch at once
+            return self.dataset.__getitems__([self.indices[index] for index in indices])
+        return [self[index] for index in indices]
 
 
 def held_out_count(length: int, fraction: float) -> int:
@@ -57,12 +76,13 @@ def split_validation(
     if validation.path:
         return dataset, bucketed(build_dataset(unaugmented(data, validation.path)), table, validation.batch_size)
     train, held_out = split_indices(len(dataset), validation.split, validation.seed)
-    plain = dataset
-    if not isinstance(dataset, CacheDataset):
-        plain = build_dataset(unaugmented(data, data.path))
-        if isinstance(dataset, Bucketed):  # the same buckets, not read again
-            plain = Bucketed(plain, dataset.table, dataset.buckets)
-    return Subset(dataset, train), Subset(plain, held_out)
+    if isinstance(dataset, CacheDataset):  # its rows of the held-out source items, which may lie anywhere
+        train, held_out = dataset.rows_of(train), dataset.rows_of(held_out)
+        return SplitSide(dataset, train), SplitSide(dataset, held_out)
+    plain = build_dataset(unaugmented(data, data.path))
+    if isinstance(dataset, Bucketed):  # the same buckets, not read again
+        plain = Bucketed(plain, dataset.table, dataset.buckets)
+    return SplitSide(dataset, train), SplitSide(plain, held_out)
 
 
 def validation_images(data: DataConfig, validation: ValidationConfig) -> Dataset | None:

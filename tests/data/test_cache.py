@@ -30,7 +30,7 @@ def test_non_finite_values_are_refused_at_write_time(tmp_path, value, dtype):
     tensors = {"latent_mean": torch.zeros(3, 4, 2, 2), "text_mask": torch.ones(3, 8)}
     tensors["latent_mean"][1, 0, 0, 0] = value
     with pytest.raises(ConfigError, match="latent_mean is NaN/inf for 1 items.*'b'"):
-        save_shard(tmp_path / "shard.safetensors", tensors, ["a", "b", "c"], dtype)
+        save_shard(tmp_path / "shard.safetensors", tensors, ["a", "b", "c"], [0, 1, 2], dtype)
     assert not (tmp_path / "shard.safetensors").exists()
 
 
