@@ -31,7 +31,7 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     watch = FailureWatch(run_dir).start() if is_multi_process() else None  # the others stop with a failed one
     try:
-        train_cfg = to_train_config(cfg, HydraConfig.get().overrides.task)
+        train_cfg = to_train_config(cfg, HydraConfig.get().overrides.task, run_dir)
         from dit_trainer.training.run import run  # the training stack: only once the config is known to be good
 
         result = run(train_cfg, run_dir)

@@ -29,7 +29,7 @@ from dit_trainer.config.resolvers import register_resolvers
 from dit_trainer.data import SOURCES
 from dit_trainer.diffusion import OBJECTIVES, SAMPLERS
 from dit_trainer.errors import ConfigError
-from dit_trainer.grpo.init import inherit_init_run, init_checkpoint
+from dit_trainer.grpo.init import inherit_init_run, init_checkpoint, starting_weights
 from dit_trainer.rewards import REWARDS
 from dit_trainer.run_folder import CONFIG
 
@@ -42,18 +42,41 @@ def compose_train_config(config_dir: Path, overrides: list[str]) -> TrainConfig:
         return to_train_config(compose(config_name="train", overrides=overrides), overrides)
 
 
-def to_train_config(cfg: DictConfig | TrainConfig, overrides: Sequence[str] | None = None) -> TrainConfig:
+def to_train_config(
+    cfg: DictConfig | TrainConfig, overrides: Sequence[str] | None = None, run_dir: Path | None = None
+) -> TrainConfig:
     """A composed Hydra config (or a ``TrainConfig`` built in Python) as validated dataclasses, interpolations
     such as ``${asset:shapes_vae}`` resolved. A GRPO run's ``grpo.init_from`` is applied here, once (a run's saved
     config records it in ``grpo.init_weights``); ``overrides`` are the command line's, to tell which values were
-    set by hand."""
+    set by hand; ``run_dir`` is the folder the run trains in, whose recorded start a GRPO run keeps."""
     register_resolvers()
     structured = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg))
     check_fields(structured)
     if structured.grpo.init_from and structured.grpo.init_weights is None:
-        run_dir, checkpoint = init_checkpoint(structured.grpo.init_from)
-        structured = inherit_init_run(structured, read_run_config(run_dir), checkpoint, overrides)
+        structured = start_grpo_run(structured, overrides, run_dir)
     return with_lora_targets(validate(with_class_folders(structured)))
+
+
+def start_grpo_run(cfg: TrainConfig, overrides: Sequence[str] | None, run_dir: Path | None) -> TrainConfig:
+    """``cfg`` inheriting its init run. A run folder that already recorded its start (a resumed or requeued run)
+    keeps it, whatever the init run has written (or pruned) since: the weights it started from are its own copy."""
+    recorded = recorded_start(cfg, run_dir)
+    if recorded is not None:
+        weights = Path(str(recorded.model.pretrained))
+        return inherit_init_run(cfg, recorded, weights, str(recorded.grpo.init_weights), overrides)
+    init_dir, checkpoint = init_checkpoint(cfg.grpo.init_from)
+    init = read_run_config(init_dir)
+    weights = starting_weights(init, cfg.grpo.init_from, init_dir, checkpoint, cfg.grpo.init_ema)
+    return inherit_init_run(cfg, init, weights, str(weights), overrides)
+
+
+def recorded_start(cfg: TrainConfig, run_dir: Path | None) -> TrainConfig | None:
+    """The config ``run_dir`` recorded when this GRPO run (the same ``grpo.init_from``) started there, or None."""
+    if run_dir is None or not (run_dir / CONFIG).is_file():
+        return None
+    recorded = read_run_config(run_dir)
+    same = recorded.grpo.enabled and recorded.grpo.init_from == cfg.grpo.init_from and recorded.grpo.init_weights
+    return recorded if same else None
 
 
 def with_lora_targets(cfg: TrainConfig) -> TrainConfig:

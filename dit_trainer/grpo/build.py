@@ -1,7 +1,11 @@
-"""A GRPO run's parts from its config: the epoch settings, the stochastic policy with its window of trained steps,
-the reference policy of the KL penalty, and the ``GRPOTrainer`` on the training loop's parts."""
+"""A GRPO run's parts from its config: its own copy of the weights it starts from, the epoch settings, the
+stochastic policy with its window of trained steps, the reference policy of the KL penalty, and the ``GRPOTrainer``
+on the training loop's parts."""
 
 from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
@@ -11,11 +15,28 @@ from dit_trainer.components.dit import DiTAdapter
 from dit_trainer.config import TrainConfig
 from dit_trainer.diffusion.policy import StochasticPolicy
 from dit_trainer.diffusion.schedule import NoiseSchedule
+from dit_trainer.durable import link_or_copy_tree
 from dit_trainer.grpo.prompts import PromptSampler
 from dit_trainer.grpo.reference import ReferencePolicy, build_reference
 from dit_trainer.grpo.trainer import GRPOSettings, GRPOTrainer
 from dit_trainer.prompts import load_prompts
 from dit_trainer.rewards.build import build_reward
+
+OWN_WEIGHTS = "init"  # RUN/init/<weights folder>: the weights a GRPO run started from, its own copy
+
+
+def own_starting_weights(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator) -> TrainConfig:
+    """``cfg`` with ``model.pretrained`` at the run's own copy of the weights it starts from (hard links where the
+    file system allows): its samples, exports, resumes and KL anchor never depend on the init run's checkpoint, which
+    that run may prune. The main process makes the copy; the others wait for it."""
+    source = Path(str(cfg.model.pretrained))
+    own = run_dir / OWN_WEIGHTS / source.name
+    if source != own.resolve():
+        if accelerator.is_main_process and not own.is_dir():
+            own.parent.mkdir(parents=True, exist_ok=True)
+            link_or_copy_tree(source, own)
+        accelerator.wait_for_everyone()
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, pretrained=str(own.resolve())))
 
 
 def grpo_settings(cfg: TrainConfig) -> GRPOSettings:

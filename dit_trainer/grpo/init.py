@@ -4,9 +4,9 @@ checkpoint's weights (EMA by default).
 ``inherit_init_run`` rewrites the config before it is validated (``run_config`` reads the init run's config and
 calls it): the inherited sections are copied from the init run's config and ``model.pretrained`` points at the
 checkpoint's weights folder, so the GRPO run is an ordinary fine-tuning run of a pretrained DiT. Its own
-``config.yaml`` therefore records where it started, and sampling, evaluation, export and resuming read it as they
-read any run. A value set explicitly for an inherited key that
-differs from the init run's is refused: the weights were trained with the init run's.
+``config.yaml`` therefore records where it started (``grpo.init_weights``), and a resumed or requeued run keeps
+that start whatever the init run has written since. A value set explicitly for an inherited key that differs from
+the init run's is refused: the weights were trained with the init run's.
 """
 
 from __future__ import annotations
@@ -72,25 +72,29 @@ def _set_by_hand(cfg: TrainConfig, overrides: Sequence[str] | None) -> set[str]:
     return {key for key in inherited if any(key == n or key.startswith(f"{n}.") for n in named)}
 
 
-def inherit_init_run(
-    cfg: TrainConfig, init: TrainConfig, checkpoint: Path, overrides: Sequence[str] | None = None
-) -> TrainConfig:
-    """``cfg`` with the model, VAE, text encoder, data and diffusion settings of ``init`` (the config of the run
-    ``grpo.init_from`` names) and ``model.pretrained`` at ``checkpoint``'s weights; ``grpo.init_weights`` records
-    that folder. ``overrides`` are the command line's (None from Python: then values other than the schema's
-    defaults count as set by hand)."""
-    grpo = cfg.grpo
-    run_dir = checkpoint.parent.parent
+def starting_weights(init: TrainConfig, init_from: str, run_dir: Path, checkpoint: Path, ema: bool) -> Path:
+    """The weights folder of ``checkpoint`` (of the init run ``run_dir``, configured ``init``) a GRPO run starts
+    from: its EMA weights when asked for and saved. A LoRA init run is refused: its adapter is not a whole model."""
     if init.lora.enabled:
         raise ConfigError(
             "grpo.init_from",
-            grpo.init_from,
+            init_from,
             "it is a LoRA run, whose adapter would have to be merged into its base first",
             f"export it (`python scripts/export.py run_dir={run_dir}` merges the adapter), then start the GRPO run "
             "from the export with `model.pretrained=EXPORT/transformer` and the run's other settings",
         )
-    weights = weights_layout(False).weights_dir(checkpoint, grpo.init_ema)
-    inherited_model = dataclasses.replace(init.model, pretrained=str(weights.resolve()), subfolder=None, revision=None)
+    return weights_layout(False).weights_dir(checkpoint, ema).resolve()
+
+
+def inherit_init_run(
+    cfg: TrainConfig, init: TrainConfig, weights: Path, origin: str, overrides: Sequence[str] | None = None
+) -> TrainConfig:
+    """``cfg`` with the model, VAE, text encoder, data and diffusion settings of ``init`` (the config of the run
+    ``grpo.init_from`` names, or the GRPO run's own as it recorded them) and ``model.pretrained`` at ``weights``;
+    ``grpo.init_weights`` records ``origin``, the init checkpoint's weights folder. ``overrides`` are the command
+    line's (None from Python: then values other than the schema's defaults count as set by hand)."""
+    grpo = cfg.grpo
+    inherited_model = dataclasses.replace(init.model, pretrained=str(weights), subfolder=None, revision=None)
     sections = {**{name: getattr(init, name) for name in INHERITED_SECTIONS}, "model": inherited_model}
     ours = {key: value for name in INHERITED_SECTIONS for key, value in _flatten(getattr(cfg, name), name).items()}
     theirs = {key: value for name, section in sections.items() for key, value in _flatten(section, name).items()}
@@ -110,4 +114,4 @@ def inherit_init_run(
         value = ours[key]
         name, field = key.split(".")
         sections[name] = dataclasses.replace(sections[name], **{field: value})
-    return dataclasses.replace(cfg, **sections, grpo=dataclasses.replace(grpo, init_weights=str(weights.resolve())))
+    return dataclasses.replace(cfg, **sections, grpo=dataclasses.replace(grpo, init_weights=origin))

@@ -257,13 +257,15 @@ class Checkpointer:
                 logger.warning(f"The config differs from the one {path.name} was trained with; continuing with it.")
             return
         changes = config_changes(manifest["config"], self.config)
-        defining = [key for key in changes if defines_training(key)]
+        grpo = bool(manifest["config"].get("grpo", {}).get("enabled") or self.config.get("grpo", {}).get("enabled"))
+        defining = [key for key, (old, new) in changes.items() if defines_training(key, old, new, grpo)]
         listed = ", ".join(f"{key} ({old!r} -> {new!r})" for key, (old, new) in changes.items())
         if defining and not self.allow_config_change:
             raise ConfigError(
                 "trainer.resume",
                 str(path),
-                "that checkpoint was trained with another model, data or objective: "
+                "that checkpoint was trained with another model, data, held-out split, objective or reward "
+                "fine-tuning: "
                 + ", ".join(f"{key} ({changes[key][0]!r} -> {changes[key][1]!r})" for key in defining),
                 "resume with the settings the run was trained with (its config.yaml), start a fresh run in a new "
                 "`hydra.run.dir`, or, if the change is intended, add `trainer.allow_config_change=true`",
@@ -327,6 +329,8 @@ OPERATIONAL_KEYS = {
     "diffusion.guidance_scale",
 }
 DEFINING_SECTIONS = ("model", "vae", "text_encoder", "data", "diffusion", "lora", "privacy")
+# What the held-out split depends on: changing it turns images already trained on into validation images.
+HELD_OUT_KEYS = {"validation.split", "validation.seed", "validation.path"}
 
 
 def _flatten(config: dict, prefix: str = "") -> dict[str, Any]:
@@ -346,10 +350,18 @@ def config_changes(saved: dict, current: dict) -> dict[str, tuple[Any, Any]]:
     return {key: (old.get(key), new.get(key)) for key in keys if old.get(key) != new.get(key)}
 
 
-def defines_training(key: str) -> bool:
-    """Whether a setting changes what is trained (the model, its data, its objective), as opposed to how fast,
-    how long or what is watched."""
-    return key.split(".")[0] in DEFINING_SECTIONS and key not in OPERATIONAL_KEYS
+def defines_training(key: str, saved: Any = None, current: Any = None, grpo: bool = False) -> bool:
+    """Whether changing ``key`` from ``saved`` to ``current`` changes what is trained (the model, its data and the
+    images held out of it, its objective; in a GRPO run (``grpo``) also its own settings and the reward it trains
+    on), as opposed to how fast, how long or what is watched."""
+    section = key.split(".")[0]
+    if key in OPERATIONAL_KEYS:
+        return False
+    if key == "validation.every_n_steps":  # turned on or off: images are held out of training, or no longer
+        return bool(saved) != bool(current)
+    if section in ("grpo", "reward"):
+        return grpo
+    return key in HELD_OUT_KEYS or section in DEFINING_SECTIONS
 
 
 def config_hash(config: dict) -> str:

@@ -24,7 +24,13 @@ from dit_trainer.diffusion.loss import DiffusionLoss
 from dit_trainer.diffusion.sampler import TextToImage
 from dit_trainer.durable import write_text_atomically
 from dit_trainer.errors import ConfigError
-from dit_trainer.grpo.build import build_grpo_trainer, build_kl_reference, build_prompt_sampler, updates_per_epoch
+from dit_trainer.grpo.build import (
+    build_grpo_trainer,
+    build_kl_reference,
+    build_prompt_sampler,
+    own_starting_weights,
+    updates_per_epoch,
+)
 from dit_trainer.grpo.prompts import PromptSampler
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
 from dit_trainer.run_folder import CHECKPOINTS, CONFIG, weights_layout
@@ -200,6 +206,8 @@ def build_trainer(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
 def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, lock: RunFolderLock | None) -> Trainer:
     """``build_trainer`` once the run folder is held: a ``Trainer`` on the data, or a ``GRPOTrainer`` on rewards."""
     grpo = cfg.grpo.enabled
+    if grpo and cfg.grpo.init_weights:  # started from another run: its weights are copied here first
+        cfg = own_starting_weights(cfg, run_dir, accelerator)
     source, cached_text, held_out = (None, None, None) if grpo else build_source(cfg, accelerator)
     frozen_dtype = weight_dtype(accelerator.mixed_precision)
     parts = build_components(cfg, accelerator.device, frozen_dtype, cached_text)

@@ -3,6 +3,7 @@ finished tiny shapes run, on the CPU, with the scripts that read run folders (sa
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -88,8 +89,8 @@ def test_grpo_run_logs_each_epoch_and_fine_tunes_the_init_weights(grpo_run, init
 
     saved = OmegaConf.load(grpo_run / "config.yaml")
     assert saved.grpo.init_from == str(init_run) and saved.grpo.enabled
-    assert Path(saved.model.pretrained) == init_weights.resolve()
-    assert Path(saved.grpo.init_weights) == init_weights.resolve()
+    assert Path(saved.model.pretrained) == (grpo_run / "init" / "transformer_ema").resolve()  # its own copy
+    assert Path(saved.grpo.init_weights) == init_weights.resolve()  # where it came from
     assert saved.model.num_layers == 2 and saved.diffusion.sample_steps == 4
 
     start = weights(init_weights)
@@ -146,6 +147,53 @@ def test_a_resumed_grpo_run_matches_the_uninterrupted_one(grpo_run, init_run, tm
         assert [r[key] for r in resumed] == [r[key] for r in straight], key
     final = "checkpoints/checkpoint-4/transformer/" + WEIGHTS
     assert (run_dir / final).read_bytes() == (grpo_run / final).read_bytes()
+
+
+# --- what a GRPO run owns --------------------------------------------------------------------------------------
+
+
+def own_init_run(init_run: Path, folder: Path) -> Path:
+    """A copy of ``init_run`` that a test may extend, prune or delete."""
+    shutil.copytree(init_run, folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_a_lora_grpo_run_owns_its_base_when_the_init_run_prunes_it(init_run, tmp_path):
+    """The base a LoRA GRPO run's adapters apply to is hard-linked into its own folder: once the init run's
+    checkpoint is gone (pruned by `checkpoints_total_limit`), the GRPO run still samples and exports."""
+    init_dir = own_init_run(init_run, tmp_path / "init")
+    run_dir = tmp_path / "lora"
+    train_grpo(init_dir, run_dir, "lora.enabled=true", "lora.rank=4", "grpo.beta=0.1", epochs=2)
+    own = run_dir / "init" / "transformer_ema" / WEIGHTS
+    assert own.stat().st_nlink == 2  # a hard link of the init checkpoint's file: no copy made
+    shutil.rmtree(init_dir / "checkpoints")
+    sampled = run_script(["scripts/sample.py", str(run_dir), "prompts=[a red circle]", "images_per_prompt=1",
+                          f"out_dir={tmp_path / 'samples'}", "steps=2"])  # fmt: skip
+    assert sampled.returncode == 0, sampled.stderr[-3000:]
+    exported = run_script(["scripts/export.py", str(run_dir), f"out_dir={tmp_path / 'export'}"])
+    assert exported.returncode == 0, exported.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_requeued_grpo_run_keeps_its_start_after_the_init_run_moves_on(init_run, tmp_path):
+    """The init run writes a newer checkpoint while the GRPO run is requeued with the same command: the resume keeps
+    the start it recorded (the KL anchor does not move), and once the init run is deleted the full-weight GRPO run
+    still samples offline."""
+    init_dir = own_init_run(init_run, tmp_path / "init")
+    run_dir = tmp_path / "grpo"
+    train_grpo(init_dir, run_dir, "grpo.beta=0.04", epochs=2)
+    started = (run_dir / "config.yaml").read_text()
+    shutil.copytree(init_dir / "checkpoints" / "checkpoint-10", init_dir / "checkpoints" / "checkpoint-20")
+    result = train_grpo(init_dir, run_dir, "grpo.beta=0.04", "trainer.resume=latest", epochs=4)
+    assert "Resumed from" in result.stderr + result.stdout and "Trained 4 steps" in result.stdout
+    assert (run_dir / "config.yaml").read_text() == started.replace("max_steps: 2", "max_steps: 4").replace(
+        "resume: null", "resume: latest"
+    )
+    shutil.rmtree(init_dir)
+    sampled = run_script(["scripts/sample.py", str(run_dir), "prompts=[a red circle]", "images_per_prompt=1",
+                          f"out_dir={tmp_path / 'samples'}", "steps=2"])  # fmt: skip
+    assert sampled.returncode == 0, sampled.stderr[-3000:]
 
 
 # --- what a GRPO run refuses ----------------------------------------------------------------------------------
