@@ -23,7 +23,9 @@ class Source:
     path_meaning: str | None = None  # completes "`data=NAME` needs ..."; None: it takes no data.path
     path_example: str | None = None
     check_path: Callable[[str, str], None] | None = None  # (path, its key): a cheap check before any model is built
-    streamed: bool = False  # an IterableDataset: no random access (so no Poisson sampling for DP)
+    # An IterableDataset split across processes, with no random access (so no Poisson sampling for DP); its
+    # ``unsharded()`` reads it whole on one process (validation).
+    streamed: bool = False
     bucketed: bool = False  # its items can come at any (height, width) and it reads image sizes: `data.buckets`
     # What identifies the data beyond its config, for the cache fingerprint: cheap (no image is read), so None
     # where the config alone determines the data (shapes).

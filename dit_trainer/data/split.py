@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from dit_trainer.config import DataConfig, ValidationConfig
+from dit_trainer.data import SOURCES
 from dit_trainer.data.buckets import Bucketed, BucketTable, bucketed
 from dit_trainer.data.cache import CacheDataset
 from dit_trainer.data.source import build_dataset
@@ -74,7 +75,10 @@ def split_validation(
     if not validation.every_n_steps:
         return dataset, None
     if validation.path:
-        return dataset, bucketed(build_dataset(unaugmented(data, validation.path)), table, validation.batch_size)
+        held_out = build_dataset(unaugmented(data, validation.path))
+        if SOURCES.get(data.source).streamed:  # validated on the main process alone: every shard, not 1/N of them
+            held_out = held_out.unsharded()
+        return dataset, bucketed(held_out, table, validation.batch_size)
     train, held_out = split_indices(len(dataset), validation.split, validation.seed)
     if isinstance(dataset, CacheDataset):  # its rows of the held-out source items, which may lie anywhere
         train, held_out = dataset.rows_of(train), dataset.rows_of(held_out)

@@ -6,6 +6,7 @@ truncated tar is skipped and reported exactly where it happens. ``webdataset`` s
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -152,6 +153,13 @@ class WebDatasetSource(IterableDataset):
                 "(`txt` is the .txt member, the others are keys of the .json member)",
                 f"set `{self.caption_key}` to one of those",
             )
+
+    def unsharded(self) -> WebDatasetSource:
+        """This data set read whole by whichever process iterates it (validation on the main process reads every
+        validation shard, whatever the number of processes)."""
+        whole = copy.copy(self)
+        whole.rank, whole.world_size = 0, 1
+        return whole
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle the shards for ``epoch``. Workers copy the data set when an iterator starts, so call it before
