@@ -3,10 +3,12 @@ checkpoint writes), resume it with ``trainer.resume=latest`` each time, and chec
 
     python scripts/soak_resume.py                       # 20 kills, 200 steps, in a temporary folder
     python scripts/soak_resume.py --kills 5 --steps 120 --out /tmp/soak
+    python scripts/soak_resume.py --grpo --kills 10 --steps 12   # a GRPO run (12 epochs) from a short shapes run
 
 After every kill each ``checkpoint-N`` folder must be complete and readable (a write that was cut short may only
-leave a ``.checkpoint-N.partial``, which resuming removes). At the end the soaked run's losses (metrics.jsonl, every
-step) must equal those of one uninterrupted run with the same seed. Exit code 0 when all holds, 1 otherwise.
+leave a ``.checkpoint-N.partial``, which resuming removes). At the end every value the soaked run logged
+(metrics.jsonl, every step; timings aside) must equal that of one uninterrupted run with the same seed. A GRPO run is
+also killed during its rollouts and during its policy updates. Exit code 0 when all holds, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,23 +32,42 @@ from dit_trainer.run_folder import CHECKPOINTS, checkpoint_step, incomplete_reas
 from dit_trainer.training.metrics import MetricsFile
 
 REPO = Path(__file__).resolve().parents[1]
-CHECKPOINT_EVERY = 10
-RUN = [
-    "+experiment=shapes",
-    "data.length=256",
-    "trainer.batch_size=16",
-    "model.num_layers=2",
-    "trainer.log_every=1",
-    f"trainer.checkpoint_every={CHECKPOINT_EVERY}",
-    "trainer.checkpoints_total_limit=3",
-    "trainer.sample_every=0",
-    "trainer.seed=3",
-    "monitor.grpo.enabled=false",
+LOGGED = ["trainer.log_every=1", "trainer.sample_every=0", "trainer.seed=3", "monitor.grpo.enabled=false"]
+SHAPES = ["+experiment=shapes", "data.length=256", "trainer.batch_size=16", "model.num_layers=2", *LOGGED]
+# 2 captions x 8 images an epoch, a 4-step sampler; the model, data and diffusion settings are the init run's.
+GRPO = [
+    "+experiment=shapes_grpo",
+    "grpo.prompts=[a red circle,a blue square]",
+    "grpo.prompt_file=null",
+    "grpo.prompts_per_epoch=2",
+    "grpo.group_size=8",
+    "grpo.sample_steps=4",
+    "grpo.sde_steps=null",
+    "grpo.rollout_batch_size=16",
+    "grpo.beta=0.04",
+    "diffusion.sample_steps=4",
+    *LOGGED,
 ]
 
 
-def launch(run_dir: Path, steps: int, log) -> subprocess.Popen:
-    command = [sys.executable, "train.py", *RUN, f"trainer.max_steps={steps}", f"hydra.run.dir={run_dir}"]
+@dataclass(frozen=True)
+class Soak:
+    """What is soaked: its overrides, its checkpoint interval and how far past a resume a kill may come (in steps),
+    and the moments it is killed at."""
+
+    overrides: list[str]
+    checkpoint_every: int
+    steps_ahead: int
+    moments: tuple[str, ...]
+
+
+SHAPES_SOAK = Soak(SHAPES, 10, 25, ("during start-up", "while training", "during a checkpoint write"))
+GRPO_MOMENTS = ("during start-up", "during rollouts", "during an update", "during a checkpoint write")
+
+
+def launch(run_dir: Path, steps: int, log, soak: Soak) -> subprocess.Popen:
+    command = [sys.executable, "train.py", *soak.overrides, f"trainer.max_steps={steps}", f"hydra.run.dir={run_dir}"]
+    command += [f"trainer.checkpoint_every={soak.checkpoint_every}", "trainer.checkpoints_total_limit=3"]
     return subprocess.Popen(
         [*command, "trainer.resume=latest"], cwd=REPO, stdout=log, stderr=log, start_new_session=True
     )
@@ -72,9 +94,6 @@ def unreadable_checkpoints(run_dir: Path) -> list[str]:
     return problems
 
 
-MOMENTS = ("during start-up", "while training", "during a checkpoint write")
-
-
 def logged_step(run_dir: Path, since: float) -> int:
     """The last step in metrics.jsonl (the loop logs every step here), once the file was written after ``since``
     (before, it may hold a killed attempt's steps past the checkpoint, which resuming removes)."""
@@ -85,22 +104,34 @@ def logged_step(run_dir: Path, since: float) -> int:
     return records[-1]["step"] if records else 0
 
 
-def kill_at_a_random_moment(process: subprocess.Popen, run_dir: Path, rng: random.Random) -> str:
+def kill_at_a_random_moment(
+    process: subprocess.Popen, run_dir: Path, rng: random.Random, soak: Soak, phases: tuple[float, float]
+) -> str:
     """SIGKILL ``process`` at a random moment of a random phase: start-up (imports, models, resume), training (1 to
-    25 steps after the resumed one), or the first or second checkpoint write; returns the phase, or 'finished' if
+    ``steps_ahead`` steps after the resumed one; for GRPO, a random time into that epoch's rollouts or its update,
+    ``phases`` being their seconds), or the first or second checkpoint write; returns the phase, or 'finished' if
     the run ended first. Moments in steps, not seconds, so that runs progress on a slow or busy machine."""
-    moment = rng.choice(MOMENTS)
+    moment = rng.choice(soak.moments)
     resumed = max((checkpoint_step(p) for p in list_checkpoints(run_dir / CHECKPOINTS)), default=0)
     launched, delay = time.time(), rng.uniform(1.0, 6.0)
-    steps, writes = rng.randint(1, 25), rng.randint(1, 2)
+    steps, writes = rng.randint(1, soak.steps_ahead), rng.randint(1, 2)
+    rollouts, update = phases
+    into_epoch = rng.uniform(0, rollouts) if moment == "during rollouts" else rollouts + rng.uniform(0, update)
+    epoch_began = None
     while process.poll() is None:
         if moment == "during start-up":
             due = time.time() > launched + delay
         elif moment == "while training":
             due = logged_step(run_dir, since=launched) >= resumed + steps
+        elif moment in ("during rollouts", "during an update"):
+            if epoch_began is None and logged_step(run_dir, since=launched) >= resumed + steps - 1:
+                epoch_began = time.time()  # the epoch after that log line has begun: rollouts first, then the update
+            due = epoch_began is not None and time.time() > epoch_began + into_epoch
         else:
             partials = (run_dir / CHECKPOINTS).glob(".checkpoint-*.partial")
-            due = any(int(p.name.split("-")[1].split(".")[0]) >= resumed + writes * CHECKPOINT_EVERY for p in partials)
+            due = any(
+                int(p.name.split("-")[1].split(".")[0]) >= resumed + writes * soak.checkpoint_every for p in partials
+            )
             time.sleep(rng.uniform(0.0, 0.2) if due else 0.0)
         if due:
             os.killpg(process.pid, signal.SIGKILL)
@@ -110,21 +141,34 @@ def kill_at_a_random_moment(process: subprocess.Popen, run_dir: Path, rng: rando
     return "finished"
 
 
-def losses(run_dir: Path) -> dict[int, float]:
-    return {record["step"]: record["loss"] for record in MetricsFile(run_dir / "metrics.jsonl").read()}
+def logged(run_dir: Path) -> dict[int, dict]:
+    """Every logged value by step, timings aside (they differ from run to run)."""
+    return {
+        record["step"]: {k: v for k, v in record.items() if "seconds" not in k and "per_sec" not in k}
+        for record in MetricsFile(run_dir / "metrics.jsonl").read()
+    }
 
 
-def soak(out: Path, kills: int, steps: int, seed: int) -> bool:
+def epoch_phases(reference: Path) -> tuple[float, float]:
+    """The median seconds of a GRPO epoch's rollouts and of its update, from the uninterrupted run (0, 0 for a
+    training run)."""
+    records = MetricsFile(reference / "metrics.jsonl").read()
+    phases = [sorted(r.get(key, 0.0) for r in records) for key in ("rollout/seconds", "policy/seconds")]
+    return phases[0][len(records) // 2], phases[1][len(records) // 2]
+
+
+def soak_run(out: Path, kills: int, steps: int, seed: int, soak: Soak) -> bool:
     rng = random.Random(seed)
     reference, soaked = out / "reference", out / "soaked"
     with (out / "log.txt").open("a") as log:
         print(f"Uninterrupted reference run ({steps} steps) ...", flush=True)
-        if launch(reference, steps, log).wait() != 0:
+        if launch(reference, steps, log, soak).wait() != 0:
             print(f"The reference run failed; see {out / 'log.txt'}")
             return False
+        phases = epoch_phases(reference)
         start, problems, moments = time.monotonic(), [], []
         for attempt in range(1, kills + 1):
-            moment = kill_at_a_random_moment(launch(soaked, steps, log), soaked, rng)
+            moment = kill_at_a_random_moment(launch(soaked, steps, log, soak), soaked, rng, soak, phases)
             found = unreadable_checkpoints(soaked)
             complete = [p.name for p in list_checkpoints(soaked / CHECKPOINTS)]
             print(f"kill {attempt:2d} {moment:25s} -> complete: {', '.join(complete) or 'none'}", flush=True)
@@ -133,30 +177,44 @@ def soak(out: Path, kills: int, steps: int, seed: int) -> bool:
             if moment == "finished":
                 break
         resumed_from = max((checkpoint_step(p) for p in list_checkpoints(soaked / CHECKPOINTS)), default=0)
-        code = launch(soaked, steps, log).wait()
-    expected, got = losses(reference), losses(soaked)
+        code = launch(soaked, steps, log, soak).wait()
+    expected, got = logged(reference), logged(soaked)
     mismatched = [step for step in expected if got.get(step) != expected[step]]
-    counts = ", ".join(f"{moments.count(moment)} {moment}" for moment in MOMENTS)
+    counts = ", ".join(f"{moments.count(moment)} {moment}" for moment in soak.moments)
     print(
         f"\nKills: {counts}, in {time.monotonic() - start:.0f} s; last resume from step {resumed_from}; final attempt "
         f"exit code {code}."
     )
     print(f"Unreadable checkpoint folders: {len(problems)}", *problems, sep="\n  ")
-    print(f"Steps whose loss differs from the uninterrupted run: {len(mismatched)} of {len(expected)}")
+    print(f"Steps with a logged value that differs from the uninterrupted run: {len(mismatched)} of {len(expected)}")
     return code == 0 and not problems and not mismatched and len(got) == steps
+
+
+def train_init_run(out: Path) -> Path:
+    """The finished shapes run a GRPO soak starts from (20 steps, its EMA weights checkpointed)."""
+    init = out / "init"
+    if not list_checkpoints(init / CHECKPOINTS):
+        command = [sys.executable, "train.py", *SHAPES, "trainer.max_steps=20", f"hydra.run.dir={init}"]
+        subprocess.run(command, cwd=REPO, check=True, capture_output=True)
+    return init
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
     parser.add_argument("--kills", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=None, help="default: 200 (GRPO: 12 epochs)")
     parser.add_argument("--seed", type=int, default=0, help="of the kill moments")
+    parser.add_argument("--grpo", action="store_true", help="soak a GRPO run started from a short shapes run")
     parser.add_argument("--out", type=Path, default=None, help="default: a new temporary folder")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="soak-"))
     out.mkdir(parents=True, exist_ok=True)
     print(f"Soak test in {out}")
-    return 0 if soak(out, args.kills, args.steps, args.seed) else 1
+    soak, steps = SHAPES_SOAK, args.steps or 200
+    if args.grpo:
+        soak = Soak([*GRPO, f"grpo.init_from={train_init_run(out)}"], 2, 3, GRPO_MOMENTS)
+        steps = args.steps or 12
+    return 0 if soak_run(out, args.kills, steps, args.seed, soak) else 1
 
 
 if __name__ == "__main__":

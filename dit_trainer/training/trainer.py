@@ -234,12 +234,14 @@ class Trainer:
                 checkpoint_start = time.perf_counter()
                 # A pending stop skips the monitors: the grace period before the kill is for the checkpoint.
                 preempted = self.state.step < settings.max_steps and self._stop_requested(preemption)
-                if preempted or self._is_due(settings.checkpoint_every):
-                    self.checkpointer.save(self.state.step)
                 monitor_metrics, seconds = ({}, 0.0) if preempted else self._run_monitors()
                 monitor_seconds += seconds
                 if metrics or monitor_metrics:
                     self._write(metrics | monitor_metrics)
+                # Last: a run killed before the checkpoint is complete resumes from the one before, and rewrites the
+                # metrics logged since; one killed after it has already logged this step.
+                if preempted or self._is_due(settings.checkpoint_every):
+                    self.checkpointer.save(self.state.step)
                 window_start += time.perf_counter() - checkpoint_start  # checkpoints and monitors are not training
                 if preempted:
                     signal = preemption.requested.name if preemption.requested else "another process's signal"

@@ -84,3 +84,20 @@ def test_resume_is_bit_exact_with_buckets_validation_and_the_reward_monitor(tmp_
     assert [r["step"] for r in resumed] == list(range(11, 21))
     assert {"val/loss", "reward/mean"} <= set(resumed[-1]) and any(key.startswith("loss/") for key in resumed[0])
     assert resumed == straight[10:]
+
+
+@pytest.mark.slow
+def test_a_run_killed_right_after_a_checkpoint_keeps_that_steps_metrics(tmp_path):
+    """A step's metrics (and its monitors') are logged before its checkpoint is written: a kill just after the
+    checkpoint completes loses none, and the resumed run's metrics.jsonl has every step once."""
+    die_after_step_10 = (
+        "import os\nfrom dit_trainer.training.checkpoint import Checkpointer\nsave = Checkpointer.save\n"
+        "def save_then_die(self, step):\n    save(self, step)\n    if step == 10:\n        os._exit(9)\n"
+        "Checkpointer.save = save_then_die"
+    )
+    run_dir = tmp_path / "run"
+    process = start_training(run_dir, "trainer.max_steps=20", "trainer.checkpoint_every=10", code=die_after_step_10)
+    process.communicate(timeout=240)
+    assert process.returncode == 9 and read_metrics(run_dir)[-1]["step"] == 10
+    train(run_dir, "trainer.max_steps=20", "trainer.checkpoint_every=10", "trainer.resume=latest", *QUIET)
+    assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, 21))
