@@ -33,8 +33,13 @@ class ConfigError(ValueError):
     def __init__(self, key: str, value: Any, accepted: str, fix: str | None = None) -> None:
         fix = fix or f"override it on the command line, e.g. `{key}=<accepted value>`"
         super().__init__(f"Invalid config: `{key}` is {value!r}, but {accepted}. To fix it, {fix}.")
-        self.key = key
-        self.value = value
+        self.key, self.value, self.accepted, self.fix = key, value, accepted, fix
+
+    def renamed(self, key: str) -> ConfigError:
+        """The same paragraph about the setting ``key``: for an error raised by code that knows the value but not
+        which setting gave it (a data set built from a mixture entry's path names `data.path`, which is unset)."""
+        old, new = f"`{self.key}", f"`{key}"  # `data.path` and `data.path=...` alike
+        return ConfigError(key, self.value, self.accepted.replace(old, new), self.fix.replace(old, new))
 
 
 def require(ok: bool, key: str, value: Any, accepted: str, fix: str | None = None) -> None:

@@ -47,7 +47,8 @@ import psutil
 import torch
 from diffusers import AutoencoderKL, ModelMixin
 
-from dit_trainer.components.dit import load_transformer
+from dit_trainer.components.build import trained_start
+from dit_trainer.components.dit import load_trained_transformer, load_transformer
 from dit_trainer.components.families import FAMILIES
 from dit_trainer.components.families.base import ExportParts
 from dit_trainer.components.lora import merge_adapter
@@ -227,7 +228,12 @@ def export_run(cfg: ExportConfig) -> ExportResult:
         weights = weights_layout(train_cfg.lora.enabled).weights_dir(checkpoint, cfg.ema)
         transformer = run.dit.transformer
         if train_cfg.lora.enabled:  # a plain diffusers transformer: the base with the adapter merged in
-            base = load_transformer(train_cfg.model)
+            start = trained_start(train_cfg)  # a GRPO run's base: the checkpoint weights it started from
+            base = (
+                load_transformer(train_cfg.model)
+                if start is None
+                else load_trained_transformer(start, family.transformer_class)
+            )
             transformer = merge_adapter(base, train_cfg.lora, weights, family.lora_targets)
         scheduler = parts.schedule.diffusers_sampler(sampler)
         exported = family.export(

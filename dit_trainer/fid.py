@@ -18,6 +18,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -34,10 +35,11 @@ from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.mixture import entry_config
 from dit_trainer.data.split import unaugmented, validation_images
 from dit_trainer.durable import write_atomically
-from dit_trainer.errors import ConfigError
+from dit_trainer.errors import ConfigError, require
 
 logger = logging.getLogger(__name__)
 KID_SUBSET_SIZE = 1000  # torchmetrics' default; smaller sets use all their images per subset
+MIN_FID_IMAGES = 2  # a covariance needs two images (and KID's unbiased estimate two per subset)
 
 
 class InceptionFeatures(nn.Module):
@@ -46,17 +48,7 @@ class InceptionFeatures(nn.Module):
 
     def __init__(self, weights_path: str | None = None) -> None:
         super().__init__()
-        from torchmetrics.utilities.imports import _TORCH_FIDELITY_AVAILABLE
-
-        if not _TORCH_FIDELITY_AVAILABLE:
-            raise ConfigError(
-                "fid_features",
-                "inception",
-                "the standard Inception features need torch-fidelity, which is not installed",
-                "`pip install torch-fidelity` (it needs the torchvision build that matches your torch), or use the "
-                "run's own VAE as an offline feature extractor: `fid_features=vae`",
-            )
-        from torchmetrics.image.fid import NoTrainInceptionV3
+        from torchmetrics.image.fid import NoTrainInceptionV3  # needs torch-fidelity: see require_feature_extractor
 
         self.network = NoTrainInceptionV3(
             name="inception-v3-compat", features_list=["2048"], feature_extractor_weights_path=weights_path
@@ -81,10 +73,35 @@ class LatentFeatures(nn.Module):
         return F.adaptive_avg_pool2d(mean, self.grid).flatten(1)
 
 
+def require_feature_extractor(features: str, weights_path: str | None, key: str, weights_key: str) -> None:
+    """Refuse features that cannot be extracted on this machine (Inception without torch-fidelity, or with a weights
+    file that is not there) from the arguments alone, before any model loads or any image is sampled."""
+    if features != "inception":
+        return
+    from torchmetrics.utilities.imports import _TORCH_FIDELITY_AVAILABLE
+
+    require(
+        bool(_TORCH_FIDELITY_AVAILABLE),
+        key,
+        features,
+        "the standard Inception features need torch-fidelity, which is not installed",
+        "`pip install torch-fidelity` (it needs the torchvision build that matches your torch), or use the run's own "
+        f"VAE as an offline feature extractor: `{key}=vae`",
+    )
+    require(
+        weights_path is None or Path(weights_path).expanduser().is_file(),
+        weights_key,
+        weights_path,
+        "it must be a local copy of torch-fidelity's Inception weights file, and there is no file there",
+        f"pass the path of weights-inception-2015-12-05-6726825d.pth, or `{weights_key}=null` to download it once",
+    )
+
+
 def build_feature_extractor(
     features: str, weights_path: str | None, vae: nn.Module, vae_cfg: VAEConfig, device: torch.device
 ) -> nn.Module:
-    """``inception`` (from ``weights_path`` when given) or ``vae``: the run's frozen VAE encoder."""
+    """``inception`` (from ``weights_path`` when given; ``require_feature_extractor`` first) or ``vae``: the run's
+    frozen VAE encoder."""
     if features == "inception":
         return InceptionFeatures(weights_path).to(device)
     return LatentFeatures(vae, {"kind": vae_cfg.kind, "pretrained": vae_cfg.pretrained})
@@ -151,7 +168,7 @@ class _Precomputed(nn.Identity):
 
 def distances(real: torch.Tensor, fake: torch.Tensor, seed: int = 0) -> dict[str, float]:
     """FID and KID (mean, std over torchmetrics' 100 random subsets, drawn from ``seed``) between two feature
-    sets (N, d)."""
+    sets (N, d) of at least ``MIN_FID_IMAGES`` each (the callers refuse fewer before sampling)."""
     dims = real.shape[1]
     fid = FrechetInceptionDistance(feature=_Precomputed(dims))
     subset = min(KID_SUBSET_SIZE, len(real), len(fake))
@@ -221,6 +238,38 @@ def validation_reference(
     )
 
 
+def check_reference_size(reference: ReferenceSet, key: str, value: Any, fix: str) -> None:
+    """A reference of one image has no covariance: refused when it is computed, not at the first FID after
+    sampling (``key``/``value``/``fix``: the setting that chose the validation images)."""
+    require(
+        len(reference.captions) >= MIN_FID_IMAGES,
+        key,
+        value,
+        f"FID and KID compare the validation images' feature statistics with the samples', and "
+        f"{len(reference.captions)} readable validation image(s) give no covariance (at least {MIN_FID_IMAGES} "
+        "are needed)",
+        fix,
+    )
+
+
+def sample_count(reference: ReferenceSet, count: int | None) -> int:
+    """The samples an FID generates: ``count``, default one per reference image."""
+    return count or len(reference.captions)
+
+
+def small_sample_warning(samples: int, reference: ReferenceSet) -> str | None:
+    """Why an FID of so few samples is not comparable, when fewer samples (or reference images) than feature
+    dimensions make both covariance estimates rank-deficient: the value then depends strongly on the count."""
+    smallest, dims = min(samples, len(reference.captions)), reference.features.shape[1]
+    if smallest >= dims:
+        return None
+    return (
+        f"FID from {samples} samples against {len(reference.captions)} validation images of {dims}-dimensional "
+        f"features: with fewer images than dimensions the value is dominated by the sample count (the standard FID "
+        "uses 10,000 or 50,000), so compare it only with FIDs of the same counts and features"
+    )
+
+
 def sample_distances(
     generate: Callable[[list[str], list[int]], torch.Tensor],
     reference: ReferenceSet,
@@ -231,13 +280,14 @@ def sample_distances(
     device: torch.device,
 ) -> dict[str, float]:
     """FID and KID of ``count`` samples (default: one per reference image; sample ``i`` for reference caption
-    ``i``, cycled, with seed ``seed + i``) against the reference set."""
-    count = count or len(reference.captions)
+    ``i``, cycled, with seed ``seed + i``) against the reference set, with the counts they were computed from."""
+    count = sample_count(reference, count)
     prompts = [reference.captions[i % len(reference.captions)] for i in range(count)]
     images = generate(prompts, [seed + i for i in range(count)])
     samples = extract_features(extractor, images.split(batch_size), device)
     return {
         "fid_images": count,
         "fid_reference_images": len(reference.captions),
+        "fid_feature_dims": reference.features.shape[1],
         **distances(reference.features, samples, seed),
     }

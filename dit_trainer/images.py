@@ -1,14 +1,39 @@
-"""Image tensors to PIL: single images and labelled grids, for sample folders, monitors and reports."""
+"""Image tensors to PIL: single images and labelled grids, for sample folders, monitors and reports; and which
+files of a folder are images, and which of its sub-folders are classes of images."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
+IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp")  # the files of a class folder that are its images
 LABEL_HEIGHT = 12  # a line of PIL's default font
 CHAR_WIDTH = 6
+
+
+def image_names(folder: Path) -> list[str]:
+    """The names of the images in ``folder``, sorted: visible files with an image suffix (not the ``._x.png``
+    metadata files that macOS copies leave beside each image)."""
+    return sorted(
+        entry.name
+        for entry in folder.iterdir()
+        if not entry.name.startswith(".") and entry.suffix.lower().lstrip(".") in IMAGE_SUFFIXES
+    )
+
+
+def class_folders(path: str | Path) -> list[str]:
+    """The classes of a torchvision-style ``ImageFolder`` at ``path``: its sub-folders that hold images, sorted. A
+    hidden folder (``.ipynb_checkpoints``, ``.git``) or an empty one is no class a person would name: counted as
+    one, it would take a class id and a row of the label table that no image ever trains."""
+    folder = Path(path).expanduser()
+    return sorted(
+        entry.name
+        for entry in folder.iterdir()
+        if entry.is_dir() and not entry.name.startswith(".") and image_names(entry)
+    )
 
 
 def to_pil(image: torch.Tensor) -> Image.Image:

@@ -121,17 +121,17 @@ def load_run(
     return TrainedRun(cfg, path, parts.dit.to(device, dtype).eval(), text_to_image, loaded_ema)
 
 
-def refuse_overwrite(out_dir: Path, names: list[str]) -> None:
-    """Sampling never replaces a file: images in ``out_dir`` may be all that is left of an earlier run or
-    checkpoint. Checked before any model loads, so a refused command costs nothing."""
+def refuse_overwrite(out_dir: Path, names: list[str], command: str = "sampling") -> None:
+    """Sampling (and evaluating) never replaces a file: images in ``out_dir`` may be all that is left of an earlier
+    run or checkpoint. Checked before any model loads, so a refused command costs nothing."""
     check_writable_folder(out_dir, "out_dir")
-    taken = [name for name in names if (out_dir / name).exists()]
+    taken = [name for name in names if (out_dir / name).exists() or (out_dir / name).is_symlink()]
     if taken:
         listed = shortlist(taken, 3)
         raise ConfigError(
             "out_dir",
             str(out_dir),
-            f"it already holds {listed}, which this command would write, and sampling never overwrites",
+            f"it already holds {listed}, which this command would write, and {command} never overwrites",
             "pass a new folder, e.g. `out_dir=samples/run2`, or move those files away first",
         )
 

@@ -97,8 +97,8 @@ def with_class_folders(cfg: TrainConfig) -> TrainConfig:
     text, data = cfg.text_encoder, cfg.data
     if text.kind != CLASS_LABELS or text.classes or data.source != "imagefolder" or not data.path:
         return cfg
-    from dit_trainer.components.class_labels import class_folders
     from dit_trainer.data.imagefolder import METADATA
+    from dit_trainer.images import class_folders
 
     folder = Path(data.path).expanduser()
     if not folder.is_dir() or (folder / METADATA).is_file():

@@ -3,8 +3,8 @@
 Layout: ``config.yaml`` (the resolved config), ``metrics.jsonl``, ``checkpoints/checkpoint-N/`` (each complete one
 with a ``manifest.json`` listing its files and sizes, the trained weights in one of the ``WeightsLayout``s),
 ``samples/`` and ``rewards/``. The run folder is also checked before Hydra creates it: an unwritable or impossible
-path (a full or read-only disk, a file where a folder should be) becomes one paragraph naming ``hydra.run.dir``
-instead of a traceback from Hydra.
+path (a full or read-only disk, a file where a folder should be), or links planted where the trainer writes, become
+one paragraph naming ``hydra.run.dir`` instead of a traceback from Hydra or a write outside the run folder.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from dit_trainer.errors import ConfigError, exit_code
+from dit_trainer.errors import ConfigError, exit_code, shortlist
 from dit_trainer.run_lock import RunFolderLock
 
 CONFIG = "config.yaml"
@@ -152,16 +152,40 @@ def check_writable_folder(path: Path, key: str) -> None:
     raise ConfigError(key, str(path), reason, f"point `{key}` at a writable folder, e.g. `{key}=/scratch/runs/NAME`")
 
 
+def refuse_links(run_dir: Path) -> None:
+    """Refuse a run folder with links where the trainer writes: in the folder itself (``config.yaml``,
+    ``metrics.jsonl``, ``train.log``, ``.lock``, ...) and in the folders it fills (``.hydra``, ``checkpoints``,
+    ``samples``, ``rewards``, ``logs``). Appending to ``metrics.jsonl`` or saving a sample grid through a link would
+    change a file outside the run folder that someone else owns. (The W&B folder is W&B's, links and all.)"""
+    if not run_dir.is_dir():
+        return
+    links = [path for path in run_dir.iterdir() if path.is_symlink()]
+    for name in (".hydra", CHECKPOINTS, "samples", "rewards", "logs"):
+        if (run_dir / name).is_dir() and not (run_dir / name).is_symlink():
+            links += [path for path in (run_dir / name).iterdir() if path.is_symlink()]
+    if links:
+        listed = shortlist([f"{path.relative_to(run_dir)} -> {os.readlink(path)}" for path in sorted(links)], 3)
+        raise ConfigError(
+            "hydra.run.dir",
+            str(run_dir),
+            f"it holds links where the trainer writes ({listed}), and writing through them would change files "
+            "outside the run folder",
+            "remove those links (a run writes only into its own folder; to keep runs on another disk, point "
+            "`hydra.run.dir` there), or start the run in a new folder",
+        )
+
+
 class RunFolderCheck(Callback):
     """Hydra callback (``hydra.callbacks`` in ``configs/train.yaml``) that runs before Hydra makes the run folder
     and writes into it."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Also refuses a folder another run is training in, before Hydra writes its files there (the main process
-        only: the others would find the main process's lock)."""
+        """Also refuses links where the trainer writes, and a folder another run is training in (the main process
+        only: the others would find the main process's lock), before Hydra writes its files there."""
         run_dir = Path(config.hydra.run.dir)
         try:
             check_writable_folder(run_dir, "hydra.run.dir")
+            refuse_links(run_dir)
             if os.environ.get("RANK", "0") == "0":
                 with RunFolderLock(run_dir):
                     pass

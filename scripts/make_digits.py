@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from dit_trainer.data.digits import write_digits_folder
+from dit_trainer.errors import USER_ERRORS, exit_code
 
 
 def main(argv: list[str]) -> int:
@@ -21,7 +22,11 @@ def main(argv: list[str]) -> int:
     options = parser.parse_args(argv)
     if options.out_dir.exists():
         parser.error(f"{options.out_dir} exists already; pass a new folder (nothing is overwritten)")
-    print(f"Wrote 1797 digits to {write_digits_folder(options.out_dir, options.resolution)}")
+    try:
+        print(f"Wrote 1797 digits to {write_digits_folder(options.out_dir, options.resolution)}")
+    except USER_ERRORS as error:
+        print(f"error: {error}", file=sys.stderr)
+        return exit_code(error)
     return 0
 
 

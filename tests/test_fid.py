@@ -8,9 +8,18 @@ import pytest
 import torch
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.fid import LatentFeatures, ReferenceSet, cached_reference_set, distances, validation_reference
+from dit_trainer.fid import (
+    LatentFeatures,
+    ReferenceSet,
+    cached_reference_set,
+    check_reference_size,
+    distances,
+    require_feature_extractor,
+    small_sample_warning,
+    validation_reference,
+)
 
-from .conftest import TINY_SHAPES, compose_config
+from .conftest import TINY_SHAPES, compose_config, one_paragraph
 
 
 def _features(count: int, seed: int, shift: float = 0.0) -> torch.Tensor:
@@ -65,3 +74,28 @@ def test_the_standard_inception_features_load_from_a_local_file():
 
     extractor = InceptionFeatures(os.environ["DIT_FID_INCEPTION_WEIGHTS"])
     assert extractor(torch.rand(2, 3, 32, 32)).shape == (2, 2048)
+
+
+def test_a_reference_of_one_image_is_refused_and_a_small_one_is_flagged_with_its_counts():
+    single = ReferenceSet(_features(1, 0), ["a red circle"])
+    with pytest.raises(ConfigError) as caught:
+        check_reference_size(single, "validation.split", 0.001, "hold out more images")
+    assert "1 readable validation image(s) give no covariance" in one_paragraph(caught.value, "validation.split")
+    small = ReferenceSet(_features(8, 0), ["x"] * 8)
+    check_reference_size(small, "validation.split", 0.1, "unused")
+    assert "FID from 5 samples against 8 validation images of 16-dimensional features" in small_sample_warning(5, small)
+    assert small_sample_warning(20, ReferenceSet(_features(20, 0), ["x"] * 20)) is None
+
+
+def test_inception_features_without_torch_fidelity_or_their_weights_file_are_refused(monkeypatch, tmp_path):
+    import torchmetrics.utilities.imports as imports
+
+    monkeypatch.setattr(imports, "_TORCH_FIDELITY_AVAILABLE", False)
+    with pytest.raises(ConfigError) as caught:
+        require_feature_extractor("inception", None, "monitor.fid.features", "monitor.fid.weights")
+    assert "`monitor.fid.features=vae`" in one_paragraph(caught.value, "monitor.fid.features")
+    require_feature_extractor("vae", None, "fid_features", "fid_weights")
+    monkeypatch.setattr(imports, "_TORCH_FIDELITY_AVAILABLE", True)
+    with pytest.raises(ConfigError) as caught:
+        require_feature_extractor("inception", str(tmp_path / "nope.pth"), "fid_features", "fid_weights")
+    assert "no file there" in one_paragraph(caught.value, "fid_weights")

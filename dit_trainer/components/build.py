@@ -64,6 +64,13 @@ def pixel_multiple(cfg: TrainConfig, download: bool = False) -> int | None:
     return None if factor is None or patch is None else factor * patch
 
 
+def trained_start(cfg: TrainConfig) -> Path | None:
+    """The weights a GRPO run starts from (``model.pretrained``: a checkpoint's weights folder, or the run's own
+    copy of it) when it started from another run: weights dit-trainer wrote, read like every checkpoint from
+    safetensors only (a pickle there was put there by someone else, and is not unpickled). None otherwise."""
+    return Path(str(cfg.model.pretrained)) if cfg.grpo.init_weights else None
+
+
 def build_components(
     cfg: TrainConfig,
     device: torch.device,
@@ -73,14 +80,15 @@ def build_components(
 ) -> Components:
     """Frozen VAE and text encoder on ``device`` in ``frozen_dtype``; the DiT (float32 master weights) sized by
     the VAE's latent channels, the resolution, and the text encoder's hidden size, or loaded from ``dit_weights``
-    (a checkpoint's whole transformer). Training from a cache passes its ``cached_text`` embeddings: the text
-    encoder is then not loaded and the VAE keeps only its decoder."""
+    (a checkpoint's whole transformer; a GRPO run's ``trained_start`` by default). Training from a cache passes
+    its ``cached_text`` embeddings: the text encoder is then not loaded and the VAE keeps only its decoder."""
     vae = build_vae(cfg.vae, device, frozen_dtype)
     check_resolution(cfg, vae.downsample_factor)
     if cached_text is not None:
         vae.drop_encoder()
     text_encoder = cached_text or build_text_encoder(cfg.text_encoder, device, frozen_dtype)
     latent_size = cfg.data.resolution // vae.downsample_factor
+    dit_weights = dit_weights or trained_start(cfg)
     dit = build_dit(cfg.model, vae.latent_channels, latent_size, text_encoder.hidden_size, dit_weights)
     if cfg.lora.enabled:
         apply_lora(dit.transformer, cfg.lora, dit.family.lora_targets)

@@ -9,7 +9,6 @@ label dropout.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -66,11 +65,6 @@ class ClassLabels(nn.Module):
         return labels, torch.ones(len(labels), 1, dtype=torch.long, device=self.device)
 
 
-def class_folders(path: str | Path) -> list[str]:
-    """The sub-folder names of ``path``, sorted: the classes of a torchvision-style ``ImageFolder``."""
-    return sorted(entry.name for entry in Path(path).expanduser().iterdir() if entry.is_dir())
-
-
 def check_class_labels(cfg: TrainConfig) -> None:
     """Class labels need their names, and the prompts a run samples must be among them."""
     text = cfg.text_encoder
@@ -88,18 +82,30 @@ def check_class_labels(cfg: TrainConfig) -> None:
         "a disk cache of class-conditional data is not supported yet",
         "cache in memory instead (`data.cache_latents=true`)",
     )
-    grpo = cfg.monitor.grpo
-    monitored = load_prompts(grpo.prompts, grpo.prompt_file, "monitor.grpo.") if grpo.enabled else []
     ids = {str(index) for index in range(len(text.classes))}
-    unknown = [p for p in [*cfg.trainer.sample_prompts, *monitored] if p not in text.classes and p not in ids]
-    require(
-        not unknown,
-        "trainer.sample_prompts",
-        unknown[:3],
-        f"a class-conditional run samples class names or ids, and these are neither (classes: "
-        f"{', '.join(text.classes[:10])}{', ...' if len(text.classes) > 10 else ''})",
-        "sample class names or ids, e.g. `trainer.sample_prompts=[0,1,2]`",
-    )
+    for key, prompts in _sampled_prompts(cfg):
+        unknown = [prompt for prompt in prompts if prompt not in text.classes and prompt not in ids]
+        require(
+            not unknown,
+            key,
+            unknown[:3],
+            f"a class-conditional run samples class names or ids, and these are neither (classes: "
+            f"{', '.join(text.classes[:10])}{', ...' if len(text.classes) > 10 else ''})",
+            "list class names or ids in that file, one per line"
+            if key.endswith("prompt_file")
+            else f"sample class names or ids, e.g. `{key}=[0,1,2]`",
+        )
+
+
+def _sampled_prompts(cfg: TrainConfig) -> list[tuple[str, list[str]]]:
+    """Every set of prompts a run samples, by the key that sets it: the sample grid's, the reward monitor's and
+    GRPO's rollouts (a GRPO prompt that is no class would otherwise be found once the models are loaded)."""
+    found = [("trainer.sample_prompts", list(cfg.trainer.sample_prompts))]
+    for prefix, section in (("monitor.grpo.", cfg.monitor.grpo), ("grpo.", cfg.grpo)):
+        if section.enabled:
+            key = f"{prefix}prompt_file" if section.prompt_file else f"{prefix}prompts"
+            found.append((key, load_prompts(section.prompts, section.prompt_file, prefix)))
+    return found
 
 
 def _build(cfg: TextEncoderConfig, device: torch.device, dtype: torch.dtype) -> ClassLabels:

@@ -10,6 +10,7 @@ vocabularies come from ``choices``. This package imports nothing of dit-trainer 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,7 +125,12 @@ class MixtureSource:
 
     source: str = "imagefolder"
     path: str | None = None
-    weight: float = positive(1.0, note="its share of each epoch is weight / the sum of the weights")
+    weight: float = checked(  # infinity would make every share NaN
+        lambda value: 0 < value < math.inf,
+        "it must be a finite number > 0 (its share of each epoch is weight / the sum of the weights)",
+        "give each entry of `data.mixture` a finite weight > 0, e.g. `weight: 3` and `weight: 1` for a 75 % / 25 % mix",
+        1.0,
+    )
     name: str | None = None  # in logs and the `data/skipped/<name>` metric; default: the source and its position
     split: str = "train"  # hf
     image_column: str = "image"  # hf
@@ -293,7 +299,7 @@ class ValidationConfig:
 class FIDMonitorConfig:
     """Periodic FID and KID of samples from the EMA weights against the validation images (so it needs
     `validation`): sample i for validation caption i (cycled) with seed `seed + i`, on the main process. Logs
-    fid/fid, fid/kid_mean and fid/seconds."""
+    fid/fid, fid/kid_mean, fid/images (the samples it used: FIDs of different counts differ) and fid/seconds."""
 
     enabled: bool = False
     every_n_steps: int = at_least(1, 5000)  # also runs at the last step

@@ -67,6 +67,8 @@ class BatchPlan:
         drawn: dict[int, list[torch.Tensor]] = {}
         for (source, bucket), items in self.pools.items():
             quota = self.quotas[(source, bucket)]
+            if not quota:  # a pool too small for its source's share to round to one item (a lone wide image)
+                continue
             rounds = -(-quota // len(items))
             order = torch.cat([items[torch.randperm(len(items), generator=generator)] for _ in range(rounds)])
             drawn.setdefault(bucket, []).append(order[:quota])

@@ -4,31 +4,38 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from PIL import Image
 
 from dit_trainer.config import DataConfig
 from dit_trainer.data.collate import SkipUnreadable
 from dit_trainer.data.source import Source, augmentation
-from dit_trainer.data.transforms import caption_keys, decode_image, header_size, json_type, pick_caption
-from dit_trainer.errors import ConfigError
+from dit_trainer.data.transforms import (
+    UNREADABLE_ERRORS,
+    caption_keys,
+    decode_image,
+    header_size,
+    json_type,
+    pick_caption,
+)
+from dit_trainer.errors import ConfigError, shortlist
+from dit_trainer.images import class_folders, image_names
 
+logger = logging.getLogger(__name__)
 METADATA = "metadata.jsonl"
-IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp")
 
 
 def class_folder_records(folder: Path) -> list[tuple[str, tuple[str, ...]]]:
-    """(file, (class name,)) for every image in the sub-folders of ``folder``, the class being the sub-folder's
-    name (torchvision's ``ImageFolder`` layout), sorted by class then file."""
-    return [
-        (f"{entry.name}/{image.name}", (entry.name,))
-        for entry in sorted(folder.iterdir())
-        if entry.is_dir()
-        for image in sorted(entry.iterdir())
-        if image.suffix.lower().lstrip(".") in IMAGE_SUFFIXES
-    ]
+    """(file, (class name,)) for every image in the class sub-folders of ``folder``, the class being the
+    sub-folder's name (torchvision's ``ImageFolder`` layout; ``class_folders`` says which are classes), sorted by
+    class then file."""
+    return [(f"{name}/{image}", (name,)) for name in class_folders(folder) for image in image_names(folder / name)]
 
 
 def check_image_folder(path: str, key: str = "data.path") -> None:
@@ -85,12 +92,36 @@ def metadata_row(raw: bytes, number: int, folder: Path) -> dict | None:
     return row
 
 
+def outside(name: str) -> bool:
+    """Whether a file name of metadata.jsonl points outside the folder before any link is followed: absolute, or
+    climbing out with ``..``."""
+    return os.path.isabs(name) or os.path.normpath(name).split(os.sep)[0] == os.pardir
+
+
+def open_inside(real_root: Path, name: str) -> BinaryIO:
+    """``real_root / name`` opened for reading, when it is a regular file inside ``real_root`` (a resolved path)
+    with links followed. A link out of the folder is not read (a run reads only the data it was given), nor is a
+    FIFO, a device or a folder, which would block the loader, never end, or fail obscurely; both are raised as
+    unreadable files, skipped and counted."""
+    path = (real_root / name).resolve()
+    if not path.is_relative_to(real_root):
+        raise ValueError(f"a link to {path}, outside the data folder, is not followed")
+    descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, unread
+    mode = os.fstat(descriptor).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(descriptor)
+        kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a device or socket"
+        raise ValueError(f"not a regular file ({kind})")
+    return os.fdopen(descriptor, "rb")
+
+
 class ImageFolderDataset(SkipUnreadable):
     """Images listed in ``root/metadata.jsonl`` (``{"file_name": ..., "<caption_column>": ...}`` per line), or
     without one, the images of ``root``'s sub-folders captioned with the sub-folder's name (a class).
 
     Only listed files are used, so stray files in the folder never leak into training. A listed file that cannot
-    be read is skipped and reported in ``"bad_files"`` (see ``SkipUnreadable``); a bad metadata line is an error.
+    be read (or is no regular file inside ``root``: ``open_inside``) is skipped and reported in ``"bad_files"``
+    (see ``SkipUnreadable``); a bad metadata line, or one naming a file outside ``root``, is an error.
     """
 
     def __init__(
@@ -103,6 +134,7 @@ class ImageFolderDataset(SkipUnreadable):
         caption_columns: Sequence[str] = (),
     ) -> None:
         self.root = Path(root).expanduser()
+        self.real_root = self.root.resolve()
         self.path = str(self.root)
         self.resolution, self.crop, self.horizontal_flip = resolution, crop, horizontal_flip
         metadata = self.root / METADATA
@@ -110,6 +142,13 @@ class ImageFolderDataset(SkipUnreadable):
             self.records = self._read_metadata(metadata, *caption_keys(caption_column, caption_columns))
         else:
             self.records = class_folder_records(self.root)
+            classes = {captions[0] for _, captions in self.records}
+            ignored = sorted(e.name for e in self.root.iterdir() if e.is_dir() and e.name not in classes)
+            if ignored:
+                logger.warning(
+                    f"sub-folders of {self.root} that are hidden or hold no images are no classes and are ignored: "
+                    f"{shortlist(ignored, 5)}"
+                )
 
     @staticmethod
     def _read_metadata(path: Path, key: str, columns: list[str]) -> list[tuple[str, tuple[str, ...]]]:
@@ -127,7 +166,16 @@ class ImageFolderDataset(SkipUnreadable):
                         f"and the caption column(s)",
                         f"set `{key}` to the key(s) holding captions",
                     )
-                records.append((str(row["file_name"]), tuple(row[column] for column in columns)))
+                name = str(row["file_name"])
+                if outside(name):
+                    raise ConfigError(
+                        "data.path",
+                        str(path.parent),
+                        f"line {number} of {METADATA} names {name!r}, outside that folder (an absolute path, or one "
+                        "climbing out with `..`), and a data set reads only the files inside the folder it was given",
+                        "move or copy the image into the folder and list it by its path there (e.g. `images/1.png`)",
+                    )
+                records.append((name, tuple(row[column] for column in columns)))
         if not records:
             raise ConfigError(
                 "data.path",
@@ -144,11 +192,16 @@ class ImageFolderDataset(SkipUnreadable):
         return self.records[index][0]
 
     def image_size(self, index: int) -> tuple[int, int] | None:
-        return header_size(self.root / self.records[index][0])
+        try:
+            with open_inside(self.real_root, self.records[index][0]) as file:
+                return header_size(file)
+        except UNREADABLE_ERRORS:  # skipped as unreadable when its turn comes
+            return None
 
     def read(self, index: int) -> tuple[Image.Image, str]:
         file_name, captions = self.records[index]
-        return decode_image((self.root / file_name).read_bytes()), pick_caption(captions)
+        with open_inside(self.real_root, file_name) as file:
+            return decode_image(file.read()), pick_caption(captions)
 
 
 def _build(cfg: DataConfig) -> ImageFolderDataset:

@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 from dit_trainer.config import DataConfig
 from dit_trainer.data import SOURCES
 from dit_trainer.data.mixture import MixtureDataset, entry_config, source_names
+from dit_trainer.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,17 @@ def build_dataset(cfg: DataConfig) -> Dataset:
     ``IterableDataset`` (no ``len``), sharded by the torch.distributed rank of this process; the others are
     map-style."""
     if cfg.mixture:
-        entries = [build_dataset(entry_config(cfg, entry)) for entry in cfg.mixture]
+        entries = [_entry_dataset(cfg, position) for position in range(len(cfg.mixture))]
         return MixtureDataset(entries, source_names(cfg.mixture))
     return SOURCES.get(cfg.source).build(cfg)
+
+
+def _entry_dataset(cfg: DataConfig, position: int) -> Dataset:
+    """The data set of ``data.mixture[position]``; what its source says about its path (a bad metadata line, no
+    images) names the entry's `path`, the key the user set, not `data.path`."""
+    try:
+        return build_dataset(entry_config(cfg, cfg.mixture[position]))
+    except ConfigError as error:
+        if error.key != "data.path":
+            raise
+        raise error.renamed(f"data.mixture[{position}].path") from error

@@ -6,6 +6,7 @@ import io
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -52,7 +53,7 @@ def decode_image(data: bytes) -> Image.Image:
     return ImageOps.exif_transpose(image)
 
 
-def header_size(data: bytes | Path) -> tuple[int, int] | None:
+def header_size(data: bytes | Path | BinaryIO) -> tuple[int, int] | None:
     """(width, height) of an image as it will be decoded (EXIF rotations by 90 degrees swap them), read from its
     header only; None when the header is unreadable (the image is skipped as unreadable when its turn comes)."""
     try:

@@ -67,7 +67,7 @@ def updates_per_epoch(cfg: TrainConfig) -> int:
 
 def build_prompt_sampler(cfg: TrainConfig) -> PromptSampler:
     g = cfg.grpo
-    return PromptSampler(len(load_prompts(g.prompts, g.prompt_file, "grpo.")), g.prompts_per_epoch, g.prompt_sampling)
+    return PromptSampler(load_prompts(g.prompts, g.prompt_file, "grpo."), g.prompts_per_epoch, g.prompt_sampling)
 
 
 def build_kl_reference(cfg: TrainConfig, dit: DiTAdapter, accelerator: Accelerator) -> ReferencePolicy | None:

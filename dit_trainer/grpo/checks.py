@@ -3,6 +3,8 @@ and updates that an epoch's trajectories can fill."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dit_trainer.config import TrainConfig
 from dit_trainer.errors import require
 from dit_trainer.prompts import load_prompts
@@ -19,6 +21,16 @@ def check_grpo(cfg: TrainConfig) -> None:
         "GRPO fine-tunes a trained DiT, and neither a run to start from nor `model.pretrained` is set",
         "set `grpo.init_from=RUN_DIR` (a run train.py wrote) or `model.pretrained=<hub id or path>`",
     )
+    if g.init_weights:  # a checkpoint's weights (or the run's own copy of them), read as checkpoints are
+        start = Path(str(cfg.model.pretrained))
+        require(
+            not start.is_dir() or any(start.glob("*.safetensors")),
+            "grpo.init_from",
+            g.init_from,
+            f"the weights it starts from, {start}, hold no .safetensors file (train.py writes weights only as "
+            "safetensors, and a pickled .bin found there is not loaded: unpickling can run code)",
+            "start from a checkpoint train.py wrote (`grpo.init_from=RUN_DIR` takes its newest complete one)",
+        )
     load_prompts(g.prompts, g.prompt_file, "grpo.")
     window_end = g.sde_start + (g.sde_steps or 1)
     require(

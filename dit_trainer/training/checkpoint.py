@@ -265,8 +265,7 @@ class Checkpointer:
                 "trainer.resume",
                 str(path),
                 "that checkpoint was trained with another model, data, held-out split, objective or reward "
-                "fine-tuning: "
-                + ", ".join(f"{key} ({changes[key][0]!r} -> {changes[key][1]!r})" for key in defining),
+                "fine-tuning: " + ", ".join(f"{key} ({changes[key][0]!r} -> {changes[key][1]!r})" for key in defining),
                 "resume with the settings the run was trained with (its config.yaml), start a fresh run in a new "
                 "`hydra.run.dir`, or, if the change is intended, add `trainer.allow_config_change=true`",
             )

@@ -61,7 +61,11 @@ def _check_privacy(cfg: TrainConfig) -> None:
 
 
 def _check_fid_monitor(cfg: TrainConfig) -> None:
-    """The FID monitor compares samples with the validation images, read as images."""
+    """The FID monitor compares samples with the validation images, read as images, through a feature extractor
+    that must be available on this machine."""
+    from dit_trainer.fid import require_feature_extractor  # torchmetrics: only for runs that monitor FID
+
+    f = cfg.monitor.fid
     require(
         bool(cfg.validation.every_n_steps),
         "monitor.fid.enabled",
@@ -70,10 +74,11 @@ def _check_fid_monitor(cfg: TrainConfig) -> None:
         "turn validation on (`validation.every_n_steps=5000 validation.split=0.01`, or `validation.path=...`)",
     )
     require(
-        not (cfg.monitor.fid.features == "vae" and cfg.data.cache_dir),
+        not (f.features == "vae" and cfg.data.cache_dir),
         "monitor.fid.features",
         "vae",
         "training from a latent cache (`data.cache_dir`) does not load the VAE encoder these features come from",
         "use `monitor.fid.features=inception`, or compute FID after training with `scripts/evaluate.py RUN "
         "metrics=[fid] fid_features=vae`",
     )
+    require_feature_extractor(f.features, f.weights, "monitor.fid.features", "monitor.fid.weights")

@@ -33,18 +33,24 @@ class BadFileCounter:
 
     def check(self) -> dict[str, int]:
         """Sum over processes (every process calls this at the same step) -> ``{"data/skipped": n}``; raises
-        ``ConfigError`` naming ``data.path`` and the first bad files when there are too many."""
+        ``ConfigError`` naming ``data.path`` (a mixture: ``data.mixture`` and its sources' skips) and the first bad
+        files when there are too many."""
         per_source = [sum(record.startswith(f"[{name}] ") for record in self.bad) for name in self.sources]
         counts = torch.tensor([len(self.bad), self.read, *per_source], device=self.accelerator.device)
         bad, read, *per_source = (int(v) for v in self.accelerator.reduce(counts, reduction="sum"))
         if bad >= MIN_BAD_TO_STOP and bad > self.max_bad_fraction * read:
             shown = "; ".join(list(dict.fromkeys(self.bad))[:SHOWN]) or "(on other processes)"
+            # a mixture's entries name their own paths (its `data.path` is unset): name the sources that skipped
+            key, value, paths = ("data.path", self.data_path, "`data.path` points")
+            if self.sources:
+                skipped = {name: n for name, n in zip(self.sources, per_source) if n}
+                key, value, paths = ("data.mixture", skipped, "the entries' paths point")
             raise ConfigError(
-                "data.path",
-                self.data_path,
+                key,
+                value,
                 f"{bad} of the {read} files read so far ({bad / read:.0%}) were unreadable and skipped, more than "
                 f"`data.max_bad_fraction={self.max_bad_fraction:g}` allows; the first: {shown}",
-                "replace or remove the bad files (or their lines in the metadata), check that `data.path` points at "
-                "the data you meant, or raise `data.max_bad_fraction`",
+                f"replace or remove the bad files (or their lines in the metadata), check that {paths} at the data "
+                "you meant, or raise `data.max_bad_fraction`",
             )
         return {"data/skipped": bad} | {f"data/skipped/{name}": n for name, n in zip(self.sources, per_source)}

@@ -12,7 +12,8 @@ from dit_trainer.training.monitors import Monitor, MonitorContext, sampling_weig
 
 
 class FIDMonitor(Monitor):
-    """Logs fid/fid, fid/kid_mean and fid/seconds. The extractor and reference live on the main process only."""
+    """Logs fid/fid, fid/kid_mean, fid/images (the samples it used) and fid/seconds. The extractor and reference
+    live on the main process only."""
 
     def __init__(
         self,
@@ -47,4 +48,9 @@ class FIDMonitor(Monitor):
                 text_to_image.device,
             )
         seconds = time.perf_counter() - start
-        return {"fid/fid": scores["fid"], "fid/kid_mean": scores["kid_mean"], "fid/seconds": seconds}
+        return {
+            "fid/fid": scores["fid"],
+            "fid/kid_mean": scores["kid_mean"],
+            "fid/images": scores["fid_images"],  # an FID of 64 samples is another number than one of 10,000
+            "fid/seconds": seconds,
+        }

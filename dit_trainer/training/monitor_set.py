@@ -13,7 +13,13 @@ from torch.utils.data import Dataset
 from dit_trainer.components.build import Components
 from dit_trainer.config import TrainConfig
 from dit_trainer.diffusion.sampler import SamplerSettings
-from dit_trainer.fid import build_feature_extractor, validation_reference
+from dit_trainer.fid import (
+    build_feature_extractor,
+    check_reference_size,
+    sample_count,
+    small_sample_warning,
+    validation_reference,
+)
 from dit_trainer.prompts import load_prompts
 from dit_trainer.rewards.build import build_reward
 from dit_trainer.training.fid_monitor import FIDMonitor
@@ -71,11 +77,25 @@ def build_validation_monitor(
 def build_fid_monitor(cfg: TrainConfig, context: MonitorContext, parts: Components) -> FIDMonitor:
     """FID against the validation images, whose features are computed (or read from their cache) on the main
     process only."""
-    f, d, accelerator = cfg.monitor.fid, cfg.diffusion, context.accelerator
+    f, d, v, accelerator = cfg.monitor.fid, cfg.diffusion, cfg.validation, context.accelerator
     extractor = reference = None
     if accelerator.is_main_process:
         extractor = build_feature_extractor(f.features, f.weights, parts.vae, cfg.vae, accelerator.device)
         reference = validation_reference(cfg, extractor, f.cache_dir, accelerator.device, f.batch_size)
+        key, value = ("validation.path", v.path) if v.path else ("validation.split", v.split)
+        more = "add images to `validation.path`" if v.path else "hold out more images (a larger `validation.split`)"
+        check_reference_size(
+            reference, key, value, f"{more}, or turn the FID monitor off (`monitor.fid.enabled=false`)"
+        )
+        samples = sample_count(reference, f.num_images)
+        logger.info(
+            f"FID every {f.every_n_steps} steps: {samples} samples against {len(reference.captions)} validation "
+            f"images, {f.features} features",
+            main_process_only=True,
+        )
+        warning = small_sample_warning(samples, reference)
+        if warning:
+            logger.warning(warning, main_process_only=True)
     settings = SamplerSettings(d.sample_steps, d.guidance_scale, d.sampler)
     return FIDMonitor(context, f.every_n_steps, extractor, reference, settings, f.num_images, f.seed, f.batch_size)
 

@@ -18,3 +18,26 @@ def test_a_resolution_is_checked_again_once_the_vae_is_loaded():
     with pytest.raises(ConfigError) as caught:
         build_components(cfg, torch.device("cpu"), torch.float32)
     assert "2 × 4 = 8" in one_paragraph(caught.value, "data.resolution")
+
+
+def test_a_grpo_run_reads_the_weights_it_starts_from_from_safetensors_only(tmp_path, monkeypatch):
+    """They are a checkpoint's (or the run's own copy of them): a pickle there was planted, and is not unpickled
+    (diffusers would otherwise fall back to reading a lone `.bin` with `torch.load`)."""
+    import dataclasses
+
+    from dit_trainer.components.build import build_components, trained_start
+
+    from ..conftest import SHAPES_TRANSFORMER, build_tiny_transformer
+
+    start = tmp_path / "transformer_ema"
+    build_tiny_transformer(**SHAPES_TRANSFORMER).transformer.save_pretrained(start, safe_serialization=False)
+    cfg = compose_config(TINY_SHAPES)
+    cfg = dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(cfg.model, pretrained=str(start)),
+        grpo=dataclasses.replace(cfg.grpo, init_weights=str(start)),
+    )
+    assert trained_start(cfg) == start
+    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("a pickle was loaded"))
+    with pytest.raises(OSError, match="safetensors"):
+        build_components(cfg, torch.device("cpu"), torch.float32)

@@ -21,3 +21,42 @@ def test_classes_are_read_from_the_sub_folders_and_checked(digits):
         compose_config([*TINY_SHAPES, *class_conditional(digits), "trainer.sample_prompts=[cat]"])
     with pytest.raises(ConfigError, match=r"`privacy\.mode` is 'ghost'.*privacy\.mode=hooks"):
         compose_config([*TINY_SHAPES, *class_conditional(digits), "privacy.enabled=true", "privacy.noise_multiplier=1"])
+
+
+def test_hidden_and_empty_sub_folders_are_no_classes(tmp_path):
+    from PIL import Image
+
+    from dit_trainer.images import class_folders
+
+    for folder in ("cat", "dog", ".ipynb_checkpoints", "empty", "notes"):
+        (tmp_path / folder).mkdir()
+    for folder in ("cat", "dog", ".ipynb_checkpoints"):
+        Image.new("RGB", (8, 8)).save(tmp_path / folder / "0.png")
+    (tmp_path / "notes" / "readme.txt").write_text("not an image")
+    (tmp_path / "notes" / "._0.png").write_bytes(b"macOS metadata, not an image")
+    assert class_folders(tmp_path) == ["cat", "dog"]
+    cfg = compose_config([*TINY_SHAPES, *class_conditional(tmp_path, "trainer.sample_prompts=[cat,1]")])
+    assert cfg.text_encoder.classes == ["cat", "dog"]
+
+
+def _cat_and_dog(folder):
+    from PIL import Image
+
+    for name in ("cat", "dog"):
+        (folder / name).mkdir(parents=True)
+        Image.new("RGB", (16, 16)).save(folder / name / "0.png")
+    return folder
+
+
+def test_prompts_that_are_no_classes_are_refused_naming_the_key_that_set_them(tmp_path):
+    """The reward monitor's prompts were reported as `trainer.sample_prompts`; GRPO's were not checked at all, and
+    failed once the models had loaded."""
+    data = _cat_and_dog(tmp_path / "data")
+    run = class_conditional(data, "trainer.sample_prompts=[cat]")
+    monitored = ["monitor.grpo.enabled=true", "monitor.grpo.prompt_file=null", "monitor.grpo.prompts=[cat,bird]"]
+    with pytest.raises(ConfigError, match=r"`monitor\.grpo\.prompts` is \['bird'\].*`monitor\.grpo\.prompts=\[0,1"):
+        compose_config([*TINY_SHAPES, *run, *monitored])
+    (tmp_path / "trained").mkdir()
+    grpo = ["grpo.enabled=true", f"model.pretrained={tmp_path / 'trained'}", "grpo.prompts=[1,dog,bird,fish]"]
+    with pytest.raises(ConfigError, match=r"`grpo\.prompts` is \['bird', 'fish'\]"):
+        compose_config([*TINY_SHAPES, *run, *grpo])

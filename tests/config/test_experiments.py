@@ -19,9 +19,10 @@ def test_every_experiment_composes_and_validates(experiment, tmp_path, online):
         experiment.startswith("dit_")
         and "family: dit" in (CONFIG_DIR / "experiment" / f"{experiment}.yaml").read_text()
     ):
-        for label in range(1000):  # class-conditional: class sub-folders (as many as ImageNet's)
+        Image.new("RGB", (8, 8)).save(tmp_path / "a.png")
+        for label in range(1000):  # class-conditional: class sub-folders with an image each (as many as ImageNet's)
             (tmp_path / f"class{label:04d}").mkdir()
-        Image.new("RGB", (8, 8)).save(tmp_path / "class0000" / "a.png")
+            (tmp_path / f"class{label:04d}" / "a.png").hardlink_to(tmp_path / "a.png")
     else:
         (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
     # A GRPO recipe fine-tunes a trained model: `grpo.init_from=RUN` (tests/e2e/test_grpo.py) or model.pretrained.

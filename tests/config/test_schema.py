@@ -1,6 +1,8 @@
 """The training configuration's schema (``config/schema.py``): the single source of every default."""
 
-from ..conftest import CONFIG_DIR
+import pytest
+
+from ..conftest import CONFIG_DIR, TINY_SHAPES, compose_config, one_paragraph
 
 
 def test_the_bare_config_is_the_schema_s_defaults():
@@ -16,3 +18,13 @@ def test_the_bare_config_is_the_schema_s_defaults():
     bare = OmegaConf.to_container(composed, resolve=False)
     bare.pop("hydra", None)
     assert bare == OmegaConf.to_container(OmegaConf.structured(TrainConfig()), resolve=False)
+
+
+@pytest.mark.parametrize("weight", ["inf", "nan", "0"])
+def test_a_mixture_weight_must_be_a_finite_positive_number(weight):
+    from dit_trainer.errors import ConfigError
+
+    mixture = f"data.mixture=[{{source:shapes,weight:{weight}}},{{source:shapes}}]"
+    with pytest.raises(ConfigError) as caught:
+        compose_config([*TINY_SHAPES, mixture])
+    assert "it must be a finite number > 0" in one_paragraph(caught.value, "data.mixture[0].weight")

@@ -38,3 +38,12 @@ def test_each_epoch_draws_the_sources_by_weight():
         plan.set_epoch(epoch)
         drawn = Counter(sources[i] for batch in plan.batches() for i in batch)
         assert drawn == {0: 60, 1: 20}  # source 0's 40 items cycled to its 75 %
+
+
+def test_a_pool_whose_quota_rounds_to_nothing_is_left_out_of_the_epoch():
+    """Weights 3:1 and one wide image among source 1's 41: its (source, bucket) quota rounds to 0 items."""
+    sources, buckets = [0] * 40 + [1] * 41, [0] * 80 + [1]
+    plan = BatchPlan(buckets, batch_size=4, seed=0, sources=sources, weights=[3.0, 1.0])
+    assert plan.quotas[(1, 1)] == 0
+    batches = plan.batches()
+    assert len(batches) == len(plan) > 0 and 80 not in {i for batch in batches for i in batch}

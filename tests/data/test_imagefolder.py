@@ -142,3 +142,49 @@ def test_a_metadata_line_that_is_not_a_utf8_json_object_names_the_line(tmp_path,
         ImageFolderDataset(tmp_path, resolution=16)
     message = one_paragraph(caught.value, "data.path")
     assert "line 2 of metadata.jsonl" in message and reason in message
+
+
+def test_class_folders_read_only_visible_images_of_folders_that_hold_some(tmp_path, caplog):
+    for folder in ("cat", ".git", "empty"):
+        (tmp_path / folder).mkdir()
+    for name in ("cat/1.png", "cat/0.png", ".git/0.png"):
+        (tmp_path / name).write_bytes(png_bytes())
+    (tmp_path / "cat" / "._0.png").write_bytes(b"macOS metadata")
+    dataset = ImageFolderDataset(tmp_path, resolution=8)
+    assert dataset.records == [("cat/0.png", ("cat",)), ("cat/1.png", ("cat",))]
+    assert "hold no images are no classes and are ignored: .git, empty" in caplog.text
+
+
+@pytest.mark.parametrize("name", ["../outside.png", "/tmp/outside.png", "sub/../../outside.png"])
+def test_a_metadata_name_outside_the_folder_is_refused_naming_the_line(tmp_path, name):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (tmp_path / "outside.png").write_bytes(png_bytes())
+    _write(folder, [{"file_name": "sub/../0.png", "text": "inside"}, {"file_name": name, "text": "outside"}])
+    with pytest.raises(ConfigError) as caught:
+        ImageFolderDataset(folder, resolution=8)
+    message = one_paragraph(caught.value, "data.path")
+    assert f"line 2 of metadata.jsonl names {name!r}, outside that folder" in message
+
+
+def test_links_out_of_the_folder_and_files_that_are_not_regular_are_skipped_as_unreadable(tmp_path):
+    """A FIFO would block the loader forever, a folder named like an image would fail obscurely, and a link out of
+    the folder would read what the user never gave the run."""
+    import os
+
+    folder = tmp_path / "data"
+    (folder / "dir.png").mkdir(parents=True)
+    os.mkfifo(folder / "fifo.png")
+    (tmp_path / "secret.png").write_bytes(png_bytes())
+    (folder / "link.png").symlink_to(tmp_path / "secret.png")
+    (folder / "good.png").write_bytes(png_bytes())
+    (folder / "inner.png").symlink_to(folder / "good.png")  # a link inside the folder is read
+    names = ["dir.png", "fifo.png", "link.png", "inner.png"]
+    _write(folder, [{"file_name": name, "text": name} for name in names])
+    dataset = ImageFolderDataset(folder, resolution=8)
+    assert dataset[0]["caption"] == "inner.png" and [dataset.image_size(i) for i in range(4)] == [None] * 3 + [(24, 16)]
+    assert dataset[0]["bad_files"] == [
+        "dir.png: ValueError: not a regular file (a folder)",
+        "fifo.png: ValueError: not a regular file (a FIFO)",
+        f"link.png: ValueError: a link to {tmp_path / 'secret.png'}, outside the data folder, is not followed",
+    ]

@@ -30,3 +30,22 @@ def test_build_dataset_dispatches_on_source(tmp_path):
         assert isinstance(dataset, kind)
         item = next(iter(dataset))
         assert_in_range(item["image"], 8)
+
+
+def test_what_a_mixture_entry_s_source_says_about_its_path_names_the_entry(tmp_path):
+    """The user set `data.mixture[1].path`; `data.path` is unset in a mixture."""
+    import pytest
+
+    from dit_trainer.config import MixtureSource
+    from dit_trainer.errors import ConfigError
+
+    from ..conftest import one_paragraph
+
+    image_folder(tmp_path, [{"file_name": "a.png", "text": "a"}], {"a.png": png_bytes()})
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "metadata.jsonl").write_text("\n")
+    mixture = [MixtureSource(path=str(tmp_path)), MixtureSource(path=str(tmp_path / "empty"))]
+    with pytest.raises(ConfigError) as caught:
+        build_dataset(DataConfig(mixture=mixture, resolution=8))
+    message = one_paragraph(caught.value, "data.mixture[1].path")
+    assert "its metadata.jsonl lists no images" in message and "data.path" not in message

@@ -1,13 +1,15 @@
-"""The bad-input table through ``train.py`` and ``scripts/sample.py``: each bad value, run folder, resume or data
-folder gets one paragraph naming the problem and the fix (exit 2, no traceback), and nothing already written (a
-checkpoint, the metrics) is modified."""
+"""The bad-input table through ``train.py`` and the scripts: each bad value, run folder, resume or data folder gets
+one paragraph naming the problem and the fix (exit 2, no traceback), or is handled (exit 0: skipped, left out), and
+nothing already written (a checkpoint, the metrics, an evaluation, a file a link points at) is modified."""
 
 import json
+import os
 import shutil
 
 import pytest
 
-from ..conftest import QUIET, TINY_SHAPES, digest, run_script, train
+from ..conftest import QUIET, TINY_SHAPES, class_conditional, digest, read_metrics, run_script, train
+from ..data.files import BUCKETS, photos_folder
 
 
 @pytest.fixture(scope="module")
@@ -50,11 +52,20 @@ def test_resuming_a_checkpoint_of_another_model_shape_is_refused(finished_run, t
     """Refused from the checkpoint's recorded config; with the change allowed, from the weights themselves."""
     checkpoint = finished_run / "checkpoints" / "checkpoint-2"
     stderr = _refused(finished_run, "model.num_layers=3", f"trainer.resume={checkpoint}", into=tmp_path / "new")
-    assert "another model, data or objective: model.num_layers (2 -> 3)" in stderr
+    assert "objective or reward fine-tuning: model.num_layers (2 -> 3)" in stderr
     assert "trainer.allow_config_change=true" in stderr
     stderr = _refused(finished_run, "model.num_layers=3", f"trainer.resume={checkpoint}",
                       "trainer.allow_config_change=true", into=tmp_path / "new")  # fmt: skip
     assert "its weights do not fit the configured model" in stderr and "config.yaml" in stderr
+
+
+@pytest.mark.slow
+def test_resuming_with_validation_turned_on_is_refused(finished_run, tmp_path):
+    """Images the checkpoint trained on would become the held-out set."""
+    checkpoint = finished_run / "checkpoints" / "checkpoint-2"
+    stderr = _refused(finished_run, "validation.every_n_steps=2", "validation.split=0.25",
+                      f"trainer.resume={checkpoint}", into=tmp_path / "new")  # fmt: skip
+    assert "held-out split" in stderr and "validation.every_n_steps (0 -> 2)" in stderr
 
 
 @pytest.mark.slow
@@ -70,9 +81,10 @@ def test_resuming_a_truncated_checkpoint_is_refused(finished_run, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("metadata", "expected"),
-    [("", "lists no images"), ('{"file_name": "a.png", "text": "x"}\nnot json\n', "line 2")],
-    ids=["empty", "not-json"],
-)
+    [("", "lists no images"), ('{"file_name": "a.png", "text": "x"}\nnot json\n', "line 2"),
+     ('{"file_name": "../a.png", "text": "x"}\n', "line 1 of metadata.jsonl names '../a.png', outside that folder")],
+    ids=["empty", "not-json", "outside"],
+)  # fmt: skip
 def test_a_bad_image_folder_is_refused(finished_run, tmp_path, metadata, expected):
     data = tmp_path / "data"
     data.mkdir()
@@ -146,3 +158,93 @@ def test_cli_reports_a_type_error_naming_the_key():
     result = run_script(["train.py", "trainer.batch_size=many"], timeout=120)
     assert result.returncode != 0
     assert "batch_size" in result.stderr and "many" in result.stderr
+
+
+# Inputs that reach outside what the user gave, and what the config alone can tell (issue 30, items 10-16)
+
+
+@pytest.mark.slow
+def test_a_mixture_weight_that_is_not_finite_is_refused(finished_run, tmp_path):
+    mixture = "data.mixture=[{source:shapes,weight:inf},{source:shapes}]"
+    assert "`data.mixture[0].weight` is inf" in _refused(finished_run, mixture, into=tmp_path / "new")
+
+
+@pytest.mark.slow
+def test_an_fid_reference_of_one_image_is_refused_before_training(finished_run, tmp_path):
+    fid = ["monitor.fid.enabled=true", "monitor.fid.features=vae", f"monitor.fid.cache_dir={tmp_path / 'fid'}"]
+    stderr = _refused(finished_run, "validation.every_n_steps=2", "validation.split=0.001", *fid, into=tmp_path / "new")
+    assert "`validation.split` is 0.001" in stderr and "1 readable validation image(s) give no covariance" in stderr
+    assert read_metrics(tmp_path / "new") == []  # not one step trained
+
+
+@pytest.mark.slow
+def test_a_link_planted_where_the_trainer_writes_is_refused_and_its_target_kept(finished_run, tmp_path):
+    victim, run_dir = tmp_path / "notes.txt", tmp_path / "new"
+    victim.write_text("mine")
+    run_dir.mkdir()
+    (run_dir / "train.log").symlink_to(victim)
+    stderr = _refused(finished_run, into=run_dir)
+    assert f"holds links where the trainer writes (train.log -> {victim})" in stderr and victim.read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_grpo_prompts_that_are_no_classes_are_refused_and_hidden_or_empty_folders_are_no_classes(
+    finished_run, tmp_path
+):
+    from PIL import Image
+
+    for folder in ("cat", "dog", ".ipynb_checkpoints", "empty"):
+        (tmp_path / "data" / folder).mkdir(parents=True)
+    for folder in ("cat", "dog", ".ipynb_checkpoints"):
+        Image.new("RGB", (16, 16)).save(tmp_path / "data" / folder / "0.png")
+    (tmp_path / "trained").mkdir()
+    stderr = _refused(finished_run, *class_conditional(tmp_path / "data", "trainer.sample_prompts=[cat]"),
+                      "grpo.enabled=true", f"model.pretrained={tmp_path / 'trained'}", "grpo.prompts=[cat,bird]",
+                      into=tmp_path / "new")  # fmt: skip
+    assert "`grpo.prompts` is ['bird']" in stderr and "(classes: cat, dog)" in stderr
+
+
+@pytest.mark.slow
+def test_a_mixture_with_a_lone_wide_image_and_files_that_are_not_regular_images_trains(tmp_path):
+    """Handled: the wide image's share of an epoch rounds to no item and is left out (it crashed the batch plan);
+    a FIFO, a folder named like an image and a link out of the folder are skipped as unreadable (the FIFO hung the
+    loader, the link read a file the user never gave)."""
+    from dit_trainer.data.shapes import write_shapes_folder
+
+    from ..data.files import png_bytes
+
+    shapes = write_shapes_folder(tmp_path / "shapes", 40, [(32, 32)])
+    photos = photos_folder(tmp_path / "photos", 40)
+    (photos / "wide.png").write_bytes(png_bytes(size=(64, 24)))
+    os.mkfifo(photos / "fifo.png")
+    (photos / "dir.png").mkdir()
+    (tmp_path / "secret.png").write_bytes(png_bytes())
+    (photos / "link.png").symlink_to(tmp_path / "secret.png")
+    with (photos / "metadata.jsonl").open("a") as metadata:
+        for name in ("wide.png", "fifo.png", "dir.png", "link.png"):
+            metadata.write(json.dumps({"file_name": name, "text": name}) + "\n")
+    mixture = f"data.mixture=[{{source:imagefolder,path:{shapes},weight:3}},{{source:imagefolder,path:{photos}}}]"
+    result = run_script(["train.py", *TINY_SHAPES, f"hydra.run.dir={tmp_path / 'run'}", mixture, BUCKETS, *QUIET,
+                         "data.resolution=32", "data.num_workers=0", "trainer.batch_size=4", "trainer.max_steps=2",
+                         "data.max_bad_fraction=0.5"], timeout=240)  # fmt: skip
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert [record["step"] for record in read_metrics(tmp_path / "run")] == [1, 2]
+
+
+@pytest.mark.slow
+def test_an_evaluation_into_a_file_is_refused_before_any_model_loads(finished_run, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("mine")
+    result = run_script(["scripts/evaluate.py", str(finished_run), f"out_dir={blocker}"])
+    assert result.returncode == 2 and "Traceback" not in result.stderr and "Loading weights" not in result.stderr
+    assert f"`out_dir` is '{blocker}', but {blocker} is a file" in result.stderr and blocker.read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_make_digits_without_scikit_learn_is_refused_and_leaves_no_folder(tmp_path):
+    code = ("import runpy, sys\nsys.modules['sklearn.datasets'] = None\n"
+            f"sys.argv = ['make_digits.py', {str(tmp_path / 'digits')!r}]\n"
+            "sys.exit(runpy.run_path('scripts/make_digits.py', run_name='__main__'))")  # fmt: skip
+    result = run_script(["-c", code])
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "scikit-learn, which is not installed" in result.stderr and list(tmp_path.iterdir()) == []

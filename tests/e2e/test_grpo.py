@@ -209,6 +209,24 @@ def test_train_py_exits_2_on_an_override_that_contradicts_the_init_run(init_run,
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.slow
+def test_a_resume_with_another_prompt_list_is_refused_unless_allowed(grpo_run, init_run, tmp_path):
+    """GRPO's prompts define what it trains: refused at resume (exit 2, the key named, the checkpoint untouched); with
+    `trainer.allow_config_change=true` the run goes on (the prompt sampler's state, sized for the old list, crashed)."""
+    checkpoint = grpo_run / "checkpoints" / "checkpoint-2"
+    before = {path: path.read_bytes() for path in checkpoint.rglob("*") if path.is_file()}
+    changed = ["grpo.prompts=[a red circle,a yellow square]", f"trainer.resume={checkpoint}"]
+    command = ["train.py", f"hydra.run.dir={tmp_path / 'run'}", *grpo_overrides(init_run, RANDOM_STEPS, *changed)]
+    refused = run_script(command, timeout=240)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
+    assert "-> ['a red circle', 'a yellow square'])" in refused.stderr and "grpo.prompts (" in refused.stderr
+    allowed = run_script([*command, "trainer.allow_config_change=true"], timeout=240)
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    assert "the reward spread of the 1 kept is restored" in allowed.stdout + allowed.stderr
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [3, 4]
+    assert {path: path.read_bytes() for path in checkpoint.rglob("*") if path.is_file()} == before
+
+
 # --- LoRA, the KL penalty, two processes -----------------------------------------------------------------------
 
 

@@ -22,6 +22,7 @@ def fake_init_run(tmp_path) -> Path:
     checkpoint = run_dir / "checkpoints" / "checkpoint-7"
     for part in ("transformer", "transformer_ema"):
         (checkpoint / part).mkdir(parents=True)
+        (checkpoint / part / "diffusion_pytorch_model.safetensors").write_bytes(b"")
     (checkpoint / MANIFEST).write_text(json.dumps({"files": {}}))
     save_resolved_config(compose_config(TINY_SHAPES), run_dir / "config.yaml")
     return run_dir

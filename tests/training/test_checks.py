@@ -27,3 +27,15 @@ def test_refused_combinations_name_the_key(override, key):
 def test_the_fid_monitor_needs_validation():
     with pytest.raises(ConfigError, match="`monitor.fid.enabled`"):
         compose_config([*TINY_SHAPES, "validation.every_n_steps=0", "monitor.fid.enabled=true"])
+
+
+def test_the_fid_monitor_is_refused_with_the_config_when_its_features_cannot_be_extracted(monkeypatch):
+    """Without torch-fidelity the Inception features would fail once the models are built, naming `fid_features`,
+    a key of evaluate.py that train.py does not have."""
+    import torchmetrics.utilities.imports as imports
+
+    monkeypatch.setattr(imports, "_TORCH_FIDELITY_AVAILABLE", False)
+    fid = ["validation.every_n_steps=10", "validation.split=0.1", "monitor.fid.enabled=true"]
+    with pytest.raises(ConfigError, match=r"`monitor\.fid\.features` is 'inception'.*torch-fidelity"):
+        compose_config([*TINY_SHAPES, *fid])
+    compose_config([*TINY_SHAPES, *fid, "monitor.fid.features=vae"])
