@@ -1,4 +1,12 @@
-"""The class-conditional DiT of Peebles & Xie (facebookresearch/DiT): diffusers' ``DiTTransformer2DModel``.
+"""The class-conditional DiT of Peebles & Xie (facebookresearch/DiT): diffusers' ``DiTTransformer2DModel`` with one
+timestep-and-label embedder shared by every block, as the paper's model has.
+
+diffusers gives each block its own embedder (``transformer_blocks.i.norm1.emb``): DiT-XL/2 then trains 749,826,464
+parameters and 28 label tables where the paper's has 674,834,720 trained (675,129,632 with the fixed sin-cos position
+table the DiT repository counts as a frozen parameter) and one. A new model shares block 0's embedder; its state dict
+keeps diffusers' layout (every block's keys, equal values), so checkpoints and exports load in ``DiTPipeline``, and
+weights in that layout whose blocks hold one embedder are shared again when loaded. Weights whose blocks' embedders
+differ (a DiT trained with diffusers' layout) load as they are, unshared.
 
 Its condition is a class id per image (``text_encoder.kind=class_labels``), embedded by a label table with one more
 row, the null class, for classifier-free guidance. The table's own random label dropout is switched off: dropout is
@@ -17,7 +25,7 @@ from diffusers.models.embeddings import LabelEmbedding
 
 from dit_trainer.components.families.base import ExportParts, Family, PipelineExport, architecture, input_mismatch
 from dit_trainer.config import ModelConfig, TrainConfig
-from dit_trainer.errors import require
+from dit_trainer.errors import ConfigError, require
 
 DIT_PIPELINE_CLASSES = 1000  # DiTPipeline's null class id is 1000: ImageNet's class count
 
@@ -32,14 +40,71 @@ def check(cfg: TrainConfig) -> None:
     )
 
 
+def embedder_keys(transformer: DiTTransformer2DModel, block: int, prefix: str = "") -> list[str]:
+    """The state-dict keys of block ``block``'s timestep-and-label embedder."""
+    names = [name for name, _ in transformer.transformer_blocks[0].norm1.emb.named_parameters()]
+    return [f"{prefix}transformer_blocks.{block}.norm1.emb.{name}" for name in names]
+
+
+def shares_one_embedder(transformer: DiTTransformer2DModel) -> bool:
+    first = transformer.transformer_blocks[0].norm1.emb
+    return all(block.norm1.emb is first for block in transformer.transformer_blocks)
+
+
+def share_the_embedder(transformer: DiTTransformer2DModel) -> None:
+    """Every block conditions on block 0's embedder (the model's output layer already does)."""
+    if shares_one_embedder(transformer):
+        return
+    first = transformer.transformer_blocks[0].norm1.emb
+    for block in transformer.transformer_blocks[1:]:
+        block.norm1.emb = first
+    transformer.register_state_dict_post_hook(_with_every_blocks_embedder)
+    transformer.register_load_state_dict_pre_hook(_refuse_unshared_embedders)
+
+
+def _with_every_blocks_embedder(transformer: DiTTransformer2DModel, state: dict, prefix: str, metadata) -> None:
+    """Each block's entries get their own copy: safetensors refuses tensors that share memory, and a copy is
+    diffusers' layout, which ``DiTPipeline`` loads. (``keep_vars`` state dicts keep the shared parameter.)"""
+    for block in range(1, len(transformer.transformer_blocks)):
+        for key in embedder_keys(transformer, block, prefix):
+            if not isinstance(state[key], torch.nn.Parameter):
+                state[key] = state[key].clone()
+
+
+def _refuse_unshared_embedders(transformer: DiTTransformer2DModel, state: dict, prefix: str, *args) -> None:
+    """Loading different embedders into the shared one would keep the last block's and silently change the model."""
+    first = [state.get(key) for key in embedder_keys(transformer, 0, prefix)]
+    for block in range(1, len(transformer.transformer_blocks)):
+        for key, reference in zip(embedder_keys(transformer, block, prefix), first):
+            if key in state and reference is not None and not torch.equal(state[key], reference):
+                raise ConfigError(
+                    "model.family",
+                    "dit",
+                    f"these weights give each block its own timestep and label embedder ({key} differs from block "
+                    "0's: diffusers' layout, as dit-trainer trained DiTs before 2026-11-25), while the model built "
+                    "here shares one, as the DiT paper's",
+                    "load them with `scripts/sample.py` or `scripts/export.py` (which keep their layout), or start "
+                    "from them as `model.pretrained=<their transformer folder>` in a fresh run",
+                )
+
+
 def prepare(transformer: DiTTransformer2DModel) -> None:
     for module in transformer.modules():
         if isinstance(module, LabelEmbedding):
             module.dropout_prob = 0.0  # its null-class row stays: the table was sized with dropout on
+    first = list(transformer.transformer_blocks[0].norm1.emb.parameters())
+    if not shares_one_embedder(transformer) and all(
+        torch.equal(parameter, reference)
+        for block in transformer.transformer_blocks[1:]
+        for parameter, reference in zip(block.norm1.emb.parameters(), first)
+    ):  # a shared embedder saved in diffusers' layout (or one model's copies of it)
+        share_the_embedder(transformer)
 
 
 def build(cfg: ModelConfig, in_channels: int, sample_size: int, num_classes: int) -> DiTTransformer2DModel:
-    return DiTTransformer2DModel(**architecture(cfg, in_channels, sample_size), num_embeds_ada_norm=num_classes)
+    transformer = DiTTransformer2DModel(**architecture(cfg, in_channels, sample_size), num_embeds_ada_norm=num_classes)
+    share_the_embedder(transformer)
+    return transformer
 
 
 def mismatch(config: dict, in_channels: int, num_classes: int) -> str | None:
