@@ -10,7 +10,11 @@ from dit_trainer.registry import Registry
 
 VAE_KINDS = Registry(
     "vae.kind",
-    {"autoencoder_kl": "dit_trainer.components.vae:AUTOENCODER_KL", "pixel": "dit_trainer.components.vae:PIXEL"},
+    {
+        "autoencoder_kl": "dit_trainer.components.vae:AUTOENCODER_KL",
+        "autoencoder_dc": "dit_trainer.components.vae:AUTOENCODER_DC",
+        "pixel": "dit_trainer.components.vae:PIXEL",
+    },
 )
 # auto reads the checkpoint's model type; T5 and CLIP checkpoints hold more than their text encoder, so t5 and clip
 # load their encoder-only classes; class_labels conditions a class-conditional family on class ids.

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-from diffusers import AutoencoderKL
+from diffusers import AutoencoderDC, AutoencoderKL, ModelMixin
 from torch import nn
 
 from dit_trainer.components import VAE_KINDS
@@ -13,30 +15,35 @@ from dit_trainer.config import VAEConfig
 from dit_trainer.hub import load_pretrained, model_config, pretrained_config
 
 
-def autoencoder_downsample_factor(block_out_channels: list[int]) -> int:
-    """An ``AutoencoderKL`` halves the size in every encoder block but the last."""
-    return 2 ** (len(block_out_channels) - 1)
+def autoencoder_downsample_factor(config: dict) -> int | None:
+    """An ``AutoencoderKL`` (``block_out_channels``) or ``AutoencoderDC`` (``encoder_block_out_channels``) halves
+    the size in every encoder block but the last; None for a config that lists neither."""
+    blocks = config.get("encoder_block_out_channels") or config.get("block_out_channels")
+    return 2 ** (len(blocks) - 1) if blocks else None
 
 
 class FrozenVAE(nn.Module):
-    """A diffusers ``AutoencoderKL`` whose latents are normalised the way its config says.
+    """A diffusers autoencoder whose latents are normalised the way its config says: an ``AutoencoderKL`` (SD's
+    4-channel one, SD3's and Flux's 16-channel ones with their ``shift_factor``), whose posterior training samples, or
+    an ``AutoencoderDC`` (Sana's deep-compression autoencoder, 32x), whose latents are deterministic.
 
     With ``latents_mean``/``latents_std`` in the config (per-channel statistics, as SDXL-style VAEs and our
     shapes VAE carry) latents become ``(z - mean) * scaling_factor / std``; otherwise ``(z - shift) * scaling_factor``.
     """
 
-    def __init__(self, autoencoder: AutoencoderKL) -> None:
+    def __init__(self, autoencoder: AutoencoderKL | AutoencoderDC) -> None:
         super().__init__()
         self.autoencoder = freeze(autoencoder)
         config = autoencoder.config
         channels = config.latent_channels
         self.scaling_factor = float(config.scaling_factor)
-        mean = config.latents_mean if config.latents_mean is not None else [config.shift_factor or 0.0] * channels
-        std = config.latents_std if config.latents_std is not None else [1.0] * channels
+        shift = config.get("shift_factor") or 0.0
+        mean = config.get("latents_mean") or [shift] * channels
+        std = config.get("latents_std") or [1.0] * channels
         self.register_buffer("latents_mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
         self.register_buffer("latents_std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
         self.latent_channels = channels
-        self.downsample_factor = autoencoder_downsample_factor(config.block_out_channels)
+        self.downsample_factor = autoencoder_downsample_factor(config)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -45,13 +52,17 @@ class FrozenVAE(nn.Module):
     def drop_encoder(self) -> None:
         """Free the encoder's memory when latents come from a cache: only the decoder is used (sample grids)."""
         self.autoencoder.encoder = None
-        self.autoencoder.quant_conv = None
+        if hasattr(self.autoencoder, "quant_conv"):
+            self.autoencoder.quant_conv = None
 
     @torch.no_grad()
     def encode_posterior(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, 3, H, W) in [-1, 1] -> the raw posterior's (mean, std), float32: what a latent cache stores."""
-        posterior = self.autoencoder.encode(images.to(self.dtype)).latent_dist
-        return posterior.mean.float(), posterior.std.float()
+        """(B, 3, H, W) in [-1, 1] -> the raw posterior's (mean, std), float32: what a latent cache stores. A
+        deterministic autoencoder's latent is a posterior of std 0."""
+        encoded = self.autoencoder.encode(images.to(self.dtype))
+        if not hasattr(encoded, "latent_dist"):
+            return encoded.latent.float(), torch.zeros_like(encoded.latent, dtype=torch.float32)
+        return encoded.latent_dist.mean.float(), encoded.latent_dist.std.float()
 
     def latents_from_posterior(
         self, mean: torch.Tensor, std: torch.Tensor, generator: torch.Generator | None = None
@@ -106,16 +117,21 @@ class PixelVAE(nn.Module):
         """Nothing to free: the identity has no weights."""
 
 
-def _autoencoder_kl(cfg: VAEConfig, device: torch.device, dtype: torch.dtype) -> FrozenVAE:
-    autoencoder = load_pretrained(
-        AutoencoderKL.from_pretrained,
-        cfg.pretrained,
-        "vae.pretrained",
-        subfolder=cfg.subfolder,
-        revision=cfg.revision,
-        torch_dtype=dtype,
-    )
-    return FrozenVAE(autoencoder).to(device)
+def frozen_autoencoder(autoencoder_class: type[ModelMixin]) -> Callable[..., FrozenVAE]:
+    """A kind's ``build(cfg, device, dtype)``: its autoencoder class loaded from ``vae.pretrained``, frozen."""
+
+    def build(cfg: VAEConfig, device: torch.device, dtype: torch.dtype) -> FrozenVAE:
+        autoencoder = load_pretrained(
+            autoencoder_class.from_pretrained,
+            cfg.pretrained,
+            "vae.pretrained",
+            subfolder=cfg.subfolder,
+            revision=cfg.revision,
+            torch_dtype=dtype,
+        )
+        return FrozenVAE(autoencoder).to(device)
+
+    return build
 
 
 def _autoencoder_factor(cfg: VAEConfig, download: bool) -> int | None:
@@ -125,10 +141,11 @@ def _autoencoder_factor(cfg: VAEConfig, download: bool) -> int | None:
         config = model_config(cfg.pretrained, cfg.subfolder, cfg.revision, "vae.pretrained")
     else:
         config = pretrained_config(cfg.pretrained, cfg.subfolder, cfg.revision) or {}
-    return autoencoder_downsample_factor(config["block_out_channels"]) if "block_out_channels" in config else None
+    return autoencoder_downsample_factor(config)
 
 
-AUTOENCODER_KL = VAEKind(_autoencoder_kl, _autoencoder_factor)
+AUTOENCODER_KL = VAEKind(frozen_autoencoder(AutoencoderKL), _autoencoder_factor)
+AUTOENCODER_DC = VAEKind(frozen_autoencoder(AutoencoderDC), _autoencoder_factor)
 PIXEL = VAEKind(
     lambda cfg, device, dtype: PixelVAE(), lambda cfg, download: PixelVAE.downsample_factor, pretrained=False
 )

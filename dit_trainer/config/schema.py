@@ -93,8 +93,9 @@ class VAEConfig:
     """The frozen autoencoder that maps images to the latents the DiT learns on. The default is the tiny
     ``AutoencoderKL`` shipped with the package (trained on the shapes data: 32 px -> 4 x 16 x 16)."""
 
-    kind: str = "autoencoder_kl"  # or "pixel": identity, train in pixel space
-    pretrained: str | None = "${asset:shapes_vae}"  # hub id or local path of a diffusers AutoencoderKL
+    # autoencoder_kl (SD, SDXL, SD3, Flux) | autoencoder_dc (Sana's deterministic 32x one) | pixel: identity
+    kind: str = "autoencoder_kl"
+    pretrained: str | None = "${asset:shapes_vae}"  # hub id or local path of a diffusers autoencoder of that kind
     subfolder: str | None = None
     revision: str | None = None
 

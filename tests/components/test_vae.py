@@ -3,9 +3,9 @@ pixel-space identity, and a missing VAE named with its fix."""
 
 import pytest
 import torch
-from diffusers import AutoencoderKL
+from diffusers import AutoencoderDC, AutoencoderKL
 
-from dit_trainer.components.vae import PixelVAE, build_vae
+from dit_trainer.components.vae import PixelVAE, build_vae, known_downsample_factor
 from dit_trainer.config import ASSETS_DIR, VAEConfig
 from dit_trainer.data.shapes import ShapesDataset
 from dit_trainer.errors import ModelLoadError
@@ -55,3 +55,30 @@ def test_missing_vae_names_the_path_and_the_fix(tmp_path):
         build_vae(VAEConfig(pretrained=str(tmp_path / "missing_vae")), CPU)
     message = str(caught.value)
     assert "missing_vae" in message and "vae.pretrained" in message
+
+
+def tiny_dc_autoencoder(folder) -> None:
+    """A 3-block ``AutoencoderDC`` (4x, 4 latent channels) saved by path, as Sana's is laid out."""
+    torch.manual_seed(0)
+    AutoencoderDC(latent_channels=4, encoder_block_types="ResBlock", decoder_block_types="ResBlock",
+                  encoder_block_out_channels=(8, 16, 32), decoder_block_out_channels=(8, 16, 32),
+                  encoder_layers_per_block=(1, 1, 1), decoder_layers_per_block=(1, 1, 1),
+                  encoder_qkv_multiscales=((), (), ()), decoder_qkv_multiscales=((), (), ()),
+                  scaling_factor=0.5).save_pretrained(folder)  # fmt: skip
+
+
+def test_a_deep_compression_autoencoder_gives_deterministic_scaled_latents(tmp_path):
+    """Sana's kind: its latent is no posterior to sample (a drawn latent is the latent), scaled by its config's
+    factor; its downsampling is known from config.json before it loads."""
+    tiny_dc_autoencoder(tmp_path / "vae")
+    cfg = VAEConfig(kind="autoencoder_dc", pretrained=str(tmp_path / "vae"))
+    assert known_downsample_factor(cfg) == 4
+    vae = build_vae(cfg, CPU)
+    images = torch.rand(2, 3, 32, 32) * 2 - 1
+    raw = vae.autoencoder.encode(images).latent
+    latents = vae.encode(images, torch.Generator().manual_seed(1))
+    assert latents.shape == (2, 4, 8, 8) and vae.downsample_factor == 4
+    torch.testing.assert_close(latents, raw * 0.5)
+    torch.testing.assert_close(vae.decode(latents), vae.autoencoder.decode(raw).sample.clamp(-1, 1))
+    vae.drop_encoder()
+    assert vae.autoencoder.encoder is None and vae.decode(latents).shape == (2, 3, 32, 32)

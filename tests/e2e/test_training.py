@@ -234,3 +234,19 @@ def test_cfg_job_prints_the_config(experiment):
     result = run_script(["train.py", f"+experiment={experiment}", "--cfg", "job"], timeout=120)
     assert result.returncode == 0, result.stderr
     assert "trainer:" in result.stdout and "max_steps:" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_run_on_a_deep_compression_autoencoder_trains_from_its_cache_and_samples(tmp_path):
+    """`vae.kind=autoencoder_dc` (Sana's kind; here a tiny one saved by path): its deterministic latents are cached in
+    memory, the loss falls and the sample grid decodes through it."""
+    from ..components.test_vae import tiny_dc_autoencoder
+
+    tiny_dc_autoencoder(tmp_path / "vae")
+    run_dir = tmp_path / "run"
+    train(run_dir, "vae.kind=autoencoder_dc", f"vae.pretrained={tmp_path / 'vae'}", "model.patch_size=2",
+          "data.cache_latents=true", "trainer.max_steps=30", "trainer.log_every=1", "trainer.sample_every=30",
+          "optim.lr=1e-3")  # fmt: skip
+    losses = [record["loss"] for record in read_metrics(run_dir)]
+    assert sum(losses[-5:]) < 0.8 * sum(losses[:5])
+    assert list((run_dir / "samples").glob("*.png"))
