@@ -10,7 +10,8 @@
 
 Each is timed per step after a warm-up and reported as the median, in images/s and as a ratio to (a); (a) and (b)
 are timed in alternating blocks so their ratio (the trainer's overhead) survives a noisy machine. FLOPs per image
-come from ``torch.utils.flop_counter`` so that MFU can be worked out for any GPU.
+come from ``torch.utils.flop_counter`` on the meta device (attention counted, whatever the family) so that MFU can
+be worked out for any GPU.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ import torch
 import torch.nn.functional as F
 from diffusers import DDPMScheduler
 from torch.utils.data import DataLoader, Dataset
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 from dit_trainer.components.build import Components, build_components
+from dit_trainer.condition import Condition
 from dit_trainer.config import TrainConfig
 from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
 from dit_trainer.data.cache import open_cache
@@ -81,29 +83,31 @@ def measure(
     return [Measurement(name, seconds[name], batch_size / seconds[name], peak) for name in steps]
 
 
-def fixed_batch(cfg: TrainConfig, parts: Components, device: torch.device) -> tuple[torch.Tensor, ...]:
+def fixed_batch(
+    cfg: TrainConfig, parts: Components, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, Condition]:
     """What one training step feeds the DiT, made once from the first batch of the real data (real captions:
-    their token masks change the attention's cost): noisy latents, timesteps, text embeddings and mask."""
+    their token masks change the attention's cost): noisy latents, timesteps and the captions' condition."""
     generator = torch.Generator(device).manual_seed(0)
     loader = DataLoader(build_dataset(cfg.data), batch_size=cfg.trainer.batch_size, collate_fn=collate_batch)
     batch = next(iter(loader))
     latents = parts.vae.encode(batch["image"].to(device), generator)
-    embeds, mask = parts.text_encoder.encode(batch["caption"])
-    t = parts.schedule.sample_timesteps(len(latents), device, generator)
+    condition = parts.text_encoder.encode(batch["caption"])
+    t = parts.schedule.at_size(latents.shape).sample_timesteps(len(latents), device, generator)
     x_t = parts.schedule.add_noise(latents, torch.randn(latents.shape, generator=generator, device=device), t)
-    return x_t, t, embeds, mask
+    return x_t, t, condition
 
 
 def bare_step(cfg: TrainConfig, parts: Components, device: torch.device) -> Callable[[], None]:
     """(a): forward, backward and the trainer's own (fused) AdamW, nothing else."""
     dit = copy.deepcopy(parts.dit).to(device).train()
     optimizer = build_optimizer(cfg, dit)
-    x_t, t, embeds, mask = fixed_batch(cfg, parts, device)
+    x_t, t, condition = fixed_batch(cfg, parts, device)
     dtype = weight_dtype(resolve_mixed_precision(cfg.trainer.mixed_precision))
 
     def step() -> None:
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            loss = F.mse_loss(dit(x_t, t, embeds, mask).float(), x_t)
+            loss = F.mse_loss(dit(x_t, t, condition).float(), x_t)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -124,8 +128,9 @@ def _endless(loader: DataLoader) -> Iterator[dict]:
 
 
 def reference_step(cfg: TrainConfig, parts: Components, device: torch.device) -> Callable[[], None]:
-    """(d): the loop of diffusers' ``train_text_to_image.py``, reduced to what our step also does."""
-    vae, text = parts.vae.autoencoder, parts.text_encoder
+    """(d): the loop of diffusers' ``train_text_to_image.py``, reduced to what our step also does (the family's
+    call, so that every family has its reference)."""
+    vae, text, family = parts.vae.autoencoder, parts.text_encoder, parts.dit.family
     transformer = copy.deepcopy(parts.dit.transformer).to(device).train()
     optimizer = torch.optim.AdamW(transformer.parameters(), lr=cfg.optim.lr)
     scheduler = DDPMScheduler(num_train_timesteps=cfg.diffusion.num_train_timesteps)
@@ -143,21 +148,12 @@ def reference_step(cfg: TrainConfig, parts: Components, device: torch.device) ->
         batch = next(batches)
         with torch.no_grad():
             latents = vae.encode(batch["image"].to(device)).latent_dist.sample() * vae.config.scaling_factor
-            tokens = text.tokenizer(
-                batch["caption"], max_length=text.max_length, padding="max_length", truncation=True, return_tensors="pt"
-            ).to(device)
-            embeds = text.model(tokens.input_ids, attention_mask=tokens.attention_mask)[0]
+            condition = text.encode_uncached(batch["caption"])  # tokenized and encoded every step
         noise = torch.randn_like(latents)
         t = torch.randint(0, scheduler.config.num_train_timesteps, (latents.shape[0],), device=device)
         noisy = scheduler.add_noise(latents, noise, t)
-        prediction = transformer(
-            noisy,
-            encoder_hidden_states=embeds,
-            encoder_attention_mask=tokens.attention_mask,
-            timestep=t,
-            added_cond_kwargs={"resolution": None, "aspect_ratio": None},
-        ).sample
-        loss = F.mse_loss(prediction[:, : latents.shape[1]].float(), noise.float())
+        prediction = family.predict(transformer, noisy, t, condition)
+        loss = F.mse_loss(prediction.float(), noise.float())
         loss.backward()
         torch.nn.utils.clip_grad_norm_(transformer.parameters(), cfg.optim.max_grad_norm or float("inf"))
         optimizer.step()
@@ -186,15 +182,46 @@ def batch_plan_cost(cache: Dataset, batch_size: int, epochs: int = 3) -> dict[st
     return seconds
 
 
-def flops_per_image(cfg: TrainConfig, parts: Components, device: torch.device) -> tuple[float, float]:
-    """(forward, forward + backward) FLOPs of the DiT per image, as counted by PyTorch's FLOP counter."""
-    dit = copy.deepcopy(parts.dit).to(device)
-    x_t, t, embeds, mask = fixed_batch(cfg, parts, device)
-    with FlopCounterMode(display=False) as forward:
-        dit(x_t, t, embeds, mask)
-    with FlopCounterMode(display=False) as training:
-        dit(x_t, t, embeds, mask).float().pow(2).mean().backward()
+def _convolution_backward_flops(
+    grad_out_shape,
+    x_shape,
+    w_shape,
+    bias,
+    stride,
+    padding,
+    dilation,
+    transposed,
+    output_padding,
+    groups,
+    output_mask,
+    **_,
+) -> int:
+    """torch's formula for a convolution's backward ignores ``groups``: it counts a depthwise convolution's weight
+    gradient as a dense one's (Sana's GLUMBConv feed-forward: its training FLOPs came out 14x its forward's). Each
+    multiply of the forward is one multiply of each gradient, whatever the groups, so each gradient asked for costs
+    one forward."""
+    forward = conv_flop_count(x_shape, w_shape, grad_out_shape, transposed)
+    return forward * (int(output_mask[0]) + int(output_mask[1]))
+
+
+def count_flops(dit: torch.nn.Module, x_t: torch.Tensor, t: torch.Tensor, condition: Condition) -> tuple[float, float]:
+    """(forward, forward + backward) FLOPs per image of ``dit`` on these inputs, counted on a copy on the meta
+    device: there every op reaches a kernel the counter knows, attention included (on the CPU, SDPA's fused kernel
+    is not counted, and a DiT's attention went missing from its FLOPs), and no memory or time is spent."""
+    meta = torch.device("meta")
+    dit = copy.deepcopy(dit).to(meta)
+    x_t, t, condition = x_t.to(meta), t.to(meta), condition.to(meta)
+    corrected = {torch.ops.aten.convolution_backward: _convolution_backward_flops}
+    with FlopCounterMode(display=False, custom_mapping=corrected) as forward:
+        dit(x_t, t, condition)
+    with FlopCounterMode(display=False, custom_mapping=corrected) as training:
+        dit(x_t, t, condition).float().pow(2).mean().backward()
     return forward.get_total_flops() / len(x_t), training.get_total_flops() / len(x_t)
+
+
+def flops_per_image(cfg: TrainConfig, parts: Components, device: torch.device) -> tuple[float, float]:
+    """(forward, forward + backward) FLOPs of the run's DiT per image, on the first batch of its data."""
+    return count_flops(parts.dit, *fixed_batch(cfg, parts, device))
 
 
 def run_benchmark(cfg: TrainConfig, out_dir: Path, warmup: int = 5, steps: int = 20) -> dict:

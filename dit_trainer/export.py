@@ -45,7 +45,7 @@ from pathlib import Path
 
 import psutil
 import torch
-from diffusers import AutoencoderKL, ModelMixin
+from diffusers import AutoencoderDC, AutoencoderKL, ModelMixin
 
 from dit_trainer.components.build import trained_start
 from dit_trainer.components.dit import load_trained_transformer, load_transformer
@@ -82,8 +82,11 @@ class ExportResult:
         )
 
 
-def fold_latent_normalisation(vae: FrozenVAE) -> AutoencoderKL:
+def fold_latent_normalisation(vae: FrozenVAE, applies_shift: bool = False) -> AutoencoderKL | AutoencoderDC:
     """A float32 copy of ``vae``'s autoencoder with its per-channel latent statistics folded into the 1x1 convs.
+
+    ``applies_shift``: the family's pipeline decodes ``latents / scaling_factor + shift_factor`` (SD3's, Flux's), so
+    a VAE normalised by its ``shift_factor`` alone (their own VAEs, which have no quant convs) is kept as it is.
 
     Decode side, ``post_quant_conv(z * std + mean)`` = ``W' z + b'`` with ``W' = W diag(std)``, ``b' = W mean + b``.
     Encode side, the posterior's mean rows become ``(W h + b - mean) / std`` and its log-variance rows shift by
@@ -93,7 +96,11 @@ def fold_latent_normalisation(vae: FrozenVAE) -> AutoencoderKL:
     autoencoder = copy.deepcopy(vae.autoencoder).float()
     mean = vae.latents_mean.flatten().double()
     std = vae.latents_std.flatten().double()
-    autoencoder.register_to_config(latents_mean=None, latents_std=None, shift_factor=None)
+    shift = torch.tensor(float(autoencoder.config.get("shift_factor") or 0.0))  # float32, as the buffers
+    if applies_shift and torch.all(vae.latents_mean == shift) and torch.all(std == 1):
+        return autoencoder
+    folded = ("latents_mean", "latents_std", "shift_factor")  # an AutoencoderDC has none of them: it only scales
+    autoencoder.register_to_config(**{key: None for key in folded if key in autoencoder.config})
     if torch.all(mean == 0) and torch.all(std == 1):
         return autoencoder
     config = autoencoder.config
@@ -240,7 +247,7 @@ def export_run(cfg: ExportConfig) -> ExportResult:
             ExportParts(
                 cfg=train_cfg,
                 transformer=_cast(clean_transformer(transformer), dtype),
-                vae=_cast(fold_latent_normalisation(parts.vae), dtype),
+                vae=_cast(fold_latent_normalisation(parts.vae, family.pipeline_applies_shift), dtype),
                 scheduler=scheduler,
                 text_encoder=parts.text_encoder,
                 pipeline=family.pipeline,

@@ -19,6 +19,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
+from dit_trainer.condition import Condition  # noqa: E402
 from dit_trainer.config import TrainConfig, register_configs  # noqa: E402
 from dit_trainer.run_config import to_train_config
 
@@ -66,14 +67,15 @@ register_configs()
 TINY_BATCH, TINY_CONDITION_DIM = 6, 12
 
 
-def tiny_batch() -> tuple[torch.Tensor, ...]:
-    """(x_t, t, embeds, mask, target) for ``tiny_transformer(condition_dim=TINY_CONDITION_DIM)``: 6 samples of
+def tiny_batch() -> tuple[torch.Tensor, torch.Tensor, Condition, torch.Tensor]:
+    """(x_t, t, condition, target) for ``tiny_transformer(condition_dim=TINY_CONDITION_DIM)``: 6 samples of
     4 x 8 x 8 latents and 5 text tokens, drawn from seed 1."""
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(TINY_BATCH, 4, 8, 8, generator=generator)
     t = torch.randint(0, 1000, (TINY_BATCH,), generator=generator)
     embeds = torch.randn(TINY_BATCH, 5, TINY_CONDITION_DIM, generator=generator)
-    return x, t, embeds, torch.ones(TINY_BATCH, 5), torch.randn(TINY_BATCH, 4, 8, 8, generator=generator)
+    condition = Condition(embeds, torch.ones(TINY_BATCH, 5))
+    return x, t, condition, torch.randn(TINY_BATCH, 4, 8, 8, generator=generator)
 
 
 def compose_config(overrides: list[str]) -> TrainConfig:
@@ -204,18 +206,20 @@ def build_tiny_transformer(
     in_channels: int = 4,
     sample_size: int = 8,
     condition_dim: int = 16,
+    pooled_dim: int | None = None,
     seed: int = 0,
     **model,
 ):
     """A randomly initialised ``DiTAdapter`` of ``family``, drawn from ``seed``: TINY_TRANSFORMER's sizes, or
-    ``model`` (``ModelConfig`` fields) instead; ``in_channels``, ``sample_size`` and ``condition_dim`` are
-    ``build_dit``'s."""
+    ``model`` (``ModelConfig`` fields) instead; ``in_channels`` and ``sample_size`` are ``build_dit``'s,
+    ``condition_dim`` and ``pooled_dim`` its ``ConditionSize``."""
     from dit_trainer.components.dit import build_dit
+    from dit_trainer.condition import ConditionSize
     from dit_trainer.config import ModelConfig
 
     torch.manual_seed(seed)
     cfg = ModelConfig(family=family, **{**TINY_TRANSFORMER, **model})
-    return build_dit(cfg, in_channels=in_channels, sample_size=sample_size, condition_dim=condition_dim)
+    return build_dit(cfg, in_channels, sample_size, ConditionSize(condition_dim, pooled_dim))
 
 
 @pytest.fixture()

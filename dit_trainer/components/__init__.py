@@ -17,7 +17,8 @@ VAE_KINDS = Registry(
     },
 )
 # auto reads the checkpoint's model type; T5 and CLIP checkpoints hold more than their text encoder, so t5 and clip
-# load their encoder-only classes; class_labels conditions a class-conditional family on class ids.
+# load their encoder-only classes; class_labels conditions a class-conditional family on class ids; sd3, flux and sana
+# are those families' own encoders, read from the subfolders of one pipeline folder (`text_encoder.pretrained`).
 TEXT_ENCODER_KINDS = Registry(
     "text_encoder.kind",
     {
@@ -25,5 +26,8 @@ TEXT_ENCODER_KINDS = Registry(
         "t5": "dit_trainer.components.text_encoder:TRANSFORMERS_ENCODER",
         "clip": "dit_trainer.components.text_encoder:TRANSFORMERS_ENCODER",
         CLASS_LABELS: "dit_trainer.components.class_labels:CLASS_LABELS_ENCODER",
+        "sd3": "dit_trainer.components.conditioners.sd3:SD3_ENCODERS",
+        "flux": "dit_trainer.components.conditioners.flux:FLUX_ENCODERS",
+        "sana": "dit_trainer.components.conditioners.sana:SANA_ENCODER",
     },
 )

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from dit_trainer.components.dit import DiTAdapter, build_dit, enable_gradient_checkpointing, known_patch_size
+from dit_trainer.components.families import FAMILIES
 from dit_trainer.components.kinds import Conditioner
 from dit_trainer.components.lora import apply_lora
 from dit_trainer.components.text_encoder import build_text_encoder
@@ -58,9 +59,8 @@ def pixel_multiple(cfg: TrainConfig, download: bool = False) -> int | None:
     None, or with ``download`` those files are downloaded (not the weights)."""
     factor, patch = known_downsample_factor(cfg.vae, download), known_patch_size(cfg.model)
     if download and patch is None:
-        patch = model_config(cfg.model.pretrained, cfg.model.subfolder, cfg.model.revision, "model.pretrained")[
-            "patch_size"
-        ]
+        config = model_config(cfg.model.pretrained, cfg.model.subfolder, cfg.model.revision, "model.pretrained")
+        patch = config["patch_size"] * FAMILIES.get(cfg.model.family).packing
     return None if factor is None or patch is None else factor * patch
 
 
@@ -89,7 +89,7 @@ def build_components(
     text_encoder = cached_text or build_text_encoder(cfg.text_encoder, device, frozen_dtype)
     latent_size = cfg.data.resolution // vae.downsample_factor
     dit_weights = dit_weights or trained_start(cfg)
-    dit = build_dit(cfg.model, vae.latent_channels, latent_size, text_encoder.hidden_size, dit_weights)
+    dit = build_dit(cfg.model, vae.latent_channels, latent_size, text_encoder.size, dit_weights)
     if cfg.lora.enabled:
         apply_lora(dit.transformer, cfg.lora, dit.family.lora_targets)
     if cfg.privacy.enabled and dit.family.prepare_private is not None:

@@ -47,6 +47,14 @@ def check_components(cfg: TrainConfig) -> None:
         if family.condition == "class"
         else "use a text encoder (`text_encoder=minilm` or `t5`), or `model.family=dit` for class labels",
     )
+    require(
+        conditioner.instruction or not cfg.text_encoder.instruction,
+        "text_encoder.instruction",
+        cfg.text_encoder.instruction[:1],
+        f"`text_encoder.kind={cfg.text_encoder.kind}` puts no instruction before prompts (Sana's encoder does), so "
+        "it would be ignored",
+        "remove it (`text_encoder.instruction=[]`) or use `text_encoder=sana`",
+    )
     if conditioner.check is not None:
         conditioner.check(cfg)
     models = {

@@ -1,9 +1,9 @@
 """Class labels as the condition (``text_encoder.kind=class_labels``): the class-conditional DiT's "text encoder".
 
-It has the text encoder's call, ``encode(prompts) -> (labels, mask)``, so the data, caption dropout, CFG, the
-samplers, the monitors and GRPO work unchanged: a prompt is a class name (or its id), the empty prompt is the null
-class (id ``num_classes``, the row DiT's label table keeps for classifier-free guidance), and caption dropout is
-label dropout.
+It has the text encoder's call, ``encode(prompts) -> Condition`` (the labels as its sequence), so the data, caption
+dropout, CFG, the samplers, the monitors and GRPO work unchanged: a prompt is a class name (or its id), the empty
+prompt is the null class (id ``num_classes``, the row DiT's label table keeps for classifier-free guidance), and
+caption dropout is label dropout.
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ import torch
 from torch import nn
 
 from dit_trainer.components.kinds import ConditionerKind
+from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import TextEncoderConfig, TrainConfig
 from dit_trainer.errors import ConfigError, require
 from dit_trainer.prompts import load_prompts
 
 
 class ClassLabels(nn.Module):
-    """``encode(prompts) -> (labels (B,) int64, mask (B, 1))`` for the classes ``names`` (id = position). A module
-    without parameters, so that the tools that inspect a run's components (the gradient doctor, the parameter
+    """``encode(prompts) -> Condition(labels (B,) int64, mask (B, 1))`` for the classes ``names`` (id = position).
+    A module without parameters, so that the tools that inspect a run's components (the gradient doctor, the parameter
     table) see it as they see a frozen text encoder."""
 
     def __init__(self, names: Sequence[str], device: torch.device) -> None:
@@ -31,9 +32,9 @@ class ClassLabels(nn.Module):
         self.device = device
 
     @property
-    def hidden_size(self) -> int:
+    def size(self) -> ConditionSize:
         """The number of classes: what sizes the DiT's label table (the conditioning input's "width")."""
-        return len(self.names)
+        return ConditionSize(len(self.names))
 
     @property
     def null_class(self) -> int:
@@ -60,9 +61,9 @@ class ClassLabels(nn.Module):
         for prompt in dict.fromkeys(prompts):
             self.class_id(prompt)
 
-    def encode(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode(self, prompts: Sequence[str]) -> Condition:
         labels = torch.tensor([self.class_id(prompt) for prompt in prompts], dtype=torch.long, device=self.device)
-        return labels, torch.ones(len(labels), 1, dtype=torch.long, device=self.device)
+        return Condition(labels, torch.ones(len(labels), 1, dtype=torch.long, device=self.device))
 
 
 def check_class_labels(cfg: TrainConfig) -> None:

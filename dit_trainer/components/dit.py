@@ -1,4 +1,4 @@
-"""The trainable DiT behind one call: ``predict(x_t, t, embeds, mask) -> prediction`` shaped like ``x_t``."""
+"""The trainable DiT behind one call: ``predict(x_t, t, condition) -> prediction`` shaped like ``x_t``."""
 
 from __future__ import annotations
 
@@ -11,16 +11,17 @@ from torch import nn
 
 from dit_trainer.components.families import FAMILIES
 from dit_trainer.components.families.base import Family
+from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ModelConfig
 from dit_trainer.errors import ConfigError
 from dit_trainer.hub import load_pretrained, pretrained_config
 
 
 class DiTAdapter(nn.Module):
-    """Hides the model family's quirks from the training loop and the samplers: ``predict(x_t, t, embeds, mask)``
-    is the family's call (``.sample`` vs tuples, a learned-variance half of the outputs, PixArt's micro-conditions,
-    class labels), with the inputs in the transformer's compute dtype. ``forward`` is the same as ``predict`` so
-    that DDP/FSDP wrappers see every call.
+    """Hides the model family's quirks from the training loop and the samplers: ``predict(x_t, t, condition)`` is
+    the family's call (``.sample`` vs tuples, a learned-variance half of the outputs, PixArt's micro-conditions,
+    class labels, pooled projections, packed latents), with the inputs in the transformer's compute dtype.
+    ``forward`` is the same as ``predict`` so that DDP/FSDP wrappers see every call.
     """
 
     def __init__(self, transformer: ModelMixin, family: Family) -> None:
@@ -28,12 +29,9 @@ class DiTAdapter(nn.Module):
         self.transformer = transformer
         self.family = family
 
-    def forward(
-        self, x_t: torch.Tensor, t: torch.Tensor, embeds: torch.Tensor, mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        dtype = self.compute_dtype
-        embeds = embeds.to(dtype) if embeds.is_floating_point() else embeds  # class labels stay integers
-        return self.family.predict(self.transformer, x_t.to(dtype), t, embeds, mask)
+    def forward(self, x_t: torch.Tensor, t: torch.Tensor, condition: Condition) -> torch.Tensor:
+        dtype = self.compute_dtype  # class labels and masks stay integers
+        return self.family.predict(self.transformer, x_t.to(dtype), t, condition.cast(dtype))
 
     predict = forward
 
@@ -58,11 +56,13 @@ def load_transformer(cfg: ModelConfig) -> ModelMixin:
 
 
 def known_patch_size(cfg: ModelConfig) -> int | None:
-    """The DiT's patch size before it is built: configured, or from a pretrained DiT's config.json when that is on
-    this machine; None until it downloads (``build_dit`` checks the latent size against it then)."""
+    """The DiT's patch size (latents per token side, the family's packing included) before it is built: configured,
+    or from a pretrained DiT's config.json when that is on this machine; None until it downloads (``build_dit``
+    checks the latent size against it then)."""
     if not cfg.pretrained:
         return cfg.patch_size
-    return (pretrained_config(cfg.pretrained, cfg.subfolder, cfg.revision) or {}).get("patch_size")
+    patch = (pretrained_config(cfg.pretrained, cfg.subfolder, cfg.revision) or {}).get("patch_size")
+    return None if patch is None else patch * FAMILIES.get(cfg.family).packing
 
 
 def load_trained_transformer(folder: Path, transformer_class: type[ModelMixin]) -> ModelMixin:
@@ -82,17 +82,17 @@ def enable_gradient_checkpointing(dit: DiTAdapter, reentrant: bool = False) -> N
 
 
 def build_dit(
-    cfg: ModelConfig, in_channels: int, sample_size: int, condition_dim: int, weights: Path | None = None
+    cfg: ModelConfig, in_channels: int, sample_size: int, condition_size: ConditionSize, weights: Path | None = None
 ) -> DiTAdapter:
     """A transformer of ``model.family`` sized by ``cfg`` whose input follows the VAE (``in_channels``,
-    ``sample_size``) and whose conditioning input follows the text encoder (``condition_dim``); with ``weights`` (a
+    ``sample_size``) and whose conditioning inputs follow the conditioner (``condition_size``); with ``weights`` (a
     checkpoint's transformer folder), the one trained there."""
     family = FAMILIES.get(cfg.family)
     if weights is not None or cfg.pretrained:
         transformer = (
             load_transformer(cfg) if weights is None else load_trained_transformer(weights, family.transformer_class)
         )
-        problem = family.mismatch(transformer.config, in_channels, condition_dim)
+        problem = family.mismatch(transformer.config, in_channels, condition_size)
         if problem:
             raise ConfigError(
                 "model.pretrained",
@@ -101,9 +101,11 @@ def build_dit(
                 "use the VAE and the text encoder this transformer was trained with (`vae=...`, `text_encoder=...`)",
             )
     else:
-        transformer = family.build(cfg, in_channels, sample_size, condition_dim)
+        transformer = family.build(cfg, in_channels, sample_size, condition_size)
     if family.prepare is not None:
         family.prepare(transformer)
+    if family.configure is not None:
+        family.configure(transformer, cfg)
     if sample_size % transformer.config.patch_size:
         raise ConfigError(
             "model.patch_size",

@@ -9,20 +9,24 @@ from typing import Any, Protocol
 
 import torch
 
+from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import TextEncoderConfig, TrainConfig, VAEConfig
 
 
 class Conditioner(Protocol):
-    """What the DiT is conditioned on: ``encode(prompts) -> (condition (B, ...), mask (B, L))``. A text encoder
-    gives hidden states, class labels give ids, a latent cache gives stored embeddings."""
+    """What the DiT is conditioned on: ``encode(prompts) -> Condition`` (sequence, mask, pooled). A text encoder (or
+    several) gives hidden states and a pooled vector, class labels give ids, a latent cache gives stored ones.
+    ``size``: the widths a new transformer's conditioning inputs take."""
 
     @property
-    def hidden_size(self) -> int: ...
+    def size(self) -> ConditionSize: ...
 
     @property
     def device(self) -> torch.device: ...
 
-    def encode(self, prompts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def check_prompts(self, prompts: Sequence[str]) -> None: ...
+
+    def encode(self, prompts: Sequence[str]) -> Condition: ...
 
 
 @dataclass(frozen=True)
@@ -39,10 +43,13 @@ class VAEKind:
 @dataclass(frozen=True)
 class ConditionerKind:
     """``build(cfg, device, dtype)``: the frozen conditioner. ``condition``: what it gives a family (``text``:
-    hidden states and a mask; ``class``: class ids), matched against ``Family.condition``. ``check(cfg)``: its own
-    rules. ``pretrained``: whether ``text_encoder.pretrained`` names a model it loads."""
+    hidden states, a mask and maybe a pooled vector; ``class``: class ids), matched against ``Family.condition``.
+    ``check(cfg)``: its own rules. ``pretrained``: whether ``text_encoder.pretrained`` names a model it loads.
+    ``instruction``: whether it puts ``text_encoder.instruction`` before prompts (set for any other, it is refused
+    rather than silently ignored)."""
 
     build: Callable[[TextEncoderConfig, torch.device, torch.dtype], Conditioner]
     condition: str = "text"
     check: Callable[[TrainConfig], None] | None = None
     pretrained: bool = True
+    instruction: bool = False

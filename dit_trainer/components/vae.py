@@ -56,21 +56,22 @@ class FrozenVAE(nn.Module):
             self.autoencoder.quant_conv = None
 
     @torch.no_grad()
-    def encode_posterior(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def encode_posterior(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, 3, H, W) in [-1, 1] -> the raw posterior's (mean, std), float32: what a latent cache stores. A
-        deterministic autoencoder's latent is a posterior of std 0."""
+        deterministic autoencoder's latent has no std (None): caches store half the bytes, and nothing is drawn."""
         encoded = self.autoencoder.encode(images.to(self.dtype))
         if not hasattr(encoded, "latent_dist"):
-            return encoded.latent.float(), torch.zeros_like(encoded.latent, dtype=torch.float32)
+            return encoded.latent.float(), None
         return encoded.latent_dist.mean.float(), encoded.latent_dist.std.float()
 
     def latents_from_posterior(
-        self, mean: torch.Tensor, std: torch.Tensor, generator: torch.Generator | None = None
+        self, mean: torch.Tensor, std: torch.Tensor | None, generator: torch.Generator | None = None
     ) -> torch.Tensor:
-        """Draw a latent from the posterior (its mode when ``generator`` is None) and normalise it."""
+        """Draw a latent from the posterior (its mode when ``generator`` is None or it has no std) and normalise
+        it."""
         latents = (
             mean
-            if generator is None
+            if generator is None or std is None
             else torch.addcmul(
                 mean, std, torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
             )
@@ -99,11 +100,11 @@ class PixelVAE(nn.Module):
     downsample_factor = 1
     dtype = torch.float32
 
-    def encode_posterior(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return images.float(), torch.zeros_like(images, dtype=torch.float32)
+    def encode_posterior(self, images: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return images.float(), None
 
     def latents_from_posterior(
-        self, mean: torch.Tensor, std: torch.Tensor, generator: torch.Generator | None = None
+        self, mean: torch.Tensor, std: torch.Tensor | None, generator: torch.Generator | None = None
     ) -> torch.Tensor:
         return mean
 

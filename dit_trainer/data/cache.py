@@ -4,8 +4,10 @@ read by training instead of running the VAE encoder and the text encoder every s
 Layout of ``data.cache_dir``::
 
     index.json                      fingerprint, shapes, dtype, shards, the prompts of prompts.safetensors
-    shard-RRRRR-KKKKK.safetensors   latent_mean, latent_std (the VAE posterior), text_embeds, text_mask; captions
-    prompts.safetensors             embeddings of "" (caption dropout) and the sample / monitor prompts
+    shard-RRRRR-KKKKK.safetensors   latent_mean, latent_std (the VAE posterior; no std for a deterministic
+                                    autoencoder or pixels), text_embeds, text_mask and, for
+                                    conditioners with a pooled vector, text_pooled; captions
+    prompts.safetensors             conditions of "" (caption dropout) and the sample / monitor prompts
 
 The posterior's mean and std are kept, not one latent, so training still draws a fresh latent every epoch. The
 fingerprint records everything that shaped the tensors, the data's content included (as far as it can be told
@@ -32,7 +34,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch.utils.data import Dataset
 
-from dit_trainer.config import TrainConfig
+from dit_trainer.condition import Condition, ConditionSize
+from dit_trainer.config import TextEncoderConfig, TrainConfig
 from dit_trainer.data import SOURCES
 from dit_trainer.data.buckets import BucketTable, configured_buckets
 from dit_trainer.errors import ConfigError, shortlist
@@ -49,8 +52,9 @@ CACHE_FILE = re.compile(
 )
 INDEX_KEYS = ("fingerprint", "items", "dtype", "shards", "prompts")
 FORMAT_VERSION = 2  # 2: the fingerprint holds the text encoder's tokenizer_subfolder and the data's content
-TENSOR_KEYS = ("latent_mean", "latent_std", "text_embeds", "text_mask")
-IN_MEMORY_BYTES = 2 << 30  # as stored; float16 doubles in memory
+TENSOR_KEYS = ("latent_mean", "latent_std", "text_embeds", "text_mask", "text_pooled")  # text_pooled: when given
+ENCODER_KEYS = ("pretrained", "kind", "subfolder", "tokenizer_subfolder", "revision", "max_length")  # format 2's
+IN_MEMORY_BYTES = 2 << 30  # as stored, and as held in memory
 # Settings that change nothing in the cached tensors: reading options and training-time augmentation knobs.
 NOT_FINGERPRINTED = (
     "caption_dropout",
@@ -68,12 +72,13 @@ def cache_fingerprint(cfg: TrainConfig) -> dict:
     """Everything that shaped the cached tensors: the VAE, the text encoder, how images and captions were read, and
     what the source holds (its ``content``: a folder that grew since must not reuse the cache)."""
     data = {k: v for k, v in asdict(cfg.data).items() if k not in NOT_FINGERPRINTED}
-    text = cfg.text_encoder
-    encoder = ("pretrained", "kind", "subfolder", "tokenizer_subfolder", "revision", "max_length")
+    text, defaults = asdict(cfg.text_encoder), asdict(TextEncoderConfig())
+    # Settings added since format 2 (pooling, ...) count only away from their defaults, so older caches still match.
+    encoder = {k: v for k, v in text.items() if k in ENCODER_KEYS or (k != "memo_size" and v != defaults[k])}
     fingerprint = {
         "format": FORMAT_VERSION,
         "vae": asdict(cfg.vae),
-        "text_encoder": {k: getattr(text, k) for k in encoder},
+        "text_encoder": encoder,
         "data": data,
     }
     if cfg.data.buckets != "none":  # the sizes `pixart` resolves to depend on the VAE and the patch size too
@@ -176,7 +181,10 @@ def check_fingerprint(index: dict, fingerprint: dict, cache_dir: Path) -> None:
 
 
 class CacheDataset(Dataset):
-    """Items ``{"latent_mean", "latent_std", "text_embeds", "text_mask", "caption"}`` as float32 / int64.
+    """Items ``{"latent_mean", "latent_std", "text_embeds", "text_mask", "caption"}`` (``text_pooled`` too when the
+    conditioner gave one, no ``latent_std`` when the autoencoder is deterministic): floats in their storage dtype
+    (``data.cache_dtype``: float16 takes half the memory and half the bytes to the GPU; the step widens them there,
+    exactly), masks as int64.
 
     A cache up to ``IN_MEMORY_BYTES`` is read into memory once (indexing it costs microseconds, so the cache never
     slows a step); a larger one is read row by row from the memory-mapped shards, so it needs no RAM of its own.
@@ -191,6 +199,7 @@ class CacheDataset(Dataset):
             self.offsets.append(self.offsets[-1] + shard["items"])
         self._handles: dict[int, object] = {}  # opened lazily, so each DataLoader worker opens its own
         metadata = [self._handle(k).metadata() for k in range(len(self.shards))]
+        self.keys = [key for key in TENSOR_KEYS if not self.shards or key in self._handle(0).keys()]  # noqa: SIM118 (a safetensors handle)
         self.captions = [caption for shard in metadata for caption in json.loads(shard["captions"])]
         sizes = [tuple(shard.get("size", ())) for shard in index["shards"]]  # (height, width) when bucketed
         self.cache_dir = cache_dir
@@ -200,12 +209,12 @@ class CacheDataset(Dataset):
         item_blocks = [block for block, shard in zip(shard_blocks, index["shards"]) for _ in range(shard["items"])]
         self.buckets = item_blocks if self.table else None
         self.in_memory = bool(self.shards) and sum(path.stat().st_size for path in self.shards) <= IN_MEMORY_BYTES
-        if self.in_memory:  # already as float32 / int64: an item is then a view, no conversion per step
+        if self.in_memory:  # masks already int64: an item is then a view, no conversion per step
             loaded = [opened(path, load_file) for path in self.shards]
             self.blocks = {
                 block: {
                     key: self._widen(torch.cat([shard[key] for shard, b in zip(loaded, shard_blocks) if b == block]))
-                    for key in TENSOR_KEYS
+                    for key in self.keys
                 }
                 for block in sorted(set(shard_blocks))
             }
@@ -248,7 +257,8 @@ class CacheDataset(Dataset):
 
     @staticmethod
     def _widen(tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.float() if tensor.is_floating_point() else tensor.long()
+        """Masks (stored as int8) as int64; floats stay as stored until they are on the device."""
+        return tensor if tensor.is_floating_point() else tensor.long()
 
     def _row(self, key: str, index: int) -> torch.Tensor:
         if self.in_memory:
@@ -260,7 +270,7 @@ class CacheDataset(Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor | str]:
         if not 0 <= index < len(self):
             raise IndexError(index)
-        item = {key: self._row(key, index) for key in TENSOR_KEYS}
+        item = {key: self._row(key, index) for key in self.keys}
         return item | {"caption": self.captions[index]}
 
     def __getitems__(self, indices: list[int]) -> dict[str, Any] | list[dict[str, Any]]:
@@ -273,27 +283,31 @@ class CacheDataset(Dataset):
             return [self[index] for index in indices]
         block = self.blocks[blocks.pop()]
         rows = self.item_rows[torch.as_tensor(indices, dtype=torch.long)]
-        batch = {key: block[key].index_select(0, rows) for key in TENSOR_KEYS}  # faster than [rows]
+        batch = {key: block[key].index_select(0, rows) for key in self.keys}  # faster than [rows]
         return batch | {"caption": [self.captions[index] for index in indices], "bad_files": []}
 
 
 class CachedPrompts:
-    """Stands in for the text encoder when training from a cache: the embeddings of the prompts precompute was
+    """Stands in for the text encoder when training from a cache: the conditions of the prompts precompute was
     told about (``cache_prompts``), so the real encoder is never loaded."""
 
-    def __init__(self, prompts: list[str], embeds: torch.Tensor, mask: torch.Tensor, device: torch.device) -> None:
+    def __init__(self, prompts: list[str], condition: Condition, device: torch.device) -> None:
         self.rows = {prompt: row for row, prompt in enumerate(prompts)}
-        self.embeds, self.mask = embeds.float().to(device), mask.long().to(device)
+        self.condition = condition.cast(torch.float32)._replace(mask=condition.mask.long()).to(device)
 
     @property
-    def hidden_size(self) -> int:
-        return self.embeds.shape[-1]
+    def size(self) -> ConditionSize:
+        pooled = self.condition.pooled
+        return ConditionSize(self.condition.sequence.shape[-1], None if pooled is None else pooled.shape[-1])
 
     @property
     def device(self) -> torch.device:
-        return self.embeds.device
+        return self.condition.sequence.device
 
-    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    def check_prompts(self, prompts: list[str]) -> None:
+        self.encode(prompts)
+
+    def encode(self, prompts: list[str]) -> Condition:
         missing = [p for p in prompts if p not in self.rows]
         if missing:
             raise ConfigError(
@@ -304,8 +318,10 @@ class CachedPrompts:
                 "run `python scripts/precompute.py` again with this run's overrides: it adds the missing prompts "
                 "without re-encoding the images",
             )
-        rows = torch.tensor([self.rows[p] for p in prompts], device=self.embeds.device)
-        return self.embeds[rows], self.mask[rows]
+        if len(prompts) == 1:  # caption dropout's "" at every step: a view, no index tensor copied to the device
+            row = self.rows[prompts[0]]
+            return self.condition.rows(slice(row, row + 1))
+        return self.condition.rows(torch.tensor([self.rows[p] for p in prompts], device=self.device))
 
 
 T = TypeVar("T")
@@ -331,7 +347,7 @@ def open_cache(cfg: TrainConfig, device: torch.device) -> tuple[CacheDataset, Ca
     index = read_index(cache_dir)
     check_fingerprint(index, cache_fingerprint(cfg), cache_dir)
     prompts = opened(cache_dir / PROMPTS, load_file)
-    text = CachedPrompts(index["prompts"], prompts["embeds"], prompts["mask"], device)
+    text = CachedPrompts(index["prompts"], Condition.from_stored(prompts), device)
     text.encode(cache_prompts(cfg))  # a missing sample/monitor prompt fails now, not at the first sample grid
     return CacheDataset(cache_dir, index), text
 

@@ -22,14 +22,15 @@ logger = logging.getLogger(__name__)
 
 
 class LatentDataset(Dataset):
-    """``{"latent_mean", "latent_std", "caption"}`` per item, in the order of the source data set. ``buckets`` and
+    """``{"latent_mean", "latent_std", "caption"}`` per item (no ``latent_std`` for a deterministic autoencoder, whose
+    ``stds`` is None), in the order of the source data set. ``buckets`` and
     ``sources`` are the source's (each item's bucket, with buckets the tensors differ in size between them; each
     item's data set, for a mixture)."""
 
     def __init__(
         self,
         means: Sequence[torch.Tensor],
-        stds: Sequence[torch.Tensor],
+        stds: Sequence[torch.Tensor] | None,
         captions: list[str],
         buckets: list[int] | None = None,
         sources: list[int] | None = None,
@@ -41,7 +42,8 @@ class LatentDataset(Dataset):
         return len(self.captions)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor | str]:
-        return {"latent_mean": self.means[index], "latent_std": self.stds[index], "caption": self.captions[index]}
+        item = {"latent_mean": self.means[index], "caption": self.captions[index]}
+        return item if self.stds is None else item | {"latent_std": self.stds[index]}
 
 
 @torch.no_grad()
@@ -56,7 +58,7 @@ def encode_dataset(
         bad_files += batch["bad_files"]
         mean, std = vae.encode_posterior(batch["image"].to(device))
         refuse_non_finite(
-            {"latent_mean": mean, "latent_std": std},
+            {"latent_mean": mean} | ({} if std is None else {"latent_std": std}),
             batch["caption"],
             "data.cache_latents",
             True,
@@ -65,16 +67,22 @@ def encode_dataset(
             "encode in float32 (`trainer.mixed_precision=no`) or remove those images from the data set",
         )
         means.append(mean.cpu())
-        stds.append(std.cpu())
+        stds.append(None if std is None else std.cpu())
         captions.extend(batch["caption"])
     if bad_files:
         logger.warning(f"{len(bad_files)} unreadable files were skipped while caching latents: {bad_files[:5]}")
     buckets, sources = item_buckets(dataset), item_sources(dataset)
+    deterministic = stds[0] is None if stds else False
     if buckets is None:  # one stacked tensor: cheaper to index than a list of them
-        return LatentDataset(torch.cat(means), torch.cat(stds), captions, sources=sources)
+        return LatentDataset(torch.cat(means), None if deterministic else torch.cat(stds), captions, sources=sources)
     order = [index for batch in loader.batch_sampler for index in batch]  # read bucket by bucket
     ordered = sorted(range(len(order)), key=order.__getitem__)  # back in the source's order
-    means, stds = [item for batch in means for item in batch], [item for batch in stds for item in batch]
+    means = [means_item for batch in means for means_item in batch]
+    stds = None if deterministic else [item for batch in stds for item in batch]
     return LatentDataset(
-        [means[at] for at in ordered], [stds[at] for at in ordered], [captions[at] for at in ordered], buckets, sources
+        [means[at] for at in ordered],
+        None if stds is None else [stds[at] for at in ordered],
+        [captions[at] for at in ordered],
+        buckets,
+        sources,
     )

@@ -108,7 +108,7 @@ def _encode_images(cfg: TrainConfig, cache_dir: Path, state: PartialState, vae, 
 
     def flush(size: tuple[int, int]) -> None:
         batches = pending.pop(size)
-        tensors = {k: torch.cat([batch[k] for batch in batches]) for k in TENSOR_KEYS}
+        tensors = {k: torch.cat([batch[k] for batch in batches]) for k in TENSOR_KEYS if k in batches[0]}
         captions = [c for batch in batches for c in batch["caption"]]
         indices = None if source_items is None else [i for batch in batches for i in batch["items"]]
         name = shard_name(state.process_index, len(shards))
@@ -119,8 +119,9 @@ def _encode_images(cfg: TrainConfig, cache_dir: Path, state: PartialState, vae, 
         bad_files += batch["bad_files"]
         size = tuple(batch["image"].shape[-2:])
         mean, std = vae.encode_posterior(batch["image"].to(device))
-        embeds, mask = text_encoder.encode(batch["caption"])
-        encoded = {"latent_mean": mean, "latent_std": std, "text_embeds": embeds.float(), "text_mask": mask}
+        condition = text_encoder.encode(batch["caption"])
+        posterior = {"latent_mean": mean} | ({} if std is None else {"latent_std": std})  # none: deterministic
+        encoded = posterior | condition.cast(torch.float32).stored("text_")
         encoded |= {"caption": batch["caption"], "items": None if source_items is None else next(source_items)}
         pending.setdefault(size, []).append({k: v.cpu() if torch.is_tensor(v) else v for k, v in encoded.items()})
         items += len(batch["caption"])
@@ -141,8 +142,8 @@ def _write_prompts(cfg: TrainConfig, cache_dir: Path, known: list[str], text_enc
     """Embed the run's extra prompts (and keep those already cached, in their rows): small, so rank 0 does it
     alone."""
     prompts = list(dict.fromkeys([*known, *cache_prompts(cfg)]))
-    embeds, mask = text_encoder.encode(prompts)
-    tensors = {"embeds": embeds.float().cpu().contiguous(), "mask": mask.cpu().contiguous()}
+    condition = text_encoder.encode(prompts).cast(torch.float32)
+    tensors = {key: tensor.cpu().contiguous() for key, tensor in condition.stored().items()}
     write_atomically(cache_dir / PROMPTS, lambda file: save_file(tensors, file))
     return prompts
 

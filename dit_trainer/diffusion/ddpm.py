@@ -187,6 +187,13 @@ class DDPMSchedule(NoiseSchedule):
             "it applies to flow matching only; epsilon / v_prediction weight with `diffusion.snr_gamma`",
             "set `diffusion.flow_weighting=none`",
         )
+        require(
+            not d.resolution_shift,
+            "diffusion.resolution_shift",
+            d.resolution_shift,
+            "it shifts flow matching's noise levels; epsilon / v_prediction have none to shift",
+            "set `diffusion.resolution_shift=false`, or train with `diffusion=flow diffusion.objective=flow_matching`",
+        )
         if d.scheduler is None:
             require(
                 d.beta_schedule in BETA_SCHEDULES,

@@ -3,6 +3,11 @@ predicts the velocity eps - x0, and Euler steps integrate it from sigma 1 to 0. 
 
 from __future__ import annotations
 
+import copy
+import math
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
@@ -46,20 +51,91 @@ class FallbackFlowScheduler:
         return SchedulerStep(sample + (sigma_next - sigma) * model_output)
 
 
+@dataclass(frozen=True)
+class ResolutionShift:
+    """Flux's resolution-dependent shift (``diffusion.resolution_shift``): larger images need more noise to destroy
+    their structure, so the shift grows with the image's tokens. mu is linear in the token count (``base_shift`` at
+    ``base_seq_len`` tokens, ``max_shift`` at ``max_seq_len``), and sigma -> e^mu sigma / (1 + (e^mu - 1) sigma),
+    FluxPipeline's ``calculate_shift`` and FlowMatchEulerDiscreteScheduler's exponential time shift."""
+
+    base_shift: float = 0.5
+    max_shift: float = 1.15
+    base_seq_len: int = 256
+    max_seq_len: int = 4096
+
+    def mu(self, latent_size: tuple[int, int]) -> float:
+        """mu for (H, W) latents: tokens counted as FluxPipeline packs them, 2 x 2 latents a token."""
+        tokens = (latent_size[0] // 2) * (latent_size[1] // 2)
+        slope = (self.max_shift - self.base_shift) / (self.max_seq_len - self.base_seq_len)
+        return tokens * slope + self.base_shift - slope * self.base_seq_len
+
+
+def euler_scheduler(num_train_timesteps: int, shift: float, resolution: ResolutionShift | None) -> SchedulerMixin:
+    """Diffusers' Euler sampler of flow matching: a fixed ``shift``, or Flux's resolution shift (the scheduler
+    config FLUX.1 ships: ``use_dynamic_shifting``, mu passed at ``set_timesteps``)."""
+    if resolution is None:
+        return FlowMatchEulerDiscreteScheduler(num_train_timesteps=num_train_timesteps, shift=shift)
+    return FlowMatchEulerDiscreteScheduler(
+        num_train_timesteps=num_train_timesteps,
+        use_dynamic_shifting=True,
+        base_shift=resolution.base_shift,
+        max_shift=resolution.max_shift,
+        base_image_seq_len=resolution.base_seq_len,
+        max_image_seq_len=resolution.max_seq_len,
+    )
+
+
 def _euler(schedule: FlowSchedule) -> SchedulerMixin:
-    return FlowMatchEulerDiscreteScheduler(num_train_timesteps=schedule.num_train_timesteps, shift=schedule.shift)
+    return euler_scheduler(schedule.num_train_timesteps, schedule.shift, schedule.resolution)
 
 
 class FlowSchedule(NoiseSchedule):
-    """Flow matching; the math is ours, the scheduler only samples (diffusers' Euler, or the fallback's)."""
+    """Flow matching; the math is ours, the scheduler only samples (diffusers' Euler, or the fallback's).
+
+    With a ``resolution`` shift the noise levels depend on the image size: ``at_size(latent_shape)`` gives the
+    schedule for that size (``mu`` set, ``shift`` = e^mu), and only that one draws timesteps or samples.
+    """
 
     samplers = {"euler": _euler}
     fallback_type = FallbackFlowScheduler
 
-    def __init__(self, scheduler, density: TimestepDensity, shift: float = 1.0, weighting: str = "none") -> None:
+    def __init__(
+        self,
+        scheduler,
+        density: TimestepDensity,
+        shift: float = 1.0,
+        weighting: str = "none",
+        resolution: ResolutionShift | None = None,
+    ) -> None:
         super().__init__(scheduler, "flow_matching", density)
         self.shift = shift
         self.weighting = weighting
+        self.resolution = resolution
+        self.mu: float | None = None  # set by at_size with a resolution shift
+
+    def at_size(self, latent_shape: tuple[int, ...]) -> FlowSchedule:
+        """Itself, or with a resolution shift a copy for (..., H, W) latents whose shift is e^mu."""
+        if self.resolution is None:
+            return self
+        sized = copy.copy(self)
+        sized.mu = self.resolution.mu(tuple(latent_shape[-2:]))
+        sized.shift = math.exp(sized.mu)
+        if self.is_fallback:
+            sized.scheduler = FallbackFlowScheduler(self.num_train_timesteps, sized.shift)
+        return sized
+
+    def _require_size(self) -> None:
+        if self.resolution is not None and self.mu is None:
+            raise RuntimeError("a resolution-shifted flow schedule needs the image size: use schedule.at_size(shape)")
+
+    def set_timesteps(self, sampler, num_steps: int, device: torch.device) -> None:
+        """With a resolution shift, FluxPipeline's grid (sigmas 1 ... 1/N, shifted by mu), so that an exported
+        FluxPipeline samples the same timesteps; the fallback's linspace(1, 0, N + 1) is that grid already."""
+        if not getattr(getattr(sampler, "config", None), "use_dynamic_shifting", False):
+            super().set_timesteps(sampler, num_steps, device)
+            return
+        self._require_size()
+        sampler.set_timesteps(sigmas=np.linspace(1.0, 1 / num_steps, num_steps), mu=self.mu, device=device)
 
     @classmethod
     def check_config(cls, d: DiffusionConfig) -> None:
@@ -70,6 +146,22 @@ class FlowSchedule(NoiseSchedule):
             "min-SNR weighting is for epsilon / v_prediction; flow matching weights with `diffusion.flow_weighting`",
             "set `diffusion.snr_gamma=null` and e.g. `diffusion.flow_weighting=sigma_sqrt`",
         )
+        if d.resolution_shift:
+            require(
+                d.shift == 1.0,
+                "diffusion.shift",
+                d.shift,
+                "`diffusion.resolution_shift=true` shifts by e^mu, mu from the image size, instead of a fixed shift",
+                "set `diffusion.shift=1` (or `diffusion.resolution_shift=false` to keep the fixed shift)",
+            )
+            require(
+                d.base_image_seq_len < d.max_image_seq_len,
+                "diffusion.max_image_seq_len",
+                d.max_image_seq_len,
+                f"it must be larger than diffusion.base_image_seq_len ({d.base_image_seq_len}): mu is interpolated "
+                "between them",
+                "set e.g. `diffusion.base_image_seq_len=256 diffusion.max_image_seq_len=4096` (Flux's)",
+            )
         require(
             d.scheduler in (None, FLOW_SCHEDULER),
             "diffusion.scheduler",
@@ -81,17 +173,21 @@ class FlowSchedule(NoiseSchedule):
     @classmethod
     def from_config(cls, cfg: DiffusionConfig, density: TimestepDensity) -> FlowSchedule:
         """Diffusers' Euler scheduler samples when ``diffusion.scheduler`` is set, else the built-in Euler."""
+        resolution = None
+        if cfg.resolution_shift:
+            resolution = ResolutionShift(cfg.base_shift, cfg.max_shift, cfg.base_image_seq_len, cfg.max_image_seq_len)
         if cfg.scheduler is None:
             scheduler = FallbackFlowScheduler(cfg.num_train_timesteps, cfg.shift)
         else:
-            scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=cfg.num_train_timesteps, shift=cfg.shift)
-        return cls(scheduler, density, cfg.shift, cfg.flow_weighting)
+            scheduler = euler_scheduler(cfg.num_train_timesteps, cfg.shift, resolution)
+        return cls(scheduler, density, cfg.shift, cfg.flow_weighting, resolution)
 
     def sample_timesteps(self, batch_size: int, device: torch.device, generator: torch.Generator) -> torch.Tensor:
         """Floats sigma * T in (0, T], sigma shifted by ``shift``."""
         return self.timesteps_at(self.density(batch_size, device, generator))
 
     def timesteps_at(self, u: torch.Tensor) -> torch.Tensor:
+        self._require_size()
         return (shift_sigmas(u, self.shift) * self.num_train_timesteps).float()
 
     def sigmas(self, timesteps: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

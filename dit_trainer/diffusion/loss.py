@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dit_trainer.condition import Condition
 from dit_trainer.diffusion.schedule import NoiseSchedule
 
 
@@ -31,23 +32,17 @@ def kept_captions(count: int, probability: float, generator: torch.Generator) ->
     return torch.rand(count, generator=generator, device=generator.device) >= probability
 
 
-def drop_captions(captions: list[str], probability: float, generator: torch.Generator) -> list[str]:
-    keep = kept_captions(len(captions), probability, generator)
-    return list(captions) if keep is None else [c if kept else "" for c, kept in zip(captions, keep.tolist())]
-
-
-def batch_condition(batch: dict, text_encoder, probability: float, generator: torch.Generator):
-    """(embeds, mask) of the batch's captions after dropout: encoded now, or read from the cache (then a dropped
-    caption takes the cached embedding of ""). Both draw the same random numbers, so the two paths agree."""
-    if "text_embeds" not in batch:
-        return text_encoder.encode(drop_captions(batch["caption"], probability, generator))
-    device = generator.device
-    embeds, mask = (batch[key].to(device, non_blocking=True) for key in ("text_embeds", "text_mask"))
-    keep = kept_captions(len(embeds), probability, generator)
-    if keep is None:
-        return embeds, mask
-    empty_embeds, empty_mask = text_encoder.encode([""])
-    return torch.where(keep[:, None, None], embeds, empty_embeds), torch.where(keep[:, None], mask, empty_mask)
+def batch_condition(batch: dict, text_encoder, probability: float, generator: torch.Generator) -> Condition:
+    """The condition of the batch's captions after dropout: encoded now or read from the cache, then a dropped
+    caption takes the condition of "". The choice stays on the generator's device and is applied with ``where``:
+    no host-device sync per step, and the encoded and cached paths are one."""
+    cached = Condition.from_stored(batch, "text_")
+    if cached is None:
+        condition = text_encoder.encode(batch["caption"])
+    else:
+        condition = cached.to(generator.device, non_blocking=True)
+    keep = kept_captions(condition.batch_size, probability, generator)
+    return condition if keep is None else condition.where(keep, text_encoder.encode([""]))
 
 
 def diffusion_loss(
@@ -67,15 +62,16 @@ def diffusion_loss(
     device = generator.device
     with torch.no_grad():
         if "latent_mean" in batch:  # from the latent cache: the VAE encoder already ran once per image
-            mean, std = (batch[key].to(device, non_blocking=True) for key in ("latent_mean", "latent_std"))
-            latents = vae.latents_from_posterior(mean, std, generator)
+            mean, std = batch["latent_mean"], batch.get("latent_std")  # no std: a deterministic autoencoder
+            std = None if std is None else std.to(device, non_blocking=True).float()  # stored float16, say
+            latents = vae.latents_from_posterior(mean.to(device, non_blocking=True).float(), std, generator)
         else:
             latents = vae.encode(batch["image"].to(device, non_blocking=True), generator)
-        embeds, mask = batch_condition(batch, text_encoder, caption_dropout, generator)
+        condition = batch_condition(batch, text_encoder, caption_dropout, generator)
     noise = torch.randn(latents.shape, generator=generator, device=latents.device, dtype=latents.dtype)
-    timesteps = schedule.sample_timesteps(latents.shape[0], latents.device, generator)
+    timesteps = schedule.at_size(latents.shape).sample_timesteps(latents.shape[0], latents.device, generator)
     noisy = schedule.add_noise(latents, noise, timesteps)
-    prediction = dit(noisy, timesteps, embeds, mask)
+    prediction = dit(noisy, timesteps, condition)
     loss = per_sample_mse(prediction, schedule.target(latents, noise, timesteps))
     weights = schedule.loss_weights(timesteps)
     return (loss if weights is None else loss * weights.to(loss)), timesteps

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dit_trainer.condition import Condition
 from dit_trainer.diffusion.schedule import NoiseSchedule
 
 
@@ -24,22 +25,20 @@ class SamplerSettings:
     sampler: str = "ddim"
 
 
-def text_condition(text_encoder, prompts: Sequence[str], guidance_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(embeds, mask) of ``prompts``, followed by as many empty-prompt rows when CFG is on (``guidance_scale`` != 1):
+def text_condition(text_encoder, prompts: Sequence[str], guidance_scale: float) -> Condition:
+    """The condition of ``prompts``, followed by as many empty-prompt rows when CFG is on (``guidance_scale`` != 1):
     the layout ``guided_prediction`` takes."""
-    embeds, mask = text_encoder.encode(list(prompts))
+    condition = text_encoder.encode(list(prompts))
     if guidance_scale == 1.0:
-        return embeds, mask
-    null_embeds, null_mask = text_encoder.encode([""] * len(prompts))
-    return torch.cat([embeds, null_embeds]), torch.cat([mask, null_mask])
+        return condition
+    return Condition.cat([condition, text_encoder.encode([""]).expand(len(prompts))])
 
 
 def guided_prediction(
     dit: nn.Module,
     sample: torch.Tensor,
     timestep: torch.Tensor,
-    embeds: torch.Tensor,
-    mask: torch.Tensor,
+    condition: Condition,
     guidance_scale: float,
     detach_unconditional: bool = False,
 ) -> torch.Tensor:
@@ -47,9 +46,9 @@ def guided_prediction(
     formula that sampling, GRPO's rollouts and its updates share (a different one would change the policy).
     ``detach_unconditional`` passes no gradient through the empty-prompt half (same value)."""
     if guidance_scale == 1.0:
-        return dit(sample, timestep, embeds, mask).float()
+        return dit(sample, timestep, condition).float()
     timestep = timestep.expand(sample.shape[0])
-    doubled = dit(torch.cat([sample, sample]), torch.cat([timestep, timestep]), embeds, mask).float()
+    doubled = dit(torch.cat([sample, sample]), torch.cat([timestep, timestep]), condition).float()
     cond, uncond = doubled.chunk(2)
     if detach_unconditional:
         uncond = uncond.detach()
@@ -73,12 +72,12 @@ def generate(
     device: torch.device,
 ) -> torch.Tensor:
     """Latents (B, C, H, W) for ``prompts``; image ``i`` depends only on ``seeds[i]``, never on global RNG."""
-    sampler = schedule.sampler(settings.steps, device, settings.sampler)
+    sampler = schedule.at_size(latent_shape).sampler(settings.steps, device, settings.sampler)
     latents = initial_noise(seeds, latent_shape).to(device) * getattr(sampler, "init_noise_sigma", 1.0)
-    embeds, mask = text_condition(text_encoder, prompts, settings.guidance_scale)
+    condition = text_condition(text_encoder, prompts, settings.guidance_scale)
     for t in sampler.timesteps:
         model_input = sampler.scale_model_input(latents, t) if hasattr(sampler, "scale_model_input") else latents
-        prediction = guided_prediction(dit, model_input, t.reshape(1).to(device), embeds, mask, settings.guidance_scale)
+        prediction = guided_prediction(dit, model_input, t.reshape(1).to(device), condition, settings.guidance_scale)
         latents = sampler.step(prediction, t, latents).prev_sample
     return latents
 

@@ -118,8 +118,18 @@ class NoiseSchedule(ABC):
             sampler = copy.copy(self.scheduler)
         else:
             sampler = self.diffusers_sampler(kind or own)
-        sampler.set_timesteps(num_steps, device=device)
+        self.set_timesteps(sampler, num_steps, device)
         return sampler
+
+    def set_timesteps(self, sampler: Any, num_steps: int, device: torch.device) -> None:
+        """Set ``sampler``'s grid of ``num_steps`` (a family may pick its own, as Flux's pipeline does)."""
+        sampler.set_timesteps(num_steps, device=device)
+
+    def at_size(self, latent_shape: tuple[int, ...]) -> NoiseSchedule:
+        """The schedule for latents of ``latent_shape`` (..., H, W): itself, unless its noise levels depend on the
+        image size (flow matching with ``diffusion.resolution_shift``). Whatever draws timesteps or samples for
+        known latents asks for it."""
+        return self
 
     @abstractmethod
     def policy(

@@ -97,7 +97,7 @@ def build_grpo_trainer(
     return GRPOTrainer(
         **loop,
         grpo=grpo_settings(cfg),
-        policy=build_policy(cfg, parts.schedule, device),
+        policy=build_policy(cfg, parts.schedule.at_size(parts.latent_shape), device),
         vae=parts.vae,
         text_encoder=parts.text_encoder,
         reward=build_reward(cfg.reward, device, frozen_dtype),

@@ -14,13 +14,13 @@ from dit_trainer.components.lora import adapters_disabled
 
 
 class ReferencePolicy:
-    """``reference(x_t, t, embeds, mask)``: the starting model's prediction, under no_grad."""
+    """``reference(x_t, t, condition)``: the starting model's prediction, under no_grad."""
 
     def __init__(self, model: nn.Module, context: Callable[[], contextlib.AbstractContextManager]) -> None:
         self.model = model
         self.context = context
 
-    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *args) -> torch.Tensor:
         with torch.no_grad(), self.context():
             return self.model(*args)
 

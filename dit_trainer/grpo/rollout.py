@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dit_trainer.condition import Condition
 from dit_trainer.diffusion.policy import StochasticPolicy, gaussian_log_prob
 from dit_trainer.diffusion.sampler import guided_prediction
 
@@ -21,10 +22,8 @@ class Rollout:
     group_size: int
     samples: torch.Tensor  # (N, K + 1, C, H, W) float32: the noise, then the latent after each of the K steps
     log_probs: torch.Tensor  # (N, K) float32 log-probability of each step taken (0 where a step was deterministic)
-    embeds: torch.Tensor  # (P, L, D) the prompts' text embeddings
-    mask: torch.Tensor  # (P, L)
-    null_embeds: torch.Tensor  # (1, L, D) the empty prompt's, for CFG
-    null_mask: torch.Tensor  # (1, L)
+    prompt_condition: Condition  # (P, ...) the prompts' condition
+    null_condition: Condition  # (1, ...) the empty prompt's, for CFG
 
     @property
     def image_prompts(self) -> list[str]:
@@ -34,17 +33,14 @@ class Rollout:
     def final_latents(self) -> torch.Tensor:
         return self.samples[:, -1]
 
-    def condition(self, rows: torch.Tensor, guidance_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(embeds, mask) of trajectories ``rows``, in ``guided_prediction``'s layout (empty-prompt rows appended
+    def condition(self, rows: torch.Tensor, guidance_scale: float) -> Condition:
+        """The condition of trajectories ``rows``, in ``guided_prediction``'s layout (empty-prompt rows appended
         when CFG is on)."""
-        prompt_rows = rows.to(self.embeds.device) // self.group_size
-        embeds, mask = self.embeds[prompt_rows], self.mask[prompt_rows]
+        prompt_rows = rows.to(self.prompt_condition.sequence.device) // self.group_size
+        condition = self.prompt_condition.rows(prompt_rows)
         if guidance_scale == 1.0:
-            return embeds, mask
-        count = len(prompt_rows)
-        null_embeds = self.null_embeds.expand(count, *self.null_embeds.shape[1:])
-        null_mask = self.null_mask.expand(count, *self.null_mask.shape[1:])
-        return torch.cat([embeds, null_embeds]), torch.cat([mask, null_mask])
+            return condition
+        return Condition.cat([condition, self.null_condition.expand(len(prompt_rows))])
 
 
 @torch.no_grad()
@@ -61,18 +57,17 @@ def roll_out(
 ) -> Rollout:
     """Sample ``group_size`` trajectories per prompt with ``policy`` (all randomness from ``generator``),
     ``batch_size`` trajectories at a time."""
-    embeds, mask = text_encoder.encode(list(prompts))
-    null_embeds, null_mask = text_encoder.encode([""])
+    prompt_condition, null_condition = text_encoder.encode(list(prompts)), text_encoder.encode([""])
     count = len(prompts) * group_size
     device = generator.device
     noise = torch.randn((count, *latent_shape), generator=generator, device=device)
-    rollout = Rollout(list(prompts), group_size, noise, noise, embeds, mask, null_embeds, null_mask)
+    rollout = Rollout(list(prompts), group_size, noise, noise, prompt_condition, null_condition)
     samples, log_probs = [], []
     for rows in torch.arange(count, device=device).split(batch_size):
         condition = rollout.condition(rows, guidance_scale)
         latents, trajectory, step_log_probs = noise[rows], [noise[rows]], []
         for index, t in enumerate(policy.timesteps):
-            prediction = guided_prediction(dit, latents, t.reshape(1), *condition, guidance_scale)
+            prediction = guided_prediction(dit, latents, t.reshape(1), condition, guidance_scale)
             latents, log_prob = policy.step(latents, prediction, index, generator)
             trajectory.append(latents)
             step_log_probs.append(torch.zeros(len(rows), device=device) if log_prob is None else log_prob)
@@ -97,7 +92,7 @@ def recompute_steps(
     sample, next_sample = rollout.samples[rows, steps], rollout.samples[rows, steps + 1]
     condition = rollout.condition(rows, guidance_scale)
     prediction = guided_prediction(
-        dit, sample, policy.timesteps[steps], *condition, guidance_scale, detach_unconditional
+        dit, sample, policy.timesteps[steps], condition, guidance_scale, detach_unconditional
     )
     mean, std = policy.distribution(sample, prediction, steps)
     return gaussian_log_prob(next_sample, mean, std), mean, std

@@ -71,7 +71,8 @@ def build_validation_monitor(
         batches = encode_held_out(held_out, parts.vae, accelerator.device, v.batch_size)
         images = sum(len(batch["caption"]) for batch in batches)
         logger.info(f"validation: {images} held-out images x {v.timesteps} timesteps every {v.every_n_steps} steps")
-    return ValidationMonitor(context, v.every_n_steps, batches, parts.text_encoder, parts.schedule, v.timesteps, v.seed)
+    schedule = parts.schedule.at_size(parts.latent_shape)  # the run's image size (a bucket's may differ)
+    return ValidationMonitor(context, v.every_n_steps, batches, parts.text_encoder, schedule, v.timesteps, v.seed)
 
 
 def build_fid_monitor(cfg: TrainConfig, context: MonitorContext, parts: Components) -> FIDMonitor:

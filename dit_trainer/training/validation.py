@@ -44,9 +44,12 @@ def encode_held_out(dataset: Dataset, vae, device: torch.device, batch_size: int
         if "image" in batch:
             latents = vae.encode(batch.pop("image").to(device))
         else:  # a latent cache: its posteriors
-            latents = vae.latents_from_posterior(batch.pop("latent_mean").to(device), batch.pop("latent_std"))
-        if "text_embeds" in batch:
-            batch["text_embeds"] = narrowest_exact(batch["text_embeds"])
+            latents = vae.latents_from_posterior(
+                batch.pop("latent_mean").to(device).float(), batch.pop("latent_std", None)
+            )
+        for key in ("text_embeds", "text_pooled"):
+            if key in batch:
+                batch[key] = narrowest_exact(batch[key])
         batches.append({"latents": latents.float().cpu(), **batch})
     if skipped:
         logger.warning(f"{len(skipped)} unreadable held-out files were skipped: {skipped[:5]}")
@@ -75,12 +78,12 @@ def validation_losses(
         count = len(latents)
         noise = torch.stack([image_noise(seed + first + i, len(timesteps), latents.shape[1:]) for i in range(count)])
         noise = noise.to(device)
-        embeds, mask = batch_condition(batch, text_encoder, 0.0, torch.Generator(device))
+        condition = batch_condition(batch, text_encoder, 0.0, torch.Generator(device))
         losses = []
         for k, timestep in enumerate(timesteps):
             t = timestep.expand(count)
             noisy = schedule.add_noise(latents, noise[:, k], t)
-            losses.append(per_sample_mse(dit(noisy, t, embeds, mask), schedule.target(latents, noise[:, k], t)))
+            losses.append(per_sample_mse(dit(noisy, t, condition), schedule.target(latents, noise[:, k], t)))
         rows.append(torch.stack(losses, dim=1).cpu())
         first += count
     return torch.cat(rows)

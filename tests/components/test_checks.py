@@ -34,3 +34,9 @@ def test_a_resolution_the_vae_and_patches_do_not_divide_is_refused_at_validation
         compose_config(["+experiment=shapes", *overrides])
     message = one_paragraph(caught.value, "data.resolution")
     assert step in message and nearest in message
+
+
+def test_an_instruction_for_a_conditioner_that_puts_none_before_prompts_is_refused():
+    with pytest.raises(ConfigError) as caught:
+        compose_config(["+experiment=shapes", "text_encoder.instruction=[Describe the image in detail:]"])
+    assert "text_encoder.instruction" in one_paragraph(caught.value, "text_encoder.instruction")

@@ -4,6 +4,7 @@ variance hidden, inputs cast to the weights' dtype, and a latent size the patche
 import pytest
 import torch
 
+from dit_trainer.condition import Condition
 from dit_trainer.errors import ConfigError
 
 
@@ -11,7 +12,9 @@ def test_dit_adapter_predicts_the_input_shape_and_hides_learned_sigma(tiny_trans
     dit = tiny_transformer(num_layers=1, learned_sigma=True)
     assert dit.transformer.config.out_channels == 8 and dit.transformer.config.cross_attention_dim == 16
     x = torch.randn(3, 4, 8, 8)
-    out = dit.predict(x, torch.tensor([1, 500, 999]), torch.randn(3, 5, 16), torch.ones(3, 5, dtype=torch.long))
+    out = dit.predict(
+        x, torch.tensor([1, 500, 999]), Condition(torch.randn(3, 5, 16), torch.ones(3, 5, dtype=torch.long))
+    )
     assert out.shape == x.shape
 
 
@@ -20,7 +23,9 @@ def test_dit_adapter_casts_inputs_to_the_weights_dtype(tiny_transformer):
     dtype mismatch in the patch embedding: the adapter casts them to the weights' dtype."""
     dit = tiny_transformer(num_layers=1).to(torch.bfloat16)
     assert dit.compute_dtype == torch.bfloat16
-    out = dit.predict(torch.randn(2, 4, 8, 8), torch.tensor([1, 999]), torch.randn(2, 5, 16), torch.ones(2, 5))
+    out = dit.predict(
+        torch.randn(2, 4, 8, 8), torch.tensor([1, 999]), Condition(torch.randn(2, 5, 16), torch.ones(2, 5))
+    )
     assert out.dtype == torch.bfloat16 and out.shape == (2, 4, 8, 8)
 
 

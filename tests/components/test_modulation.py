@@ -16,8 +16,8 @@ def test_moved_modulation_tables_keep_outputs_and_diffusers_state_dict(tiny_tran
     moved = expose_modulation_tables(exposed.transformer)
     assert moved == ["transformer_blocks.0.scale_shift_table", "transformer_blocks.1.scale_shift_table",
                      "scale_shift_table"]  # fmt: skip
-    x, t, embeds, mask, _ = tiny_batch()
-    torch.testing.assert_close(exposed(x, t, embeds, mask), plain(x, t, embeds, mask), atol=1e-6, rtol=0)
+    x, t, condition, _ = tiny_batch()
+    torch.testing.assert_close(exposed(x, t, condition), plain(x, t, condition), atol=1e-6, rtol=0)
     expected = plain.state_dict()
     saved = exposed.state_dict()
     assert saved.keys() == expected.keys()

@@ -76,8 +76,11 @@ def test_a_deep_compression_autoencoder_gives_deterministic_scaled_latents(tmp_p
     vae = build_vae(cfg, CPU)
     images = torch.rand(2, 3, 32, 32) * 2 - 1
     raw = vae.autoencoder.encode(images).latent
-    latents = vae.encode(images, torch.Generator().manual_seed(1))
+    generator = torch.Generator().manual_seed(1)
+    latents = vae.encode(images, generator)
     assert latents.shape == (2, 4, 8, 8) and vae.downsample_factor == 4
+    assert vae.encode_posterior(images)[1] is None  # no std: caches store the latent alone
+    assert torch.equal(generator.get_state(), torch.Generator().manual_seed(1).get_state())  # nothing was drawn
     torch.testing.assert_close(latents, raw * 0.5)
     torch.testing.assert_close(vae.decode(latents), vae.autoencoder.decode(raw).sample.clamp(-1, 1))
     vae.drop_encoder()

@@ -158,3 +158,21 @@ def test_source_content_is_part_of_the_fingerprint(tmp_path):
     (images / "metadata.jsonl").write_text((images / "metadata.jsonl").read_text().replace("picture 1", "a dog"))
     assert fingerprint("imagefolder", str(images)) != before
     assert "data_content" not in cache_fingerprint(TrainConfig())  # shapes: its config is its content
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_a_float16_cache_is_held_and_read_as_stored_and_widened_exactly_on_the_device(tmp_path, in_memory, monkeypatch):
+    """Half the memory and half the bytes to the GPU: the step widens to float32 there, which is exact."""
+    from dit_trainer.data import cache
+
+    monkeypatch.setattr(cache, "IN_MEMORY_BYTES", 1 << 30 if in_memory else 0)
+    tensors = {"latent_mean": torch.randn(3, 4, 2, 2), "latent_std": torch.rand(3, 4, 2, 2),
+               "text_embeds": torch.randn(3, 5, 8), "text_mask": torch.ones(3, 5, dtype=torch.long)}  # fmt: skip
+    save_shard(tmp_path / "shard-00000-00000.safetensors", tensors, ["a", "b", "c"], [0, 1, 2], torch.float16)
+    index = {"shards": [{"file": "shard-00000-00000.safetensors", "items": 3}]}
+    dataset = cache.CacheDataset(tmp_path, index)
+    assert dataset.in_memory == in_memory
+    item = dataset[1]
+    assert item["latent_mean"].dtype == item["text_embeds"].dtype == torch.float16
+    assert item["text_mask"].dtype == torch.long
+    assert torch.equal(item["latent_mean"].float(), tensors["latent_mean"][1].half().float())

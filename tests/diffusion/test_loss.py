@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from dit_trainer.components.build import build_components
+from dit_trainer.components.class_labels import ClassLabels
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.shapes import ShapesDataset
-from dit_trainer.diffusion.loss import diffusion_loss, drop_captions, per_sample_mse
+from dit_trainer.diffusion.loss import batch_condition, diffusion_loss, per_sample_mse
 from dit_trainer.training.optim import build_optimizer
 
 from ..conftest import TINY_SHAPES, compose_config, tiny_loss
@@ -43,13 +44,21 @@ def test_the_step_is_reproducible_from_its_generator(tiny_parts, image_batch):
     assert not torch.equal(tiny_loss(tiny_parts, image_batch, seed=5), tiny_loss(tiny_parts, image_batch, seed=6))
 
 
-def test_caption_dropout_replaces_captions_with_the_empty_prompt():
-    captions = [f"caption {i}" for i in range(2000)]
-    dropped = drop_captions(captions, 0.25, torch.Generator().manual_seed(0))
-    share = sum(c == "" for c in dropped) / len(captions)
+def test_caption_dropout_gives_dropped_captions_the_empty_prompts_condition():
+    """Class labels make the empty prompt visible: the null class. Encoded and cached captions drop alike."""
+    names = [f"class {i}" for i in range(10)]
+    labels = ClassLabels(names, torch.device("cpu"))
+    captions = [names[i % 10] for i in range(2000)]
+    encoded = batch_condition({"caption": captions}, labels, 0.25, torch.Generator().manual_seed(0))
+    share = (encoded.sequence == labels.null_class).float().mean().item()
     assert 0.2 < share < 0.3
-    assert all(d in ("", c) for c, d in zip(captions, dropped))
-    assert drop_captions(captions, 0.0, torch.Generator()) == captions
+    kept = encoded.sequence != labels.null_class
+    assert torch.equal(encoded.sequence[kept], labels.encode(captions).sequence[kept])
+    cached = {"caption": captions, **labels.encode(captions).stored("text_")}
+    from_cache = batch_condition(cached, labels, 0.25, torch.Generator().manual_seed(0))
+    assert torch.equal(from_cache.sequence, encoded.sequence)
+    undropped = batch_condition({"caption": captions}, labels, 0.0, torch.Generator())
+    assert torch.equal(undropped.sequence, labels.encode(captions).sequence)
 
 
 def test_per_sample_loss_has_batch_shape():

@@ -12,9 +12,11 @@ from torch.utils.data import DataLoader
 
 from dit_trainer.components.build import build_components
 from dit_trainer.data.cache import INDEX, CachedPrompts, open_cache
+from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.poisson import collate_poisson, is_empty
 from dit_trainer.data.precompute import precompute
 from dit_trainer.data.shapes import ShapesDataset
+from dit_trainer.diffusion.loss import DiffusionLoss
 from dit_trainer.errors import ConfigError
 
 from ..conftest import (
@@ -50,7 +52,7 @@ def test_precompute_writes_sharded_posteriors_and_embeddings(cache_dir):
     first = load_file(cache_dir / index["shards"][0]["file"])
     images = torch.stack([ShapesDataset(40, 32)[i]["image"] for i in range(16)])
     mean, std = parts.vae.encode_posterior(images)
-    embeds, mask = parts.text_encoder.encode([ShapesDataset(40, 32)[i]["caption"] for i in range(16)])
+    embeds, mask, _ = parts.text_encoder.encode([ShapesDataset(40, 32)[i]["caption"] for i in range(16)])
     torch.testing.assert_close(first["latent_mean"], mean)
     torch.testing.assert_close(first["latent_std"], std)
     torch.testing.assert_close(first["text_embeds"], embeds, atol=1e-5, rtol=1e-5)
@@ -146,3 +148,33 @@ def test_two_processes_split_the_precompute(tmp_path):
     index = json.loads((tmp_path / INDEX).read_text())
     assert [s["file"][:11] for s in index["shards"]] == ["shard-00000", "shard-00000", "shard-00001", "shard-00001"]
     assert index["items"] == 40 and not list(tmp_path.glob("shards-*.json"))
+
+
+@pytest.mark.slow
+def test_a_pooled_condition_is_cached_fingerprinted_and_trains_as_encoding_does(tmp_path):
+    """SD3-style conditioning (MiniLM's tokens and its mean-pooled sentence vector): precompute stores the pooled
+    vector beside the sequence, the prompt table gives it for caption dropout, and the loss from the cache equals
+    the loss of encoding the same items; the pooling is part of the fingerprint."""
+    pooled = ["+experiment=shapes_sd3", "model.num_layers=2", "trainer.batch_size=16", *CACHE,
+              "monitor.grpo.enabled=false", "validation.every_n_steps=0",
+              f"data.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+    cfg = compose_config(pooled)
+    precompute(cfg)
+    dataset, text = open_cache(cfg, CPU)
+    assert "text_pooled" in dataset.keys and text.size.pooled == 384
+    torch.manual_seed(0)
+    cached = build_components(cfg, CPU, torch.float32, text)
+    torch.manual_seed(0)
+    live = build_components(compose_config(pooled[:-1]), CPU, torch.float32)
+    rows = list(range(16))
+    from_cache = collate_batch([dataset[i] for i in rows])
+    from_images = collate_batch([ShapesDataset(40, 32)[i] for i in rows])
+    losses = [
+        DiffusionLoss(parts.vae, parts.text_encoder, parts.schedule, caption_dropout=0.5)(
+            batch, parts.dit, torch.Generator().manual_seed(3)
+        )[0]
+        for parts, batch in ((cached, from_cache), (live, from_images))
+    ]
+    torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ConfigError, match=r"text_encoder\.pooling"):
+        open_cache(compose_config([*pooled, "text_encoder.pooling=pooler"]), CPU)

@@ -133,6 +133,9 @@ def test_pixel_space_imagefolder_run(tmp_path):
     [
         ("dit", "stabilityai/sd-vae-ft-ema", "vae.pretrained"),
         ("pixart_sigma", "PixArt-alpha/pixart_sigma_sdxlvae_T5_diffusers", "vae.pretrained"),
+        ("sd35_medium", "stabilityai/stable-diffusion-3.5-medium", "vae.pretrained"),
+        ("flux_lora", "black-forest-labs/FLUX.1-dev", "vae.pretrained"),
+        ("sana", "Efficient-Large-Model/Sana_1600M_1024px_diffusers", "vae.pretrained"),
     ],
 )
 def test_a_cluster_recipe_offline_fails_fast_naming_the_model(tmp_path, experiment, model, key):

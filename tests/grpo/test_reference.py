@@ -6,6 +6,7 @@ import contextlib
 import torch
 
 from dit_trainer.components.lora import apply_lora
+from dit_trainer.condition import Condition
 from dit_trainer.config import LoRAConfig
 from dit_trainer.grpo.loss import gaussian_kl
 from dit_trainer.grpo.reference import build_reference
@@ -49,9 +50,9 @@ def test_lora_reference_is_the_base_model_and_leaves_the_adapters_training(tiny_
     dit = tiny_transformer(**SHAPES_TRANSFORMER).eval()
     generator = torch.Generator().manual_seed(0)
     x, t = torch.randn(2, 4, 16, 16, generator=generator), torch.tensor([500, 200])
-    embeds, mask = torch.randn(2, 8, 384, generator=generator), torch.ones(2, 8, dtype=torch.long)
+    condition = Condition(torch.randn(2, 8, 384, generator=generator), torch.ones(2, 8, dtype=torch.long))
     with torch.no_grad():
-        base = dit(x, t, embeds, mask)
+        base = dit(x, t, condition)
 
     apply_lora(dit.transformer, LoRAConfig(rank=4, target_modules=["to_q", "to_v"]))
     adapters = {name: p for name, p in dit.named_parameters() if "lora_" in name}
@@ -60,16 +61,16 @@ def test_lora_reference_is_the_base_model_and_leaves_the_adapters_training(tiny_
         for name, p in adapters.items():
             if "lora_B" in name:
                 p.normal_(0, 0.5, generator=generator)
-    adapted = dit(x, t, embeds, mask)
+    adapted = dit(x, t, condition)
     assert (adapted - base).abs().max() > 1e-3
 
     reference = build_reference(dit, lora=True, autocast=contextlib.nullcontext)
-    prediction = reference(x, t, embeds, mask)
+    prediction = reference(x, t, condition)
     assert not prediction.requires_grad
     torch.testing.assert_close(prediction, base, rtol=0, atol=1e-6)
 
     assert all(p.requires_grad for p in adapters.values())
-    torch.testing.assert_close(dit(x, t, embeds, mask).detach(), adapted.detach(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(dit(x, t, condition).detach(), adapted.detach(), rtol=0, atol=1e-6)
     ((adapted - prediction) ** 2).mean().backward()
     assert all(p.grad is not None for p in adapters.values())
     assert any(p.grad.any() for name, p in adapters.items() if "lora_A" in name)

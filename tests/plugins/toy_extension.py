@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from dit_trainer.components.families.base import ExportParts, Family, PipelineExport
+from dit_trainer.condition import ConditionSize
 from dit_trainer.config import ModelConfig, TrainConfig
 from dit_trainer.data.source import Source
 from dit_trainer.errors import ConfigError, require
@@ -53,8 +54,8 @@ def _check(cfg: TrainConfig) -> None:
     require(not cfg.lora.enabled, "lora.enabled", True, "the toy family has no LoRA targets", "train it in full")
 
 
-def _build(cfg: ModelConfig, in_channels: int, sample_size: int, condition_dim: int) -> ToyTransformer:
-    return ToyTransformer(in_channels, in_channels, condition_dim, cfg.attention_head_dim, sample_size)
+def _build(cfg: ModelConfig, in_channels: int, sample_size: int, condition: ConditionSize) -> ToyTransformer:
+    return ToyTransformer(in_channels, in_channels, condition.sequence, cfg.attention_head_dim, sample_size)
 
 
 def _export(parts: ExportParts) -> PipelineExport:
@@ -66,8 +67,10 @@ def _export(parts: ExportParts) -> PipelineExport:
 TOY_FAMILY = Family(
     transformer_class=ToyTransformer,
     build=_build,
-    mismatch=lambda config, in_channels, condition_dim: None,
-    predict=lambda transformer, x_t, t, embeds, mask: transformer(x_t, t.expand(x_t.shape[0]), embeds, mask),
+    mismatch=lambda config, in_channels, condition_size: None,
+    predict=lambda transformer, x_t, t, condition: transformer(
+        x_t, t.expand(x_t.shape[0]), condition.sequence, condition.mask
+    ),
     pipeline="none",
     export=_export,
     check=_check,

@@ -21,8 +21,14 @@ from dit_trainer.training.run import build_trainer
 from ..conftest import TINY_BATCH, TINY_CONDITION_DIM, TINY_SHAPES, compose_config, tiny_batch
 
 
-def per_sample_loss(dit, x, t, embeds, mask, target) -> torch.Tensor:
-    return per_sample_mse(dit(x, t, embeds, mask), target)
+def per_sample_loss(dit, x, t, condition, target) -> torch.Tensor:
+    return per_sample_mse(dit(x, t, condition), target)
+
+
+def one_sample(batch: tuple, i: int) -> tuple:
+    """Sample ``i`` of ``tiny_batch()``, as a batch of one."""
+    x, t, condition, target = batch
+    return x[i : i + 1], t[i : i + 1], condition.rows(slice(i, i + 1)), target[i : i + 1]
 
 
 @pytest.mark.parametrize("mode", ["ghost", "hooks"])
@@ -42,7 +48,7 @@ def test_per_sample_norms_and_clipping_match_one_sample_at_a_time(mode, tiny_tra
     reference = []
     with private.hooks_paused():
         for i in range(TINY_BATCH):
-            loss = per_sample_loss(dit, *(tensor[i : i + 1] for tensor in batch)).sum()
+            loss = per_sample_loss(dit, *one_sample(batch, i)).sum()
             reference.append(torch.autograd.grad(loss, params))
     norms = torch.stack([torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])) for grads in reference])
     assert (norms > max_grad_norm).any() and (norms < max_grad_norm).any(), norms  # clipping bites, not always

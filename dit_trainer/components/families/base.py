@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,9 @@ from diffusers import ModelMixin
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from torch import nn
 
-from dit_trainer.config import ModelConfig, TrainConfig
+from dit_trainer.condition import Condition, ConditionSize
+from dit_trainer.config import ModelConfig, TextEncoderConfig, TrainConfig
+from dit_trainer.errors import require
 
 # The attention projections and feed-forward layers of diffusers' transformer blocks: the usual LoRA targets.
 ATTENTION_AND_FEED_FORWARD = ("to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2")
@@ -47,29 +50,39 @@ class PipelineExport:
 class Family:
     """One transformer family.
 
-    ``build(cfg, in_channels, sample_size, condition_dim)``: a new transformer whose input follows the VAE
-    (latent channels, latent size) and whose conditioning input follows the text encoder's hidden size (or, for
-    class conditioning, the number of classes).
-    ``mismatch(config, in_channels, condition_dim)``: why a loaded transformer's config does not fit the run
-    (None when it does). ``predict``: the prediction for ``x_t`` at timesteps ``t``, ``x_t``'s channels only (a
-    learned-variance half is the family's to drop). ``pipeline``: the diffusers pipeline class an export writes,
-    ``export``: how. ``check(cfg)``: the family's own config rules, run before any model is built.
+    ``build(cfg, in_channels, sample_size, condition_size)``: a new transformer whose input follows the VAE
+    (latent channels, latent size) and whose conditioning inputs follow the conditioner's ``ConditionSize`` (hidden
+    size and pooled width, or for class conditioning the number of classes).
+    ``mismatch(config, in_channels, condition_size)``: why a loaded transformer's config does not fit the run
+    (None when it does). ``predict(transformer, x_t, t, condition)``: the prediction for ``x_t`` at timesteps ``t``,
+    ``x_t``'s channels only (a learned-variance half, packing and positional ids are the family's to handle).
+    ``pipeline``: the diffusers pipeline class an export writes, ``export``: how.
+    ``check(cfg)``: the family's own config rules, run before any model is built.
     """
 
     transformer_class: type[ModelMixin]
-    build: Callable[[ModelConfig, int, int, int], ModelMixin]
-    mismatch: Callable[[dict, int, int], str | None]
-    predict: Callable[[ModelMixin, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+    build: Callable[[ModelConfig, int, int, ConditionSize], ModelMixin]
+    mismatch: Callable[[dict, int, ConditionSize], str | None]
+    predict: Callable[[ModelMixin, torch.Tensor, torch.Tensor, Condition], torch.Tensor]
     pipeline: str
     export: Callable[[ExportParts], PipelineExport]
     check: Callable[[TrainConfig], None] | None = None
     prepare: Callable[[ModelMixin], None] | None = None  # applied to every built or loaded transformer
+    # Applied after ``prepare`` with the run's ``model`` section: settings ``predict`` reads that are no weights
+    # (Flux: the embedded guidance of a guidance-distilled model, ``model.embedded_guidance``).
+    configure: Callable[[ModelMixin, ModelConfig], None] | None = None
     # Applied before DP-SGD's per-sample gradient engine (Opacus) sees the transformer, so that every parameter it
     # trains sits in a module that engine supports; before the optimizer and EMA collect the parameters.
     prepare_private: Callable[[ModelMixin], object] | None = None
-    condition: str = "text"  # text: a text encoder's (embeds, mask) | class: class ids (text_encoder.kind=class_labels)
+    condition: str = "text"  # text: a text conditioner's Condition | class: class ids (text_encoder.kind=class_labels)
     input_layer: str = "pos_embed.proj"  # the first layer the inputs meet: its dtype is the compute dtype
     lora_targets: tuple[str, ...] = ATTENTION_AND_FEED_FORWARD  # `lora.target_modules` when it is empty
+    # Latents per token side that ``predict`` packs before the transformer's own patches (Flux: 2 x 2, with
+    # patch_size 1 in its config): what a pretrained model's latent sides must be a multiple of, beside patch_size.
+    packing: int = 1
+    # The pipeline decodes `latents / scaling_factor + shift_factor` (SD3's, Flux's): an export keeps a VAE's
+    # shift_factor instead of folding it into quant convs (which SD3's and Flux's VAEs lack).
+    pipeline_applies_shift: bool = False
 
 
 def architecture(cfg: ModelConfig, in_channels: int, sample_size: int) -> dict:
@@ -92,3 +105,93 @@ def input_mismatch(config: dict, in_channels: int) -> str | None:
     if config["in_channels"] != in_channels:
         return f"it takes {config['in_channels']} input channels while the VAE gives {in_channels}"
     return None
+
+
+def features_mismatch(config: dict, key: str, width: int) -> str | None:
+    """Why a loaded transformer does not read the conditioner's ``width``-dim text features from the config entry
+    ``key`` (``caption_channels``, ``joint_attention_dim``), None when it does."""
+    if config[key] != width:
+        return f"it expects {config[key]}-dim text features while the text encoder gives {width}"
+    return None
+
+
+def further_arguments(transformer_class: type[ModelMixin], derived: set[str] | frozenset[str]) -> tuple[str, ...]:
+    """The constructor arguments of ``transformer_class`` that ``model.extra_config`` may give: all but those the
+    family derives from ``model.*``, the VAE and the conditioner (``derived``)."""
+    return tuple(sorted(set(inspect.signature(transformer_class.__init__).parameters) - set(derived) - {"self"}))
+
+
+def require_flow_matching(cfg: TrainConfig, why: str, fix: str = "set `diffusion=flow`") -> None:
+    """Families whose weights predict the flow's velocity (and whose pipelines sample with an Euler flow-matching
+    scheduler) train with flow matching only; ``why`` names the family and its pipeline."""
+    require(cfg.diffusion.objective == "flow_matching", "diffusion.objective", cfg.diffusion.objective, why, fix)
+
+
+def require_inner_cross_attention(m: ModelConfig, why: str) -> None:
+    """A new transformer that projects text features to its own width (heads x head_dim) has no cross-attention
+    width of its own: ``model.cross_attention_dim`` may only repeat that width. ``why`` says where the family's text
+    features go."""
+    inner = m.num_attention_heads * m.attention_head_dim
+    require(
+        m.cross_attention_dim in (None, inner),
+        "model.cross_attention_dim",
+        m.cross_attention_dim,
+        f"{why} at heads x head_dim = {inner} ({m.num_attention_heads} x {m.attention_head_dim})",
+        f"set `model.cross_attention_dim={inner}` or `model.cross_attention_dim=null`",
+    )
+
+
+def loading_args(te: TextEncoderConfig, subfolder: str | None) -> str:
+    """``, subfolder=..., revision=...`` (those set) for a ``from_pretrained`` of the run's text encoder or tokenizer
+    in a printed recipe."""
+    return "".join(
+        f", {key}={value!r}" for key, value in (("subfolder", subfolder), ("revision", te.revision)) if value
+    )
+
+
+def named_text_encoder(te: TextEncoderConfig, model: nn.Module, bundled: bool) -> dict:
+    """The manifest's text encoder of a single-encoder conditioner: bundled in the export folder (``text_encoder/``,
+    ``tokenizer/``), or named where the run loaded it from."""
+    return {
+        "bundled": bundled,
+        "pretrained": "text_encoder" if bundled else te.pretrained,
+        "subfolder": None if bundled else te.subfolder,
+        "tokenizer_subfolder": "tokenizer" if bundled else te.tokenizer_subfolder,
+        "revision": None if bundled else te.revision,
+        "class": type(model).__name__,
+        "max_length": te.max_length,
+    }
+
+
+def save_pieces(parts: ExportParts, folder: Path) -> None:
+    """An export without text encoders: ``transformer/``, ``vae/`` and ``scheduler/``, which the usage assembles
+    into the family's pipeline with prompt embeddings computed outside it."""
+    parts.transformer.save_pretrained(folder / "transformer")
+    parts.vae.save_pretrained(folder / "vae")
+    parts.scheduler.save_pretrained(folder / "scheduler")
+
+
+def save_with_encoder(parts: ExportParts, pipeline_class: type, tokenizer, model: nn.Module, folder: Path) -> None:
+    """A whole pipeline folder of a single-encoder pipeline (PixArt's, Sana's), the encoder in the export's dtype."""
+    pipeline_class(
+        tokenizer=tokenizer,
+        text_encoder=model if parts.dtype == "float32" else model.to(getattr(torch, parts.dtype)),
+        vae=parts.vae,
+        transformer=parts.transformer,
+        scheduler=parts.scheduler,
+    ).save_pretrained(folder)
+
+
+def cross_attention_prediction(
+    transformer: ModelMixin, x_t: torch.Tensor, timestep: torch.Tensor, condition: Condition, **kwargs
+) -> torch.Tensor:
+    """The call of a transformer that cross-attends to the text (PixArt's, Sana's): the text tokens behind their
+    mask, and of the output the channels of ``x_t`` only (a learned variance half is not predicted)."""
+    return transformer(
+        x_t,
+        encoder_hidden_states=condition.sequence,
+        encoder_attention_mask=condition.mask,
+        timestep=timestep,
+        return_dict=False,
+        **kwargs,
+    )[0][:, : x_t.shape[1]]

@@ -24,6 +24,7 @@ from diffusers import DiTPipeline, DiTTransformer2DModel
 from diffusers.models.embeddings import LabelEmbedding
 
 from dit_trainer.components.families.base import ExportParts, Family, PipelineExport, architecture, input_mismatch
+from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ModelConfig, TrainConfig
 from dit_trainer.errors import ConfigError, require
 
@@ -101,13 +102,16 @@ def prepare(transformer: DiTTransformer2DModel) -> None:
         share_the_embedder(transformer)
 
 
-def build(cfg: ModelConfig, in_channels: int, sample_size: int, num_classes: int) -> DiTTransformer2DModel:
-    transformer = DiTTransformer2DModel(**architecture(cfg, in_channels, sample_size), num_embeds_ada_norm=num_classes)
+def build(cfg: ModelConfig, in_channels: int, sample_size: int, classes: ConditionSize) -> DiTTransformer2DModel:
+    transformer = DiTTransformer2DModel(
+        **architecture(cfg, in_channels, sample_size), num_embeds_ada_norm=classes.sequence
+    )
     share_the_embedder(transformer)
     return transformer
 
 
-def mismatch(config: dict, in_channels: int, num_classes: int) -> str | None:
+def mismatch(config: dict, in_channels: int, classes: ConditionSize) -> str | None:
+    num_classes = classes.sequence
     if config["num_embeds_ada_norm"] != num_classes:
         return f"it has {config['num_embeds_ada_norm']} classes while `text_encoder.classes` lists {num_classes}"
     return input_mismatch(config, in_channels)
@@ -117,9 +121,9 @@ def predict(
     transformer: DiTTransformer2DModel,
     x_t: torch.Tensor,
     t: torch.Tensor,
-    labels: torch.Tensor,
-    mask: torch.Tensor | None,
+    condition: Condition,
 ) -> torch.Tensor:
+    labels = condition.sequence
     return transformer(x_t, timestep=t.expand(x_t.shape[0]), class_labels=labels, return_dict=False)[0][
         :, : x_t.shape[1]
     ]

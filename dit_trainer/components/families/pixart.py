@@ -19,10 +19,23 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, PixArtTransformer2DModel
 from transformers import T5EncoderModel
 
-from dit_trainer.components.families.base import ExportParts, Family, PipelineExport, architecture, input_mismatch
+from dit_trainer.components.families.base import (
+    ExportParts,
+    Family,
+    PipelineExport,
+    architecture,
+    cross_attention_prediction,
+    features_mismatch,
+    input_mismatch,
+    loading_args,
+    named_text_encoder,
+    require_inner_cross_attention,
+    save_pieces,
+    save_with_encoder,
+)
 from dit_trainer.components.modulation import expose_modulation_tables
+from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ModelConfig, TrainConfig
-from dit_trainer.errors import require
 
 # The PixArt pipelines predate flow matching: they scale the first latents by the scheduler's ``init_noise_sigma`` and
 # call ``scale_model_input``, which FlowMatchEulerDiscreteScheduler lacks. For flow matching both are the identity,
@@ -39,38 +52,27 @@ def check(cfg: TrainConfig) -> None:
     m = cfg.model
     if m.pretrained is not None:
         return
-    inner = m.num_attention_heads * m.attention_head_dim
-    require(
-        m.cross_attention_dim in (None, inner),
-        "model.cross_attention_dim",
-        m.cross_attention_dim,
-        f"PixArt's caption projection maps text features to heads x head_dim = {m.num_attention_heads} x "
-        f"{m.attention_head_dim} = {inner}, so cross_attention_dim must equal {inner}",
-        f"set `model.cross_attention_dim={inner}` or `model.cross_attention_dim=null`",
-    )
+    require_inner_cross_attention(m, "PixArt's caption projection maps text features to its cross-attention's width,")
 
 
-def build(cfg: ModelConfig, in_channels: int, sample_size: int, condition_dim: int) -> PixArtTransformer2DModel:
+def build(cfg: ModelConfig, in_channels: int, sample_size: int, condition: ConditionSize) -> PixArtTransformer2DModel:
     return PixArtTransformer2DModel(
         **architecture(cfg, in_channels, sample_size),
         cross_attention_dim=cfg.cross_attention_dim or cfg.num_attention_heads * cfg.attention_head_dim,
-        caption_channels=condition_dim,
+        caption_channels=condition.sequence,
         use_additional_conditions=False,
     )
 
 
-def mismatch(config: dict, in_channels: int, condition_dim: int) -> str | None:
-    if config["caption_channels"] != condition_dim:
-        return f"it expects {config['caption_channels']}-dim text features while the text encoder gives {condition_dim}"
-    return input_mismatch(config, in_channels)
+def mismatch(config: dict, in_channels: int, condition: ConditionSize) -> str | None:
+    return features_mismatch(config, "caption_channels", condition.sequence) or input_mismatch(config, in_channels)
 
 
 def predict(
     transformer: PixArtTransformer2DModel,
     x_t: torch.Tensor,
     t: torch.Tensor,
-    embeds: torch.Tensor,
-    mask: torch.Tensor | None,
+    condition: Condition,
 ) -> torch.Tensor:
     """PixArt-α at 1024 px conditions on the image's pixel size and aspect ratio (``added_cond_kwargs``): the size
     of ``x_t`` (a bucket's, with buckets) x the SD VAE's factor 8 its weights were trained with."""
@@ -82,18 +84,9 @@ def predict(
             "resolution": torch.tensor([[height, width]], device=x_t.device, dtype=x_t.dtype).repeat(batch, 1),
             "aspect_ratio": torch.tensor([[height / width]], device=x_t.device, dtype=x_t.dtype).repeat(batch, 1),
         }
-    return transformer(
-        x_t,
-        encoder_hidden_states=embeds,
-        encoder_attention_mask=mask,
-        timestep=t.expand(x_t.shape[0]),
-        added_cond_kwargs=added_cond_kwargs,
-        return_dict=False,
-    )[0][:, : x_t.shape[1]]
-
-
-def _kwargs(**values) -> str:
-    return ", ".join(f"{key}={value!r}" for key, value in values.items() if value is not None)
+    return cross_attention_prediction(
+        transformer, x_t, t.expand(x_t.shape[0]), condition, added_cond_kwargs=added_cond_kwargs
+    )
 
 
 def _conditioning(cfg: TrainConfig, text_encoder, bundled: bool) -> dict:
@@ -102,13 +95,7 @@ def _conditioning(cfg: TrainConfig, text_encoder, bundled: bool) -> dict:
     te = cfg.text_encoder
     return {
         "text_encoder": {
-            "bundled": bundled,
-            "pretrained": "text_encoder" if bundled else te.pretrained,
-            "subfolder": None if bundled else te.subfolder,
-            "tokenizer_subfolder": "tokenizer" if bundled else te.tokenizer_subfolder,
-            "revision": None if bundled else te.revision,
-            "class": type(text_encoder.model).__name__,
-            "max_length": te.max_length,
+            **named_text_encoder(te, text_encoder.model, bundled),
             "conditioning": "last_hidden_state and attention_mask of the prompt tokenized with "
             "padding='max_length', truncation=True, max_length=max_length; the empty prompt '' is the "
             "unconditional branch of classifier-free guidance",
@@ -145,16 +132,14 @@ def _usage(folder: str, parts: ExportParts, generation: dict, text_encoder_class
             + call
         )
     te = parts.cfg.text_encoder
-    te_args = _kwargs(subfolder=te.subfolder, revision=te.revision)
-    tok_args = _kwargs(subfolder=te.tokenizer_subfolder, revision=te.revision)
     transformer = type(parts.transformer).__name__
     return (
         f"{imports}from diffusers import AutoencoderKL, {scheduler}, {pipeline}, "
         f"{transformer}\nfrom transformers import AutoTokenizer, {text_encoder_class}\n\n"
         f"folder, text_encoder = {folder!r}, {te.pretrained!r}\n"
         f"pipe = {pipeline}(\n"
-        f"    tokenizer=AutoTokenizer.from_pretrained(text_encoder{', ' + tok_args if tok_args else ''}),\n"
-        f"    text_encoder={text_encoder_class}.from_pretrained(text_encoder{', ' + te_args if te_args else ''}),\n"
+        f"    tokenizer=AutoTokenizer.from_pretrained(text_encoder{loading_args(te, te.tokenizer_subfolder)}),\n"
+        f"    text_encoder={text_encoder_class}.from_pretrained(text_encoder{loading_args(te, te.subfolder)}),\n"
         f'    transformer={transformer}.from_pretrained(folder, subfolder="transformer"),\n'
         '    vae=AutoencoderKL.from_pretrained(folder, subfolder="vae"),\n'
         f'    scheduler={scheduler}.from_pretrained(folder, subfolder="scheduler"),\n'
@@ -172,19 +157,10 @@ def export(parts: ExportParts) -> PipelineExport:
 
     def save(folder: Path) -> None:
         if bundled:
-            model = text_encoder.model
-            pipeline = getattr(diffusers, parts.pipeline)(
-                tokenizer=text_encoder.tokenizer,
-                text_encoder=model if parts.dtype == "float32" else model.to(getattr(torch, parts.dtype)),
-                vae=parts.vae,
-                transformer=parts.transformer,
-                scheduler=parts.scheduler,
-            )
-            pipeline.save_pretrained(folder)
-            return
-        parts.transformer.save_pretrained(folder / "transformer")
-        parts.vae.save_pretrained(folder / "vae")
-        parts.scheduler.save_pretrained(folder / "scheduler")
+            pipeline = getattr(diffusers, parts.pipeline)
+            save_with_encoder(parts, pipeline, text_encoder.tokenizer, text_encoder.model, folder)
+        else:
+            save_pieces(parts, folder)
 
     return PipelineExport(
         bundled, manifest, save, lambda folder: _usage(folder, parts, manifest["generation"], text_encoder_class)

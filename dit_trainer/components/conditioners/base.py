@@ -1,0 +1,118 @@
+"""What every conditioner made of frozen encoders shares: an exact memo of recent prompts, and loading its parts
+from the subfolders of one pipeline folder (``text_encoder.pretrained``)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import torch
+from torch import nn
+from transformers import AutoTokenizer
+
+from dit_trainer.condition import Condition, ConditionSize
+from dit_trainer.config import TextEncoderConfig, TrainConfig
+from dit_trainer.errors import require
+from dit_trainer.hub import load_pretrained
+
+T = TypeVar("T")
+T5_MAX_LENGTH = 512  # StableDiffusion3Pipeline and FluxPipeline refuse a longer max_sequence_length
+
+
+class FrozenConditioner(nn.Module):
+    """``encode(prompts) -> Condition`` under ``no_grad``. Subclasses give ``encode_uncached`` and ``size``; with
+    ``memo_size > 0`` the conditions of recent prompts are remembered, which is exact because every encoder here is
+    frozen and deterministic, and because the memo encodes one prompt at a time: an encoder's row changes in its
+    last bits with the batch it is computed in (CLIP's and T5's do), so a memo filled batch by batch would depend on
+    the order prompts came in, and a resumed run would differ from the uninterrupted one. The empty prompt alone
+    (caption dropout's and CFG's, asked for every step) is remembered even without a memo."""
+
+    def __init__(self, memo_size: int = 0) -> None:
+        super().__init__()
+        self.memo_size = memo_size
+        self._memo: OrderedDict[str, Condition] = OrderedDict()
+        self._empty: Condition | None = None
+
+    @property
+    def size(self) -> ConditionSize:
+        raise NotImplementedError
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def encode_uncached(self, prompts: list[str]) -> Condition:
+        raise NotImplementedError
+
+    def check_prompts(self, prompts: Sequence[str]) -> None:
+        """Every text is a prompt (class labels refuse names they do not know)."""
+
+    @torch.no_grad()
+    def encode(self, prompts: Sequence[str]) -> Condition:
+        if self.memo_size == 0:
+            if list(prompts) != [""]:
+                return self.encode_uncached(list(prompts))
+            if self._empty is None:
+                self._empty = self.encode_uncached([""])
+            return self._empty
+        missing = list(dict.fromkeys(p for p in prompts if p not in self._memo))
+        for prompt in missing:
+            self._memo[prompt] = self.encode_uncached([prompt]).rows(0)
+        for prompt in prompts:
+            self._memo.move_to_end(prompt)
+        condition = Condition.stack([self._memo[p] for p in prompts])
+        while len(self._memo) > self.memo_size:
+            self._memo.popitem(last=False)
+        return condition
+
+
+def tokenize(tokenizer, prompts: list[str], max_length: int, **kwargs):
+    """``prompts`` padded (or cut) to ``max_length`` tokens, as tensors: how every pipeline's ``encode_prompt``
+    tokenizes for its encoders (a prompt's row then does not depend on the prompts beside it)."""
+    return tokenizer(
+        prompts, padding="max_length", max_length=max_length, truncation=True, return_tensors="pt", **kwargs
+    )
+
+
+def load_part(cfg: TextEncoderConfig, from_pretrained: Callable[..., T], subfolder: str | None, **kwargs) -> T:
+    """One part (a tokenizer, an encoder) of ``text_encoder.pretrained``, from ``subfolder`` (None: the folder
+    itself); a failure names ``text_encoder.pretrained`` and says what to do."""
+    return load_pretrained(
+        from_pretrained,
+        cfg.pretrained,
+        "text_encoder.pretrained",
+        subfolder=subfolder or "",
+        revision=cfg.revision,
+        **kwargs,
+    )
+
+
+def load_pair(cfg: TextEncoderConfig, index: str, model_class, device: torch.device, dtype: torch.dtype):
+    """A pipeline's ``tokenizer<index>`` and ``text_encoder<index>`` (``index``: "", "_2", "_3") from the pipeline
+    folder ``text_encoder.pretrained``, the encoder in ``dtype`` on ``device``."""
+    tokenizer = load_part(cfg, AutoTokenizer.from_pretrained, f"tokenizer{index}")
+    model = load_part(cfg, model_class.from_pretrained, f"text_encoder{index}", dtype=dtype)
+    return tokenizer, model.to(device)
+
+
+def check_pipeline_folder(cfg: TrainConfig, parts: str, t5_note: str) -> None:
+    """A conditioner made of a pipeline's own encoders (``text_encoder.kind=sd3|flux``) reads them from the
+    pipeline folder's fixed subfolders (``parts``), so it takes no subfolder of its own; and the pipeline encodes
+    at most 512 T5 tokens (``t5_note``: what the family's models use)."""
+    te = cfg.text_encoder
+    require(
+        te.subfolder is None and te.tokenizer_subfolder is None,
+        "text_encoder.subfolder",
+        te.subfolder or te.tokenizer_subfolder,
+        f"`text_encoder.kind={te.kind}` reads {parts} of the pipeline folder `text_encoder.pretrained`",
+        f"set `text_encoder.subfolder=null text_encoder.tokenizer_subfolder=null` (or use `text_encoder={te.kind}`) "
+        "and point `text_encoder.pretrained` at the pipeline folder",
+    )
+    require(
+        te.max_length <= T5_MAX_LENGTH,
+        "text_encoder.max_length",
+        te.max_length,
+        f"the pipeline encodes at most {T5_MAX_LENGTH} T5 tokens ({t5_note})",
+        f"set `text_encoder.max_length={T5_MAX_LENGTH}` or less",
+    )

@@ -1,0 +1,130 @@
+"""The export of an MMDiT run (SD3: ``StableDiffusion3Pipeline``, Flux: ``FluxPipeline``): a pipeline that generates
+what our sampler does. The two pipelines take the same pieces and the same precomputed embeddings, so one function
+serves both; the family's ``MMDiT`` names its pipeline, its text components and its CFG argument.
+
+With the family's own encoders (``text_encoder.kind=sd3|flux``) the folder is a whole pipeline:
+``from_pretrained(folder)`` takes prompts as text. With another text encoder (MiniLM, mean-pooled) the folder holds
+``transformer/``, ``vae/`` and ``scheduler/``; the pipeline is built with no text encoders, and the manifest's
+``usage`` computes the hidden states and the pooled vector as our conditioner does and passes them as
+``prompt_embeds`` / ``pooled_prompt_embeds`` (and the empty prompt's as the negative ones: our CFG's unconditional
+branch).
+
+Both pipelines decode ``latents / scaling_factor + shift_factor``: the family's own VAE (normalised by its
+``shift_factor``) is exported as it is; per-channel statistics (the shapes VAE's) are folded into the VAE's
+convolutions (``dit_trainer.export``) and the exported ``shift_factor`` is then 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import diffusers
+import torch
+
+from dit_trainer.components.families.base import ExportParts, PipelineExport, loading_args, save_pieces
+from dit_trainer.components.families.mmdit import MMDiT
+
+
+def _generation(parts: ExportParts, family: MMDiT, guidance: dict, bundled: bool) -> dict:
+    """The pipeline's arguments that reproduce our sampler: the family's ``guidance`` (Flux: the embedded one),
+    then our CFG scale under the pipeline's name for it."""
+    cfg = parts.cfg
+    generation = {
+        "height": cfg.data.resolution,
+        "width": cfg.data.resolution,
+        "num_inference_steps": cfg.diffusion.sample_steps,
+        **guidance,
+        family.cfg_scale: cfg.diffusion.guidance_scale,
+    }
+    if bundled:
+        generation |= {"negative_prompt": "", "max_sequence_length": cfg.text_encoder.max_length}
+    return generation
+
+
+def _conditioning(parts: ExportParts, family: MMDiT, bundled: bool) -> dict:
+    if bundled:
+        return {"bundled": True, "conditioning": family.own_conditioning}
+    te = parts.cfg.text_encoder
+    return {
+        "bundled": False,
+        "pretrained": te.pretrained,
+        "subfolder": te.subfolder,
+        "tokenizer_subfolder": te.tokenizer_subfolder,
+        "revision": te.revision,
+        "class": type(parts.text_encoder.model).__name__,
+        "max_length": te.max_length,
+        "pooling": te.pooling,
+        "conditioning": "prompt_embeds: the last hidden state of the prompt tokenized with padding='max_length', "
+        f"truncation=True, max_length=max_length (every token attended, as {family.name} does); pooled_prompt_embeds: "
+        + ("its mean over the real tokens" if te.pooling == "mean" else "the model's pooler_output")
+        + f"; the empty prompt '' gives the negative ones (classifier-free guidance, {family.cfg_scale})",
+    }
+
+
+def _usage(folder: str, parts: ExportParts, family: MMDiT, generation: dict, bundled: bool) -> str:
+    """Python that loads the export in ``folder`` and generates an image as our sampler would."""
+    settings = ", ".join(f"{key}={value!r}" for key, value in generation.items())
+    pipeline = family.pipeline
+    cast = parts.dtype != "float32"
+    torch_dtype = f", torch_dtype=torch.{parts.dtype}" if cast else ""
+    if bundled:
+        imports = "import torch\n" if cast else ""
+        return (
+            f"{imports}from diffusers import {pipeline}\n\n"
+            f"pipe = {pipeline}.from_pretrained({folder!r}{torch_dtype})\n"
+            f'image = pipe("a red circle", {settings}).images[0]'
+        )
+    te = parts.cfg.text_encoder
+    encoder_class, scheduler = type(parts.text_encoder.model).__name__, type(parts.scheduler).__name__
+    transformer = family.transformer_class.__name__
+    pooled = "(hidden * mask).sum(1) / mask.sum(1).clamp(min=1)" if te.pooling == "mean" else "output.pooler_output"
+    to_dtype = f".to(torch.{parts.dtype})" if cast else ""
+    return (
+        f"import torch\nfrom diffusers import AutoencoderKL, {scheduler}, {transformer}, {pipeline}\n"
+        f"from transformers import AutoTokenizer, {encoder_class}\n\n"
+        f"folder, text_encoder = {folder!r}, {te.pretrained!r}\n"
+        f"tokenizer = AutoTokenizer.from_pretrained(text_encoder{loading_args(te, te.tokenizer_subfolder)})\n"
+        f"encoder = {encoder_class}.from_pretrained(text_encoder{loading_args(te, te.subfolder)}).eval()\n\n\n"
+        "@torch.no_grad()\ndef embed(prompts):\n"
+        f'    tokens = tokenizer(prompts, padding="max_length", max_length={te.max_length}, truncation=True, '
+        'return_tensors="pt")\n'
+        "    output = encoder(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask)\n"
+        "    hidden = output.last_hidden_state\n"
+        "    mask = tokens.attention_mask.unsqueeze(-1).to(hidden.dtype)\n"
+        f"    return hidden{to_dtype}, ({pooled}){to_dtype}\n\n\n"
+        f"pipe = {pipeline}(\n"
+        f'    transformer={transformer}.from_pretrained(folder, subfolder="transformer"{torch_dtype}),\n'
+        f'    vae=AutoencoderKL.from_pretrained(folder, subfolder="vae"{torch_dtype}),\n'
+        f'    scheduler={scheduler}.from_pretrained(folder, subfolder="scheduler"),\n'
+        + "".join(f"    {name}=None,\n" for name in family.text_parts)
+        + ")\n"
+        'prompt_embeds, pooled_prompt_embeds = embed(["a red circle"])\n'
+        'negative_prompt_embeds, negative_pooled_prompt_embeds = embed([""])\n'
+        "image = pipe(prompt_embeds=prompt_embeds, pooled_prompt_embeds=pooled_prompt_embeds,\n"
+        "             negative_prompt_embeds=negative_prompt_embeds, "
+        "negative_pooled_prompt_embeds=negative_pooled_prompt_embeds,\n"
+        f"             {settings}).images[0]"
+    )
+
+
+def export(parts: ExportParts, family: MMDiT, guidance: dict | None = None) -> PipelineExport:
+    """A whole pipeline folder with the family's own encoders, else the pieces and the text encoder named in the
+    manifest; ``guidance``: generation arguments of the family's own (Flux's embedded guidance)."""
+    bundled = parts.cfg.text_encoder.kind == family.kind
+    generation = _generation(parts, family, guidance or {}, bundled)
+    manifest = {"text_encoder": _conditioning(parts, family, bundled), "generation": generation}
+    if parts.vae.config.shift_factor is None:  # folded into the weights; the pipeline adds it unconditionally
+        parts.vae.register_to_config(shift_factor=0.0)
+
+    def save(folder: Path) -> None:
+        if not bundled:
+            save_pieces(parts, folder)
+            return
+        dtype = getattr(torch, parts.dtype)
+        encoders = {name: getattr(parts.text_encoder, own) for name, own in family.text_parts.items()}
+        encoders |= {name: part.to(dtype) for name, part in encoders.items() if name.startswith("text_encoder")}
+        getattr(diffusers, family.pipeline)(
+            transformer=parts.transformer, vae=parts.vae, scheduler=parts.scheduler, **encoders
+        ).save_pretrained(folder)
+
+    return PipelineExport(bundled, manifest, save, lambda folder: _usage(folder, parts, family, generation, bundled))
