@@ -15,6 +15,15 @@ def resolve_mixed_precision(requested: str) -> str:
     return "no"
 
 
+def allow_tf32(device: torch.device) -> None:
+    """TF32 tensor cores for the float32 matmuls and convolutions left on a GPU (master-weight work, fp32 runs,
+    the losses): ~8x faster on Ampere and later, with a 10-bit mantissa that diffusion training does not notice.
+    Nothing changes on a CPU."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
 def weight_dtype(mixed_precision: str) -> torch.dtype:
     """The dtype for frozen components: they never see an optimizer, so half precision only saves memory."""
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(mixed_precision, torch.float32)

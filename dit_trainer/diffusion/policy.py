@@ -37,6 +37,8 @@ class StochasticPolicy(ABC):
     def __init__(self, timesteps: torch.Tensor, stochastic: torch.Tensor) -> None:
         self.timesteps = timesteps
         self.stochastic = stochastic
+        # Read on the host once: ``step`` asks at every denoising step, and a GPU bool read there is a sync.
+        self.stochastic_steps: list[bool] = stochastic.tolist()
 
     @property
     def num_steps(self) -> int:
@@ -55,7 +57,7 @@ class StochasticPolicy(ABC):
         """The next latent and its (B,) log-probability (None for a deterministic step)."""
         rows = torch.full((sample.shape[0],), index, device=sample.device, dtype=torch.long)
         mean, std = self.distribution(sample, prediction, rows)
-        if not self.stochastic[index]:
+        if not self.stochastic_steps[index]:
             return mean, None
         noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
         next_sample = mean + std * noise

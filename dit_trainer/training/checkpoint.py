@@ -45,23 +45,26 @@ LOAD_ERRORS = (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.Unp
 
 
 class TrainingState:
-    """What accelerate does not checkpoint by itself: the step counter, the count of steps skipped for non-finite
-    gradients, the trainer's random generator (one per process), and other named generators (DP noise)."""
+    """What accelerate does not checkpoint by itself: the step counter, the counts of steps skipped for non-finite
+    gradients and of fp16 grad-scaler overflows, the trainer's random generator (one per process), and other named
+    generators (DP noise)."""
 
     def __init__(self, generator: torch.Generator, other_generators: dict[str, torch.Generator] | None = None) -> None:
         self.step = 0
         self.skipped_steps = 0
+        self.scaler_overflows = 0
         self.generator = generator
         self.other_generators = other_generators or {}
 
     def save(self, path: Path) -> None:
-        counters = torch.tensor([self.step, self.skipped_steps], dtype=torch.int64)
+        counters = torch.tensor([self.step, self.skipped_steps, self.scaler_overflows], dtype=torch.int64)
         generators = {f"generator.{name}": g.get_state() for name, g in self.other_generators.items()}
         save_file({"counters": counters, "generator": self.generator.get_state(), **generators}, path)
 
     def load(self, path: Path) -> None:
         state = load_file(path)
-        self.step, self.skipped_steps = (int(v) for v in state["counters"])
+        counters = [int(v) for v in state["counters"]] + [0]  # checkpoints before 2026-11-25 hold two counters
+        self.step, self.skipped_steps, self.scaler_overflows = counters[:3]
         self.generator.set_state(state["generator"])
         for name, generator in self.other_generators.items():
             generator.set_state(state[f"generator.{name}"])

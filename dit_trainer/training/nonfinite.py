@@ -1,6 +1,11 @@
 """The non-finite policy: a step whose loss or gradients are NaN/inf on any process is skipped and counted, and
 ``trainer.max_consecutive_nonfinite`` of them in a row stop the run with a report of what went wrong and how to fix
-it (earlier checkpoints stay intact)."""
+it (earlier checkpoints stay intact).
+
+fp16's grad scaler overflows are not such steps: a finite loss whose scaled gradients overflowed is the scaler's
+normal search for its scale (from 2^16 it halves on each overflow, and a run's first steps overflow by design). The
+scaler skips the step and lowers its scale itself; the guard counts it in ``scaler_overflows`` only, unless the
+scale has fallen below 1, where the gradients overflow unscaled and the step is non-finite like any other."""
 
 from __future__ import annotations
 
@@ -13,13 +18,17 @@ from torch import nn
 
 from dit_trainer.errors import NonFiniteError
 from dit_trainer.training.checkpoint import TrainingState
+from dit_trainer.training.preemption import PreemptionHandler
 
 logger = get_logger(__name__)
 SHOWN = 6
 
 
 class NonFiniteGuard:
-    """``check(loss, grad_norm)`` once per step, on every process (one device sync).
+    """``check(loss, grad_norm)`` once per step, on every process (one device sync; one more on an fp16 overflow,
+    to read the scale). While the trainer runs, its ``preemption`` flag rides along in the same collective, so that
+    every process learns whether any was signalled to stop without a second all-reduce per step
+    (``stop_agreed``).
 
     ``advice`` are the fixes the report suggests, phrased in the run's config (``lower the learning rate ...``);
     ``current_lr`` reads the learning rate of the last step for the report.
@@ -41,17 +50,27 @@ class NonFiniteGuard:
         self.advice = advice
         self.current_lr = current_lr
         self.consecutive = 0
+        self.preemption: PreemptionHandler | None = None
+        self.stop_agreed = False
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
         """Whether this step's loss and the gradient it would apply (``grad_norm``: their total norm) are finite on
         every process. A non-finite step is counted in ``state.skipped_steps``; too many in a row raise
         ``NonFiniteError``."""
-        bad = (~torch.isfinite(loss) | ~torch.isfinite(grad_norm)).float()
+        signalled = self.preemption is not None and self.preemption.requested is not None
+        # torch.full fills on the device: no host-to-device copy (itself a sync) for the flag
+        stop = torch.full((), signalled, dtype=torch.bool, device=loss.device)
+        flags = torch.stack([~torch.isfinite(loss), ~torch.isfinite(grad_norm).to(loss.device), stop]).float()
         if self.accelerator.num_processes > 1:
-            bad = self.accelerator.reduce(bad, reduction="sum")
-        if not bad.item():
+            flags = self.accelerator.reduce(flags, reduction="sum")
+        bad_loss, bad_gradients, stop_votes = flags.tolist()
+        self.stop_agreed = stop_votes > 0
+        if not (bad_loss or bad_gradients):
             self.consecutive = 0
             return True
+        if not bad_loss and self.scaler_recovers():
+            self.state.scaler_overflows += 1
+            return False
         self.state.skipped_steps += 1
         self.consecutive += 1
         if self.consecutive >= self.max_consecutive:
@@ -61,6 +80,11 @@ class NonFiniteGuard:
             f"({grad_norm.item():.4g}); the update is skipped"
         )
         return False
+
+    def scaler_recovers(self) -> bool:
+        """Whether fp16's grad scaler, lowering its scale, will find one whose gradients are finite."""
+        scaler = self.accelerator.scaler
+        return scaler is not None and scaler.get_scale() >= 1.0
 
     def report(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> str:
         model = self.accelerator.unwrap_model(self.model)

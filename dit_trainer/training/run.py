@@ -6,12 +6,19 @@ takes the run folder's lock, has each part built by its own module (data: ``data
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
-from accelerate.utils import DataLoaderConfiguration, DistributedType, ProjectConfiguration, set_seed
+from accelerate.utils import (
+    DataLoaderConfiguration,
+    DistributedType,
+    InitProcessGroupKwargs,
+    ProjectConfiguration,
+    set_seed,
+)
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
@@ -32,7 +39,7 @@ from dit_trainer.grpo.build import (
     updates_per_epoch,
 )
 from dit_trainer.grpo.prompts import PromptSampler
-from dit_trainer.precision import resolve_mixed_precision, weight_dtype
+from dit_trainer.precision import allow_tf32, resolve_mixed_precision, weight_dtype
 from dit_trainer.run_folder import CHECKPOINTS, CONFIG, weights_layout
 from dit_trainer.run_lock import RunFolderLock
 from dit_trainer.training.checkpoint import Checkpointer, TrainingState, check_run_folder
@@ -57,6 +64,9 @@ def build_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
         log_with=tracker_name(cfg.logger),
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        # Monitors (sample grids, rewards, FID) run on the main process while the others wait in a collective:
+        # NCCL's default 10 minutes would kill a long FID evaluation.
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=cfg.trainer.collective_timeout_minutes))],
     )
 
 
@@ -89,6 +99,7 @@ def start_run(cfg: TrainConfig, run_dir: Path) -> tuple[Accelerator, RunFolderLo
             lock.release()
         raise
     set_seed(cfg.trainer.seed)
+    allow_tf32(accelerator.device)
     return accelerator, lock
 
 
@@ -211,8 +222,6 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     source, cached_text, held_out = (None, None, None) if grpo else build_source(cfg, accelerator)
     frozen_dtype = weight_dtype(accelerator.mixed_precision)
     parts = build_components(cfg, accelerator.device, frozen_dtype, cached_text)
-    # The KL anchor is the starting weights: copied before anything trains (and before a resume loads others).
-    reference = build_kl_reference(cfg, parts.dit, accelerator) if grpo else None
     optimizer = build_optimizer(cfg, parts.dit)
     lr_scheduler = build_lr_scheduler(cfg, optimizer, accelerator, updates_per_epoch(cfg) if grpo else 1)
     parameters = trainable_parameters(parts.dit.transformer)
@@ -221,6 +230,9 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     if not grpo:
         privacy, optimizer, dataloader = build_training_loader(cfg, accelerator, parts, source, optimizer)
     dit, optimizer, lr_scheduler = accelerator.prepare(parts.dit, optimizer, lr_scheduler)
+    # The KL anchor is the starting weights where accelerate put them (prepare moves the model to the GPU; a copy
+    # taken before would stay on the CPU): copied before anything trains and before a resume loads others.
+    reference = build_kl_reference(cfg, accelerator.unwrap_model(dit), accelerator) if grpo else None
     if dataloader is not None and privacy is None and not isinstance(dataloader.dataset, IterableDataset):
         # Sharded, without device placement: the step moves the tensors it uses (as for the loaders above), so
         # accelerate's per-batch walk through every caption string is not paid. (Streams shard themselves.)

@@ -180,6 +180,8 @@ class Trainer:
             "lr": self.update.current_lr(),
             "grad_norm": float(grad_norm),
             "skipped_steps": self.state.skipped_steps,  # so far: updates skipped for non-finite loss or gradients
+            # so far, fp16 only: updates the grad scaler skipped while it lowered its scale (not non-finite steps)
+            **({"scaler_overflows": self.state.scaler_overflows} if self.accelerator.scaler is not None else {}),
             "images_per_sec": self.settings.images_per_step * len(losses) / seconds,
             "seconds_per_step": seconds / len(losses),
         }
@@ -220,6 +222,7 @@ class Trainer:
         window_start, window_losses, loss, monitor_seconds = time.perf_counter(), [], float("nan"), 0.0
         preempted = False
         with PreemptionHandler() as preemption:
+            self.guard.preemption = preemption
             while self.state.step < settings.max_steps:
                 step_loss, grad_norm = self.train_step(batches)
                 self.state.step += 1
@@ -260,8 +263,8 @@ class Trainer:
         return TrainResult(self.state.step, loss, seconds, self.run_dir, monitor_seconds, preempted)
 
     def _stop_requested(self, preemption: PreemptionHandler) -> bool:
-        """Whether any process got a stop signal: all of them must stop at the same step."""
+        """Whether any process got a stop signal: all of them must stop at the same step, so with several the
+        answer is the one the step's non-finite check agreed on (a signal that arrives after it counts next step)."""
         if self.accelerator.num_processes == 1:
             return preemption.requested is not None
-        flag = torch.tensor(float(preemption.requested is not None), device=self.accelerator.device)
-        return bool(self.accelerator.reduce(flag, reduction="sum").item())
+        return self.guard.stop_agreed

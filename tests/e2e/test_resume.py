@@ -1,15 +1,29 @@
 """Resuming ``train.py`` runs: from a checkpoint it reproduces the uninterrupted run, ``trainer.resume=latest``
 continues in the same run folder, and a run preempted by SIGTERM checkpoints, exits 3 and resumes exactly."""
 
+import os
 import signal
+import subprocess
+import sys
 
+import psutil
 import pytest
 
 from dit_trainer.data.shapes import write_shapes_folder
 from dit_trainer.errors import EXIT_PREEMPTED
 from dit_trainer.run_folder import list_checkpoints
 
-from ..conftest import QUIET, read_metrics, start_training, train, wait_for
+from ..conftest import (
+    CPU_PROCESSES,
+    QUIET,
+    REPO,
+    TINY_SHAPES,
+    accelerate_launch,
+    read_metrics,
+    start_training,
+    train,
+    wait_for,
+)
 from ..data.files import CANVASES, bucketed
 
 
@@ -101,3 +115,23 @@ def test_a_run_killed_right_after_a_checkpoint_keeps_that_steps_metrics(tmp_path
     assert process.returncode == 9 and read_metrics(run_dir)[-1]["step"] == 10
     train(run_dir, "trainer.max_steps=20", "trainer.checkpoint_every=10", "trainer.resume=latest", *QUIET)
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, 21))
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    """Two processes: only rank 1 gets SIGUSR1 (a node's warning), and the flag travels in the step's one collective
+    (the non-finite check's), so both stop after the same step and write one checkpoint together."""
+    run_dir = tmp_path / "run"
+    argv = [*accelerate_launch(2), "train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", *QUIET,
+            "trainer.max_steps=30", "trainer.checkpoint_every=0"]  # fmt: skip
+    process = subprocess.Popen([sys.executable, *argv], cwd=REPO, env=os.environ | CPU_PROCESSES, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    wait_for(lambda: len(read_metrics(run_dir)) >= 3, process)
+    ranks = [child for child in psutil.Process(process.pid).children(recursive=True) if "train.py" in child.cmdline()]
+    rank_1 = next(child for child in ranks if child.environ().get("RANK") == "1")
+    rank_1.send_signal(signal.SIGUSR1)
+    stdout, stderr = process.communicate(timeout=240)
+    stopped = len(read_metrics(run_dir))
+    assert 3 <= stopped < 30, stderr[-3000:]
+    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == [f"checkpoint-{stopped}"]
+    assert f"Stopped by another process's signal at step {stopped}" in stdout + stderr  # rank 0 got none

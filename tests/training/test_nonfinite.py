@@ -31,3 +31,23 @@ def test_non_finite_steps_are_skipped_counted_and_then_stop_the_run_with_a_repor
     assert guard.state.skipped_steps == 5
     assert "for 3 consecutive steps (`trainer.max_consecutive_nonfinite=3`)" in message
     assert "Parameters with non-finite gradients: weight." in message and "`optim.lr=0.0001`" in message
+
+
+def test_fp16_scaler_overflows_are_counted_apart_and_stop_nothing_until_the_scale_collapses():
+    """From 2^16, the grad scaler halves its scale on each overflow: a run's first steps overflow by design, and a
+    limit of 3 non-finite steps in a row must not stop it. Below a scale of 1 the gradients overflow unscaled."""
+    guard = _guard(torch.nn.Linear(2, 2))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    scaler.scale(torch.tensor(1.0))  # the scale exists once a loss was scaled
+    guard.accelerator.scaler = scaler  # what accelerate sets with mixed_precision=fp16 on a GPU
+    finite, inf = torch.tensor(1.0), torch.tensor(float("inf"))
+    for _ in range(10):
+        assert not guard.check(finite, grad_norm=inf)
+    assert guard.state.scaler_overflows == 10 and guard.state.skipped_steps == 0
+    assert not guard.check(inf, grad_norm=inf) and guard.state.skipped_steps == 1  # a non-finite loss is no overflow
+    assert guard.check(finite, grad_norm=finite)
+    scaler.update(new_scale=0.5)
+    assert not guard.check(finite, grad_norm=inf) and not guard.check(finite, grad_norm=inf)
+    with pytest.raises(NonFiniteError):
+        guard.check(finite, grad_norm=inf)
+    assert guard.state.scaler_overflows == 10 and guard.state.skipped_steps == 4
