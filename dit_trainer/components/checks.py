@@ -48,6 +48,22 @@ def check_components(cfg: TrainConfig) -> None:
         else "use a text encoder (`text_encoder=minilm` or `t5`), or `model.family=dit` for class labels",
     )
     require(
+        family.resolution_shift or not cfg.diffusion.resolution_shift,
+        "diffusion.resolution_shift",
+        cfg.diffusion.resolution_shift,
+        f"it is Flux's schedule (FluxPipeline's sigma grid and mu), and `model.family={cfg.model.family}`'s pipeline "
+        "samples another, so an export would not reproduce our sampler",
+        "set `diffusion.resolution_shift=false` and a fixed `diffusion.shift` (SD3 and Sana: 3.0)",
+    )
+    require(
+        conditioner.pooling or cfg.text_encoder.pooling == "none",
+        "text_encoder.pooling",
+        cfg.text_encoder.pooling,
+        f"`text_encoder.kind={cfg.text_encoder.kind}` decides its pooled vector itself (or has none), so it would be "
+        "ignored",
+        "remove it (`text_encoder.pooling=none`), or pool a transformers text encoder (`text_encoder.kind=auto`)",
+    )
+    require(
         conditioner.instruction or not cfg.text_encoder.instruction,
         "text_encoder.instruction",
         cfg.text_encoder.instruction[:1],

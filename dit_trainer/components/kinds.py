@@ -45,11 +45,12 @@ class ConditionerKind:
     """``build(cfg, device, dtype)``: the frozen conditioner. ``condition``: what it gives a family (``text``:
     hidden states, a mask and maybe a pooled vector; ``class``: class ids), matched against ``Family.condition``.
     ``check(cfg)``: its own rules. ``pretrained``: whether ``text_encoder.pretrained`` names a model it loads.
-    ``instruction``: whether it puts ``text_encoder.instruction`` before prompts (set for any other, it is refused
-    rather than silently ignored)."""
+    ``instruction``: whether it puts ``text_encoder.instruction`` before prompts, ``pooling``: whether it pools as
+    ``text_encoder.pooling`` says (set for any other, each is refused rather than silently ignored)."""
 
     build: Callable[[TextEncoderConfig, torch.device, torch.dtype], Conditioner]
     condition: str = "text"
     check: Callable[[TrainConfig], None] | None = None
     pretrained: bool = True
     instruction: bool = False
+    pooling: bool = False

@@ -12,6 +12,7 @@ from dit_trainer.components.freeze import freeze
 from dit_trainer.components.kinds import Conditioner, ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import TextEncoderConfig
+from dit_trainer.errors import require
 from dit_trainer.registry import lookup
 
 # text_encoder.kind -> the model class to load: T5 and CLIP checkpoints hold more than their text encoder, so they
@@ -59,7 +60,14 @@ class FrozenTextEncoder(FrozenConditioner):
             weights = mask.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1)
         elif self.pooling == "pooler":
-            pooled = output.pooler_output
+            pooled = getattr(output, "pooler_output", None)
+            require(
+                pooled is not None,
+                "text_encoder.pooling",
+                "pooler",
+                f"{type(self.model).__name__} has no pooled output (T5's encoder has none; CLIP's and BERT's do)",
+                "set `text_encoder.pooling=mean` (the mean over the real tokens)",
+            )
         return Condition(hidden, mask, pooled)
 
 
@@ -74,10 +82,13 @@ def _transformers_encoder(cfg: TextEncoderConfig, device: torch.device, dtype: t
     """The configured transformers text encoder and its tokenizer, frozen, on ``device`` in ``dtype``."""
     tokenizer = load_part(cfg, AutoTokenizer.from_pretrained, cfg.tokenizer_subfolder)
     model = load_part(cfg, _model_class(cfg).from_pretrained, cfg.subfolder, dtype=dtype)
-    return FrozenTextEncoder(tokenizer, model.to(device), cfg.max_length, cfg.memo_size, cfg.pooling)
+    encoder = FrozenTextEncoder(tokenizer, model.to(device), cfg.max_length, cfg.memo_size, cfg.pooling)
+    if cfg.pooling == "pooler":
+        encoder.encode([""])  # a model without a pooled output is refused now, not at the first step
+    return encoder
 
 
-TRANSFORMERS_ENCODER = ConditionerKind(_transformers_encoder)
+TRANSFORMERS_ENCODER = ConditionerKind(_transformers_encoder, pooling=True)
 
 
 def build_text_encoder(cfg: TextEncoderConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> Conditioner:

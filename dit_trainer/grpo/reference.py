@@ -27,7 +27,8 @@ class ReferencePolicy:
 
 def build_reference(dit: nn.Module, lora: bool, autocast: Callable[[], contextlib.AbstractContextManager]):
     """Built before training changes ``dit``: a frozen copy of it, or (LoRA) ``dit`` with adapters disabled.
-    ``autocast`` is the run's mixed-precision context (the copy is not prepared by accelerate)."""
+    ``autocast`` is the run's mixed-precision context (a copy of the prepared model keeps accelerate's autocast
+    forward, and this one adds nothing)."""
     if lora:
         return ReferencePolicy(dit, lambda: _both(autocast(), adapters_disabled(dit.transformer)))
     frozen = copy.deepcopy(dit).requires_grad_(False).eval()

@@ -51,7 +51,7 @@ class NonFiniteGuard:
         self.current_lr = current_lr
         self.consecutive = 0
         self.preemption: PreemptionHandler | None = None
-        self.stop_agreed = False
+        self.stop_agreed: bool | None = None  # set by each check; None until then
 
     def check(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
         """Whether this step's loss and the gradient it would apply (``grad_norm``: their total norm) are finite on

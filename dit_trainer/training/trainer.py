@@ -264,7 +264,12 @@ class Trainer:
 
     def _stop_requested(self, preemption: PreemptionHandler) -> bool:
         """Whether any process got a stop signal: all of them must stop at the same step, so with several the
-        answer is the one the step's non-finite check agreed on (a signal that arrives after it counts next step)."""
+        answer is the one the step's non-finite check agreed on (a signal that arrives after it counts next step).
+        A step that ran no check (a GRPO epoch whose rewards gave no update) asks the processes itself."""
         if self.accelerator.num_processes == 1:
             return preemption.requested is not None
-        return self.guard.stop_agreed
+        agreed, self.guard.stop_agreed = self.guard.stop_agreed, None  # read once: the next step checks anew
+        if agreed is not None:
+            return agreed
+        flag = torch.tensor(float(preemption.requested is not None), device=self.accelerator.device)
+        return bool(self.accelerator.reduce(flag, reduction="sum").item())

@@ -40,3 +40,16 @@ def test_an_instruction_for_a_conditioner_that_puts_none_before_prompts_is_refus
     with pytest.raises(ConfigError) as caught:
         compose_config(["+experiment=shapes", "text_encoder.instruction=[Describe the image in detail:]"])
     assert "text_encoder.instruction" in one_paragraph(caught.value, "text_encoder.instruction")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [(["+experiment=shapes_sd3", "diffusion.resolution_shift=true", "diffusion.shift=1"], "diffusion.resolution_shift"),
+     (["+experiment=shapes_sd3", "text_encoder=sd3"], "text_encoder.pooling")],
+)  # fmt: skip
+def test_a_setting_the_family_or_conditioner_would_ignore_or_mismatch_is_refused(overrides, key):
+    """Flux's resolution shift with SD3 (whose pipeline samples another grid); a pooling for SD3's own encoders
+    (which pool themselves)."""
+    with pytest.raises(ConfigError) as caught:
+        compose_config(overrides)
+    one_paragraph(caught.value, key)

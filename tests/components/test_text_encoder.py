@@ -1,12 +1,14 @@
 """The frozen text encoder (``components/text_encoder.py``): fixed-length hidden states and masks from MiniLM, an exact
 and bounded memo, and a T5 encoder loaded from a pipeline's sub-folders."""
 
+import pytest
 import torch
 from transformers import BertModel, T5EncoderModel
 
 from dit_trainer.components.text_encoder import build_text_encoder
 from dit_trainer.condition import ConditionSize
 from dit_trainer.config import TextEncoderConfig
+from dit_trainer.errors import ConfigError
 
 CPU = torch.device("cpu")
 
@@ -63,3 +65,10 @@ def test_the_empty_prompt_is_encoded_once_even_without_a_memo(minilm_path):
     first = encoder.encode([""])
     assert encoder.encode([""]) is first and not encoder._memo
     assert all(torch.equal(a, b) for a, b in zip(first[:2], encoder.encode_uncached([""])[:2]))
+
+
+def test_a_pooler_is_refused_for_an_encoder_that_has_none(tiny_t5_dir):
+    cfg = TextEncoderConfig(pretrained=str(tiny_t5_dir), subfolder="text_encoder", tokenizer_subfolder="tokenizer",
+                            max_length=12, pooling="pooler")  # fmt: skip
+    with pytest.raises(ConfigError, match="T5EncoderModel has no pooled output"):
+        build_text_encoder(cfg, CPU)

@@ -20,8 +20,7 @@ from dit_trainer.components.conditioners.base import FrozenConditioner, load_par
 from dit_trainer.components.freeze import freeze
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import TextEncoderConfig, TrainConfig
-from dit_trainer.errors import require
+from dit_trainer.config import TextEncoderConfig
 
 TEXT_ENCODER, TOKENIZER = "text_encoder", "tokenizer"  # the subfolders of a Sana pipeline folder
 
@@ -69,17 +68,6 @@ class SanaConditioner(FrozenConditioner):
         return Condition(hidden[inverse], mask[inverse])
 
 
-def check(cfg: TrainConfig) -> None:
-    te = cfg.text_encoder
-    require(
-        te.pooling == "none",
-        "text_encoder.pooling",
-        te.pooling,
-        "Sana's transformer takes no pooled vector, and its Gemma-2 decoder has no pooler",
-        "set `text_encoder.pooling=none`",
-    )
-
-
 def build(cfg: TextEncoderConfig, device: torch.device, dtype: torch.dtype) -> SanaConditioner:
     """The Gemma-2 decoder and tokenizer of the pipeline folder ``text_encoder.pretrained``, frozen, in ``dtype``;
     ``text_encoder.subfolder``/``tokenizer_subfolder`` override the folder's ``text_encoder/`` and ``tokenizer/``."""
@@ -88,4 +76,4 @@ def build(cfg: TextEncoderConfig, device: torch.device, dtype: torch.dtype) -> S
     return SanaConditioner(tokenizer, model.to(device), cfg.max_length, list(cfg.instruction), cfg.memo_size)
 
 
-SANA_ENCODER = ConditionerKind(build, check=check, instruction=True)
+SANA_ENCODER = ConditionerKind(build, instruction=True)

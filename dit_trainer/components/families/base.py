@@ -83,6 +83,9 @@ class Family:
     # The pipeline decodes `latents / scaling_factor + shift_factor` (SD3's, Flux's): an export keeps a VAE's
     # shift_factor instead of folding it into quant convs (which SD3's and Flux's VAEs lack).
     pipeline_applies_shift: bool = False
+    # Its pipeline samples with the resolution-dependent shift (`diffusion.resolution_shift`, FluxPipeline's grid
+    # and mu): another family's pipeline would not reproduce our sampler with it, or refuse it.
+    resolution_shift: bool = False
 
 
 def architecture(cfg: ModelConfig, in_channels: int, sample_size: int) -> dict:

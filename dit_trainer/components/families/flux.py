@@ -158,11 +158,12 @@ def unpack(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
 
 
 def image_ids(height: int, width: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """(HW/4, 3) rotary ids (0, row, column) of the packed tokens: FluxPipeline's ``_prepare_latent_image_ids``."""
-    ids = torch.zeros(height // PACK, width // PACK, 3)
-    ids[..., 1] = ids[..., 1] + torch.arange(height // PACK)[:, None]
-    ids[..., 2] = ids[..., 2] + torch.arange(width // PACK)[None, :]
-    return ids.reshape(-1, 3).to(device=device, dtype=dtype)
+    """(HW/4, 3) rotary ids (0, row, column) of the packed tokens: FluxPipeline's ``_prepare_latent_image_ids``,
+    made on ``device`` (built on the CPU and copied, they would cost a host-device sync every forward)."""
+    ids = torch.zeros(height // PACK, width // PACK, 3, device=device)
+    ids[..., 1] = ids[..., 1] + torch.arange(height // PACK, device=device)[:, None]
+    ids[..., 2] = ids[..., 2] + torch.arange(width // PACK, device=device)[None, :]
+    return ids.reshape(-1, 3).to(dtype=dtype)
 
 
 def predict(
@@ -208,4 +209,5 @@ FLUX = Family(
     lora_targets=LORA_TARGETS,
     packing=PACK,
     pipeline_applies_shift=True,
+    resolution_shift=True,
 )
