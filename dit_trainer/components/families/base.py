@@ -124,6 +124,22 @@ def further_arguments(transformer_class: type[ModelMixin], derived: set[str] | f
     return tuple(sorted(set(inspect.signature(transformer_class.__init__).parameters) - set(derived) - {"self"}))
 
 
+def require_further_arguments(m: ModelConfig, transformer_class: type[ModelMixin], derived: frozenset[str]) -> None:
+    """``model.extra_config`` holds only constructor arguments of ``transformer_class`` that the family does not
+    derive (``derived``): one of those would silently lose to the family's value, an unknown one would fail deep in
+    diffusers."""
+    allowed = further_arguments(transformer_class, derived)
+    for key, value in m.extra_config.items():
+        require(
+            key in allowed,
+            f"model.extra_config.{key}",
+            value,
+            f"{transformer_class.__name__}'s further arguments are {', '.join(allowed)}; "
+            + ("this one follows `model.*` and the VAE/text encoder" if key in derived else "it has no such argument"),
+            f"remove `{key}` from `model.extra_config`",
+        )
+
+
 def require_flow_matching(cfg: TrainConfig, why: str, fix: str = "set `diffusion=flow`") -> None:
     """Families whose weights predict the flow's velocity (and whose pipelines sample with an Euler flow-matching
     scheduler) train with flow matching only; ``why`` names the family and its pipeline."""

@@ -10,9 +10,9 @@ from diffusers import ModelMixin
 
 from dit_trainer.components.families.base import (
     features_mismatch,
-    further_arguments,
     input_mismatch,
     require_flow_matching,
+    require_further_arguments,
 )
 from dit_trainer.condition import ConditionSize
 from dit_trainer.config import ModelConfig, TrainConfig
@@ -59,10 +59,6 @@ class MMDiT:
     own_conditioning: str
     cfg_scale: str = "guidance_scale"
 
-    @property
-    def extra_keys(self) -> tuple[str, ...]:
-        return further_arguments(self.transformer_class, self.derived)
-
 
 def check(family: MMDiT, cfg: TrainConfig, flow_fix: str = "set `diffusion=flow`") -> None:
     """A pooled text vector (the family's own encoders give one, another text encoder with ``pooling``) and
@@ -88,19 +84,7 @@ def check(family: MMDiT, cfg: TrainConfig, flow_fix: str = "set `diffusion=flow`
 def check_new(family: MMDiT, m: ModelConfig) -> None:
     """A new MMDiT predicts the velocity only (no learned variance half), has no dropout, and takes in
     ``model.extra_config`` only the constructor arguments ``model.*`` does not decide."""
-    for key, value in m.extra_config.items():
-        require(
-            key in family.extra_keys,
-            f"model.extra_config.{key}",
-            value,
-            f"{family.transformer_class.__name__}'s further arguments are {', '.join(family.extra_keys)}; "
-            + (
-                "this one follows `model.*` and the VAE/text encoder"
-                if key in family.derived
-                else "it has no such argument"
-            ),
-            f"remove `{key}` from `model.extra_config`",
-        )
+    require_further_arguments(m, family.transformer_class, family.derived)
     require(
         not m.learned_sigma,
         "model.learned_sigma",

@@ -32,11 +32,11 @@ from dit_trainer.components.families.base import (
     architecture,
     cross_attention_prediction,
     features_mismatch,
-    further_arguments,
     input_mismatch,
     loading_args,
     named_text_encoder,
     require_flow_matching,
+    require_further_arguments,
     require_inner_cross_attention,
     save_pieces,
     save_with_encoder,
@@ -54,7 +54,6 @@ SET_HERE = frozenset(
     {"num_attention_heads", "attention_head_dim", "in_channels", "out_channels", "num_layers", "dropout",
      "sample_size", "patch_size", "caption_channels", "cross_attention_dim"}
 )  # fmt: skip
-EXTRA_KEYS = further_arguments(SanaTransformer2DModel, SET_HERE)
 
 
 def check(cfg: TrainConfig) -> None:
@@ -76,15 +75,7 @@ def check(cfg: TrainConfig) -> None:
     )
     if m.pretrained is not None:
         return
-    unknown = sorted(set(m.extra_config) - set(EXTRA_KEYS))
-    require(
-        not unknown,
-        "model.extra_config",
-        dict(m.extra_config),
-        f"SanaTransformer2DModel takes no {unknown} there (the sizes come from `model.*`, the VAE and the text "
-        f"encoder); it takes {list(EXTRA_KEYS)}",
-        "remove those keys, or set the matching `model.*` field",
-    )
+    require_further_arguments(m, SanaTransformer2DModel, SET_HERE)
     require(
         not m.extra_config.get("guidance_embeds"),
         "model.extra_config",

@@ -124,7 +124,7 @@ def test_a_pretrained_transformer_for_other_text_features_is_refused(sana_folder
     ("override", "key", "says"),
     [
         ("diffusion.objective=v_prediction", "diffusion.objective", "flow matching"),
-        ("+model.extra_config.caption_channels=8", "model.extra_config", "takes no ['caption_channels']"),
+        ("+model.extra_config.caption_channels=8", "model.extra_config.caption_channels", "follows `model.*`"),
         ("+model.extra_config.guidance_embeds=true", "model.extra_config", "Sana-Sprint"),
         ("model.cross_attention_dim=32", "model.cross_attention_dim", "heads x head_dim = 16"),
         ("text_encoder.pooling=mean", "text_encoder.pooling", "decides its pooled vector itself"),
