@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from diffusers import DDPMScheduler
 from torch.utils.data import DataLoader, Dataset
-from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 from dit_trainer.components.build import Components, build_components
+from dit_trainer.components.meta import count_flops
 from dit_trainer.condition import Condition
 from dit_trainer.config import TrainConfig
 from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
@@ -39,6 +39,7 @@ from dit_trainer.data.cache import open_cache
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.precompute import precompute
 from dit_trainer.data.source import build_dataset
+from dit_trainer.pixels import to_model_range
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
 from dit_trainer.training.optim import build_optimizer
 from dit_trainer.training.run import build_trainer
@@ -91,7 +92,7 @@ def fixed_batch(
     generator = torch.Generator(device).manual_seed(0)
     loader = DataLoader(build_dataset(cfg.data), batch_size=cfg.trainer.batch_size, collate_fn=collate_batch)
     batch = next(iter(loader))
-    latents = parts.vae.encode(batch["image"].to(device), generator)
+    latents = parts.vae.encode(to_model_range(batch["image"].to(device)), generator)
     condition = parts.text_encoder.encode(batch["caption"])
     t = parts.schedule.at_size(latents.shape).sample_timesteps(len(latents), device, generator)
     x_t = parts.schedule.add_noise(latents, torch.randn(latents.shape, generator=generator, device=device), t)
@@ -147,7 +148,8 @@ def reference_step(cfg: TrainConfig, parts: Components, device: torch.device) ->
     def step() -> None:
         batch = next(batches)
         with torch.no_grad():
-            latents = vae.encode(batch["image"].to(device)).latent_dist.sample() * vae.config.scaling_factor
+            images = to_model_range(batch["image"].to(device))
+            latents = vae.encode(images).latent_dist.sample() * vae.config.scaling_factor
             condition = text.encode_uncached(batch["caption"])  # tokenized and encoded every step
         noise = torch.randn_like(latents)
         t = torch.randint(0, scheduler.config.num_train_timesteps, (latents.shape[0],), device=device)
@@ -180,43 +182,6 @@ def batch_plan_cost(cache: Dataset, batch_size: int, epochs: int = 3) -> dict[st
             batches += sum(1 for _ in loader)
         seconds[name] = (time.perf_counter() - start) / batches
     return seconds
-
-
-def _convolution_backward_flops(
-    grad_out_shape,
-    x_shape,
-    w_shape,
-    bias,
-    stride,
-    padding,
-    dilation,
-    transposed,
-    output_padding,
-    groups,
-    output_mask,
-    **_,
-) -> int:
-    """torch's formula for a convolution's backward ignores ``groups``: it counts a depthwise convolution's weight
-    gradient as a dense one's (Sana's GLUMBConv feed-forward: its training FLOPs came out 14x its forward's). Each
-    multiply of the forward is one multiply of each gradient, whatever the groups, so each gradient asked for costs
-    one forward."""
-    forward = conv_flop_count(x_shape, w_shape, grad_out_shape, transposed)
-    return forward * (int(output_mask[0]) + int(output_mask[1]))
-
-
-def count_flops(dit: torch.nn.Module, x_t: torch.Tensor, t: torch.Tensor, condition: Condition) -> tuple[float, float]:
-    """(forward, forward + backward) FLOPs per image of ``dit`` on these inputs, counted on a copy on the meta
-    device: there every op reaches a kernel the counter knows, attention included (on the CPU, SDPA's fused kernel
-    is not counted, and a DiT's attention went missing from its FLOPs), and no memory or time is spent."""
-    meta = torch.device("meta")
-    dit = copy.deepcopy(dit).to(meta)
-    x_t, t, condition = x_t.to(meta), t.to(meta), condition.to(meta)
-    corrected = {torch.ops.aten.convolution_backward: _convolution_backward_flops}
-    with FlopCounterMode(display=False, custom_mapping=corrected) as forward:
-        dit(x_t, t, condition)
-    with FlopCounterMode(display=False, custom_mapping=corrected) as training:
-        dit(x_t, t, condition).float().pow(2).mean().backward()
-    return forward.get_total_flops() / len(x_t), training.get_total_flops() / len(x_t)
 
 
 def flops_per_image(cfg: TrainConfig, parts: Components, device: torch.device) -> tuple[float, float]:

@@ -36,6 +36,7 @@ from dit_trainer.data.mixture import entry_config
 from dit_trainer.data.split import unaugmented, validation_images
 from dit_trainer.durable import write_atomically
 from dit_trainer.errors import ConfigError, require
+from dit_trainer.pixels import to_model_range
 
 logger = logging.getLogger(__name__)
 KID_SUBSET_SIZE = 1000  # torchmetrics' default; smaller sets use all their images per subset
@@ -128,7 +129,7 @@ def reference_set(dataset: Dataset, extractor: nn.Module, device: torch.device, 
     def images() -> Iterator[torch.Tensor]:
         for batch in DataLoader(dataset, batch_size=batch_size, collate_fn=collate_batch):
             captions.extend(batch["caption"])
-            yield (batch["image"] + 1) / 2
+            yield (to_model_range(batch["image"]) + 1) / 2
 
     return ReferenceSet(extract_features(extractor, images(), device), captions)
 

@@ -2,7 +2,9 @@
 
 Layout: ``config.yaml`` (the resolved config), ``metrics.jsonl``, ``checkpoints/checkpoint-N/`` (each complete one
 with a ``manifest.json`` listing its files and sizes, the trained weights in one of the ``WeightsLayout``s),
-``samples/`` and ``rewards/``. The run folder is also checked before Hydra creates it: an unwritable or impossible
+``samples/``, ``rewards/`` and, for bucketed data read without a cache and without declared sizes, ``image_sizes/``
+(the images' sizes index of ``dit_trainer.data.image_sizes``: their headers read once, by the main process, and not
+again when the run resumes). The run folder is also checked before Hydra creates it: an unwritable or impossible
 path (a full or read-only disk, a file where a folder should be), or links planted where the trainer writes, become
 one paragraph naming ``hydra.run.dir`` instead of a traceback from Hydra or a write outside the run folder.
 """
@@ -27,6 +29,7 @@ CONFIG = "config.yaml"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_PATTERN = re.compile(r"checkpoint-(\d+)$")
 MANIFEST = "manifest.json"
+IMAGE_SIZES = "image_sizes"
 
 
 @dataclass(frozen=True)
@@ -155,12 +158,13 @@ def check_writable_folder(path: Path, key: str) -> None:
 def refuse_links(run_dir: Path) -> None:
     """Refuse a run folder with links where the trainer writes: in the folder itself (``config.yaml``,
     ``metrics.jsonl``, ``train.log``, ``.lock``, ...) and in the folders it fills (``.hydra``, ``checkpoints``,
-    ``samples``, ``rewards``, ``logs``). Appending to ``metrics.jsonl`` or saving a sample grid through a link would
-    change a file outside the run folder that someone else owns. (The W&B folder is W&B's, links and all.)"""
+    ``samples``, ``rewards``, ``logs``, ``image_sizes``). Appending to ``metrics.jsonl`` or saving a sample grid
+    through a link would change a file outside the run folder that someone else owns. (The W&B folder is W&B's,
+    links and all.)"""
     if not run_dir.is_dir():
         return
     links = [path for path in run_dir.iterdir() if path.is_symlink()]
-    for name in (".hydra", CHECKPOINTS, "samples", "rewards", "logs"):
+    for name in (".hydra", CHECKPOINTS, "samples", "rewards", "logs", IMAGE_SIZES):
         if (run_dir / name).is_dir() and not (run_dir / name).is_symlink():
             links += [path for path in (run_dir / name).iterdir() if path.is_symlink()]
     if links:

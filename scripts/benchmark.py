@@ -6,6 +6,11 @@
 Options before the train.py overrides: --steps (timed steps per measurement, default 20), --warmup (default 5),
 --out (the benchmark's folder, default outputs/benchmark/<date>/<time>). Prints a table and writes
 OUT/benchmark.json; the cache it trains from is written to OUT/cache unless data.cache_dir names one.
+
+    python scripts/benchmark.py --loader --workers 0 1 2 +experiment=shapes data=imagefolder data.path=/data/images
+
+--loader measures the data loader instead (images/s at each --workers count, over --steps batches) against the
+trainer's step encoding every batch, and writes OUT/loader.json.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from pathlib import Path
 from dit_trainer.benchmark import format_table, run_benchmark
 from dit_trainer.cli import run_train_script
 from dit_trainer.config import TrainConfig
+from dit_trainer.loader_benchmark import format_loader_table, run_loader_benchmark
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,9 +35,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--out", type=Path, default=REPO / "outputs" / "benchmark" / f"{datetime.now():%Y-%m-%d/%H-%M-%S}"
     )
+    parser.add_argument("--loader", action="store_true", help="measure the data loader against the trainer's step")
+    parser.add_argument("--workers", type=int, nargs="+", default=[0, 1, 2])
     options, overrides = parser.parse_known_args(argv)
 
     def benchmark(cfg: TrainConfig) -> tuple[str, int]:
+        if options.loader:
+            report = run_loader_benchmark(cfg, options.out, options.workers, options.steps, options.steps)
+            return f"{format_loader_table(report)}\nWrote {options.out / 'loader.json'}", 0
         report = run_benchmark(cfg, options.out, options.warmup, options.steps)
         return f"{format_table(report)}\nWrote {options.out / 'benchmark.json'}", 0
 

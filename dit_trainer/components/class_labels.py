@@ -62,7 +62,10 @@ class ClassLabels(nn.Module):
             self.class_id(prompt)
 
     def encode(self, prompts: Sequence[str]) -> Condition:
-        labels = torch.tensor([self.class_id(prompt) for prompt in prompts], dtype=torch.long, device=self.device)
+        """Ids made on the host and copied without waiting: ``torch.tensor(..., device=cuda)`` would block until the
+        GPU has run everything queued before it, every step."""
+        ids = torch.tensor([self.class_id(prompt) for prompt in prompts], dtype=torch.long)
+        labels = ids.to(self.device, non_blocking=True)
         return Condition(labels, torch.ones(len(labels), 1, dtype=torch.long, device=self.device))
 
 

@@ -31,7 +31,10 @@ class DiTAdapter(nn.Module):
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, condition: Condition) -> torch.Tensor:
         dtype = self.compute_dtype  # class labels and masks stay integers
-        return self.family.predict(self.transformer, x_t.to(dtype), t, condition.cast(dtype))
+        prediction = self.family.predict(self.transformer, x_t.to(dtype), t, condition.cast(dtype))
+        # PixArt, Sana and DiT slice the channels of ``x_t`` from the output: a view. FSDP2 hooks the root's output for
+        # its backward (and warns of a view), and an in-place op on a view would drop that hook: this one owns its data.
+        return prediction if prediction._base is None else prediction.clone()
 
     predict = forward
 

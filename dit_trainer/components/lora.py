@@ -10,6 +10,7 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import torch
 from diffusers import ModelMixin
 from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
 from peft.tuners.lora import LoraModel
@@ -48,11 +49,12 @@ def apply_lora(transformer: ModelMixin, cfg: LoRAConfig, default_targets: Sequen
         ) from error
 
 
-def save_adapter(transformer: ModelMixin, directory: Path) -> None:
-    """The adapter (and ``train_modules``) weights of ``transformer`` in peft's format."""
+def save_adapter(transformer: ModelMixin, directory: Path, whole_state: dict[str, torch.Tensor] | None = None) -> None:
+    """The adapter (and ``train_modules``) weights of ``transformer`` in peft's format, read from ``whole_state``
+    (the gathered state dict of a sharded model) when given."""
     directory.mkdir(parents=True, exist_ok=True)
     transformer.peft_config[ADAPTER_NAME].save_pretrained(str(directory))
-    state = get_peft_model_state_dict(transformer, adapter_name=ADAPTER_NAME)
+    state = get_peft_model_state_dict(transformer, state_dict=whole_state, adapter_name=ADAPTER_NAME)
     save_file({name: tensor.detach().contiguous() for name, tensor in state.items()}, directory / ADAPTER_WEIGHTS)
 
 

@@ -42,10 +42,19 @@ class OutputModulation(nn.Module):
     def __init__(self, table: nn.Parameter) -> None:
         super().__init__()
         self.table = table
+        self.normed: list[torch.Tensor] = []
 
     def forward(self, hidden_states: torch.Tensor, normed: torch.Tensor) -> torch.Tensor:
         shift, scale = self.table.to(hidden_states.dtype)
         return hidden_states + normed * scale + shift
+
+    # The transformer's hooks are bound methods, not closures: a deep copy of the transformer (a meta-device copy for
+    # memory estimates, GRPO's reference) then calls its own copy of this module.
+    def remember_normed(self, module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        self.normed.append(output)
+
+    def modulate_input(self, module: nn.Module, args: tuple) -> tuple[torch.Tensor]:
+        return (self(args[0], self.normed.pop()),)
 
 
 def block_modulation_grad_sample(
@@ -101,9 +110,8 @@ def expose_modulation_tables(transformer: PixArtTransformer2DModel) -> list[str]
     if isinstance(transformer._parameters.get(TABLE), nn.Parameter):
         owner = OutputModulation(_take_table(transformer))
         transformer.output_modulation = owner
-        normed: list[torch.Tensor] = []
-        transformer.norm_out.register_forward_hook(lambda module, args, output: normed.append(output))
-        transformer.proj_out.register_forward_pre_hook(lambda module, args: (owner(args[0], normed.pop()),))
+        transformer.norm_out.register_forward_hook(owner.remember_normed)
+        transformer.proj_out.register_forward_pre_hook(owner.modulate_input)
         _keep_diffusers_key(transformer, "output_modulation")
         moved.append(TABLE)
     return moved

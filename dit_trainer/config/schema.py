@@ -187,8 +187,15 @@ class DataConfig:
     # Unreadable images are skipped and counted (`data/skipped`); above this fraction of all files read, the run
     # stops and names the first bad files.
     max_bad_fraction: float = fraction(0.01)
+    # Data-loader worker processes per training process. 0 here: shapes and the caches decode nothing; the file
+    # sources' groups (configs/data/) set 4. Measured (`scripts/benchmark.py --loader`, 2-core CPU under load, 512x384
+    # JPEGs, batch 32): one process decodes ~130 img/s at 256 px (~210 at 64 px) while the CPU trainer step, encoding
+    # every batch, consumes 0.3 img/s at 256 px (10.7 at 64 px). A GPU step consuming N img/s needs ~N/130 workers:
+    # 4 covers ~500 img/s (about an uncached DiT-XL/2 at 256 px on an H100 at 40 % MFU, by FLOPs).
     num_workers: int = at_least(0, 0)
-    prefetch_factor: int = at_least(1, 2)  # batches each worker prepares ahead (only with num_workers > 0)
+    # Batches each worker prepares ahead (only with num_workers > 0): 2 x 4 workers hold 8 batches, several steps of
+    # decoding jitter; as uint8 a 256-px batch of 32 is 6 MB.
+    prefetch_factor: int = at_least(1, 2)
     # Encode every image once with the frozen VAE before training and keep the posteriors in memory (for data
     # sets that fit in RAM; fresh latents are still drawn every epoch).
     cache_latents: bool = False
@@ -200,10 +207,11 @@ class DataConfig:
     # Several data sets, each batch's items drawn by weight, e.g.
     # [{source: imagefolder, path: /data/photos, weight: 3}, {source: hf, path: /data/art, name: art}]. Each entry
     # names its source, path and columns; the rest of data.* (resolution, buckets, crop, ...) applies to all.
+    # With a webdataset entry, one endless stream whose items' sources are drawn by weight.
     # Empty: the single source data.source / data.path.
     mixture: list[MixtureSource] = field(default_factory=list)
     length: int = at_least(1, 20_000)  # shapes: number of distinct images
-    seed: int = 0  # shapes: which images; webdataset: the shard shuffle (seed + epoch)
+    seed: int = 0  # shapes: which images; webdataset: the shard shuffle (seed + epoch); a streamed mixture's draws
 
 
 @dataclass
@@ -272,6 +280,9 @@ class TrainerConfig:
     # torch's re-entrant variant (use_reentrant=True): it gives no gradient to a block whose inputs do not require
     # grad, e.g. LoRA on a frozen patch embedding; the step-0 preflight says so. Off: the non-re-entrant variant.
     reentrant_checkpointing: bool = False
+    # Regional torch.compile: each DiT block compiled in place (one graph that every block reuses); the first step
+    # waits for the compile. Several latent shapes (`data.buckets`) are compiled for dynamic shapes from the start.
+    compile: bool = False
     seed: int = 0
     # auto: bf16 on recent GPUs, fp16 + grad scaler on older ones, fp32 on CPU/MPS
     mixed_precision: str = one_of(("auto", "no", "fp16", "bf16"), "auto")

@@ -6,9 +6,11 @@ buckets holding about ``resolution``² pixels, instead of being centre-cropped t
 pairs. Every side is a multiple of the VAE's downsampling factor x the DiT's patch size, so a bucket's latent cuts
 into whole patches.
 
-A random-access source is wrapped in ``Bucketed`` (each item's bucket read from its image header once; the batch
-plan of ``batch_plan`` then keeps every batch to one bucket); a stream in ``BucketedStream``, which assembles
-single-bucket batches as it reads. ``in_order_loader`` reads either bucket by bucket, for caches and validation.
+A random-access source is wrapped in ``Bucketed`` (each item's bucket from its image size: declared by the data, or
+read from its header once into a sizes index in the run's or the cache's folder, ``image_sizes``; the batch plan of
+``batch_plan`` then keeps every batch to one bucket); a stream in ``BucketedStream``, which assembles single-bucket
+batches as it reads (each image in the bucket of its decoded size: no sizes needed beforehand). ``in_order_loader``
+reads either bucket by bucket, for caches and validation.
 """
 
 from __future__ import annotations
@@ -16,15 +18,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
-from tqdm.auto import tqdm
 
 from dit_trainer.components.build import pixel_multiple
 from dit_trainer.config import TrainConfig
 from dit_trainer.data.collate import collate_batch
+from dit_trainer.data.image_sizes import image_sizes
 from dit_trainer.errors import ConfigError
 
 Size = tuple[int, int]  # (height, width) in pixels
@@ -110,17 +113,22 @@ def configured_buckets(cfg: TrainConfig) -> BucketTable | None:
 
 
 class Bucketed(Dataset):
-    """A map-style source whose item ``i`` comes at its bucket's size. ``buckets`` (one bucket index per item) is
-    read from the images' headers once, or passed in when another view of the same data (the unaugmented copy that
-    validation reads) has read it already."""
+    """A map-style source whose item ``i`` comes at its bucket's size. ``buckets`` (one bucket index per item) comes
+    from the images' sizes (``image_sizes``: every process of the run builds it, the headers it reads kept in the
+    sizes index of ``sizes_dir``), or is passed in when another view of the same data (the unaugmented copy that
+    validation reads) has them already."""
 
     def __init__(
-        self, dataset: Dataset, table: BucketTable, buckets: Sequence[int] | None = None, show_progress: bool = False
+        self,
+        dataset: Dataset,
+        table: BucketTable,
+        buckets: Sequence[int] | None = None,
+        show_progress: bool = False,
+        sizes_dir: Path | None = None,
     ) -> None:
         self.dataset, self.table = dataset, table
         if buckets is None:
-            indices = tqdm(range(len(dataset)), desc="read image sizes", disable=not show_progress)
-            buckets = table.assign([dataset.image_size(index) for index in indices])
+            buckets = table.assign(image_sizes(dataset, sizes_dir, show_progress))
         self.buckets = list(buckets)
 
     def __len__(self) -> int:
@@ -173,14 +181,16 @@ def bucketed(
     batch_size: int,
     drop_incomplete: bool = False,
     show_progress: bool = False,
+    sizes_dir: Path | None = None,
 ) -> Dataset:
     """``dataset`` with its items at their buckets' sizes (a stream: as batches of ``batch_size``, the incomplete
-    ones dropped or not); unchanged without buckets."""
+    ones dropped or not); unchanged without buckets. ``sizes_dir``: where the images' sizes index is kept (the run's
+    or the cache's folder; None: sizes a header scan finds are not kept)."""
     if table is None:
         return dataset
     if isinstance(dataset, IterableDataset):
         return BucketedStream(dataset, table, batch_size, drop_incomplete)
-    return Bucketed(dataset, table, show_progress=show_progress)
+    return Bucketed(dataset, table, show_progress=show_progress, sizes_dir=sizes_dir)
 
 
 def per_item(dataset: Dataset, attribute: str) -> list | None:

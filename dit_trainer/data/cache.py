@@ -8,6 +8,8 @@ Layout of ``data.cache_dir``::
                                     autoencoder or pixels), text_embeds, text_mask and, for
                                     conditioners with a pooled vector, text_pooled; captions
     prompts.safetensors             conditions of "" (caption dropout) and the sample / monitor prompts
+    image_sizes/                    with buckets: the sizes index of the source's images (``image_sizes.py``),
+                                    read before encoding and kept, so a precompute run again reads no header
 
 The posterior's mean and std are kept, not one latent, so training still draws a fresh latent every epoch. The
 fingerprint records everything that shaped the tensors, the data's content included (as far as it can be told
@@ -15,7 +17,7 @@ without reading every image); a cache made with other settings or from other dat
 Each rank of a multi-process precompute writes its own shards (``RRRRR`` = rank) and a list of them
 (``shards-RRRRR.json``); rank 0 writes the index last, so a cache without ``index.json`` is incomplete and is
 refused. The folder holds nothing else: precompute writes only into a folder of its own, and deletes only files
-with the names above.
+with the names above (never the sizes index).
 """
 
 from __future__ import annotations
@@ -34,16 +36,19 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch.utils.data import Dataset
 
-from dit_trainer.condition import Condition, ConditionSize
+from dit_trainer.condition import Condition
 from dit_trainer.config import TextEncoderConfig, TrainConfig
 from dit_trainer.data import SOURCES
 from dit_trainer.data.buckets import BucketTable, configured_buckets
+from dit_trainer.data.cached_prompts import CachedPrompts
+from dit_trainer.data.image_sizes import INDEX_FILE
 from dit_trainer.errors import ConfigError, shortlist
 from dit_trainer.prompts import load_prompts
 
 INDEX = "index.json"
 PROMPTS = "prompts.safetensors"
 SHARD_LIST = "shards-{rank:05d}.json"  # one rank's shards, read by rank 0 to write the index
+IMAGE_SIZES = "image_sizes"  # the folder of the source's sizes index, which precompute's buckets read
 # Every name precompute writes: those of ``shard_name``, ``SHARD_LIST``, the index, the prompts and the temporaries
 # of their atomic writes. These are the only files it ever deletes (what an unfinished precompute left).
 CACHE_FILE = re.compile(
@@ -132,15 +137,26 @@ def read_index(cache_dir: Path) -> dict:
     return index
 
 
+def _foreign(entry: Path) -> list[str]:
+    """What of ``entry`` (in the cache folder) precompute did not write: nothing for a file with a cache's own name,
+    nor for the index files of the sizes index folder (a real folder: through a link, the index is written
+    elsewhere)."""
+    if entry.name == IMAGE_SIZES and entry.is_dir() and not entry.is_symlink():
+        others = [file for file in sorted(entry.iterdir()) if not (file.is_file() and INDEX_FILE.fullmatch(file.name))]
+        return [f"{IMAGE_SIZES}/{file.name}" for file in others]
+    return [] if entry.is_file() and CACHE_FILE.fullmatch(entry.name) else [entry.name]
+
+
 def check_cache_folder(cache_dir: Path) -> list[Path]:
-    """What an unfinished precompute left in ``cache_dir`` (files with the cache's own names, to be replaced). A
-    file, or a folder holding anything else, is refused: it is the user's, and precompute never deletes it."""
+    """What an unfinished precompute left in ``cache_dir`` (files with the cache's own names, to be replaced; the
+    sizes index folder is kept, for the next attempt to read). A file, or a folder holding anything else, is
+    refused: it is the user's, and precompute never deletes it."""
     if cache_dir.exists() and not cache_dir.is_dir():
         raise ConfigError(
             "data.cache_dir", str(cache_dir), "it is a file, not a folder", "point it at a new or empty folder"
         )
     entries = sorted(cache_dir.iterdir()) if cache_dir.is_dir() else []
-    foreign = [entry.name for entry in entries if not (entry.is_file() and CACHE_FILE.fullmatch(entry.name))]
+    foreign = [name for entry in entries for name in _foreign(entry)]
     if foreign:
         shown = shortlist(foreign, 3)
         raise ConfigError(
@@ -150,7 +166,7 @@ def check_cache_folder(cache_dir: Path) -> list[Path]:
             "folder of its own so that it never deletes anything else",
             "point `data.cache_dir` at a new or empty folder",
         )
-    return entries
+    return [entry for entry in entries if entry.name != IMAGE_SIZES]
 
 
 def check_fingerprint(index: dict, fingerprint: dict, cache_dir: Path) -> None:
@@ -285,43 +301,6 @@ class CacheDataset(Dataset):
         rows = self.item_rows[torch.as_tensor(indices, dtype=torch.long)]
         batch = {key: block[key].index_select(0, rows) for key in self.keys}  # faster than [rows]
         return batch | {"caption": [self.captions[index] for index in indices], "bad_files": []}
-
-
-class CachedPrompts:
-    """Stands in for the text encoder when training from a cache: the conditions of the prompts precompute was
-    told about (``cache_prompts``), so the real encoder is never loaded."""
-
-    def __init__(self, prompts: list[str], condition: Condition, device: torch.device) -> None:
-        self.rows = {prompt: row for row, prompt in enumerate(prompts)}
-        self.condition = condition.cast(torch.float32)._replace(mask=condition.mask.long()).to(device)
-
-    @property
-    def size(self) -> ConditionSize:
-        pooled = self.condition.pooled
-        return ConditionSize(self.condition.sequence.shape[-1], None if pooled is None else pooled.shape[-1])
-
-    @property
-    def device(self) -> torch.device:
-        return self.condition.sequence.device
-
-    def check_prompts(self, prompts: list[str]) -> None:
-        self.encode(prompts)
-
-    def encode(self, prompts: list[str]) -> Condition:
-        missing = [p for p in prompts if p not in self.rows]
-        if missing:
-            raise ConfigError(
-                "data.cache_dir",
-                "",
-                f"the cache holds no embedding for the prompts {missing[:3]} (sample and monitor prompts are "
-                "embedded by precompute)",
-                "run `python scripts/precompute.py` again with this run's overrides: it adds the missing prompts "
-                "without re-encoding the images",
-            )
-        if len(prompts) == 1:  # caption dropout's "" at every step: a view, no index tensor copied to the device
-            row = self.rows[prompts[0]]
-            return self.condition.rows(slice(row, row + 1))
-        return self.condition.rows(torch.tensor([self.rows[p] for p in prompts], device=self.device))
 
 
 T = TypeVar("T")

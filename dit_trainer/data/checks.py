@@ -39,20 +39,14 @@ def _check_source_path(name: str, path: str | None, key: str) -> None:
 
 
 def _check_mixture(cfg: TrainConfig) -> None:
-    """A mixture's entries name random-access sources with their paths; the settings that need one source (or a
-    stream-free sampler) are refused with it."""
+    """A mixture's entries name their sources' paths; the settings that need one source (or a stream-free
+    sampler, or, with a stream among the entries, items that can be counted) are refused with it."""
     data, key = cfg.data, "data.mixture"
     for position, entry in enumerate(data.mixture):
-        require(
-            not SOURCES.get(entry.source).streamed,
-            f"{key}[{position}].source",
-            entry.source,
-            "a mixture draws each epoch's items by weight from random-access data sets, and a stream has no "
-            "items to draw",
-            "mix imagefolder, hf or shapes data sets (write the shards' images to a folder, or train on the "
-            "stream alone)",
-        )
         _check_source_path(entry.source, entry.path, f"{key}[{position}].path")
+    streamed = next((entry.source for entry in data.mixture if SOURCES.get(entry.source).streamed), None)
+    if streamed is not None:
+        _check_stream_mixture(cfg, streamed)
     for name, value, reason, fix in (
         ("data.path", data.path, "the entries name their own paths", "remove `data.path`"),
         (
@@ -75,6 +69,34 @@ def _check_mixture(cfg: TrainConfig) -> None:
         ),
     ):
         require(not value, name, value, f"with `data.mixture`, {reason}", fix)
+
+
+def _check_stream_mixture(cfg: TrainConfig, streamed: str) -> None:
+    """A mixture with a stream is one endless stream whose items are drawn one by one: it has no epoch to hold
+    images out of or to encode once, and its batches are not assembled bucket by bucket."""
+    data, validation = cfg.data, cfg.validation
+    reason = f"with a stream (`{streamed}`) among them, the entries of `data.mixture` are one endless stream of items"
+    require(
+        data.buckets == "none",
+        "data.buckets",
+        data.buckets,
+        f"{reason}, drawn one at a time and not batched bucket by bucket",
+        "set `data.buckets=none`",
+    )
+    require(
+        not (validation.every_n_steps and validation.split),
+        "validation.split",
+        validation.split,
+        f"{reason}, with no index to hold images out by",
+        "set `validation.every_n_steps=0`",
+    )
+    require(
+        not data.cache_latents,
+        "data.cache_latents",
+        data.cache_latents,
+        f"{reason}, with no end to encode once",
+        "set `data.cache_latents=false`",
+    )
 
 
 def _check_buckets(cfg: TrainConfig) -> None:

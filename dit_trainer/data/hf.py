@@ -13,6 +13,7 @@ from PIL import Image
 
 from dit_trainer.config import DataConfig
 from dit_trainer.data.collate import SkipUnreadable
+from dit_trainer.data.image_sizes import Size, declared_size
 from dit_trainer.data.source import Source, augmentation
 from dit_trainer.data.transforms import caption_keys, decode_image, header_size, pick_caption
 from dit_trainer.errors import ConfigError
@@ -72,6 +73,7 @@ class HFImageDataset(SkipUnreadable):
 
     Images are cast to ``datasets.Image(decode=False)`` so that decoding happens here, where an unreadable image
     is skipped and reported in ``"bad_files"`` (see ``SkipUnreadable``) rather than raised deep inside ``datasets``.
+    Integer ``width`` and ``height`` columns (as img2dataset writes them) spare buckets reading the images' headers.
     """
 
     def __init__(
@@ -104,6 +106,7 @@ class HFImageDataset(SkipUnreadable):
                 f"the data set has no column {missing[0]!r}; its columns are {available}",
                 f"set `{key}` to the column(s) holding captions",
             )
+        self.sizes = self._declared(dataset)
         dataset = dataset.select_columns([image_column, *self.caption_columns])
         try:
             self.dataset = dataset.cast_column(image_column, datasets.Image(decode=False))
@@ -114,6 +117,23 @@ class HFImageDataset(SkipUnreadable):
                 f"that column holds {dataset.features[image_column]}, not images, paths or image bytes",
                 f"name the image column (the columns are {available})",
             ) from error
+
+    @staticmethod
+    def _declared(dataset: Any) -> list[Size] | None:
+        """Every row's (width, height) from integer ``width`` and ``height`` columns; None unless every row has both
+        (a column of another meaning, floats or text, is not taken for sizes)."""
+        dtypes = [str(getattr(dataset.features.get(side), "dtype", "")) for side in ("width", "height")]
+        if not all(dtype.startswith(("int", "uint")) for dtype in dtypes):
+            return None
+        sizes = [declared_size(w, h) for w, h in zip(dataset["width"], dataset["height"])]
+        return None if None in sizes else sizes
+
+    def declared_sizes(self) -> list[Size] | None:
+        return self.sizes
+
+    def sizes_fingerprint(self) -> dict:
+        """The fingerprint ``datasets`` keeps for the rows read (it changes whenever the data does)."""
+        return {"source": "hf", "fingerprint": self.dataset._fingerprint, "rows": len(self.dataset)}
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -131,6 +151,8 @@ class HFImageDataset(SkipUnreadable):
         raise ValueError("the row has no image")
 
     def image_size(self, index: int) -> tuple[int, int] | None:
+        if self.sizes is not None:
+            return self.sizes[index]
         try:
             return header_size(self._image(self.dataset[index]))
         except ValueError:

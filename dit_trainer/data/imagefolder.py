@@ -15,6 +15,7 @@ from PIL import Image
 
 from dit_trainer.config import DataConfig
 from dit_trainer.data.collate import SkipUnreadable
+from dit_trainer.data.image_sizes import Size, declared_size
 from dit_trainer.data.source import Source, augmentation
 from dit_trainer.data.transforms import (
     UNREADABLE_ERRORS,
@@ -121,7 +122,8 @@ class ImageFolderDataset(SkipUnreadable):
 
     Only listed files are used, so stray files in the folder never leak into training. A listed file that cannot
     be read (or is no regular file inside ``root``: ``open_inside``) is skipped and reported in ``"bad_files"``
-    (see ``SkipUnreadable``); a bad metadata line, or one naming a file outside ``root``, is an error.
+    (see ``SkipUnreadable``); a bad metadata line, or one naming a file outside ``root``, is an error. ``width`` and
+    ``height`` on every line (as img2dataset writes them) spare buckets reading the images' headers.
     """
 
     def __init__(
@@ -139,9 +141,17 @@ class ImageFolderDataset(SkipUnreadable):
         self.resolution, self.crop, self.horizontal_flip = resolution, crop, horizontal_flip
         metadata = self.root / METADATA
         if metadata.is_file():
-            self.records = self._read_metadata(metadata, *caption_keys(caption_column, caption_columns))
+            self.records, self.sizes = self._read_metadata(metadata, *caption_keys(caption_column, caption_columns))
+            declared = len(self.sizes) - self.sizes.count(None)
+            if 0 < declared < len(self.sizes):  # all or none: the sizes index is keyed by the files, not the metadata
+                logger.info(
+                    f"{METADATA} of {self.root} gives width and height for {declared} of its {len(self.sizes)} "
+                    "images, not all: buckets read the headers instead (once: see dit_trainer.data.image_sizes)"
+                )
+                self.sizes = [None] * len(self.sizes)
         else:
             self.records = class_folder_records(self.root)
+            self.sizes = [None] * len(self.records)
             classes = {captions[0] for _, captions in self.records}
             ignored = sorted(e.name for e in self.root.iterdir() if e.is_dir() and e.name not in classes)
             if ignored:
@@ -151,8 +161,11 @@ class ImageFolderDataset(SkipUnreadable):
                 )
 
     @staticmethod
-    def _read_metadata(path: Path, key: str, columns: list[str]) -> list[tuple[str, tuple[str, ...]]]:
-        records = []
+    def _read_metadata(
+        path: Path, key: str, columns: list[str]
+    ) -> tuple[list[tuple[str, tuple[str, ...]]], list[Size | None]]:
+        """(file name, captions) of every line, and its declared (width, height) (None where it declares none)."""
+        records, sizes = [], []
         with path.open("rb") as lines:
             for number, raw in enumerate(lines, start=1):
                 row = metadata_row(raw, number, path.parent)
@@ -176,6 +189,7 @@ class ImageFolderDataset(SkipUnreadable):
                         "move or copy the image into the folder and list it by its path there (e.g. `images/1.png`)",
                     )
                 records.append((name, tuple(row[column] for column in columns)))
+                sizes.append(declared_size(row.get("width"), row.get("height")))
         if not records:
             raise ConfigError(
                 "data.path",
@@ -183,7 +197,7 @@ class ImageFolderDataset(SkipUnreadable):
                 "its metadata.jsonl lists no images",
                 "add one line per image with `file_name` and a caption",
             )
-        return records
+        return records, sizes
 
     def __len__(self) -> int:
         return len(self.records)
@@ -191,7 +205,24 @@ class ImageFolderDataset(SkipUnreadable):
     def name(self, index: int) -> str:
         return self.records[index][0]
 
+    def declared_sizes(self) -> list[Size] | None:
+        return None if None in self.sizes else list(self.sizes)
+
+    def sizes_fingerprint(self) -> dict:
+        """The listed files with their sizes and modification times (a ``stat`` each, no file opened): an image
+        replaced, added or removed since the sizes index was written gets another one."""
+        digest = hashlib.sha256()
+        for name, _ in self.records:
+            try:
+                found = os.stat(self.real_root / name)
+                digest.update(f"{name}\0{found.st_size}\0{found.st_mtime_ns}\n".encode())
+            except OSError:  # missing: unreadable, skipped when its turn comes
+                digest.update(f"{name}\0-\n".encode())
+        return {"source": "imagefolder", "entries": len(self.records), "files_sha256": digest.hexdigest()}
+
     def image_size(self, index: int) -> tuple[int, int] | None:
+        if self.sizes[index] is not None:
+            return self.sizes[index]
         try:
             with open_inside(self.real_root, self.records[index][0]) as file:
                 return header_size(file)

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 from dit_trainer.data.buckets import in_order_loader, item_buckets
 from dit_trainer.data.cache import refuse_non_finite
 from dit_trainer.data.mixture import item_sources
+from dit_trainer.pixels import to_model_range
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ def encode_dataset(
     loader = in_order_loader(dataset, batch_size, num_workers)
     for batch in tqdm(loader, desc="encode latents", disable=not show_progress):
         bad_files += batch["bad_files"]
-        mean, std = vae.encode_posterior(batch["image"].to(device))
+        mean, std = vae.encode_posterior(to_model_range(batch["image"].to(device)))
         refuse_non_finite(
             {"latent_mean": mean} | ({} if std is None else {"latent_std": std}),
             batch["caption"],

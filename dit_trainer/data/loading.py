@@ -6,6 +6,7 @@ the loader that fits it (a seeded batch plan for buckets and mixtures, a plain s
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
@@ -15,12 +16,14 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from dit_trainer.config import MixtureSource, TrainConfig
 from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
 from dit_trainer.data.buckets import BucketedStream, BucketTable, bucketed, configured_buckets, item_buckets
-from dit_trainer.data.cache import CachedPrompts, open_cache
+from dit_trainer.data.cache import open_cache
+from dit_trainer.data.cached_prompts import CachedPrompts
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.latent_cache import LatentDataset, encode_dataset
 from dit_trainer.data.mixture import item_sources, source_names
 from dit_trainer.data.source import build_dataset
 from dit_trainer.data.split import split_validation
+from dit_trainer.data.stream_loader import StreamLoader
 from dit_trainer.errors import ConfigError
 
 logger = get_logger(__name__)
@@ -44,14 +47,16 @@ def require_full_batches(items: int, batch_size: int, processes: int, held_out: 
     )
 
 
-def build_source(cfg: TrainConfig, accelerator: Accelerator) -> tuple[Dataset, CachedPrompts | None, Dataset | None]:
+def build_source(
+    cfg: TrainConfig, accelerator: Accelerator, sizes_dir: Path | None = None
+) -> tuple[Dataset, CachedPrompts | None, Dataset | None]:
     """The disk cache (and its prompt embeddings) when there is one, else the source data set, less the validation
     images it holds out (returned third); a map-style one is checked to give every process a complete batch before
-    any model is built."""
+    any model is built. ``sizes_dir``: the run's folder for the sizes index of bucketed data (``image_sizes``)."""
     cache, cached_text = open_cache(cfg, accelerator.device) if cfg.data.cache_dir else (None, None)
     table, source = (cache.table, cache) if cache is not None else (configured_buckets(cfg), build_dataset(cfg.data))
     if cache is None:  # a stream in buckets batches itself, dropping incomplete batches as the loader would
-        source = bucketed(source, table, cfg.trainer.batch_size, True, accelerator.is_main_process)
+        source = bucketed(source, table, cfg.trainer.batch_size, True, accelerator.is_main_process, sizes_dir)
     dataset, held_out = split_validation(cfg.data, cfg.validation, source, table)
     if not isinstance(dataset, IterableDataset):  # a stream's length is unknown: `resumable_batches` checks it
         held = len(held_out) if held_out is not None and cfg.validation.split else 0
@@ -125,8 +130,9 @@ def loader_options(cfg: TrainConfig, dataset: Dataset, device: torch.device) -> 
 
 def build_dataloader(cfg: TrainConfig, dataset: Dataset, device: torch.device) -> DataLoader:
     """Map-style data sets are shuffled (in buckets or mixed from several sources, by a seeded plan whose every
-    batch is one bucket and whose epochs draw each source by its weight); an iterable one (webdataset) shuffles
-    and splits its shards itself."""
+    batch is one bucket and whose epochs draw each source by its weight); an iterable one (webdataset, a mixture
+    with one) shuffles and splits its shards itself, and its loader's position goes into checkpoints, per process
+    (``StreamLoader``)."""
     if isinstance(dataset, BucketedStream):  # it yields whole batches
         return DataLoader(dataset, batch_size=None, collate_fn=collate_batch, **loader_options(cfg, dataset, device))
     buckets, sources = item_buckets(dataset), item_sources(dataset)
@@ -140,10 +146,15 @@ def build_dataloader(cfg: TrainConfig, dataset: Dataset, device: torch.device) -
             collate_fn=collate_batch,
             **loader_options(cfg, dataset, device),
         )
+    if isinstance(dataset, IterableDataset):  # its position is saved in checkpoints, per process
+        options = loader_options(cfg, dataset, device)
+        return StreamLoader(
+            dataset, batch_size=cfg.trainer.batch_size, drop_last=True, collate_fn=collate_batch, **options
+        )
     return DataLoader(
         dataset,
         batch_size=cfg.trainer.batch_size,
-        shuffle=not isinstance(dataset, IterableDataset),
+        shuffle=True,
         drop_last=True,
         collate_fn=collate_batch,
         **loader_options(cfg, dataset, device),

@@ -1,5 +1,6 @@
-"""Several data sets trained on as one (``data.mixture``): their items side by side, each tagged with its source, so
-the batch plan can draw each epoch's items by the sources' weights and skipped files are counted per source."""
+"""Several data sets trained on as one (``data.mixture``), skipped files counted per source: random-access ones side
+by side, each item tagged with its source, so the batch plan can draw each epoch's items by the sources' weights;
+with a stream among them (webdataset), one stream that draws each item's source by weight (``StreamMixture``)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any
 
-from torch.utils.data import Dataset
+import torch
+from torch.utils.data import Dataset, IterableDataset
 
 from dit_trainer.config import DataConfig, MixtureSource
 from dit_trainer.data.buckets import per_item
+from dit_trainer.data.streams import process_rank_and_world_size, seeded_int, seeded_uniform, worker_and_workers
+from dit_trainer.errors import ConfigError
 
 
 def source_names(mixture: list[MixtureSource]) -> list[str]:
@@ -72,6 +76,125 @@ class MixtureDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.item(index)
+
+
+def mix(datasets: list[Dataset], data: DataConfig) -> Dataset:
+    """The mixture of ``data.mixture``'s ``datasets``: a ``MixtureDataset`` of random-access ones, a
+    ``StreamMixture`` when one of them is a stream."""
+    names = source_names(data.mixture)
+    if any(isinstance(dataset, IterableDataset) for dataset in datasets):
+        return StreamMixture(datasets, names, [entry.weight for entry in data.mixture], data.seed)
+    return MixtureDataset(datasets, names)
+
+
+class StreamMixture(IterableDataset):
+    """Data sets of which at least one is a stream, as one endless stream: each item's source is drawn by weight
+    (from the seed, the rank, the worker and a counter), and each source goes through its own epochs, starting its
+    next one when it runs out. A random-access source is read in a seeded order per epoch, split over ranks and
+    workers as a stream's shards are. Its position (``MixedStream.state_dict``) is the draw counter and each
+    source's own position, so a resumed run continues it exactly."""
+
+    def __init__(
+        self,
+        datasets: list[Dataset],
+        names: list[str],
+        weights: list[float],
+        seed: int,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        self.datasets, self.names, self.seed = datasets, names, seed
+        self.shares = [weight / sum(weights) for weight in weights]
+        default_rank, default_world_size = process_rank_and_world_size()
+        self.rank = default_rank if rank is None else rank
+        self.world_size = default_world_size if world_size is None else world_size
+
+    def set_epoch(self, epoch: int) -> None:
+        """Nothing: the mixture never ends, and each source counts its own epochs."""
+
+    def __iter__(self) -> MixedStream:
+        return MixedStream(self)
+
+
+class MixedStream:
+    """One worker's iterator of a ``StreamMixture``, with ``state_dict``/``load_state_dict`` (torchdata's
+    ``Stateful``)."""
+
+    def __init__(self, mixture: StreamMixture) -> None:
+        self.mixture = mixture
+        self.worker, workers = worker_and_workers()
+        self.slot, self.slots = mixture.rank * workers + self.worker, mixture.world_size * workers
+        self.draws = 0
+        self.sources = [self._open(k, 0) for k in range(len(mixture.datasets))]
+        self.read = [0] * len(self.sources)  # items each source gave in its current epoch
+
+    def _open(self, k: int, epoch: int):
+        dataset = self.mixture.datasets[k]
+        if isinstance(dataset, IterableDataset):
+            dataset.set_epoch(epoch)
+            return iter(dataset)
+        return MapShare(dataset, self.mixture.seed + k, epoch, self.slot, self.slots)
+
+    def __iter__(self) -> MixedStream:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        self.draws += 1
+        u = seeded_uniform(self.mixture.seed, self.mixture.rank, self.worker, self.draws)
+        k = min(bisect.bisect_right(list(accumulate(self.mixture.shares)), u), len(self.sources) - 1)
+        item = next(self.sources[k], None)
+        if item is None:  # this source's epoch is over: its next one
+            if self.read[k] == 0:
+                raise ConfigError(
+                    f"data.mixture[{k}].path",
+                    getattr(self.mixture.datasets[k], "path", None),
+                    f"a whole epoch of the source {self.mixture.names[k]!r} gave this process's data-loader worker "
+                    f"{self.worker} no item (it is split over {self.slots} processes x workers)",
+                    "give it more shards (or images) than processes x `data.num_workers`, or lower `data.num_workers`",
+                )
+            self.sources[k], self.read[k] = self._open(k, self.sources[k].epoch + 1), 0
+            return self.__next__()
+        self.read[k] += 1
+        if item.get("bad_files"):
+            item["bad_files"] = [f"[{self.mixture.names[k]}] {record}" for record in item["bad_files"]]
+        return item
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"draws": self.draws, "read": list(self.read), "sources": [s.state_dict() for s in self.sources]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.draws, self.read = state["draws"], list(state["read"])
+        self.sources = [self._open(k, saved["epoch"]) for k, saved in enumerate(state["sources"])]
+        for source, saved in zip(self.sources, state["sources"]):
+            source.load_state_dict(saved)
+
+
+class MapShare:
+    """A random-access data set read as a stream for one epoch: this rank's and worker's share of a permutation
+    seeded by ``seed`` and ``epoch``. Each item is read with torch's random generator seeded by the item's place,
+    so its random crop or flip is the same when a resumed run reads it."""
+
+    def __init__(self, dataset: Dataset, seed: int, epoch: int, slot: int, slots: int) -> None:
+        self.dataset, self.seed, self.epoch, self.position = dataset, seed, epoch, 0
+        generator = torch.Generator().manual_seed(seeded_int(seed, epoch) >> 1)
+        self.indices = torch.randperm(len(dataset), generator=generator)[slot::slots].tolist()
+
+    def __iter__(self) -> MapShare:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        if self.position >= len(self.indices):
+            raise StopIteration
+        index, self.position = self.indices[self.position], self.position + 1
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seeded_int(self.seed, self.epoch, index) >> 1)
+            return self.dataset[index]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position = state["position"]
 
 
 def item_sources(dataset: Dataset) -> list[int] | None:

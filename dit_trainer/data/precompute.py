@@ -25,6 +25,7 @@ from dit_trainer.components.vae import build_vae
 from dit_trainer.config import TrainConfig
 from dit_trainer.data.buckets import bucketed, configured_buckets, in_order_loader
 from dit_trainer.data.cache import (
+    IMAGE_SIZES,
     INDEX,
     PROMPTS,
     SHARD_LIST,
@@ -40,6 +41,7 @@ from dit_trainer.data.cache import (
 from dit_trainer.data.source import build_dataset
 from dit_trainer.durable import write_atomically, write_text_atomically
 from dit_trainer.errors import ConfigError
+from dit_trainer.pixels import to_model_range
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
 
 
@@ -99,7 +101,8 @@ def _encode_images(cfg: TrainConfig, cache_dir: Path, state: PartialState, vae, 
     """Encode this rank's share into shards; returns (items, bad files) and leaves its shard list beside them."""
     device = state.device
     table, batch_size = configured_buckets(cfg), cfg.trainer.batch_size
-    source = bucketed(build_dataset(cfg.data), table, batch_size, show_progress=state.is_main_process)
+    sizes_dir = cache_dir / IMAGE_SIZES  # a precompute run again (one that did not finish) reads no header
+    source = bucketed(build_dataset(cfg.data), table, batch_size, False, state.is_main_process, sizes_dir)
     share = _rank_share(source, state)
     loader = in_order_loader(share, batch_size, cfg.data.num_workers)  # bucket by bucket
     source_items = _source_items(share, loader)
@@ -118,7 +121,7 @@ def _encode_images(cfg: TrainConfig, cache_dir: Path, state: PartialState, vae, 
     for batch in tqdm(loader, desc="precompute", disable=not state.is_main_process):
         bad_files += batch["bad_files"]
         size = tuple(batch["image"].shape[-2:])
-        mean, std = vae.encode_posterior(batch["image"].to(device))
+        mean, std = vae.encode_posterior(to_model_range(batch["image"].to(device)))
         condition = text_encoder.encode(batch["caption"])
         posterior = {"latent_mean": mean} | ({} if std is None else {"latent_std": std})  # none: deterministic
         encoded = posterior | condition.cast(torch.float32).stored("text_")
@@ -190,7 +193,7 @@ def precompute(cfg: TrainConfig) -> PrecomputeResult:
         state.wait_for_everyone()
         if state.is_main_process:
             cache_dir.mkdir(parents=True, exist_ok=True)
-            for stale in left:  # what a precompute that did not finish wrote, and nothing else
+            for stale in left:  # what a precompute that did not finish wrote (its sizes index kept), and nothing else
                 stale.unlink()
         state.wait_for_everyone()
         text_encoder = build_text_encoder(cfg.text_encoder, state.device, dtype)

@@ -11,7 +11,7 @@ from torch.utils.data import Dataset
 
 from dit_trainer.config import DataConfig
 from dit_trainer.data import SOURCES
-from dit_trainer.data.mixture import MixtureDataset, entry_config, source_names
+from dit_trainer.data.mixture import entry_config, mix
 from dit_trainer.errors import ConfigError
 
 
@@ -44,11 +44,11 @@ def augmentation(cfg: DataConfig) -> dict:
 
 def build_dataset(cfg: DataConfig) -> Dataset:
     """The source ``cfg.source`` names, or the mixture of ``cfg.mixture``'s. ``webdataset`` is an
-    ``IterableDataset`` (no ``len``), sharded by the torch.distributed rank of this process; the others are
-    map-style."""
+    ``IterableDataset`` (no ``len``), sharded by the torch.distributed rank of this process, and so is a mixture
+    with one; the others are map-style."""
     if cfg.mixture:
         entries = [_entry_dataset(cfg, position) for position in range(len(cfg.mixture))]
-        return MixtureDataset(entries, source_names(cfg.mixture))
+        return mix(entries, cfg)
     return SOURCES.get(cfg.source).build(cfg)
 
 

@@ -116,9 +116,9 @@ def largest_window(image: Image.Image, height: int, width: int) -> tuple[int, in
 
 
 def to_tensor(image: Image.Image) -> torch.Tensor:
-    """An RGB image -> (3, H, W) float in [-1, 1], the range the VAE expects."""
-    pixels = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)
-    return pixels.float() / 127.5 - 1.0
+    """An RGB image -> (3, H, W) uint8: a quarter of float32's bytes from the worker to the device, where
+    ``dit_trainer.pixels.to_model_range`` brings it to the VAE's [-1, 1]."""
+    return torch.from_numpy(np.asarray(image, dtype=np.uint8).copy()).permute(2, 0, 1)
 
 
 def to_model_input(
@@ -128,7 +128,7 @@ def to_model_input(
     horizontal_flip: bool = False,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Any PIL image -> (3, H, W) float in [-1, 1]: ``resolution`` is the side of a square or an aspect-ratio
+    """Any PIL image -> (3, H, W) uint8 (``to_tensor``): ``resolution`` is the side of a square or an aspect-ratio
     bucket's (height, width).
 
     ``crop``: center or random (resized to cover the target, then the target cut out) or none (the whole image

@@ -68,19 +68,30 @@ class Recorder:
 
     def __init__(self, module: nn.Module, names: dict[int, str], param_names: dict[int, str]) -> None:
         self.module, self.names, self.param_names = module, names, param_names
+        # A wrapper may register other parameter objects for the forward than those named before it (FSDP2 gathers
+        # its slices into whole tensors): each call learns the ones its module holds then, by name.
+        self._trainable = set(param_names.values())
+        self._prefixes = {id(sub): f"{name}." if name else "" for name, sub in module.named_modules()}
+        self._forward_params: list[nn.Parameter] = []  # alive, so their ids stay theirs
         self.touched: set[str] = set()  # trainable parameters some op used with grad mode on
         self.phase = "forward"
         self.calls: list[Call] = []
         self._stack: list[Call] = []
         self._handles: list[Any] = []
         self._clock = 0
-        self._busy = False  # the hooks' own tensor calls are not the module's ops
+        self._busy = False  # inside a module's hooks: their tensor calls are not the module's ops
         self._rerun_probes: dict[Call, _GradModeProbe] = {}
 
     def __enter__(self) -> Recorder:
         for sub in self.module.modules():
-            self._handles.append(sub.register_forward_pre_hook(self._pre_hook, with_kwargs=True))
-            self._handles.append(sub.register_forward_hook(self._post_hook, always_call=True))
+            # Around every hook of the module, not only ours: others' ops (FSDP2 gathers and frees the parameters
+            # with grad mode off) would otherwise count as its parent's code switching grad mode off.
+            self._handles += [
+                sub.register_forward_pre_hook(self._hooks_begin, prepend=True),
+                sub.register_forward_pre_hook(self._pre_hook, with_kwargs=True),
+                sub.register_forward_hook(self._post_hook, prepend=True, always_call=True),
+                sub.register_forward_hook(self._hooks_end, always_call=True),
+            ]
         self._probe = _GradModeProbe(self)
         self._probe.__enter__()
         return self
@@ -90,6 +101,7 @@ class Recorder:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._busy = False
 
     def saw_op(self, func: Any, args: tuple, kwargs: dict | None) -> None:
         """Called for every torch function during the forward: note grad mode and which parameters it touched."""
@@ -121,21 +133,26 @@ class Recorder:
         self._clock += 1
         return self._clock
 
-    def _pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+    def _hooks_begin(self, module: nn.Module, args: tuple) -> None:
         self._busy = True
+
+    def _pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        """The module's last pre-hook: its own code starts after it."""
         try:
             self._enter(module, args, kwargs)
         finally:
             self._busy = False
 
     def _post_hook(self, module: nn.Module, args: tuple, output: Any) -> None:
+        """The module's first post-hook: its own code ended before it."""
         self._busy = True
-        try:
-            self._leave(module, output)
-        finally:
-            self._busy = False
+        self._leave(module, output)
+
+    def _hooks_end(self, module: nn.Module, args: tuple, output: Any) -> None:
+        self._busy = False
 
     def _enter(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._learn_parameters(module)
         parent = self._stack[-1] if self._stack else None
         inputs = list(iter_tensors((args, kwargs)))
         grad_enabled = torch.is_grad_enabled()
@@ -166,6 +183,13 @@ class Recorder:
             probe.__enter__()
         self.calls.append(call)
         self._stack.append(call)
+
+    def _learn_parameters(self, module: nn.Module) -> None:
+        prefix = self._prefixes.get(id(module), "")
+        for name, parameter in module.named_parameters(recurse=False):
+            if prefix + name in self._trainable and id(parameter) not in self.param_names:
+                self.param_names[id(parameter)] = prefix + name
+                self._forward_params.append(parameter)
 
     def _leave(self, module: nn.Module, output: Any) -> None:
         # Pop back to this module's call; always_call=True keeps the stack right when a forward raises.

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from dit_trainer.sharding import reshard
+
 from . import _messages as say
 from ._trace import Call, Recorder, preserved_state
 from .report import Finding, GradientReport
@@ -29,6 +31,10 @@ def diagnose_gradient_flow(module: nn.Module, compute_loss: Callable[[], torch.T
     counters in ``compute_loss``) are not undone. ``compute_loss`` runs with grad mode enabled.
     """
     root = type(module).__name__
+    # An FSDP2 unit left gathered (the root stays so after a forward without backward, e.g. a no_grad sampling pass)
+    # registers whole plain tensors, but backward reduces the gradient into its sharded parameters and frees the
+    # whole ones' gradients: resharded, the parameters read (and cleared, and restored) here are those that keep it.
+    reshard(module)
     names: dict[int, str] = {}
     for name, sub in module.named_modules():
         names.setdefault(id(sub), name or root)
@@ -71,7 +77,7 @@ def diagnose_gradient_flow(module: nn.Module, compute_loss: Callable[[], torch.T
 
     report.num_with_grad = sum(received.values())
     starved = [name for name, got in received.items() if not got]
-    report.findings += _explain_starved(starved, trainable, module, recorder, warned, bool(report.loss_has_graph))
+    report.findings += _explain_starved(starved, module, recorder, warned, bool(report.loss_has_graph))
     if nonfinite:
         report.findings.append(say.nonfinite_grad(nonfinite))
     return report
@@ -88,7 +94,6 @@ def _check_loss(loss: Any, report: GradientReport) -> None:
 
 def _explain_starved(
     starved: list[str],
-    params: dict[str, nn.Parameter],
     module: nn.Module,
     recorder: Recorder,
     warned: bool,
@@ -101,7 +106,7 @@ def _explain_starved(
     rerun = {id(c.module) for c in rerun_calls}
     islands = [c for c in forward if c.island is c]
     unreached = [c for c in forward if c.island is None and c.out_requires_grad and not c.reached]
-    graphs: dict[Call, set[int]] = {}
+    graphs: dict[Call, set[str]] = {}
 
     def healthy_checkpoint(island: Call) -> bool:
         if id(island.module) in rerun:  # a working re-entrant checkpoint re-runs its forward during backward
@@ -122,7 +127,7 @@ def _explain_starved(
         # Its own forward ran ops with grad mode off (a decorator or a no_grad block), and never used it with grad on.
         switched_off = next((c for c in normal if c.ops_grad_off and pname not in recorder.touched), None)
         # The latest module output whose graph holds this parameter but that backward never reached.
-        cut = max((c for c in unreached if id(params[pname]) in _graph_params(c, graphs)), key=_end, default=None)
+        cut = max((c for c in unreached if pname in _graph_params(c, graphs, recorder)), key=_end, default=None)
 
         if island is not None and not normal:
             if not (island.checkpoint and healthy_checkpoint(island)):
@@ -168,10 +173,10 @@ def _end(call: Call) -> int:
     return call.end
 
 
-def _graph_params(call: Call, cache: dict[Call, set[int]]) -> set[int]:
-    """ids of the leaf tensors (parameters) that backward from ``call``'s outputs would reach."""
+def _graph_params(call: Call, cache: dict[Call, set[str]], recorder: Recorder) -> set[str]:
+    """Names of the trainable parameters that backward from ``call``'s outputs would reach."""
     if call not in cache:
-        found: set[int] = set()
+        found: set[str] = set()
         seen: set[Any] = set()
         stack = list(call.graph_roots)
         while stack:
@@ -180,9 +185,9 @@ def _graph_params(call: Call, cache: dict[Call, set[int]]) -> set[int]:
                 continue
             seen.add(node)
             if isinstance(node, torch.Tensor):  # a leaf returned as is
-                found.add(id(node))
+                found.add(recorder.param_names.get(id(node), ""))
             elif (variable := getattr(node, "variable", None)) is not None:  # AccumulateGrad
-                found.add(id(variable))
+                found.add(recorder.param_names.get(id(variable), ""))
             else:
                 stack.extend(next_node for next_node, _ in getattr(node, "next_functions", ()))
         cache[call] = found

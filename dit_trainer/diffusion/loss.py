@@ -16,6 +16,7 @@ from torch import nn
 
 from dit_trainer.condition import Condition
 from dit_trainer.diffusion.schedule import NoiseSchedule
+from dit_trainer.pixels import to_model_range
 
 
 def per_sample_mse(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -66,7 +67,7 @@ def diffusion_loss(
             std = None if std is None else std.to(device, non_blocking=True).float()  # stored float16, say
             latents = vae.latents_from_posterior(mean.to(device, non_blocking=True).float(), std, generator)
         else:
-            latents = vae.encode(batch["image"].to(device, non_blocking=True), generator)
+            latents = vae.encode(to_model_range(batch["image"].to(device, non_blocking=True)), generator)
         condition = batch_condition(batch, text_encoder, caption_dropout, generator)
     noise = torch.randn(latents.shape, generator=generator, device=latents.device, dtype=latents.dtype)
     timesteps = schedule.at_size(latents.shape).sample_timesteps(latents.shape[0], latents.device, generator)

@@ -16,11 +16,13 @@ from dit_trainer.config import TrainConfig
 from dit_trainer.diffusion.policy import StochasticPolicy
 from dit_trainer.diffusion.schedule import NoiseSchedule
 from dit_trainer.durable import link_or_copy_tree
+from dit_trainer.errors import ConfigError
 from dit_trainer.grpo.prompts import PromptSampler
 from dit_trainer.grpo.reference import ReferencePolicy, build_reference
 from dit_trainer.grpo.trainer import GRPOSettings, GRPOTrainer
 from dit_trainer.prompts import load_prompts
 from dit_trainer.rewards.build import build_reward
+from dit_trainer.sharding import is_sharded
 
 OWN_WEIGHTS = "init"  # RUN/init/<weights folder>: the weights a GRPO run started from, its own copy
 
@@ -72,7 +74,18 @@ def build_prompt_sampler(cfg: TrainConfig) -> PromptSampler:
 
 def build_kl_reference(cfg: TrainConfig, dit: DiTAdapter, accelerator: Accelerator) -> ReferencePolicy | None:
     """The starting policy the KL penalty anchors to (None without ``grpo.beta``)."""
-    return build_reference(dit, cfg.lora.enabled, accelerator.autocast) if cfg.grpo.beta > 0 else None
+    if cfg.grpo.beta == 0:
+        return None
+    if not cfg.lora.enabled and is_sharded(dit.parameters()):
+        raise ConfigError(
+            "grpo.beta",
+            cfg.grpo.beta,
+            "under FSDP the KL penalty of full fine-tuning would need a second, frozen copy of the sharded model, "
+            "which this trainer does not build",
+            "fine-tune with LoRA (`lora.enabled=true`: the reference is the same sharded model with its adapters "
+            "off), set `grpo.beta=0`, or launch with DDP",
+        )
+    return build_reference(dit, cfg.lora.enabled, accelerator.autocast)
 
 
 def build_policy(cfg: TrainConfig, schedule: NoiseSchedule, device: torch.device) -> StochasticPolicy:

@@ -1,16 +1,21 @@
 """Endless batches that continue where a resumed run stopped, for each kind of loader the trainer builds:
-map-style (shuffled per epoch: skip into the epoch), streamed (webdataset: read and drop what was trained on) and
-Poisson-sampled (DP: step ``s``'s draw depends only on ``s``)."""
+map-style (shuffled per epoch: skip into the epoch), streamed (webdataset, a mixture with one: continue at the
+position the checkpoint saved, or without one read and drop what was trained on) and Poisson-sampled (DP: step
+``s``'s draw depends only on ``s``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from accelerate import Accelerator
+from accelerate.logging import get_logger
 from torch.utils.data import DataLoader, IterableDataset
 
 from dit_trainer.data.poisson import PoissonBatchSampler
+from dit_trainer.data.stream_loader import StreamLoader
 from dit_trainer.errors import ConfigError
+
+logger = get_logger(__name__)
 
 
 def resumable_batches(
@@ -41,10 +46,23 @@ def _map_batches(dataloader: DataLoader, accelerator: Accelerator, micro_steps: 
 
 
 def _stream_batches(dataloader: DataLoader, skip: int, data_path: str | None) -> Iterator[dict]:
-    """A streamed data set's length is unknown, so a resumed run reads and drops the batches it already trained on
-    (same order: the shard shuffle is seeded by the epoch)."""
-    epoch = 0
+    """A stream continues at the position its checkpoint saved (``StreamLoader.restored``). Without one (a
+    checkpoint from before streams saved it, or a bucketed stream, whose batches are assembled across samples) it
+    reads and drops the batches already trained on: the same order, as the shard shuffle is seeded by the epoch,
+    but at the cost of reading everything since step 0."""
+    restored = isinstance(dataloader, StreamLoader) and dataloader.restored
+    epoch, skip = (dataloader.epoch, 0) if restored else (0, skip)
+    if restored:
+        dataloader.restored = False  # its next iterator continues the saved position, the ones after start afresh
+    if skip:
+        logger.warning(
+            f"The checkpoint holds no stream position for this data: reading and dropping the {skip} batches "
+            "already trained on before the first step (this takes as long as reading them did).",
+            main_process_only=True,
+        )
     while True:
+        if isinstance(dataloader, StreamLoader):
+            dataloader.epoch = epoch
         dataloader.dataset.set_epoch(epoch)
         batches = 0
         for batch in dataloader:
@@ -53,7 +71,7 @@ def _stream_batches(dataloader: DataLoader, skip: int, data_path: str | None) ->
                 skip -= 1
                 continue
             yield batch
-        if batches == 0:
+        if batches == 0 and not restored:  # a restored position may stand at the end of its epoch
             raise ConfigError(
                 "data.path",
                 data_path,
@@ -62,4 +80,4 @@ def _stream_batches(dataloader: DataLoader, skip: int, data_path: str | None) ->
                 "check the shards (and that there are at least as many as processes x workers), or lower "
                 "`trainer.batch_size`",
             )
-        epoch += 1
+        epoch, restored = epoch + 1, False

@@ -10,7 +10,6 @@ safetensors, JSON or ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import pickle
 import shutil
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+import torch.distributed.checkpoint as dcp
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from diffusers import ModelMixin
@@ -37,9 +37,12 @@ from dit_trainer.run_folder import (
     list_checkpoints,
     resolve_checkpoint,
 )
+from dit_trainer.sharding import reshard
+from dit_trainer.training.config_changes import config_changes, config_hash, defines_training
 
 logger = get_logger(__name__)
 EMA_STATE = "ema_state.json"
+EMA_SLICES = "ema_sharded"  # under FSDP: the EMA's slices as a torch.distributed.checkpoint folder
 WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)  # what a full disk raises, depending on the writer
 LOAD_ERRORS = (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError)
 
@@ -61,10 +64,15 @@ class TrainingState:
         generators = {f"generator.{name}": g.get_state() for name, g in self.other_generators.items()}
         save_file({"counters": counters, "generator": self.generator.get_state(), **generators}, path)
 
-    def load(self, path: Path) -> None:
-        state = load_file(path)
+    def load(self, folder: Path, process_index: int) -> None:
+        """This process's state from checkpoint ``folder``. A process the checkpoint did not have (resumed on more
+        processes) takes the counters of process 0 and keeps its own freshly seeded generators."""
+        own = folder / f"trainer_state_{process_index}.safetensors"
+        state = load_file(own if own.is_file() else folder / "trainer_state_0.safetensors")
         counters = [int(v) for v in state["counters"]] + [0]  # checkpoints before 2026-11-25 hold two counters
         self.step, self.skipped_steps, self.scaler_overflows = counters[:3]
+        if not own.is_file():
+            return
         self.generator.set_state(state["generator"])
         for name, generator in self.other_generators.items():
             generator.set_state(state[f"generator.{name}"])
@@ -94,7 +102,8 @@ class Checkpointer:
 
     The EMA weights are saved in the same format as the raw ones (swapped in for the write), with the EMA's
     counters in ``ema_state.json`` beside them. ``json_states`` (e.g. the DP accountant) are saved by the main
-    process as ``<name>.json``.
+    process as ``<name>.json``; ``process_states`` (a stream's position) by every process as ``<name>_<rank>.pt``,
+    and restored only where the checkpoint has them (their owner knows what to do without).
     """
 
     def __init__(
@@ -108,6 +117,8 @@ class Checkpointer:
         config: dict[str, Any] | None = None,
         allow_config_change: bool = False,
         json_states: dict[str, JSONState] | None = None,
+        same_processes_because: str | None = None,
+        process_states: dict[str, JSONState] | None = None,
     ) -> None:
         self.accelerator = accelerator
         self.checkpoints_dir = checkpoints_dir
@@ -118,18 +129,26 @@ class Checkpointer:
         self.config = config or {}
         self.allow_config_change = allow_config_change
         self.json_states = json_states or {}
+        self.process_states = process_states or {}
+        # Why a resume must have the checkpoint's number of processes (None: it may change, with a warning).
+        self.same_processes_because = same_processes_because
         accelerator.register_save_state_pre_hook(self._save_models)
         accelerator.register_load_state_pre_hook(self._load_models)
 
     def _save_models(self, models: list, weights: list, output_dir: str) -> None:
-        if not self.accelerator.is_main_process:
+        sharded = self.accelerator.is_fsdp2  # whole weights are gathered from every process's slices
+        if not (sharded or self.accelerator.is_main_process):
             return
         for model in models:
+            reshard(model)  # the EMA swaps the sharded parameters
             transformer = self.accelerator.unwrap_model(model).transformer
             save_weights(transformer, Path(output_dir) / self.weights.directory, self.weights.lora)
-            weights.pop()  # saved above; accelerate need not save it again
+            if weights:  # saved above; accelerate need not save it again (under FSDP it saved the slices itself)
+                weights.pop()
             if self.ema is not None:
                 self._save_ema(transformer, Path(output_dir) / self.weights.ema_directory)
+        if sharded and self.ema is not None:  # the slices themselves too: exact, and resharded on a resume
+            dcp.save(self._ema_slices(), checkpoint_id=Path(output_dir) / EMA_SLICES)
 
     def _save_ema(self, transformer: ModelMixin, path: Path) -> None:
         parameters = trainable_parameters(transformer)
@@ -139,8 +158,20 @@ class Checkpointer:
             save_weights(transformer, path, self.weights.lora)
         finally:
             self.ema.restore(parameters)
-        counters = {k: v for k, v in self.ema.state_dict().items() if k != "shadow_params"}
-        (path / EMA_STATE).write_text(json.dumps(counters), encoding="utf-8")
+        if self.accelerator.is_main_process:
+            counters = {k: v for k, v in self.ema.state_dict().items() if k != "shadow_params"}
+            (path / EMA_STATE).write_text(json.dumps(counters), encoding="utf-8")
+
+    def _ema_slices(self) -> dict[str, dict[str, torch.Tensor]]:
+        return {"shadow": {str(index): shadow for index, shadow in enumerate(self.ema.shadow_params)}}
+
+    def _load_sharded_ema(self, path: Path) -> None:
+        """Under FSDP accelerate loads the model's slices itself (no load hook sees it); the EMA's slices are read
+        into the current shadows, resharded to this run's processes."""
+        slices = self._ema_slices()
+        dcp.load(slices, checkpoint_id=path / EMA_SLICES)
+        counters = json.loads((path / self.weights.ema_directory / EMA_STATE).read_text(encoding="utf-8"))
+        self.ema.load_state_dict({**counters, "shadow_params": list(slices["shadow"].values())})
 
     def _load_models(self, models: list, input_dir: str) -> None:
         while models:
@@ -171,6 +202,8 @@ class Checkpointer:
         try:
             accelerator.save_state(str(partial))
             self.state.save(partial / f"trainer_state_{accelerator.process_index}.safetensors")
+            for name, state in self.process_states.items():
+                torch.save(state.state_dict(), partial / f"{name}_{accelerator.process_index}.pt")
             accelerator.wait_for_everyone()
             if accelerator.is_main_process:
                 for name, state in self.json_states.items():
@@ -246,14 +279,22 @@ class Checkpointer:
         objective unless ``allow_config_change``; other changes (lr, monitors, ...) are listed in a warning."""
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
         world_size = manifest.get("world_size") or len(list(path.glob("trainer_state_*.safetensors")))
-        if world_size != self.accelerator.num_processes:
+        processes = self.accelerator.num_processes
+        if world_size != processes and self.same_processes_because:
             raise ConfigError(
                 "trainer.resume",
                 str(path),
-                f"it was written by {world_size} processes and this run has {self.accelerator.num_processes} (each "
-                "process resumes its own random state and data position)",
+                f"it was written by {world_size} processes and this run has {processes} "
+                f"({self.same_processes_because})",
                 f"resume with {world_size} processes (e.g. `accelerate launch --num_processes {world_size}`), or "
                 "start a fresh run in a new `hydra.run.dir`",
+            )
+        if world_size != processes:
+            logger.warning(
+                f"Resuming {path.name}, written by {world_size} processes, on {processes}: the weights and optimizer "
+                "state continue exactly, but each step now takes another number of images and the data order after "
+                "the resume point differs from the uninterrupted run's.",
+                main_process_only=True,
             )
         if "config" not in manifest:  # written before checkpoints recorded their config
             if manifest.get("config_hash") != config_hash(self.config):
@@ -303,7 +344,13 @@ class Checkpointer:
                 "resume with the settings that run was trained with (its config.yaml), or start a fresh run in a "
                 "new `hydra.run.dir`",
             ) from error
-        self.state.load(path / f"trainer_state_{self.accelerator.process_index}.safetensors")
+        if self.accelerator.is_fsdp2 and self.ema is not None:
+            self._load_sharded_ema(path)
+        self.state.load(path, self.accelerator.process_index)
+        for name, state in self.process_states.items():
+            file = path / f"{name}_{self.accelerator.process_index}.pt"
+            if file.is_file():
+                state.load_state_dict(torch.load(file, weights_only=True))
         for name, state in self.json_states.items():
             file = path / f"{name}.json"
             if not file.is_file():
@@ -315,60 +362,3 @@ class Checkpointer:
                     "resume with the settings that run was trained with (its config.yaml)",
                 )
             state.load_state_dict(json.loads(file.read_text(encoding="utf-8")))
-
-
-RESUMING_KEYS = ("trainer.resume", "trainer.max_steps", "trainer.allow_config_change")  # what resuming changes
-# Settings that may change between attempts without changing what is trained: loading speed, sampling, caches.
-OPERATIONAL_KEYS = {
-    "data.num_workers",
-    "data.prefetch_factor",
-    "data.max_bad_fraction",
-    "data.cache_dir",
-    "data.cache_dtype",
-    "data.cache_shard_size",
-    "diffusion.sampler",
-    "diffusion.sample_steps",
-    "diffusion.guidance_scale",
-}
-DEFINING_SECTIONS = ("model", "vae", "text_encoder", "data", "diffusion", "lora", "privacy")
-# What the held-out split depends on: changing it turns images already trained on into validation images.
-HELD_OUT_KEYS = {"validation.split", "validation.seed", "validation.path"}
-
-
-def _flatten(config: dict, prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in config.items():
-        if isinstance(value, dict) and value:
-            flat |= _flatten(value, f"{prefix}{key}.")
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
-def config_changes(saved: dict, current: dict) -> dict[str, tuple[Any, Any]]:
-    """``{key: (saved, current)}`` for every setting that differs, except those resuming is meant to change."""
-    old, new = _flatten(saved), _flatten(json.loads(json.dumps(current, default=str)))
-    keys = sorted((old.keys() | new.keys()) - set(RESUMING_KEYS))
-    return {key: (old.get(key), new.get(key)) for key in keys if old.get(key) != new.get(key)}
-
-
-def defines_training(key: str, saved: Any = None, current: Any = None, grpo: bool = False) -> bool:
-    """Whether changing ``key`` from ``saved`` to ``current`` changes what is trained (the model, its data and the
-    images held out of it, its objective; in a GRPO run (``grpo``) also its own settings and the reward it trains
-    on), as opposed to how fast, how long or what is watched."""
-    section = key.split(".")[0]
-    if key in OPERATIONAL_KEYS:
-        return False
-    if key == "validation.every_n_steps":  # turned on or off: images are held out of training, or no longer
-        return bool(saved) != bool(current)
-    if section in ("grpo", "reward"):
-        return grpo
-    return key in HELD_OUT_KEYS or section in DEFINING_SECTIONS
-
-
-def config_hash(config: dict) -> str:
-    """A short fingerprint of the training config, ``RESUMING_KEYS`` excluded (checkpoints written before they
-    recorded their whole config compare this)."""
-    trainer = {k: v for k, v in config["trainer"].items() if f"trainer.{k}" not in RESUMING_KEYS}
-    text = json.dumps({**config, "trainer": trainer}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -45,6 +45,15 @@ def _check_privacy(cfg: TrainConfig) -> None:
         "set `trainer.gradient_checkpointing=false` (lower `trainer.batch_size` if memory is short)",
     )
     require(
+        not t.compile,
+        "trainer.compile",
+        t.compile,
+        "Opacus' ghost clipping runs two backward passes through one graph, which a compiled block's backward "
+        "refuses (it frees its buffers after the first), and the per-sample hooks of `privacy.mode=hooks` break "
+        "the compiled blocks into a graph per layer (torch's recompile limit is hit and the step gets slower)",
+        "set `trainer.compile=false` for DP-SGD",
+    )
+    require(
         t.mixed_precision != "fp16",
         "trainer.mixed_precision",
         t.mixed_precision,

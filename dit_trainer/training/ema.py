@@ -8,6 +8,8 @@ from collections.abc import Iterable
 import torch
 from diffusers.training_utils import EMAModel
 
+from dit_trainer.sharding import is_sharded
+
 
 class FusedEMA(EMAModel):
     """``shadow += (1 - decay) * (param - shadow)`` as one ``torch._foreach_lerp_`` over all parameters.
@@ -22,3 +24,12 @@ class FusedEMA(EMAModel):
         self.optimization_step += 1
         self.cur_decay_value = self.get_decay(self.optimization_step)
         torch._foreach_lerp_(self.shadow_params, list(parameters), 1 - self.cur_decay_value)  # no_grad: read only
+
+    def store(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """diffusers keeps the stored weights on the CPU. Sharded (FSDP2) slices stay where they are: they are 1/N of
+        the model, and a ``DTensor`` moved to the CPU would no longer match its device mesh when copied back."""
+        parameters = list(parameters)
+        if is_sharded(parameters):
+            self.temp_stored_params = [parameter.detach().clone() for parameter in parameters]
+        else:
+            super().store(parameters)

@@ -13,6 +13,7 @@ from torch.utils.data import Dataset
 from dit_trainer.components.build import Components
 from dit_trainer.config import TrainConfig
 from dit_trainer.diffusion.sampler import SamplerSettings
+from dit_trainer.errors import ConfigError
 from dit_trainer.fid import (
     build_feature_extractor,
     check_reference_size,
@@ -64,10 +65,11 @@ def build_monitors(
 def build_validation_monitor(
     cfg: TrainConfig, context: MonitorContext, parts: Components, held_out: Dataset
 ) -> ValidationMonitor:
-    """The validation loss on ``held_out``, encoded once on the main process (the others never validate)."""
+    """The validation loss on ``held_out``, encoded once on the main process (the others never validate; under FSDP
+    they take part in each forward, so they encode it too)."""
     v, accelerator = cfg.validation, context.accelerator
     batches = None
-    if accelerator.is_main_process:
+    if accelerator.is_main_process or context.sharded:
         batches = encode_held_out(held_out, parts.vae, accelerator.device, v.batch_size)
         images = sum(len(batch["caption"]) for batch in batches)
         logger.info(f"validation: {images} held-out images x {v.timesteps} timesteps every {v.every_n_steps} steps")
@@ -79,6 +81,14 @@ def build_fid_monitor(cfg: TrainConfig, context: MonitorContext, parts: Componen
     """FID against the validation images, whose features are computed (or read from their cache) on the main
     process only."""
     f, d, v, accelerator = cfg.monitor.fid, cfg.diffusion, cfg.validation, context.accelerator
+    if context.sharded:
+        raise ConfigError(
+            "monitor.fid.enabled",
+            True,
+            "the FID monitor samples on the main process only, and under FSDP a forward needs every process",
+            "turn it off for sharded runs (`monitor.fid.enabled=false`) and compute FID afterwards with "
+            "`scripts/evaluate.py` on the exported weights",
+        )
     extractor = reference = None
     if accelerator.is_main_process:
         extractor = build_feature_extractor(f.features, f.weights, parts.vae, cfg.vae, accelerator.device)

@@ -1,7 +1,9 @@
 """Monitors: periodic work on the EMA weights that watches training and never changes it.
 
 Every monitor runs under ``torch.no_grad()`` on the main process only (the other ranks wait at a barrier), with
-the global RNG state forked, so the training that follows is bit-identical to training without the monitor.
+the global RNG state forked, so the training that follows is bit-identical to training without the monitor. Under
+FSDP a forward needs every process (each holds a slice of the weights): there every process samples the same
+images, and only the main one writes and scores them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dit_trainer.diffusion.sampler import SamplerSettings, TextToImage
 from dit_trainer.images import image_grid
 from dit_trainer.rewards.base import WeightedReward
 from dit_trainer.rewards.grpo import reward_metrics
+from dit_trainer.sharding import reshard
 from dit_trainer.training.trackers import log_image
 
 
@@ -34,6 +37,7 @@ def sampling_weights(accelerator: Accelerator, dit: nn.Module, ema: EMAModel | N
     leaves training exactly as it found it.
     """
     model = accelerator.unwrap_model(dit)
+    reshard(model)  # FSDP: the sharded parameters are the ones the EMA swaps
     parameters = trainable_parameters(model.transformer)
     device = accelerator.device
     devices = [] if device.type == "cpu" else [device.index or 0]
@@ -47,6 +51,7 @@ def sampling_weights(accelerator: Accelerator, dit: nn.Module, ema: EMAModel | N
             yield model
         finally:
             model.train(was_training)
+            reshard(model)
             if ema is not None:
                 ema.restore(parameters)
 
@@ -59,6 +64,7 @@ class MonitorContext:
     text_to_image: TextToImage
     ema: EMAModel | None
     logger: LoggerConfig
+    sharded: bool = False  # FSDP: monitors run on every process
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,8 @@ class SamplingPlan:
 
 
 class Monitor:
-    """Runs ``run`` on the main process every ``every_n_steps`` (and at the last step); others wait at a barrier.
+    """Runs ``run`` on the main process every ``every_n_steps`` (and at the last step); others wait at a barrier
+    (under FSDP they run it too, and write nothing).
 
     ``__call__`` returns the metrics to log at that step (empty on other ranks).
     """
@@ -93,9 +100,9 @@ class Monitor:
 
     def __call__(self, dit: nn.Module, step: int) -> dict[str, float]:
         accelerator = self.context.accelerator
-        metrics = self.run(dit, step) if accelerator.is_main_process else {}
+        metrics = self.run(dit, step) if accelerator.is_main_process or self.context.sharded else {}
         accelerator.wait_for_everyone()
-        return metrics
+        return metrics if accelerator.is_main_process else {}
 
     def run(self, dit: nn.Module, step: int) -> dict[str, float]:
         raise NotImplementedError
@@ -118,10 +125,13 @@ class SamplingMonitor(Monitor):
             )
 
     def _save_grid(self, images: torch.Tensor, key: str, step: int, labels: list[str] | None = None) -> Path:
-        """``out_dir/step_<N>.png``, one row per prompt, also sent to the tracker as ``key``."""
+        """``out_dir/step_<N>.png``, one row per prompt, also sent to the tracker as ``key`` (by the main process:
+        under FSDP the others sampled the same images)."""
+        path = self.out_dir / f"step_{step:07d}.png"
+        if not self.context.accelerator.is_main_process:
+            return path
         grid = image_grid(images, self.plan.group_size, labels=labels, row_labels=self.plan.prompts)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        path = self.out_dir / f"step_{step:07d}.png"
         grid.save(path)
         log_image(self.context.accelerator, self.context.logger, key, grid, step)
         return path
@@ -158,6 +168,8 @@ class GRPORewardMonitor(SamplingMonitor):
     def run(self, dit: nn.Module, step: int) -> dict[str, float]:
         start = time.perf_counter()
         images = self._sample(dit)
+        if self.reward is None:  # under FSDP, a process that only helped to sample
+            return {}
         prompts = self.plan.image_prompts
         scores = self.reward.scores(images, prompts)
         rewards = self.reward.combine(scores).float().cpu()

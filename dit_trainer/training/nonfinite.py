@@ -17,6 +17,7 @@ from accelerate.logging import get_logger
 from torch import nn
 
 from dit_trainer.errors import NonFiniteError
+from dit_trainer.sharding import local
 from dit_trainer.training.checkpoint import TrainingState
 from dit_trainer.training.preemption import PreemptionHandler
 
@@ -88,7 +89,8 @@ class NonFiniteGuard:
 
     def report(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> str:
         model = self.accelerator.unwrap_model(self.model)
-        bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+        grads = [(n, local(p.grad)) for n, p in model.named_parameters() if p.grad is not None]  # FSDP: this slice
+        bad = [name for name, grad in grads if not torch.isfinite(grad).all()]
         more = f" and {len(bad) - SHOWN} more" if len(bad) > SHOWN else ""
         shown = ", ".join(bad[:SHOWN]) + more if bad else "none"
         return (

@@ -52,10 +52,9 @@ def build_lr_scheduler(
     )
 
 
-def build_ema(cfg: TrainConfig, parameters: list[torch.nn.Parameter], device: torch.device) -> FusedEMA | None:
-    """The EMA of what trains (the whole DiT, or a LoRA run's adapters); None with ``trainer.ema_decay=0``."""
+def build_ema(cfg: TrainConfig, parameters: list[torch.nn.Parameter]) -> FusedEMA | None:
+    """The EMA of what trains (the whole DiT, or a LoRA run's adapters), where the prepared ``parameters`` are
+    (under FSDP: a slice per process); None with ``trainer.ema_decay=0``."""
     if cfg.trainer.ema_decay == 0:
         return None
-    ema = FusedEMA(parameters, decay=cfg.trainer.ema_decay)
-    ema.to(device)
-    return ema
+    return FusedEMA(parameters, decay=cfg.trainer.ema_decay)

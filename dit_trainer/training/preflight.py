@@ -20,7 +20,10 @@ CONFIG_HINTS = {
 
 def preflight(dit: nn.Module, compute_loss: Callable[[], torch.Tensor]) -> None:
     """Raise ``GradientFlowError`` when ``compute_loss()`` cannot train ``dit``."""
-    report = diagnose_gradient_flow(dit, compute_loss)
+    # Eager even under `trainer.compile`: the doctor records every op through a torch-function mode, which compiled
+    # blocks would recompile for at each depth of its stack (dozens of graphs for one diagnostic pass).
+    with torch.compiler.set_stance("force_eager"):
+        report = diagnose_gradient_flow(dit, compute_loss)
     if not report.ok:
         hints = [CONFIG_HINTS[code] for code in report.codes if code in CONFIG_HINTS]
         raise GradientFlowError("\n".join([str(report), *hints]))

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 from opacus import PrivacyEngine
 from opacus.accountants.utils import get_noise_multiplier
 from opacus.grad_sample import GradSampleHooks, register_grad_sampler
@@ -92,7 +93,15 @@ def check_model(model: nn.Module) -> None:
 
 def check_private_launch(accelerator: Accelerator) -> None:
     """What the config alone cannot tell: several processes (per-rank Poisson sampling and noise are not built
-    here) and fp16 chosen by ``trainer.mixed_precision=auto``."""
+    here), FSDP (Opacus computes per-sample gradients of whole parameters, and FSDP holds slices) and fp16 chosen by
+    ``trainer.mixed_precision=auto``."""
+    if accelerator.distributed_type == DistributedType.FSDP:
+        raise ConfigError(
+            "privacy.enabled",
+            True,
+            "DP-SGD clips each sample's gradient of whole parameters, and this launch shards them with FSDP",
+            "launch `python train.py ...` without an FSDP accelerate config; DP runs in one process",
+        )
     if accelerator.num_processes > 1:
         raise ConfigError(
             "privacy.enabled",

@@ -14,7 +14,6 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import (
     DataLoaderConfiguration,
-    DistributedType,
     InitProcessGroupKwargs,
     ProjectConfiguration,
     set_seed,
@@ -23,10 +22,12 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from dit_trainer.components.build import Components, build_components
+from dit_trainer.components.compile import apply_compile
 from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.config import TrainConfig
 from dit_trainer.data.loading import build_dataloader, build_source, build_training_data, loader_options
 from dit_trainer.data.mixture import source_names
+from dit_trainer.data.stream_loader import StreamLoader
 from dit_trainer.diffusion.loss import DiffusionLoss
 from dit_trainer.diffusion.sampler import TextToImage
 from dit_trainer.durable import write_text_atomically
@@ -40,16 +41,24 @@ from dit_trainer.grpo.build import (
 )
 from dit_trainer.grpo.prompts import PromptSampler
 from dit_trainer.precision import allow_tf32, resolve_mixed_precision, weight_dtype
-from dit_trainer.run_folder import CHECKPOINTS, CONFIG, weights_layout
+from dit_trainer.run_folder import CHECKPOINTS, CONFIG, IMAGE_SIZES, weights_layout
 from dit_trainer.run_lock import RunFolderLock
 from dit_trainer.training.checkpoint import Checkpointer, TrainingState, check_run_folder
 from dit_trainer.training.data_health import BadFileCounter
 from dit_trainer.training.ema import FusedEMA
+from dit_trainer.training.fsdp import (
+    check_fsdp,
+    launched_on_cpu_processes,
+    shard_on_cpu_processes,
+    wrap_family_blocks,
+)
+from dit_trainer.training.memory import report_memory
 from dit_trainer.training.monitor_set import build_monitor_set
 from dit_trainer.training.monitors import MonitorContext
 from dit_trainer.training.nonfinite import NonFiniteGuard
 from dit_trainer.training.optim import build_ema, build_lr_scheduler, build_optimizer
 from dit_trainer.training.privacy import PrivateTraining, check_private_launch, make_private
+from dit_trainer.training.text_cost import warn_live_text_encoding
 from dit_trainer.training.trackers import start_trackers, tracker_name
 from dit_trainer.training.trainer import LoopSettings, Trainer, TrainResult
 from dit_trainer.training.update import AccelerateUpdate, PrivateUpdate, Update
@@ -58,7 +67,8 @@ logger = get_logger(__name__)
 
 
 def build_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
-    return Accelerator(
+    accelerator = Accelerator(
+        cpu=launched_on_cpu_processes(),
         mixed_precision=resolve_mixed_precision(cfg.trainer.mixed_precision),
         gradient_accumulation_steps=cfg.trainer.gradient_accumulation_steps,
         log_with=tracker_name(cfg.logger),
@@ -68,27 +78,15 @@ def build_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
         # NCCL's default 10 minutes would kill a long FID evaluation.
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=cfg.trainer.collective_timeout_minutes))],
     )
-
-
-def refuse_fsdp(accelerator: Accelerator) -> None:
-    """FSDP shards the weights that the EMA, the checkpoint hooks and the main-process sampler read whole; until
-    that path is built and tested on GPUs, say so rather than fail deep inside the first EMA update."""
-    if accelerator.distributed_type == DistributedType.FSDP:
-        raise ConfigError(
-            "distributed_type",
-            "FSDP",
-            "this trainer does not support FSDP yet (its EMA, checkpoints and monitors need the full weights on "
-            "each rank)",
-            "launch with DDP, e.g. `accelerate launch --config_file configs/accelerate/ddp_8gpu.yaml train.py ...`, "
-            "which fits DiT-XL/2 (675 M parameters) in bf16 on one 40 GB GPU per rank",
-        )
+    shard_on_cpu_processes(accelerator)
+    return accelerator
 
 
 def start_run(cfg: TrainConfig, run_dir: Path) -> tuple[Accelerator, RunFolderLock | None]:
     """The accelerator of a run, and the lock its main process holds on ``run_dir`` (refused while another run
     holds it, or when the folder has another run's checkpoints)."""
     accelerator = build_accelerator(cfg, run_dir)
-    refuse_fsdp(accelerator)
+    check_fsdp(accelerator)
     lock = RunFolderLock(run_dir) if accelerator.is_main_process else None
     if lock is not None:
         lock.acquire()
@@ -139,6 +137,7 @@ def build_checkpointer(
     ema: FusedEMA | None,
     privacy: PrivateTraining | None,
     prompt_sampler: PromptSampler | None = None,
+    dataloader: DataLoader | None = None,
 ) -> Checkpointer:
     """Checkpoints of the run, with the state every step draws its randomness from (one generator per process,
     the DP noise generator and accountant under DP, GRPO's prompt statistics)."""
@@ -157,7 +156,19 @@ def build_checkpointer(
             **({"privacy_accountant": privacy} if privacy else {}),
             **({"grpo_prompts": prompt_sampler} if prompt_sampler else {}),
         },
+        same_processes_because=why_resume_needs_same_processes(privacy, dataloader),
+        process_states={"data_stream": dataloader} if isinstance(dataloader, StreamLoader) else None,
     )
+
+
+def why_resume_needs_same_processes(privacy: PrivateTraining | None, dataloader: DataLoader | None) -> str | None:
+    """What a checkpoint of this run holds per process and cannot split or merge (None: weights and optimizer
+    state reshard, and only the data order after the resume point changes)."""
+    if privacy is not None:
+        return "DP-SGD's privacy accounting assumes the Poisson sampling of one process throughout"
+    if dataloader is not None and isinstance(dataloader.dataset, IterableDataset):
+        return "a streamed source resumes from the shard position each process recorded"
+    return None
 
 
 def build_update(
@@ -219,17 +230,24 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     grpo = cfg.grpo.enabled
     if grpo and cfg.grpo.init_weights:  # started from another run: its weights are copied here first
         cfg = own_starting_weights(cfg, run_dir, accelerator)
-    source, cached_text, held_out = (None, None, None) if grpo else build_source(cfg, accelerator)
+    source, cached_text, held_out = (
+        (None, None, None) if grpo else build_source(cfg, accelerator, run_dir / IMAGE_SIZES)
+    )
     frozen_dtype = weight_dtype(accelerator.mixed_precision)
     parts = build_components(cfg, accelerator.device, frozen_dtype, cached_text)
+    report_memory(cfg, parts, accelerator)  # logged; on a GPU, a run that cannot fit is refused before step 1
+    warn_live_text_encoding(cfg, parts)  # when encoding captions every step costs much of the DiT's step
+    apply_compile(cfg, parts.dit)  # trainer.compile: after the meta-device counts above, before prepare wraps
     optimizer = build_optimizer(cfg, parts.dit)
     lr_scheduler = build_lr_scheduler(cfg, optimizer, accelerator, updates_per_epoch(cfg) if grpo else 1)
-    parameters = trainable_parameters(parts.dit.transformer)
-    ema = build_ema(cfg, parameters, accelerator.device)
     privacy = dataloader = None
     if not grpo:
         privacy, optimizer, dataloader = build_training_loader(cfg, accelerator, parts, source, optimizer)
+    wrap_family_blocks(accelerator, parts.dit)
     dit, optimizer, lr_scheduler = accelerator.prepare(parts.dit, optimizer, lr_scheduler)
+    # Taken after prepare: FSDP2 replaces every parameter with a sharded one (the EMA then holds slices too).
+    parameters = trainable_parameters(accelerator.unwrap_model(dit).transformer)
+    ema = build_ema(cfg, parameters)
     # The KL anchor is the starting weights where accelerate put them (prepare moves the model to the GPU; a copy
     # taken before would stay on the CPU): copied before anything trains and before a resume loads others.
     reference = build_kl_reference(cfg, accelerator.unwrap_model(dit), accelerator) if grpo else None
@@ -240,11 +258,11 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     start_trackers(accelerator, cfg.logger, run_dir, dataclasses.asdict(cfg))
 
     text_to_image = TextToImage(parts.vae, parts.text_encoder, parts.schedule, parts.latent_shape, accelerator.device)
-    context = MonitorContext(accelerator, text_to_image, ema, cfg.logger)
+    context = MonitorContext(accelerator, text_to_image, ema, cfg.logger, sharded=accelerator.is_fsdp2)
     monitors = build_monitor_set(cfg, context, run_dir, frozen_dtype, parts, held_out)
     update = build_update(cfg, accelerator, dit, optimizer, lr_scheduler, parameters, privacy)
     prompt_sampler = build_prompt_sampler(cfg) if grpo else None
-    checkpointer = build_checkpointer(cfg, accelerator, run_dir, ema, privacy, prompt_sampler)
+    checkpointer = build_checkpointer(cfg, accelerator, run_dir, ema, privacy, prompt_sampler, dataloader)
     advice = nonfinite_advice(cfg, accelerator)
     loop = {
         "settings": loop_settings(cfg, accelerator),

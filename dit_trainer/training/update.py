@@ -16,12 +16,14 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
+from dit_trainer.sharding import whole
 from dit_trainer.training.privacy import PrivateTraining
 
 
 def total_norm(parameters: list[nn.Parameter]) -> torch.Tensor:
-    """The norm of all gradients of ``parameters`` together (parameters without a gradient count as zero)."""
-    return torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None])
+    """The norm of all gradients of ``parameters`` together (parameters without a gradient count as zero); of the
+    whole gradient when it is sharded (FSDP2: each process holds a slice, and the norm of the slices is reduced)."""
+    return whole(torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None]))
 
 
 class Update(ABC):
@@ -120,10 +122,10 @@ class AccelerateUpdate(Update):
     def _clip(self, grad_norm: torch.Tensor) -> None:
         """Scale the gradients down to ``max_grad_norm`` when their norm is above it.
 
-        What ``accelerator.clip_grad_norm_`` does for the single-process and DDP models this trainer prepares (FSDP
-        is refused), without walking the module for its parameters and rescaling every gradient even when the norm
-        is under the limit. The comparison reads the norm that the finite check has just synchronised, so it adds
-        no device sync.
+        What ``accelerator.clip_grad_norm_`` does for the models this trainer prepares (one process, DDP, FSDP2: the
+        norm is the whole gradient's, and each slice is scaled by it), without walking the module for its parameters
+        and rescaling every gradient even when the norm is under the limit. The comparison reads the norm that the
+        finite check has just synchronised, so it adds no device sync.
         """
         if self.max_grad_norm and grad_norm.item() > self.max_grad_norm:
             torch.nn.utils.clip_grads_with_norm_(self.parameters, self.max_grad_norm, grad_norm)

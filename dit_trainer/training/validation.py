@@ -18,6 +18,7 @@ from torch.utils.data import Dataset
 from dit_trainer.data.buckets import in_order_loader
 from dit_trainer.diffusion.loss import batch_condition, per_sample_mse
 from dit_trainer.diffusion.schedule import NoiseSchedule
+from dit_trainer.pixels import to_model_range
 from dit_trainer.training.monitors import Monitor, MonitorContext, sampling_weights
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ def encode_held_out(dataset: Dataset, vae, device: torch.device, batch_size: int
     for batch in in_order_loader(dataset, batch_size):
         skipped += batch.pop("bad_files")
         if "image" in batch:
-            latents = vae.encode(batch.pop("image").to(device))
+            latents = vae.encode(to_model_range(batch.pop("image").to(device)))
         else:  # a latent cache: its posteriors
             latents = vae.latents_from_posterior(
                 batch.pop("latent_mean").to(device).float(), batch.pop("latent_std", None)

@@ -29,6 +29,17 @@ def test_dit_adapter_casts_inputs_to_the_weights_dtype(tiny_transformer):
     assert out.dtype == torch.bfloat16 and out.shape == (2, 4, 8, 8)
 
 
+@pytest.mark.parametrize("learned_sigma", [False, True])
+def test_dit_adapter_prediction_is_no_view_of_the_transformer_output(tiny_transformer, learned_sigma):
+    """FSDP2 hooks the root's output for its backward and warns of a view, on which an in-place op would drop that
+    hook; PixArt's prediction is a channel slice of the output, with or without a learned variance."""
+    dit = tiny_transformer(num_layers=1, learned_sigma=learned_sigma)
+    x = torch.randn(2, 4, 8, 8)
+    with torch.enable_grad():
+        out = dit(x, torch.tensor([1, 999]), Condition(torch.randn(2, 5, 16), torch.ones(2, 5, dtype=torch.long)))
+    assert out._base is None and out.requires_grad and out.shape == x.shape
+
+
 def test_dit_sample_size_must_divide_by_patch(tiny_transformer):
     with pytest.raises(ConfigError, match="patch"):
         tiny_transformer(num_layers=1, patch_size=3)

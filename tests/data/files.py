@@ -44,8 +44,9 @@ CORRUPT = {
 
 
 def assert_in_range(image: torch.Tensor, resolution: int) -> None:
-    assert image.shape == (3, resolution, resolution) and image.dtype == torch.float32
-    assert image.min() >= -1 and image.max() <= 1
+    """A source's image: uint8 pixels when decoded from a file, float in [-1, 1] when made procedurally (shapes)."""
+    assert image.shape == (3, resolution, resolution) and image.dtype in (torch.uint8, torch.float32)
+    assert image.dtype == torch.uint8 or (image.min() >= -1 and image.max() <= 1)
 
 
 def image_folder(root, rows, files):
@@ -132,3 +133,15 @@ def captioned_folder(folder, count: int) -> None:
         for i in range(count):
             Image.new("RGB", (32, 32), (i * 6, 255 - i * 6, 128)).save(folder / f"{i}.png")
             metadata.write(json.dumps({"file_name": f"{i}.png", "text": f"image {i}"}) + "\n")
+
+
+def captioned_shards(folder, shards: int, per_shard: int, bad: int = 0) -> str:
+    """``shards`` tar shards of ``per_shard`` 48x32 images captioned ``shard <s> <i>`` (each caption names its
+    image), the first ``bad`` samples of each shard truncated PNGs; returns the brace pattern."""
+    folder.mkdir()
+    samples = [
+        [{"__key__": f"s{s}_{i:03d}", "png": noise_png(s * per_shard + i)[: 300 if i < bad else None],
+          "txt": f"shard {s} {i}"} for i in range(per_shard)]
+        for s in range(shards)
+    ]  # fmt: skip
+    return write_shards(folder, samples)

@@ -69,6 +69,7 @@ def test_a_bucketed_folder_gives_single_bucket_batches_and_resumes_exactly(tmp_p
     with caplog.at_level(logging.INFO):
         trainer = build_trainer(compose_config([*TINY_SHAPES, *bucketed(tmp_path / "images")]), tmp_path / "run")
     assert "32x32: 16, 24x40: 16, 40x24: 16" in caplog.text
+    assert len(list((tmp_path / "run" / "image_sizes").glob("*.json"))) == 1  # the sizes index: the run's own
     loader, accelerator = trainer.dataloader, trainer.accelerator
     batches = list(islice(resumable_batches(loader, accelerator, 0), 30))  # 2.5 epochs of 12 batches
     assert {tuple(batch["image"].shape[-2:]) for batch in batches} == set(SIZES)
@@ -85,10 +86,13 @@ def test_a_bucketed_cache_keeps_each_items_bucket(tmp_path, source):
     if source == "webdataset":  # batches assembled per bucket from the stream, every one written
         overrides += ["data=webdataset", f"data.path={shards_of(tmp_path / 'images', tmp_path)}"]
     precompute(compose_config(overrides))
+    sizes_indexes = list((tmp_path / "cache" / "image_sizes").glob("*.json"))
+    assert len(sizes_indexes) == (source == "imagefolder")  # in the cache it served (a stream needs none)
     index = json.loads((tmp_path / "cache" / "index.json").read_text())
     assert sorted(tuple(shard["size"]) for shard in index["shards"]) == sorted(SIZES) and index["items"] == 48
     assert index["fingerprint"]["bucket_sizes"] == [list(size) for size in SIZES]
     trainer = build_trainer(compose_config(overrides), tmp_path / "run")
+    assert not (tmp_path / "run" / "image_sizes").exists()  # training from the cache reads no sizes
     batches = list(islice(trainer.batches(), 12))
     latent_sizes = {tuple(batch["latent_mean"].shape[-2:]) for batch in batches}
     assert latent_sizes == {(h // 2, w // 2) for h, w in SIZES}  # the shapes VAE halves each side

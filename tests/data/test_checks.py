@@ -36,10 +36,19 @@ def test_what_a_mixture_cannot_do_is_refused_naming_the_key(tmp_path, extra, key
         compose_config(mixture_overrides(tmp_path, *extra))
 
 
-def test_a_stream_in_a_mixture_is_refused(tmp_path):
-    mixture = "data.mixture=[{source:webdataset,path:'/shards/{0..1}.tar'}]"
-    with pytest.raises(ConfigError, match=r"`data\.mixture\[0\]\.source`.*a stream"):
-        compose_config([*TINY_SHAPES, mixture])
+@pytest.mark.parametrize(
+    ("extra", "key"),
+    [
+        (["data.buckets=[[32,32]]", "data.cache_latents=false"], "data.buckets"),
+        (["validation.every_n_steps=5", "validation.split=0.1", "data.cache_latents=false"], "validation.split"),
+        (["data.cache_latents=true"], "data.cache_latents"),
+    ],
+)
+def test_what_a_mixture_with_a_stream_cannot_do_is_refused_naming_the_key(extra, key):
+    """A mixture with a stream is one endless stream of items: no buckets, no held-out split, no encoding once."""
+    mixture = "data.mixture=[{source:webdataset,path:'/shards/{0..1}.tar'},{source:shapes}]"
+    with pytest.raises(ConfigError, match=rf"`{key}`.*with a stream \(`webdataset`\) among them"):
+        compose_config([*TINY_SHAPES, mixture, *extra])
 
 
 @pytest.mark.parametrize(

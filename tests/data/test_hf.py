@@ -27,7 +27,7 @@ def test_hf_saved_dataset_yields_images_and_reports_unreadable_rows(tmp_path):
         assert_in_range(image, 16)
     # Rows 3-5 are unreadable: the search wraps around to row 0.
     assert batch["caption"] == ["good 0", "good 1", "good 2"] + ["good 0"] * 3
-    assert batch["image"][1, 0].mean() > batch["image"][0, 0].mean()  # row 1 is redder than row 0
+    assert batch["image"][1, 0].float().mean() > batch["image"][0, 0].float().mean()  # row 1 is redder than row 0
     assert batch["bad_files"] == [
         "row 3 (truncated.png): OSError: image file is truncated",
         "row 4 (empty.png): ValueError: empty file (0 bytes)",

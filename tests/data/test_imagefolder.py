@@ -39,11 +39,10 @@ def test_only_listed_images_are_used_and_converted_to_rgb_in_range(tmp_path):
     items = [dataset[i] for i in range(3)]
     assert [item["caption"] for item in items] == ["g", "c", "r"]
     for item in items:
-        assert item["image"].shape == (3, 16, 16)
-        assert item["image"].min() >= -1 and item["image"].max() <= 1
-    assert torch.allclose(items[0]["image"], torch.ones(3, 16, 16))
-    assert torch.allclose(items[1]["image"], torch.ones(3, 16, 16))
-    assert items[2]["image"][0].mean() > 0.9 and items[2]["image"][1:].mean() < -0.9
+        assert item["image"].shape == (3, 16, 16) and item["image"].dtype == torch.uint8
+    assert torch.equal(items[0]["image"], torch.full((3, 16, 16), 255, dtype=torch.uint8))
+    assert torch.equal(items[1]["image"], torch.full((3, 16, 16), 255, dtype=torch.uint8))
+    assert items[2]["image"][0].float().mean() > 242 and items[2]["image"][1:].float().mean() < 13
 
 
 def test_bad_metadata_names_the_line_and_the_fix(tmp_path):

@@ -7,7 +7,6 @@ import logging
 import tarfile
 
 import pytest
-import torch
 from torch.utils.data import DataLoader
 
 from dit_trainer.data.collate import collate_batch
@@ -87,10 +86,13 @@ def test_webdataset_json_captions_and_caption_columns(tmp_path):
         {"__key__": f"k{i}", "jpg": png_bytes(), "json": {"short": "red", "long": "a red box"}} for i in range(2)
     ]
     pattern = write_shards(tmp_path, [samples])
-    torch.manual_seed(0)
     dataset = WebDatasetSource(pattern, 8, caption_columns=["short", "long"], crop="random", horizontal_flip=True)
-    captions = {item["caption"] for _ in range(20) for item in dataset}
+    captions = set()
+    for epoch in range(20):  # each sample draws its caption from its own seed and the epoch
+        dataset.set_epoch(epoch)
+        captions |= {item["caption"] for item in dataset}
     assert captions == {"red", "a red box"}
+    assert [item["caption"] for item in dataset] == [item["caption"] for item in dataset]  # the same draw again
     assert next(iter(WebDatasetSource(pattern, 8, caption_column="long")))["caption"] == "a red box"
     with pytest.raises(ConfigError, match=r"data.caption_column.*\['long', 'short'\]"):
         WebDatasetSource(pattern, 8, caption_column="txt")

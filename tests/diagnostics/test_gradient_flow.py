@@ -8,7 +8,10 @@ from functools import partial
 
 import pytest
 import torch
-from torch import nn
+from torch import distributed, nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from dit_trainer.diagnostics import CODES, GradientReport, diagnose_gradient_flow
@@ -530,3 +533,41 @@ def test_tiny_pixart_lora_style_reentrant_checkpoint_trap(tiny_transformer):
 
 def _checkpoint_call(module: nn.Module, *args, use_reentrant: bool):
     return checkpoint(module.__call__, *args, use_reentrant=use_reentrant)
+
+
+# --- FSDP2 ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sharded_net(tmp_path):
+    """``Net(mode)`` under FSDP2 on a one-process gloo group, ``body`` its own unit (a transformer block) and the
+    rest the root unit, left gathered by a forward without backward (a sampling pass, GRPO's rollout)."""
+    distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1,))
+
+    def build(mode: str = "healthy") -> nn.Module:
+        net = Net(mode)
+        fully_shard(net.body, mesh=mesh)
+        fully_shard(net, mesh=mesh)
+        with torch.no_grad():
+            net(X)
+        assert not isinstance(net.embed.weight, DTensor)  # gathered: a plain tensor stands where the slice was
+        return net
+
+    yield build
+    distributed.destroy_process_group()
+
+
+def test_fsdp2_root_left_gathered_is_diagnosed_on_the_parameters_that_get_the_gradient(sharded_net):
+    """Backward reduces the gathered tensors' gradient into the sharded parameters (and frees theirs): read on the
+    gathered ones, the root's parameters looked starved ("the graph is cut inside the forward of embed")."""
+    net = sharded_net()
+    report = diagnose(net)
+    assert report.ok and report.num_with_grad == report.num_trainable == 8, str(report)
+    assert all(p.grad is None for p in net.parameters())  # nothing left on the sharded parameters either
+
+
+def test_fsdp2_cut_is_explained_as_without_fsdp(sharded_net):
+    """The forward runs on other parameter objects than those named before it, and FSDP2's gathers run with grad
+    mode off in its hooks: neither may change the explanation."""
+    assert_only(diagnose(sharded_net("detach")), "detached", ["body"])

@@ -130,16 +130,6 @@ def test_resuming_with_other_data_or_objective_is_refused_listing_the_keys(finis
     assert "optim.lr" not in stderr.partition("Invalid config")[2]  # a change of how, not what, is trained
 
 
-@pytest.mark.slow
-def test_resuming_with_another_number_of_processes_is_refused(finished_run, tmp_path):
-    copy = tmp_path / "checkpoint-2"
-    shutil.copytree(finished_run / "checkpoints" / "checkpoint-2", copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    (copy / "manifest.json").write_text(json.dumps({**manifest, "world_size": 2}))
-    stderr = _refused(finished_run, f"trainer.resume={copy}", "trainer.max_steps=4", into=tmp_path / "new")
-    assert "written by 2 processes and this run has 1" in stderr and "--num_processes 2" in stderr
-
-
 # The command line
 
 

@@ -11,7 +11,8 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
 from dit_trainer.components.build import build_components
-from dit_trainer.data.cache import INDEX, CachedPrompts, open_cache
+from dit_trainer.data.cache import INDEX, open_cache
+from dit_trainer.data.cached_prompts import CachedPrompts
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.poisson import collate_poisson, is_empty
 from dit_trainer.data.precompute import precompute

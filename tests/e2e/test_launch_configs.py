@@ -23,11 +23,12 @@ REPO = Path(__file__).resolve().parents[2]  # not from conftest: this file also 
 ACCELERATE_CONFIGS = REPO / "configs" / "accelerate"
 SLURM_SCRIPTS = REPO / "scripts" / "slurm"
 
-EXPECTED = {  # file -> (distributed type, processes, machines)
-    "single_gpu": ("NO", 1, 1),
-    "ddp_8gpu": ("MULTI_GPU", 8, 1),
-    "fsdp": ("FSDP", 8, 1),
-    "multi_node": ("MULTI_GPU", 16, 2),
+EXPECTED = {  # file -> (distributed type, processes, machines, mixed precision)
+    "single_gpu": ("NO", 1, 1, "bf16"),
+    "ddp_8gpu": ("MULTI_GPU", 8, 1, "bf16"),
+    "fsdp": ("FSDP", 8, 1, "bf16"),
+    "fsdp_cpu": ("FSDP", 2, 1, "no"),  # its runs: tests/e2e/test_fsdp.py
+    "multi_node": ("MULTI_GPU", 16, 2, "bf16"),
 }
 
 
@@ -64,11 +65,11 @@ def test_accelerate_config_loads(name):
     from accelerate.commands.config.config_args import ClusterConfig
 
     config = load_accelerate_config(name)
-    distributed_type, processes, machines = EXPECTED[name]
+    distributed_type, processes, machines, mixed_precision = EXPECTED[name]
     assert isinstance(config, ClusterConfig)
     assert config.distributed_type.value == distributed_type
     assert (config.num_processes, config.num_machines) == (processes, machines)
-    assert config.mixed_precision == "bf16"
+    assert config.mixed_precision == mixed_precision
     assert not config.use_cpu
     first_line = (ACCELERATE_CONFIGS / f"{name}.yaml").read_text().splitlines()[0]
     assert first_line.startswith("# accelerate config:")
@@ -93,26 +94,25 @@ def test_multi_node_takes_rank_and_address_from_the_command_line():
     assert args.rdzv_endpoint == "10.0.0.7:29500"
 
 
-def fsdp_launch_env() -> dict[str, str]:
-    """The FSDP_* environment `accelerate launch --config_file configs/accelerate/fsdp.yaml` gives each rank."""
+def fsdp_launch_env(name: str) -> dict[str, str]:
+    """The FSDP_* environment `accelerate launch --config_file configs/accelerate/<name>.yaml` gives each rank."""
     from accelerate.utils.launch import prepare_multi_gpu_env
 
-    env = prepare_multi_gpu_env(launch_args("fsdp", "--main_process_port", str(free_port())))
+    env = prepare_multi_gpu_env(launch_args(name, "--main_process_port", str(free_port())))
     return {k: v for k, v in env.items() if k.startswith("FSDP_") or k == "ACCELERATE_USE_FSDP"}
 
 
-def test_fsdp_config():
-    config = load_accelerate_config("fsdp").fsdp_config
-    assert config["fsdp_version"] == 1
+@pytest.mark.parametrize("name", ["fsdp", "fsdp_cpu"])
+def test_fsdp_configs_are_fsdp2_with_sharded_checkpoints(name):
+    config = load_accelerate_config(name).fsdp_config
+    assert config["fsdp_version"] == 2
     assert config["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
     assert config["fsdp_state_dict_type"] == "SHARDED_STATE_DICT"
-    assert config["fsdp_use_orig_params"] is True
     assert config["fsdp_cpu_ram_efficient_loading"] is False
-    env = fsdp_launch_env()
-    assert env["ACCELERATE_USE_FSDP"] == "true"
-    assert env["FSDP_SHARDING_STRATEGY"] == "FULL_SHARD"  # accelerate 1.15 reads this before reshard_after_forward
+    env = fsdp_launch_env(name)
+    assert env["ACCELERATE_USE_FSDP"] == "true" and env["FSDP_VERSION"] == "2"
+    assert env["FSDP_RESHARD_AFTER_FORWARD"] == "true"
     assert env["FSDP_STATE_DICT_TYPE"] == "SHARDED_STATE_DICT"
-    assert env["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "false"
 
 
 def test_fsdp_wrap_class_is_the_pixart_block(tiny_transformer):
@@ -122,90 +122,6 @@ def test_fsdp_wrap_class_is_the_pixart_block(tiny_transformer):
     block_class = getattr(diffusers.models.attention, name)
     model = tiny_transformer(learned_sigma=True).transformer
     assert all(type(block) is block_class for block in model.transformer_blocks)
-
-
-def fsdp_worker(out_dir: str) -> None:
-    """One CPU rank under torchrun: build the FSDP plugin from the launch environment as accelerate does, wrap a
-    tiny PixArt the way Accelerator.prepare does for FSDP1 (its wrap arguments, with device_id=cpu), train two
-    steps, then save and load a sharded checkpoint with accelerate's own FSDP checkpoint functions."""
-    import torch
-    from accelerate import Accelerator
-    from accelerate.utils import FullyShardedDataParallelPlugin
-    from accelerate.utils.fsdp_utils import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
-    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
-
-    from tests.conftest import build_tiny_transformer  # absolute: this runs as a script, outside the tests package
-
-    accelerator = Accelerator(cpu=True)  # gloo process group; accelerate itself will not wrap with FSDP on CPU
-    plugin = FullyShardedDataParallelPlugin()  # reads the FSDP_* variables that accelerate launch set
-    model = build_tiny_transformer(learned_sigma=True, seed=0).transformer  # the tiny_transformer fixture's
-    plugin.set_auto_wrap_policy(model)
-    model = FSDP(
-        model,
-        sharding_strategy=plugin.sharding_strategy or plugin.reshard_after_forward,
-        auto_wrap_policy=plugin.auto_wrap_policy,
-        backward_prefetch=plugin.backward_prefetch,
-        forward_prefetch=plugin.forward_prefetch,
-        use_orig_params=plugin.use_orig_params,
-        sync_module_states=plugin.sync_module_states,
-        device_id=torch.device("cpu"),
-    )
-    units = [type(m.module).__name__ for m in model.modules() if isinstance(m, FSDP) and m is not model]
-    assert units == ["BasicTransformerBlock", "BasicTransformerBlock"], units
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    generator = torch.Generator().manual_seed(accelerator.process_index)
-
-    def step() -> float:
-        x = torch.randn(2, 4, 8, 8, generator=generator)
-        text = torch.randn(2, 5, 16, generator=generator)
-        t = torch.randint(0, 1000, (2,), generator=generator)
-        out = model(
-            x, encoder_hidden_states=text, timestep=t, added_cond_kwargs={"resolution": None, "aspect_ratio": None}
-        ).sample
-        loss = out.pow(2).mean()
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        return loss.item()
-
-    losses = [step(), step()]
-    assert all(map(torch.isfinite, torch.tensor(losses))), losses
-    save_fsdp_model(plugin, accelerator, model, out_dir)
-    save_fsdp_optimizer(plugin, accelerator, optimizer, model, out_dir)
-    accelerator.wait_for_everyone()
-    with torch.no_grad():
-        before = [p.detach().clone() for p in model.parameters()]
-        for p in model.parameters():
-            p.zero_()
-    load_fsdp_model(plugin, accelerator, model, out_dir)
-    load_fsdp_optimizer(plugin, accelerator, optimizer, model, out_dir)
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
-    step()  # the loaded optimizer state steps
-    accelerator.wait_for_everyone()
-    print(f"rank {accelerator.process_index}: FSDP ok, losses {losses}", flush=True)
-    accelerator.end_training()
-
-
-@pytest.mark.slow
-def test_fsdp_settings_train_and_checkpoint_on_cpu(tmp_path):
-    """accelerate 1.15 only switches to FSDP on GPUs: with ACCELERATE_USE_CPU=1 (or Accelerator(cpu=True,
-    fsdp_plugin=...)) prepare() silently wraps in DDP, and without it a CUDA-less host starts no process group at
-    all. torch FSDP itself runs on gloo, so this checks fsdp.yaml's settings there: two ranks, sharded save/load."""
-    env = {
-        **os.environ,
-        **fsdp_launch_env(),
-        "FSDP_SYNC_MODULE_STATES": "false",  # on a CPU-only host accelerate's plugin raises for true (no device)
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": str(REPO),
-    }
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__,
-         "--fsdp-worker", str(tmp_path / "ckpt")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    assert result.stdout.count("FSDP ok") == 2
-    assert any((tmp_path / "ckpt").rglob("*.distcp"))  # torch.distributed.checkpoint shards
 
 
 @pytest.mark.parametrize("script", sorted(SLURM_SCRIPTS.glob("*.sbatch")), ids=lambda p: p.name)
@@ -356,10 +272,6 @@ def test_multi_node_sbatch_forwards_usr1_to_every_node_and_requeues(tmp_path):
         assert args[-3:] == ["trainer.resume=latest", f"hydra.run.dir={tmp_path / 'run'}", "data.path=/data/x"]
     assert (mark / "scontrol.log").read_text().splitlines()[-1] == "requeue 4242"
     assert rc == 1  # the agents exit 1 after forwarding a signal; the script requeued because it forwarded one
-
-
-if __name__ == "__main__" and sys.argv[1:2] == ["--fsdp-worker"]:
-    fsdp_worker(sys.argv[2])
 
 
 @pytest.mark.parametrize("script", sorted((REPO / "scripts" / "slurm").glob("*.sbatch")), ids=lambda p: p.stem)

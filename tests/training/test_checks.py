@@ -14,6 +14,7 @@ from ..conftest import TINY_SHAPES, compose_config
         ("trainer.gradient_accumulation_steps=2", "trainer.gradient_accumulation_steps"),
         ("trainer.gradient_checkpointing=true", "trainer.gradient_checkpointing"),
         ("trainer.mixed_precision=fp16", "trainer.mixed_precision"),
+        ("trainer.compile=true", "trainer.compile"),
         ("privacy.noise_multiplier=1.0", "privacy.noise_multiplier/target_epsilon"),  # both set
         ("privacy.target_epsilon=null", "privacy.noise_multiplier/target_epsilon"),  # neither
         ("privacy.mode=exact", "privacy.mode"),

@@ -77,6 +77,9 @@ class Family:
     condition: str = "text"  # text: a text conditioner's Condition | class: class ids (text_encoder.kind=class_labels)
     input_layer: str = "pos_embed.proj"  # the first layer the inputs meet: its dtype is the compute dtype
     lora_targets: tuple[str, ...] = ATTENTION_AND_FEED_FORWARD  # `lora.target_modules` when it is empty
+    # The transformer's ModuleLists of repeated blocks: what `trainer.compile` compiles (one graph that every block
+    # reuses), FSDP2's wrap units, and the units the memory estimate takes gradient checkpointing to recompute.
+    blocks: tuple[str, ...] = ("transformer_blocks",)
     # Latents per token side that ``predict`` packs before the transformer's own patches (Flux: 2 x 2, with
     # patch_size 1 in its config): what a pretrained model's latent sides must be a multiple of, beside patch_size.
     packing: int = 1

@@ -208,6 +208,7 @@ FLUX = Family(
     input_layer="x_embedder",
     lora_targets=LORA_TARGETS,
     packing=PACK,
+    blocks=("transformer_blocks", "single_transformer_blocks"),
     pipeline_applies_shift=True,
     resolution_shift=True,
 )

@@ -1,9 +1,9 @@
-"""What a resume refuses (``training/checkpoint.py``): a change that redefines what is trained, as opposed to how
+"""What a resume refuses (``training/config_changes.py``): a change that redefines what is trained, as opposed to how
 fast, how long or what is watched."""
 
 import pytest
 
-from dit_trainer.training.checkpoint import config_changes, defines_training
+from dit_trainer.training.config_changes import config_changes, defines_training
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,64 @@
+"""What may change when a run resumes: how fast, how long or what is watched may; what is trained (the model, its
+data and held-out images, its objective; under GRPO its reward) may not, unless the user says so."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+RESUMING_KEYS = ("trainer.resume", "trainer.max_steps", "trainer.allow_config_change")  # what resuming changes
+# Settings that may change between attempts without changing what is trained: loading speed, sampling, caches.
+OPERATIONAL_KEYS = {
+    "data.num_workers",
+    "data.prefetch_factor",
+    "data.max_bad_fraction",
+    "data.cache_dir",
+    "data.cache_dtype",
+    "data.cache_shard_size",
+    "diffusion.sampler",
+    "diffusion.sample_steps",
+    "diffusion.guidance_scale",
+}
+DEFINING_SECTIONS = ("model", "vae", "text_encoder", "data", "diffusion", "lora", "privacy")
+# What the held-out split depends on: changing it turns images already trained on into validation images.
+HELD_OUT_KEYS = {"validation.split", "validation.seed", "validation.path"}
+
+
+def _flatten(config: dict, prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            flat |= _flatten(value, f"{prefix}{key}.")
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_changes(saved: dict, current: dict) -> dict[str, tuple[Any, Any]]:
+    """``{key: (saved, current)}`` for every setting that differs, except those resuming is meant to change."""
+    old, new = _flatten(saved), _flatten(json.loads(json.dumps(current, default=str)))
+    keys = sorted((old.keys() | new.keys()) - set(RESUMING_KEYS))
+    return {key: (old.get(key), new.get(key)) for key in keys if old.get(key) != new.get(key)}
+
+
+def defines_training(key: str, saved: Any = None, current: Any = None, grpo: bool = False) -> bool:
+    """Whether changing ``key`` from ``saved`` to ``current`` changes what is trained (the model, its data and the
+    images held out of it, its objective; in a GRPO run (``grpo``) also its own settings and the reward it trains
+    on), as opposed to how fast, how long or what is watched."""
+    section = key.split(".")[0]
+    if key in OPERATIONAL_KEYS:
+        return False
+    if key == "validation.every_n_steps":  # turned on or off: images are held out of training, or no longer
+        return bool(saved) != bool(current)
+    if section in ("grpo", "reward"):
+        return grpo
+    return key in HELD_OUT_KEYS or section in DEFINING_SECTIONS
+
+
+def config_hash(config: dict) -> str:
+    """A short fingerprint of the training config, ``RESUMING_KEYS`` excluded (checkpoints written before they
+    recorded their whole config compare this)."""
+    trainer = {k: v for k, v in config["trainer"].items() if f"trainer.{k}" not in RESUMING_KEYS}
+    text = json.dumps({**config, "trainer": trainer}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

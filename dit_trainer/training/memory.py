@@ -1,0 +1,154 @@
+"""What a run needs of device memory per process, said before step 1 and, on a GPU, checked against it: the
+weights of every model on the device, the trained parameters' gradients, AdamW's two moments and the EMA (float32
+each), the copies DDP and autocast keep, and the activations one image keeps for backward, measured on a meta copy
+of the DiT at the run's latent shape (no memory, no time). A run that cannot fit is refused before it loads data
+or takes a step, with the batch that would fit, instead of failing with CUDA's out-of-memory error at step 1."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+from accelerate.utils import DistributedType
+from torch import nn
+
+from dit_trainer.components.build import Components
+from dit_trainer.components.freeze import trainable_parameters
+from dit_trainer.components.meta import Activations, meta_copy, meta_inputs, saved_activations
+from dit_trainer.config import TrainConfig
+from dit_trainer.errors import ConfigError
+from dit_trainer.precision import weight_dtype
+
+logger = get_logger(__name__)
+
+GiB, MiB = 2**30, 2**20
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per process. ``activations``: per image of the batch (``Activations.whole``, or ``.checkpointed``
+    with ``trainer.gradient_checkpointing``); the rest does not depend on the batch."""
+
+    weights: int  # the DiT (float32 master weights) and the frozen VAE and text encoder, as loaded
+    gradients: int  # one per trained parameter
+    optimizer: int  # AdamW's two moments per trained parameter
+    ema: int  # the float32 shadow of each trained parameter
+    copies: int  # DDP's gradient buckets (several processes), autocast's low-precision weights (mixed precision)
+    activations: Activations
+
+    @property
+    def static(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.ema + self.copies
+
+    def per_image(self, checkpointing: bool) -> int:
+        return self.activations.checkpointed if checkpointing else self.activations.whole
+
+    def total(self, batch_size: int, checkpointing: bool) -> int:
+        return self.static + batch_size * self.per_image(checkpointing)
+
+    def largest_batch(self, device_bytes: int, checkpointing: bool) -> int:
+        """The largest per-process batch that fits ``device_bytes`` (0: not even one image)."""
+        return max(0, (device_bytes - self.static) // max(1, self.per_image(checkpointing)))
+
+
+def tensor_bytes(module: object) -> int:
+    """The bytes of ``module``'s parameters and buffers (0 for what is no module: a cache of embeddings)."""
+    if not isinstance(module, nn.Module):
+        return 0
+    return sum(tensor.nbytes for tensor in itertools.chain(module.parameters(), module.buffers()))
+
+
+def estimate_memory(
+    parts: Components, ema: bool, compute_dtype: torch.dtype, ddp: bool = False, shards: int = 1
+) -> MemoryEstimate:
+    """The estimate for ``parts`` trained with AdamW (``ema``: with an EMA) in ``compute_dtype`` (bf16/fp16 under
+    mixed precision; the activations are measured with the DiT cast to it). ``ddp``: several processes each keep a
+    copy of the gradients in DDP's buckets; ``shards``: FSDP's processes, over which the DiT's weights, gradients,
+    moments and EMA are split."""
+    trained = sum(parameter.nbytes for parameter in trainable_parameters(parts.dit.transformer))
+    dit = tensor_bytes(parts.dit)
+    casts = sum(parameter.numel() for parameter in parts.dit.parameters()) * compute_dtype.itemsize
+    autocast = casts if compute_dtype != torch.float32 else 0
+    model = meta_copy(parts.dit).to(compute_dtype)
+    return MemoryEstimate(
+        weights=dit // shards + tensor_bytes(parts.vae) + tensor_bytes(parts.text_encoder),
+        gradients=trained // shards,
+        optimizer=2 * trained // shards,
+        ema=trained // shards if ema else 0,
+        copies=(trained if ddp else 0) + autocast,
+        activations=saved_activations(model, meta_inputs(parts, 1)),
+    )
+
+
+def check_fits(estimate: MemoryEstimate, batch_size: int, checkpointing: bool, device_bytes: int) -> None:
+    """Refuse a run whose estimate exceeds ``device_bytes`` (a GPU's whole memory: the estimate leaves out the CUDA
+    context and the allocator's slack, so what it refuses cannot fit), naming what would fit."""
+    need = estimate.total(batch_size, checkpointing)
+    if need <= device_bytes:
+        return
+    fits, fits_checkpointed = (estimate.largest_batch(device_bytes, c) for c in (checkpointing, True))
+    if fits_checkpointed == 0:
+        fix = (
+            f"the weights, gradients, AdamW and EMA alone need {estimate.static / GiB:.1f} GiB: train LoRA "
+            "adapters (`lora.enabled=true`), shard the model with FSDP (`accelerate launch --config_file "
+            "configs/accelerate/fsdp.yaml`), turn the EMA off (`trainer.ema_decay=0`) or use a larger GPU"
+        )
+    else:
+        options = [] if checkpointing else [f"`trainer.gradient_checkpointing=true` (fits {fits_checkpointed} images)"]
+        if fits:
+            steps = -(-batch_size // fits)
+            keep = (
+                f" with `trainer.gradient_accumulation_steps={steps}` to keep the images per step" if steps > 1 else ""
+            )
+            options.append(f"`trainer.batch_size={fits}`{keep}")
+        fix = "set " + " or ".join(options)
+    raise ConfigError(
+        "trainer.batch_size",
+        batch_size,
+        f"this run needs about {need / GiB:.1f} GiB per process ({describe(estimate)}; at this batch "
+        f"{batch_size * estimate.per_image(checkpointing) / GiB:.1f} GiB of activations"
+        f"{' with gradient checkpointing' if checkpointing else ''}) and the GPU has {device_bytes / GiB:.1f} GiB",
+        fix,
+    )
+
+
+def describe(estimate: MemoryEstimate) -> str:
+    """The estimate's parts in one line."""
+    parts = [
+        ("weights", estimate.weights),
+        ("gradients", estimate.gradients),
+        ("AdamW", estimate.optimizer),
+        ("EMA", estimate.ema),
+        ("DDP/autocast copies", estimate.copies),
+    ]
+    fixed = ", ".join(f"{name} {size / GiB:.2f} GiB" for name, size in parts)
+    activations = estimate.activations
+    return (
+        f"{fixed}; activations {activations.whole / MiB:.1f} MiB per image "
+        f"({activations.checkpointed / MiB:.1f} MiB with gradient checkpointing)"
+    )
+
+
+def report_memory(cfg: TrainConfig, parts: Components, accelerator: Accelerator) -> MemoryEstimate:
+    """Log the estimate once; on a GPU refuse a run that cannot fit it. A GRPO run is only logged: its forwards
+    take ``grpo.*`` batches, not ``trainer.batch_size``."""
+    sharded = accelerator.distributed_type == DistributedType.FSDP
+    estimate = estimate_memory(
+        parts,
+        ema=cfg.trainer.ema_decay > 0,
+        compute_dtype=weight_dtype(accelerator.mixed_precision),
+        ddp=accelerator.num_processes > 1 and not sharded,
+        shards=accelerator.num_processes if sharded else 1,
+    )
+    t = cfg.trainer
+    total = estimate.total(t.batch_size, t.gradient_checkpointing) / GiB
+    logger.info(
+        f"Memory per process (estimate): {describe(estimate)}; at trainer.batch_size={t.batch_size}: {total:.2f} GiB",
+        main_process_only=True,
+    )
+    if accelerator.device.type == "cuda" and not cfg.grpo.enabled:
+        check_fits(estimate, t.batch_size, t.gradient_checkpointing, torch.cuda.mem_get_info(accelerator.device)[1])
+    return estimate

@@ -1,0 +1,139 @@
+"""FSDP2 through the trainer on 2 CPU processes (``configs/accelerate/fsdp_cpu.yaml``): the losses of DDP, sharded
+checkpoints plus whole weights, an exact resume, a resume on another number of processes, export and sampling of
+the result, and GRPO sharded, with LoRA and fully fine-tuned."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ..conftest import (
+    CPU_PROCESSES,
+    GRPO_PROMPTS,
+    REPO,
+    TINY_SHAPES,
+    accelerate_launch,
+    free_port,
+    read_metrics,
+    run_script,
+)
+
+STEPS = ("trainer.log_every=1", "trainer.checkpoint_every=4", "trainer.sample_every=4")
+WEIGHTS = "diffusion_pytorch_model.safetensors"
+FSDP_TOLERANCE = 1e-5  # FSDP2 reduce-scatters what DDP all-reduces: the sums differ in the last bits only
+
+
+def fsdp_launch(processes: int = 2) -> list[str]:
+    return ["-m", "accelerate.commands.launch", "--config_file", str(REPO / "configs/accelerate/fsdp_cpu.yaml"),
+            "--num_processes", str(processes), "--main_process_port", str(free_port())]  # fmt: skip
+
+
+def launch(launcher: list[str], run_dir: Path, *overrides: str, base: tuple[str, ...] = tuple(TINY_SHAPES)) -> str:
+    """``train.py`` under ``launcher`` into ``run_dir``; returns its output (the log). The FSDP launches get no
+    ``ACCELERATE_USE_CPU``: the trainer finds the CPU processes itself, as it must for the README's command."""
+    env = CPU_PROCESSES if "--multi_gpu" in launcher else {"OMP_NUM_THREADS": "1"}
+    result = run_script([*launcher, "train.py", *base, f"hydra.run.dir={run_dir}", *overrides], timeout=600, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout + result.stderr
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {record["step"]: record["loss"] for record in read_metrics(run_dir)}
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("fsdp") / "run"
+    launch(fsdp_launch(), run_dir, "trainer.max_steps=8", *STEPS)
+    return run_dir
+
+
+@pytest.mark.slow
+def test_fsdp_trains_like_ddp_and_checkpoints_slices_plus_whole_weights(fsdp_run, tmp_path):
+    ddp = tmp_path / "ddp"
+    launch(accelerate_launch(2), ddp, "trainer.max_steps=8", *STEPS)
+    sharded, replicated = losses(fsdp_run), losses(ddp)
+    assert sorted(sharded) == list(range(1, 9))
+    assert max(abs(sharded[s] - replicated[s]) for s in sharded) < FSDP_TOLERANCE
+    checkpoint = fsdp_run / "checkpoints" / "checkpoint-8"
+    for sliced in ("pytorch_model_fsdp_0", "optimizer_0", "ema_sharded"):  # one file per process
+        assert sorted(p.name for p in (checkpoint / sliced).glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    for weights in ("transformer", "transformer_ema"):  # whole, gathered on the main process
+        whole = load_file(checkpoint / weights / WEIGHTS)
+        reference = load_file(ddp / "checkpoints" / "checkpoint-8" / weights / WEIGHTS)
+        assert whole.keys() == reference.keys()
+        assert max((whole[k] - reference[k]).abs().max().item() for k in whole) < 1e-4
+    assert (fsdp_run / "samples" / "step_0000008.png").is_file()  # sampled on both processes, written by one
+
+
+@pytest.mark.slow
+def test_fsdp_resume_reproduces_the_uninterrupted_run(fsdp_run, tmp_path):
+    resumed = tmp_path / "resumed"
+    checkpoint = fsdp_run / "checkpoints" / "checkpoint-4"
+    launch(fsdp_launch(), resumed, "trainer.max_steps=8", *STEPS, f"trainer.resume={checkpoint}")
+    straight, again = losses(fsdp_run), losses(resumed)
+    assert sorted(again) == [5, 6, 7, 8]
+    assert [again[s] for s in again] == [straight[s] for s in again]
+    for weights in ("transformer", "transformer_ema"):
+        one = load_file(fsdp_run / "checkpoints" / "checkpoint-8" / weights / WEIGHTS)
+        other = load_file(resumed / "checkpoints" / "checkpoint-8" / weights / WEIGHTS)
+        assert all(torch.equal(one[k], other[k]) for k in one)
+
+
+@pytest.mark.slow
+def test_a_two_process_checkpoint_trains_on_one_process_then_exports_and_samples(fsdp_run, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(fsdp_run, run_dir)
+    log = launch(fsdp_launch(1), run_dir, "trainer.max_steps=10", *STEPS, "trainer.resume=latest")
+    assert "written by 2 processes, on 1" in log and "data order after the resume point differs" in log
+    assert sorted(losses(run_dir))[-2:] == [9, 10]
+    manifest = json.loads((run_dir / "checkpoints" / "checkpoint-10" / "manifest.json").read_text())
+    assert manifest["world_size"] == 1
+    exported = run_script(["scripts/export.py", str(run_dir), f"out_dir={tmp_path / 'export'}"], timeout=300)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    sampled = run_script(["scripts/sample.py", str(run_dir), "prompts=[a red circle]", "images_per_prompt=1",
+                          f"out_dir={tmp_path / 'samples'}", "steps=2"], timeout=300)  # fmt: skip
+    assert sampled.returncode == 0, sampled.stderr[-3000:]
+    assert len(list((tmp_path / "samples").glob("*.png"))) == 1
+
+
+def grpo(init_dir: Path, *overrides: str) -> tuple[str, ...]:
+    """Three tiny GRPO epochs (one prompt x 4 images, 3 sampling steps) from ``init_dir``'s weights."""
+    return ("+experiment=shapes_grpo", f"grpo.init_from={init_dir}", GRPO_PROMPTS, "grpo.prompt_file=null",
+            "grpo.prompts_per_epoch=1", "grpo.group_size=4", "grpo.sample_steps=3", "grpo.sde_steps=null",
+            "grpo.passes=1", "grpo.minibatches=1", "grpo.rollout_batch_size=4", "trainer.max_steps=3",
+            "trainer.checkpoint_every=3", "trainer.sample_every=0", "trainer.log_every=1",
+            "trainer.sample_prompts=[a red circle]", "diffusion.sample_steps=3", "monitor.grpo.enabled=false",
+            *overrides)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_grpo_with_lora_trains_and_checkpoints_sharded(fsdp_run, tmp_path):
+    """GRPO from the FSDP run's weights, LoRA adapters sharded with the frozen base, the KL reference being the same
+    sharded model with its adapters off."""
+    run_dir = tmp_path / "grpo"
+    launch(fsdp_launch(), run_dir, base=grpo(fsdp_run, "lora.enabled=true", "lora.rank=4", "grpo.beta=0.04"))
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == [1, 2, 3] and all(r["loss"] == r["loss"] for r in records)
+    adapter = run_dir / "checkpoints" / "checkpoint-3" / "transformer_lora"
+    assert adapter.is_dir() and any(adapter.glob("*.safetensors"))
+
+
+@pytest.mark.slow
+def test_grpo_full_fine_tuning_sharded_trains_the_root_unit(fsdp_run, tmp_path):
+    """The rollout's forwards without backward leave the root unit (the parameters outside the blocks) gathered:
+    the preflight must see the sharded parameters that get the gradient, and the update must move them."""
+    run_dir = tmp_path / "grpo"
+    launch(fsdp_launch(), run_dir, base=grpo(fsdp_run, "grpo.beta=0"))
+    assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3]
+    start = load_file(run_dir / "init" / "transformer_ema" / WEIGHTS)
+    trained = load_file(run_dir / "checkpoints" / "checkpoint-3" / "transformer" / WEIGHTS)
+    root_unit = {key for key in start if not key.startswith("transformer_blocks.")}  # the blocks are units of their own
+    assert trained.keys() == start.keys() and {"pos_embed.proj.weight", "scale_shift_table"} <= root_unit
+    moved = {key: (trained[key] - start[key]).abs().max().item() for key in root_unit}
+    assert min(moved.values()) > 1e-4, moved  # Adam moves each by ~lr (3e-4) per epoch when it has a gradient

@@ -1,0 +1,66 @@
+"""The memory estimate said before step 1 (``training/memory.py``): weights, gradients, AdamW and EMA counted
+exactly from the built models, activations from a meta copy of the DiT, and a run that cannot fit a GPU refused
+with the batch that would fit (the refusal is a pure function of the GPU's size, tested without a GPU)."""
+
+import logging
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+from dit_trainer.components.meta import Activations
+from dit_trainer.errors import ConfigError
+from dit_trainer.training.memory import GiB, MemoryEstimate, check_fits, estimate_memory, report_memory
+
+from ..conftest import TINY_SHAPES, compose_config, one_paragraph
+
+
+def _bytes(module) -> int:
+    return sum(tensor.numel() * tensor.element_size() for tensor in [*module.parameters(), *module.buffers()])
+
+
+def test_the_fixed_part_is_the_models_bytes_exactly(tiny_parts):
+    estimate = estimate_memory(tiny_parts, ema=True, compute_dtype=torch.float32)
+    trained = sum(p.numel() * 4 for p in tiny_parts.dit.parameters() if p.requires_grad)
+    assert estimate.weights == _bytes(tiny_parts.dit) + _bytes(tiny_parts.vae) + _bytes(tiny_parts.text_encoder)
+    assert (estimate.gradients, estimate.optimizer, estimate.ema, estimate.copies) == (trained, 2 * trained, trained, 0)
+    assert 0 < estimate.activations.checkpointed < estimate.activations.whole
+
+
+def test_mixed_precision_and_ddp_add_their_copies_and_halve_the_activations(tiny_parts):
+    full = estimate_memory(tiny_parts, ema=False, compute_dtype=torch.float32)
+    half = estimate_memory(tiny_parts, ema=False, compute_dtype=torch.bfloat16, ddp=True)
+    parameters = sum(p.numel() for p in tiny_parts.dit.parameters())
+    assert full.ema == 0 and half.copies == half.gradients + 2 * parameters  # DDP's buckets + autocast's bf16 weights
+    assert 0.45 < half.activations.whole / full.activations.whole < 0.6
+
+
+# 10 GiB that do not depend on the batch; 1 GiB per image, 0.1 GiB with gradient checkpointing
+ESTIMATE = MemoryEstimate(4 * GiB, 2 * GiB, 4 * GiB, 0, 0, Activations(GiB, GiB // 10))
+
+
+def test_a_run_that_fits_is_not_refused():
+    check_fits(ESTIMATE, batch_size=30, checkpointing=False, device_bytes=40 * GiB)
+    check_fits(ESTIMATE, batch_size=300, checkpointing=True, device_bytes=40 * GiB)
+
+
+def test_a_run_that_cannot_fit_names_checkpointing_and_the_batch_that_fits():
+    with pytest.raises(ConfigError) as refused:
+        check_fits(ESTIMATE, batch_size=64, checkpointing=False, device_bytes=40 * GiB)
+    message = one_paragraph(refused.value, "trainer.batch_size")
+    assert "74.0 GiB" in message and "40.0 GiB" in message
+    assert "`trainer.gradient_checkpointing=true` (fits 300 images)" in message
+    assert "`trainer.batch_size=30` with `trainer.gradient_accumulation_steps=3`" in message
+
+
+def test_a_model_that_cannot_fit_at_all_points_to_lora_and_fsdp():
+    with pytest.raises(ConfigError, match="alone need 10.0 GiB.*`lora.enabled=true`.*fsdp"):
+        check_fits(ESTIMATE, batch_size=1, checkpointing=True, device_bytes=8 * GiB)
+
+
+def test_the_estimate_is_logged_once_at_start_on_the_cpu(tiny_parts, caplog):
+    cfg = compose_config([*TINY_SHAPES, "trainer.batch_size=1000000"])  # no GPU: logged, never refused
+    with caplog.at_level(logging.INFO):
+        report_memory(cfg, tiny_parts, Accelerator(cpu=True))
+    lines = [record.message for record in caplog.records if "Memory per process" in record.message]
+    assert len(lines) == 1 and "with gradient checkpointing" in lines[0] and "trainer.batch_size=1000000" in lines[0]
