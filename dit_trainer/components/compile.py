@@ -21,19 +21,12 @@ from dit_trainer.config import TrainConfig
 from dit_trainer.errors import ConfigError
 
 
-def transformer_blocks(dit: DiTAdapter) -> list[nn.Module]:
-    """The DiT's repeated blocks, in order, from the ModuleLists its family names (``Family.blocks``); none for a
-    model without them (a family from outside the package that keeps the default names)."""
-    lists = [getattr(dit.transformer, name, None) for name in dit.family.blocks]
-    return [block for blocks in lists if isinstance(blocks, nn.ModuleList) for block in blocks]
-
-
 def compile_blocks(dit: DiTAdapter, dynamic: bool | None = None) -> int:
     """Compile the ``forward`` of every block of ``dit`` (one compiled function, bound to each block: a deep copy,
     such as GRPO's frozen reference, rebinds it to the copy's own weights); returns how many blocks. The module's
     hooks (FSDP2's gathers, and ``_contiguous_inputs``) stay eager around it, and the parameters and state-dict
     keys are unchanged. ``dynamic``: ``torch.compile``'s (None: static first, dynamic once a shape changes)."""
-    blocks = transformer_blocks(dit)
+    blocks = dit.blocks()
     compiled: dict[type, Callable] = {}
     for block in blocks:
         cls = type(block)
@@ -64,7 +57,7 @@ def apply_compile(cfg: TrainConfig, dit: DiTAdapter) -> None:
     bucket. Either way torch's limit of 8 recompiles per function is not reached."""
     if not cfg.trainer.compile:
         return
-    if not transformer_blocks(dit):
+    if not dit.blocks():
         raise ConfigError(
             "trainer.compile",
             True,

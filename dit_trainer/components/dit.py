@@ -38,6 +38,13 @@ class DiTAdapter(nn.Module):
 
     predict = forward
 
+    def blocks(self) -> list[nn.Module]:
+        """The transformer's repeated blocks, in order, from the ModuleLists its family names (``Family.blocks``):
+        what ``trainer.compile`` compiles, FSDP wraps and the memory estimate checkpoints. None for a model without
+        them (a family from outside the package that keeps the default names)."""
+        lists = [getattr(self.transformer, name, None) for name in self.family.blocks]
+        return [block for blocks in lists if isinstance(blocks, nn.ModuleList) for block in blocks]
+
     @property
     def compute_dtype(self) -> torch.dtype:
         """The dtype the inputs are cast to: that of the patch embedding, the first layer they meet. (diffusers'

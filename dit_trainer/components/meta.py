@@ -16,7 +16,6 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
 from dit_trainer.components.build import Components
-from dit_trainer.components.compile import transformer_blocks
 from dit_trainer.components.dit import DiTAdapter
 from dit_trainer.condition import Condition
 
@@ -122,7 +121,7 @@ def saved_activations(dit: DiTAdapter, inputs: tuple) -> Activations:
     ``saved_tensors_hooks``: each storage once, parameters (counted as weights) never. The forward runs without
     checkpointing (its recomputation would hide the saves from the hooks); ``checkpointed`` is derived from where
     each save happened and what each block was given."""
-    blocks = transformer_blocks(dit)
+    blocks = dit.blocks()
     parameters = {tensor.untyped_storage()._cdata for tensor in dit.parameters()}
     saved, given = set(parameters), set(parameters)
     inside = [0] * len(blocks)

@@ -91,7 +91,7 @@ def check_run_folder(run_dir: Path, resume: str | None) -> None:
         )
 
 
-class JSONState(Protocol):
+class SavedState(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -116,9 +116,9 @@ class Checkpointer:
         weights: WeightsLayout = FULL_WEIGHTS,
         config: dict[str, Any] | None = None,
         allow_config_change: bool = False,
-        json_states: dict[str, JSONState] | None = None,
+        json_states: dict[str, SavedState] | None = None,
         same_processes_because: str | None = None,
-        process_states: dict[str, JSONState] | None = None,
+        process_states: dict[str, SavedState] | None = None,
     ) -> None:
         self.accelerator = accelerator
         self.checkpoints_dir = checkpoints_dir

@@ -16,7 +16,6 @@ from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
-from dit_trainer.components.compile import transformer_blocks
 from dit_trainer.components.dit import DiTAdapter
 from dit_trainer.errors import ConfigError
 
@@ -81,7 +80,7 @@ def wrap_family_blocks(accelerator: Accelerator, dit: DiTAdapter) -> None:
     named = plugin.transformer_cls_names_to_wrap or []
     if named and set(named) <= {type(module).__name__ for module in dit.modules()}:
         return
-    plugin.transformer_cls_names_to_wrap = sorted({type(block).__name__ for block in transformer_blocks(dit)})
+    plugin.transformer_cls_names_to_wrap = sorted({type(block).__name__ for block in dit.blocks()})
     if named:
         logger.warning(
             f"The accelerate config wraps {', '.join(named)}, which {type(dit.transformer).__name__} does not "

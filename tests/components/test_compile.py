@@ -10,7 +10,7 @@ import torch
 import torch._inductor.config
 from torch._dynamo.utils import counters
 
-from dit_trainer.components.compile import apply_compile, compile_blocks, transformer_blocks
+from dit_trainer.components.compile import apply_compile, compile_blocks
 from dit_trainer.errors import ConfigError
 from dit_trainer.training.run import build_trainer
 
@@ -22,7 +22,7 @@ FAMILIES = {"pixart_alpha": 12, "dit": 10, "sd3": 12, "flux": 12, "sana": 12}  #
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_every_familys_blocks_are_found(family, tiny_transformer):
     dit = tiny_transformer(family, condition_dim=FAMILIES[family], pooled_dim=12 if family in ("sd3", "flux") else None)
-    blocks = transformer_blocks(dit)
+    blocks = dit.blocks()
     config = dit.transformer.config
     assert len(blocks) == config.num_layers + config.get("num_single_layers", 0)
     assert len({type(block) for block in blocks}) == (2 if family == "flux" else 1)
@@ -35,7 +35,7 @@ def test_compiled_blocks_keep_their_names_and_a_copy_runs_its_own_weights(tiny_t
     assert compile_blocks(dit) == 2  # lazy: nothing compiles until a forward
     reference = copy.deepcopy(dit)
     assert list(dit.state_dict()) == keys
-    for original, copied in zip(transformer_blocks(dit), transformer_blocks(reference)):
+    for original, copied in zip(dit.blocks(), reference.blocks()):
         assert original.forward.__self__ is original and copied.forward.__self__ is copied
         assert original.forward.__func__ is copied.forward.__func__  # one compiled function, one graph cache
 
