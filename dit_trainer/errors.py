@@ -27,13 +27,55 @@ def shortlist(items: list[str], limit: int, separator: str = ", ") -> str:
     return separator.join(items[:limit]) + rest
 
 
-class ConfigError(ValueError):
-    """A bad configuration value, explained in one paragraph: the key, the value, what is accepted, the fix."""
+def _rebuilt(error_type: type[Exception], args: tuple, fields: dict[str, Any]) -> Exception:
+    """An error unpickled as it was, without calling its ``__init__`` again (whose arguments are not its message)."""
+    error = error_type.__new__(error_type, *args)
+    error.__dict__.update(fields)
+    return error
 
-    def __init__(self, key: str, value: Any, accepted: str, fix: str | None = None) -> None:
+
+def _reduce(error: Exception) -> tuple:
+    return _rebuilt, (type(error), error.args, error.__dict__)
+
+
+def paragraph_from_worker(error_type: type[Exception], text: str) -> str:
+    """The paragraph of an ``error_type`` a DataLoader worker raised, out of the one string torch rebuilds it from
+    in the main process: ``ExceptionWrapper.reraise`` sends no exception object, only its type and the worker's
+    formatted traceback, and calls ``error_type("Caught <name> in DataLoader worker process N.\nOriginal
+    Traceback ...\n<module>.<name>: <paragraph>")``. Raises TypeError for any other single string."""
+    name = f"{error_type.__module__}.{error_type.__qualname__}: "
+    head, found, paragraph = text.rpartition(f"\n{name}")
+    if not (found and text.startswith(f"Caught {error_type.__name__} ") and "\nOriginal Traceback" in head):
+        raise TypeError(f"{error_type.__name__} takes its fields, not one message: {text[:200]!r}")
+    return paragraph.strip()
+
+
+_FROM_WORKER = object()  # ConfigError(text): torch re-raising a DataLoader worker's ConfigError
+
+
+class ConfigError(ValueError):
+    """A bad configuration value, explained in one paragraph: the key, the value, what is accepted, the fix.
+
+    Raised in a DataLoader worker, it reaches the main process as the same paragraph (``paragraph_from_worker``):
+    there only the key is known again, and ``value``, ``accepted`` and ``fix`` are None. It pickles with its fields.
+    """
+
+    def __init__(
+        self, key: str, value: Any = _FROM_WORKER, accepted: str | None = None, fix: str | None = None
+    ) -> None:
+        if value is _FROM_WORKER:
+            paragraph = paragraph_from_worker(ConfigError, key)
+            super().__init__(paragraph)
+            self.key = paragraph.partition("`")[2].partition("`")[0]
+            self.value = self.accepted = self.fix = None
+            return
+        if accepted is None:
+            raise TypeError("ConfigError(key, value, accepted, fix=None) needs what is accepted")
         fix = fix or f"override it on the command line, e.g. `{key}=<accepted value>`"
         super().__init__(f"Invalid config: `{key}` is {value!r}, but {accepted}. To fix it, {fix}.")
         self.key, self.value, self.accepted, self.fix = key, value, accepted, fix
+
+    __reduce__ = _reduce
 
     def renamed(self, key: str) -> ConfigError:
         """The same paragraph about the setting ``key``: for an error raised by code that knows the value but not
@@ -74,6 +116,8 @@ class CheckpointWriteError(RuntimeError):
             f"(at the latest when the run resumes) and {newest}. To fix it, free space or point `hydra.run.dir` at a "
             "larger, writable disk, then continue with `trainer.resume=latest`."
         )
+
+    __reduce__ = _reduce
 
 
 EXIT_CODES: dict[type[Exception], int] = {

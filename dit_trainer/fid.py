@@ -13,7 +13,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -210,19 +209,23 @@ def _content(data: DataConfig) -> dict | None:
     return content(unaugmented(data, data.path)) if content else None
 
 
-def reference_cache_dir(cache_dir: str | None, run_cfg: TrainConfig) -> Path:
-    """``cache_dir``, else the run's latent cache folder, else the user's cache folder."""
+def reference_cache_dir(cache_dir: str | None, run_cfg: TrainConfig, run_dir: Path) -> Path:
+    """Where the validation images' features are kept: ``cache_dir`` (the user's setting), else beside the run's
+    latent cache (``data.cache_dir/fid_reference``), else in the run's own folder (``run_dir/fid_reference``, which
+    the training monitor and ``scripts/evaluate.py`` of that run share): never a folder nobody chose, such as the
+    user's home, where every run would write and read."""
     if cache_dir:
         return Path(cache_dir).expanduser()
     if run_cfg.data.cache_dir:
         return Path(run_cfg.data.cache_dir).expanduser() / "fid_reference"
-    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "dit_trainer" / "fid_reference"
+    return run_dir / "fid_reference"
 
 
 def validation_reference(
-    run_cfg: TrainConfig, extractor: nn.Module, cache_dir: str | None, device: torch.device, batch_size: int
+    run_cfg: TrainConfig, extractor: nn.Module, cache_dir: str | Path, device: torch.device, batch_size: int
 ) -> ReferenceSet:
-    """The features and captions of the run's validation images, computed once and cached."""
+    """The features and captions of the run's validation images, computed once and cached in ``cache_dir``
+    (``reference_cache_dir``'s answer)."""
     held_out = validation_images(run_cfg.data, run_cfg.validation)
     if held_out is None:  # the training checks refuse a FID monitor without validation; evaluate.py checks here
         raise ConfigError(
@@ -233,7 +236,7 @@ def validation_reference(
             "train with validation (`validation.every_n_steps=5000 validation.split=0.01`, or `validation.path=...`)",
         )
     return cached_reference_set(
-        reference_cache_dir(cache_dir, run_cfg),
+        Path(cache_dir),
         reference_fingerprint(run_cfg, extractor),
         lambda: reference_set(held_out, extractor, device, batch_size),
     )

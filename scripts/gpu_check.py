@@ -8,8 +8,9 @@ Options: --out (default outputs/gpu_check/<date>/<time>), --models (pixart_xl_2,
 --warmup (timed and warm-up steps per batch, 20 and 5), --train-steps (the tiny runs' steps, 50; 10 on a CPU),
 --tiny (tiny models on a GPU too: a quick smoke run), --fsdp (the FSDP rows on a CPU too), --fsdp-config (an
 accelerate config; configs/accelerate/fsdp.yaml on GPUs, fsdp_cpu.yaml on a CPU), --row-timeout (seconds, 1800).
-Writes OUT/gpu_check.json and OUT/gpu_check.md (README: "The GPU check"). The subcommands `throughput` and `train`
-are the rows' subprocesses.
+Writes OUT/gpu_check.json and OUT/gpu_check.md (README: "The GPU check"); an OUT holding files no check wrote is
+refused (exit 2), an earlier check's OUT is written again (its training runs kept, the new ones beside them). The
+subcommands `throughput` and `train` are the rows' subprocesses.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def check(argv: list[str]) -> int:
+    from dit_trainer.errors import ConfigError, exit_code
     from dit_trainer.gpu_check.plan import Options, run_check
     from dit_trainer.gpu_check.throughput import RECIPES, VARIANTS
 
@@ -62,7 +64,11 @@ def check(argv: list[str]) -> int:
         REPO, args.out.resolve(), args.tiny or not cuda, args.models, args.batches, args.variants, args.warmup,
         args.steps, args.train_steps, args.fsdp, args.fsdp_config, args.row_timeout,
     )  # fmt: skip
-    json_path, markdown_path = run_check(options)
+    try:
+        json_path, markdown_path = run_check(options)
+    except ConfigError as error:  # an --out holding files the check did not write: refused, nothing written
+        print(f"error: {error}", file=sys.stderr)
+        return exit_code(error)
     print(markdown_path.read_text(encoding="utf-8"))
     print(f"Wrote {json_path} and {markdown_path}")
     return 0

@@ -37,6 +37,18 @@ def test_verify_gradients_reports_a_bad_value_without_a_traceback(capsys):
 
 
 @pytest.mark.slow
+def test_train_py_refuses_an_extra_config_value_of_another_type_with_exit_2(tmp_path):
+    """SD3's `+model.extra_config.dual_attention_layers=3` ended in `TypeError: 'int' object is not iterable`."""
+    run = f"hydra.run.dir={tmp_path / 'run'}"
+    result = run_script(["train.py", "+experiment=shapes_sd3", "model.num_layers=2", "trainer.max_steps=1",
+                         "+model.extra_config.dual_attention_layers=3", run])  # fmt: skip
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert last.startswith("error: Invalid config: `model.extra_config.dual_attention_layers` is 3") and "list" in last
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow
 def test_sampling_and_precompute_do_not_import_training():
     """Loading a run back (sample, evaluate, export) and writing a cache need no part of the training package."""
     modules = ["dit_trainer.inference", "dit_trainer.evaluation", "dit_trainer.export", "dit_trainer.data.precompute"]

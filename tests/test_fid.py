@@ -14,6 +14,7 @@ from dit_trainer.fid import (
     cached_reference_set,
     check_reference_size,
     distances,
+    reference_cache_dir,
     require_feature_extractor,
     small_sample_warning,
     validation_reference,
@@ -59,10 +60,23 @@ def test_reference_features_are_cached_under_their_fingerprint_and_recomputed_wh
     assert not list(tmp_path.glob(".*partial"))
 
 
-def test_a_run_without_validation_images_is_refused_for_fid():
+def test_a_run_without_validation_images_is_refused_for_fid(tmp_path):
     run_cfg = compose_config([*TINY_SHAPES, "validation.every_n_steps=0"])
     with pytest.raises(ConfigError, match=r"`metrics`.*holds none out.*validation\.split"):
-        validation_reference(run_cfg, LatentFeatures(None, {}), None, torch.device("cpu"), 8)
+        validation_reference(run_cfg, LatentFeatures(None, {}), tmp_path, torch.device("cpu"), 8)
+
+
+def test_reference_features_are_kept_where_the_user_or_the_run_says_never_in_the_home_folder(tmp_path, monkeypatch):
+    """Without ``fid_cache_dir``/``monitor.fid.cache_dir`` and without a latent cache, the run's own folder (shared
+    by its FID monitor and ``evaluate.py``), not ``~/.cache/dit_trainer`` that every run would write and read."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home" / ".cache"))
+    run = tmp_path / "run"
+    plain = compose_config(TINY_SHAPES)
+    assert reference_cache_dir(None, plain, run) == run / "fid_reference"
+    cached = compose_config([*TINY_SHAPES, f"data.cache_dir={tmp_path / 'latents'}"])
+    assert reference_cache_dir(None, cached, run) == tmp_path / "latents" / "fid_reference"
+    assert reference_cache_dir("~/features", cached, run) == tmp_path / "home" / "features"  # the user's choice
 
 
 @pytest.mark.skipif(

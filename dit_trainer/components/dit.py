@@ -45,6 +45,10 @@ class DiTAdapter(nn.Module):
         lists = [getattr(self.transformer, name, None) for name in self.family.blocks]
         return [block for blocks in lists if isinstance(blocks, nn.ModuleList) for block in blocks]
 
+    def shared_modules(self) -> list[nn.Module]:
+        """The modules that run outside the block holding them (``Family.shared``): FSDP's units of their own."""
+        return [self.transformer.get_submodule(path) for path in self.family.shared]
+
     @property
     def compute_dtype(self) -> torch.dtype:
         """The dtype the inputs are cast to: that of the patch embedding, the first layer they meet. (diffusers'

@@ -1,4 +1,5 @@
-"""PixArt's adaLN-single modulation tables, moved into modules that per-sample gradient code can see.
+"""The families' timestep modulation, arranged for per-sample gradient engines (Opacus): PixArt's adaLN-single tables
+moved into modules the engine can see, and a shared embedder run once per forward.
 
 diffusers' PixArt adds raw ``scale_shift_table`` parameters inside the forward of its blocks and of the model
 itself. Per-sample gradient engines (Opacus) work module by module, from each module's inputs and output
@@ -14,9 +15,17 @@ batch, and leaves a zero table in its place, so the model computes exactly what 
 
 State dicts keep diffusers' key names (``...scale_shift_table``), so ``save_pretrained``/``from_pretrained``
 and checkpoints are unchanged.
+
+The DiT calls its timestep-and-label embedder in every block and again at the output layer, on the same inputs.
+Opacus' ghost clipping refuses a layer that runs twice in a forward (it cannot combine the norms of several calls),
+and its hooks mode computes each call's per-sample gradient again. ``embed_once_per_forward`` makes such an embedder
+compute its output at its first call in a forward of the transformer and hand the same tensor to the later calls:
+the same outputs, the same summed gradient, one call for the engine to record.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from diffusers import PixArtTransformer2DModel
@@ -115,6 +124,48 @@ def expose_modulation_tables(transformer: PixArtTransformer2DModel) -> list[str]
         _keep_diffusers_key(transformer, "output_modulation")
         moved.append(TABLE)
     return moved
+
+
+class OncePerForward:
+    """Stands in for an embedder's ``forward``: the output of its first call in a forward of the transformer is
+    returned to the later calls with the same inputs (the same tensors, the same other arguments). The memo is
+    forgotten when the transformer's forward starts and ends, so no weights or graph outlive the forward and a
+    change of weights is always seen. Bound methods, not closures: a deep copy of the transformer (the EMA, a
+    meta-device copy) gets a memo of its own that calls its own copy of the embedder."""
+
+    def __init__(self, forward: Callable[..., torch.Tensor]) -> None:
+        self.compute = forward
+        self.memo: tuple[tuple, dict, torch.Tensor] | None = None
+
+    def __call__(self, *args, **kwargs) -> torch.Tensor:
+        if self.memo is not None and _same(self.memo[0], args) and _same(self.memo[1], kwargs):
+            return self.memo[2]
+        output = self.compute(*args, **kwargs)
+        self.memo = (args, kwargs, output)
+        return output
+
+    def forget(self, *hook_args) -> None:
+        self.memo = None
+
+
+def _same(a: tuple | dict, b: tuple | dict) -> bool:
+    """The same arguments: tensors by identity (the transformer passes its own to every call), others by value."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and _same(tuple(a.values()), tuple(b[key] for key in a))
+    return len(a) == len(b) and all(x is y or (not isinstance(x, torch.Tensor) and x == y) for x, y in zip(a, b))
+
+
+def embed_once_per_forward(transformer: nn.Module, embedders: list[nn.Module]) -> int:
+    """Every module of ``embedders`` (duplicates counted once) computes its output once per forward of
+    ``transformer``; returns how many modules that is. Gradient checkpointing must be off: its recomputation runs
+    after the forward, when the memo is forgotten."""
+    distinct = list({id(module): module for module in embedders}.values())
+    for module in distinct:
+        once = OncePerForward(module.forward)
+        module.forward = once
+        transformer.register_forward_pre_hook(once.forget)
+        transformer.register_forward_hook(once.forget)
+    return len(distinct)
 
 
 def _modulate_timestep(block: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

@@ -1,11 +1,13 @@
 """The command line checked against the schema before Hydra composes it: a mistyped key or config option is one
-paragraph naming it and the closest valid ones (exit 2), in the time it takes to import Hydra, instead of Hydra's
-own message and exit 1."""
+paragraph naming it and the closest valid ones, and a value whose braces the shell stripped of their quotes (a shard
+pattern) one paragraph naming the quoting that works (exit 2), in the time it takes to import Hydra, instead of
+Hydra's own message and exit 1."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,8 @@ from dit_trainer.config.schema import TrainConfig
 from dit_trainer.errors import ConfigError
 
 EXPERIMENT = "experiment"  # the group `+experiment=NAME` picks
+# A word of a list or dict value that holds a brace pattern (`/data/{000000..000099}.tar`, not a dict's braces).
+BRACE_WORD = re.compile(r"(?<![\w'\"/.:-])[^\s,\[\]{}'\"]*\{[^{}\s,:'\"]*\}[^\s,\[\]{}'\"]*")
 
 
 def schema_keys(node: Any = None, prefix: str = "") -> Iterator[str]:
@@ -69,9 +73,60 @@ def _check_option(group: str, option: str, config_dir: Path, prefix: str = "") -
     )
 
 
+def _split_sweep(value: str) -> list[str] | None:
+    """``value`` cut at its commas outside braces (a multirun sweep's values; one part otherwise), None when its
+    braces do not pair."""
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(value):
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        if depth < 0:
+            return None
+        if char == "," and depth == 0:
+            parts.append(value[start:index])
+            start = index + 1
+    return [*parts, value[start:]] if depth == 0 else None
+
+
+def _quoted_value(value: str, inner: str) -> str | None:
+    """``value`` with what holds braces in ``inner`` quotes: in a list or dict each word that holds a brace pattern
+    (``path: '/x/{0..9}.tar'``), else the value (each value of a multirun sweep). None when that cannot be written."""
+    if value[:1] == "[" or (value[:1] == "{" and ":" in value):
+        return BRACE_WORD.sub(lambda word: f"{inner}{word.group(0)}{inner}", value)
+    parts = _split_sweep(value)
+    if parts is None or any(inner in part for part in parts):
+        return None
+    return ",".join(f"{inner}{part}{inner}" for part in parts)
+
+
+def unquoted_braces(item: str, parser: OverridesParser) -> ConfigError | None:
+    """The refusal of an override Hydra cannot parse because its value holds braces Hydra reads as a dict's (a shard
+    pattern, ``data.path=/data/shards/{000000..000099}.tar``: the shell removed the quotes it was typed with), when
+    quoting them makes it parse; it names the quoting that works. None for any other syntax error (Hydra's own)."""
+    name, _, value = item.partition("=")
+    if "{" not in value and "}" not in value:
+        return None
+    inner, outer = ('"', "'") if "$" in value else ("'", '"')  # no `${...}` inside a shell's double quotes
+    quoted = _quoted_value(value, inner)
+    if quoted is None or outer in quoted:
+        return None
+    try:
+        parser.parse_override(f"{name}={quoted}")
+    except HydraException:
+        return None
+    return ConfigError(
+        name.lstrip("+~"),
+        value,
+        "Hydra's override grammar reads `{` and `}` outside quotes as a dict's braces, so a value that holds them "
+        "(a shard pattern such as `{000000..000099}`) must reach Hydra in quotes, and the shell removed the quotes "
+        "it was typed with",
+        f"quote the value for Hydra and the whole override for the shell: `{outer}{name}={quoted}{outer}`",
+    )
+
+
 def check_command_line(argv: list[str], config_dir: Path) -> None:
-    """Refuse an override whose key the schema does not have, or a config group option that does not exist.
-    Hydra's flags (``--cfg``, ``-m``, ...), ``hydra.*`` settings and anything this cannot parse are left to Hydra."""
+    """Refuse an override whose key the schema does not have, a config group option that does not exist, or a value
+    whose braces lost their quotes in the shell (``unquoted_braces``). Hydra's flags (``--cfg``, ``-m``, ...),
+    ``hydra.*`` settings and any other syntax error are left to Hydra."""
     groups = {path.name for path in config_dir.iterdir() if path.is_dir()}
     parser = OverridesParser.create()
     keys = list(schema_keys())
@@ -81,6 +136,8 @@ def check_command_line(argv: list[str], config_dir: Path) -> None:
         try:
             override = parser.parse_override(item)
         except HydraException:
+            if (unquoted := unquoted_braces(item, parser)) is not None:
+                raise unquoted from None
             continue  # Hydra reports its own syntax errors
         key = override.key_or_group
         if key.startswith("hydra") or override.is_delete() or "[" in key:

@@ -51,7 +51,8 @@ class ModelConfig:
     dropout: float = fraction(0.0)
     # Further constructor arguments of the family's diffusers transformer (keys of its config.json) for a new model,
     # e.g. {qk_norm: rms_norm, dual_attention_layers: [0, 1]} for SD3.5-Medium's MMDiT-X, {num_single_layers: 2}
-    # for Flux. Each family checks the ones it takes.
+    # for Flux. Each value is checked against the class's constructor (type; the ranges the family knows) before
+    # any model loads.
     extra_config: dict[str, Any] = field(default_factory=dict)
     # A guidance-distilled model's guidance strength, fed to its guidance embedding in training and sampling (Flux
     # with guidance_embeds, e.g. FLUX.1-dev: FluxPipeline's `guidance_scale`; 3.5 is diffusers' Flux LoRA default).
@@ -346,7 +347,7 @@ class FIDMonitorConfig:
     # inception: the standard features (needs torch-fidelity); vae: the run's own VAE encoder (offline)
     features: str = one_of(FID_FEATURES, "inception")
     weights: str | None = None  # a local copy of torch-fidelity's Inception weights file, for offline machines
-    # where the validation images' features are cached: null is data.cache_dir/fid_reference or ~/.cache/dit_trainer
+    # where the validation images' features are cached: null is data.cache_dir/fid_reference, else RUN/fid_reference
     cache_dir: str | None = None
     seed: int = 0
     batch_size: int = at_least(1, 32)  # images sampled at once

@@ -74,7 +74,7 @@ class EvaluateConfig(SamplingArgs):
     fid_weights: str | None = None
     fid_images: int | None = at_least(2, None, note="null: one per validation image")  # samples generated
     # Where the validation images' features are cached: null is RUN's data.cache_dir/fid_reference, or without
-    # one ~/.cache/dit_trainer/fid_reference
+    # one RUN/fid_reference (where the run's FID monitor kept them)
     fid_cache_dir: str | None = None
 
 

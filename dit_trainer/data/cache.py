@@ -229,7 +229,7 @@ class CacheDataset(Dataset):
             loaded = [opened(path, load_file) for path in self.shards]
             self.blocks = {
                 block: {
-                    key: self._widen(torch.cat([shard[key] for shard, b in zip(loaded, shard_blocks) if b == block]))
+                    key: torch.cat([self._widen(shard[key]) for shard, b in zip(loaded, shard_blocks) if b == block])
                     for key in self.keys
                 }
                 for block in sorted(set(shard_blocks))
@@ -273,7 +273,8 @@ class CacheDataset(Dataset):
 
     @staticmethod
     def _widen(tensor: torch.Tensor) -> torch.Tensor:
-        """Masks (stored as int8) as int64; floats stay as stored until they are on the device."""
+        """Integers (masks, class ids: stored in the smallest type that holds them) as int64; floats stay as
+        stored until they are on the device."""
         return tensor if tensor.is_floating_point() else tensor.long()
 
     def _row(self, key: str, index: int) -> torch.Tensor:
@@ -348,13 +349,24 @@ def refuse_non_finite(
             raise ConfigError(key, value, problem, fix)
 
 
+def integer_storage(tensor: torch.Tensor) -> torch.dtype:
+    """The smallest signed integer type that holds every value of ``tensor``: masks (0/1) take a byte, class ids
+    of a class-conditional cache (300 of them, say) what they need. The reader widens every integer to int64, so
+    shards of one cache may differ in it, and caches written with int8 masks read as before."""
+    if tensor.numel() == 0 or tensor.dtype == torch.bool:
+        return torch.int8
+    low, high = int(tensor.min()), int(tensor.max())
+    integers = (torch.int8, torch.int16, torch.int32, torch.int64)
+    return next(kind for kind in integers if torch.iinfo(kind).min <= low and high <= torch.iinfo(kind).max)
+
+
 def save_shard(
     path: Path, tensors: dict[str, torch.Tensor], captions: list[str], indices: list[int] | None, dtype: torch.dtype
 ) -> None:
-    """One shard, float tensors in the storage ``dtype``, with each row's caption and source item (``indices``: the
-    rows of a bucketed or multi-process cache are not in source order); NaN/inf is refused at write time (an encoder
-    that overflowed, or values beyond float16's range)."""
-    stored = {k: (v.to(dtype) if v.is_floating_point() else v.to(torch.int8)).contiguous() for k, v in tensors.items()}
+    """One shard, float tensors in the storage ``dtype`` (integers in one that holds them: ``integer_storage``), with
+    each row's caption and source item (``indices``: the rows of a bucketed or multi-process cache are not in source
+    order); NaN/inf is refused at write time (an encoder that overflowed, or values beyond float16's range)."""
+    stored = {k: v.to(dtype if v.is_floating_point() else integer_storage(v)).contiguous() for k, v in tensors.items()}
     refuse_non_finite(
         stored,
         captions,

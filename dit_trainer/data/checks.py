@@ -27,12 +27,11 @@ def _check_source_path(name: str, path: str | None, key: str) -> None:
     source = SOURCES.get(name)
     if source.path_meaning is None:
         return
+    override = f"{key}={source.path_example}"
+    if "'" in override:  # a value quoted for Hydra (a shard pattern): the shell needs the whole override quoted too
+        override = f'"{override}"'
     require(
-        bool(path),
-        key,
-        path,
-        f"`data={name}` needs {source.path_meaning}",
-        f"add `{key}={source.path_example}` to the command line",
+        bool(path), key, path, f"`data={name}` needs {source.path_meaning}", f"add `{override}` to the command line"
     )
     if source.check_path is not None:
         source.check_path(path, key)

@@ -5,7 +5,8 @@ integer columns of an hf data set, as img2dataset writes them). Otherwise the he
 process, into a sizes index named by the data's fingerprint (its files with their sizes and modification times, or
 the hf data set's own fingerprint); the other processes wait for it and read it, and so does every later launch that
 keeps its indexes in the same folder: the folder of whoever reads the sizes (``image_sizes/`` in a run's folder, or in
-the cache folder precompute writes), never one the reader does not own, such as the user's home. Without a folder
+the cache folder precompute writes), never one the reader does not own, such as the user's home; the indexes of an
+earlier state of the data (another fingerprint) are deleted once the current ones are written. Without a folder
 (a script reading data outside a run) the headers are read in memory and nothing is written. A stream (webdataset)
 needs neither: it buckets each image as it decodes it.
 
@@ -44,10 +45,19 @@ def image_sizes(dataset: Dataset, index_dir: Path | None = None, show_progress: 
     """Every item's size (None: unreadable), declared, from the sizes index in ``index_dir``, or read from the
     headers (into that index; in memory alone without ``index_dir``). A mixture (``datasets``: its data sets' items
     one after the other) answers for each of its data sets. Every process of a run calls it (the main process alone
-    reads the headers; the others wait for its index)."""
+    reads the headers; the others wait for its index). ``index_dir`` then keeps the indexes of this data only."""
+    used: set[Path] = set()
+    sizes = _sizes(dataset, index_dir, show_progress, used)
+    if index_dir is not None and _main_process():
+        prune_indexes(index_dir, used)
+    return sizes
+
+
+def _sizes(dataset: Dataset, index_dir: Path | None, show_progress: bool, used: set[Path]) -> list[Size | None]:
+    """``image_sizes`` of one data set (or of each part of a mixture), adding the indexes it reads to ``used``."""
     parts = getattr(dataset, "datasets", None)
     if parts is not None:
-        return [size for part in parts for size in image_sizes(part, index_dir, show_progress)]
+        return [size for part in parts for size in _sizes(part, index_dir, show_progress, used)]
     declared = getattr(dataset, "declared_sizes", lambda: None)()
     if declared is not None:
         return declared
@@ -59,7 +69,32 @@ def image_sizes(dataset: Dataset, index_dir: Path | None = None, show_progress: 
     fingerprint = getattr(dataset, "sizes_fingerprint", lambda: None)()
     if fingerprint is None or index_dir is None:
         return read()
+    used.add(index_path(index_dir, fingerprint))
     return indexed_sizes(fingerprint, read, len(dataset), index_dir)
+
+
+def prune_indexes(index_dir: Path, keep: set[Path]) -> None:
+    """Delete the indexes in ``index_dir`` other than ``keep`` (and temporaries an interrupted write left). The
+    folder holds the indexes of one run's (or one cache's) data, so an index this launch did not read is of an
+    earlier state of that data (a file touched, added or removed: another fingerprint) and would never be read
+    again; without this every change of an image folder left one more index, with an entry per image. Runs after
+    the new index is written (atomically): the data's sizes are always on disk. Only names an index can have are
+    deleted; one that cannot be is left for the next launch."""
+    try:
+        stale = [path for path in index_dir.iterdir() if INDEX_FILE.fullmatch(path.name) and path not in keep]
+    except OSError:  # no folder (nothing was indexed), or not readable: nothing to prune
+        return
+    for path in stale:
+        try:
+            path.unlink()
+        except OSError as error:
+            logger.debug(f"could not remove the stale sizes index {path} ({error})")
+
+
+def _main_process() -> bool:
+    """Not under torch.distributed, or its rank 0: the process that reads headers and writes the indexes."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    return not distributed or torch.distributed.get_rank() == 0
 
 
 def _load(path: Path, fingerprint: dict, count: int) -> list[Size | None] | None:
@@ -99,7 +134,7 @@ def indexed_sizes(
     path = index_path(index_dir, fingerprint)
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     sizes = None
-    if not distributed or torch.distributed.get_rank() == 0:
+    if _main_process():
         sizes = _load(path, fingerprint, count)
         if sizes is None:
             logger.info(f"reading the sizes of {count} images once for aspect-ratio buckets; kept in {path}")

@@ -20,7 +20,7 @@ from dit_trainer.data.cache import open_cache
 from dit_trainer.data.cached_prompts import CachedPrompts
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.latent_cache import LatentDataset, encode_dataset
-from dit_trainer.data.mixture import item_sources, source_names
+from dit_trainer.data.mixture import StreamMixture, item_sources, source_names
 from dit_trainer.data.source import build_dataset
 from dit_trainer.data.split import split_validation
 from dit_trainer.data.stream_loader import StreamLoader
@@ -61,6 +61,8 @@ def build_source(
     if not isinstance(dataset, IterableDataset):  # a stream's length is unknown: `resumable_batches` checks it
         held = len(held_out) if held_out is not None and cfg.validation.split else 0
         require_full_batches(len(dataset), cfg.trainer.batch_size, accelerator.num_processes, held)
+    if isinstance(dataset, StreamMixture):
+        dataset.check_split(cfg.data.num_workers)
     buckets, sources = item_buckets(dataset), item_sources(dataset)
     if buckets is not None:
         report_buckets(buckets, table, cfg.trainer.batch_size, accelerator.num_processes)
@@ -132,7 +134,8 @@ def build_dataloader(cfg: TrainConfig, dataset: Dataset, device: torch.device) -
     """Map-style data sets are shuffled (in buckets or mixed from several sources, by a seeded plan whose every
     batch is one bucket and whose epochs draw each source by its weight); an iterable one (webdataset, a mixture
     with one) shuffles and splits its shards itself, and its loader's position goes into checkpoints, per process
-    (``StreamLoader``)."""
+    (``StreamLoader``), checked against the data at a resume (``trainer.allow_config_change``: restarted instead of
+    refused)."""
     if isinstance(dataset, BucketedStream):  # it yields whole batches
         return DataLoader(dataset, batch_size=None, collate_fn=collate_batch, **loader_options(cfg, dataset, device))
     buckets, sources = item_buckets(dataset), item_sources(dataset)
@@ -149,7 +152,12 @@ def build_dataloader(cfg: TrainConfig, dataset: Dataset, device: torch.device) -
     if isinstance(dataset, IterableDataset):  # its position is saved in checkpoints, per process
         options = loader_options(cfg, dataset, device)
         return StreamLoader(
-            dataset, batch_size=cfg.trainer.batch_size, drop_last=True, collate_fn=collate_batch, **options
+            dataset,
+            cfg.trainer.allow_config_change,
+            batch_size=cfg.trainer.batch_size,
+            drop_last=True,
+            collate_fn=collate_batch,
+            **options,
         )
     return DataLoader(
         dataset,

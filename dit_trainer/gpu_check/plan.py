@@ -15,8 +15,19 @@ from pathlib import Path
 
 import torch
 
+from dit_trainer.errors import ConfigError, shortlist
 from dit_trainer.gpu_check.assets import SHIPPED_VAE, Assets, write_assets
-from dit_trainer.gpu_check.rows import Command, Row, guarded, machine, run_command, with_mfu, write_report
+from dit_trainer.gpu_check.rows import (
+    JSON_NAME,
+    MARKDOWN_NAME,
+    Command,
+    Row,
+    guarded,
+    machine,
+    run_command,
+    with_mfu,
+    write_report,
+)
 from dit_trainer.gpu_check.throughput import Job
 
 CUDA_TEST_SELECTION = "cuda"  # pytest -k: the tests named for CUDA (each skips itself without a GPU)
@@ -26,6 +37,8 @@ TINY_TRAINING = ["+experiment=dit", "data.resolution=32", "data.num_workers=0", 
                  "text_encoder.max_length=8", "model.num_layers=2", "model.num_attention_heads=2",
                  "model.attention_head_dim=16", "logger=none", "trainer.batch_size=8", "trainer.log_every=1",
                  "optim.warmup_steps=5"]  # fmt: skip
+# What the check writes into --out: the report, and the folders of its rows' assets, runs, results and work.
+OWN_NAMES = (JSON_NAME, MARKDOWN_NAME, "assets", "runs", "results", "work")
 
 
 @dataclass(frozen=True)
@@ -85,7 +98,8 @@ def training(options: Options, assets: Assets, precision: str, cuda: bool) -> li
     name = f"train {precision}, checkpoint, resume, sample grid"
     if precision == "fp16" and not cuda:
         return [Row(name, "train", "skipped", error="fp16 autocast with its grad scaler is a CUDA path")]
-    run_dir, half, steps = options.out / "runs" / f"train-{precision}", options.train_steps // 2, options.train_steps
+    half, steps = options.train_steps // 2, options.train_steps
+    run_dir = fresh_folder(options.out / "runs", f"train-{precision}")
     overrides = [*TINY_TRAINING, f"data.path={assets.images}", f"text_encoder.pretrained={assets.t5}",
                  f"trainer.mixed_precision={precision if cuda else 'no'}", f"hydra.run.dir={run_dir}",
                  f"trainer.checkpoint_every={half}", "trainer.sample_every=0"]  # fmt: skip
@@ -94,7 +108,7 @@ def training(options: Options, assets: Assets, precision: str, cuda: bool) -> li
         ("first half", [f"trainer.max_steps={half}"]),
         ("resume", [f"trainer.max_steps={steps}", "trainer.resume=latest"]),
     ):
-        peak_file = options.out / "runs" / f"train-{precision}-{part.replace(' ', '-')}-peak.json"
+        peak_file = run_dir.with_name(f"{run_dir.name}-{part.replace(' ', '-')}-peak.json")
         argv = _python(options, "train", str(peak_file), *overrides, *extra)
         outcome = run_command(Command(argv, options.repo, {"HF_HUB_OFFLINE": "1"}, options.row_timeout))
         seconds += outcome.seconds
@@ -144,6 +158,7 @@ def measure_jobs(options: Options, jobs: list[Job], peak: float | None, launch: 
         options, "throughput", str(result_file), str(options.out / "work"), json.dumps([asdict(j) for j in jobs])
     )
     argv = [*launch, *script[1:]] if launch else script
+    result_file.unlink(missing_ok=True)  # an earlier check's: never read as this one's
     env = {"HF_HUB_OFFLINE": "1"} | ({"OMP_NUM_THREADS": "1"} if launch and not torch.cuda.is_available() else {})
     outcome = run_command(Command(argv, options.repo, env, options.row_timeout))
     results = _read_json(result_file).get("jobs")
@@ -210,13 +225,62 @@ def fsdp(options: Options, cuda: bool, peak: float | None) -> list[Row]:
     return rows
 
 
+def _is_report(path: Path) -> bool:
+    """Whether ``path`` is a report this check wrote (``write_report``'s JSON)."""
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(report, dict) and {"machine", "options", "rows"} <= report.keys()
+
+
+def require_own_folder(out: Path) -> None:
+    """``--out`` is new, empty, or a folder an earlier check wrote (its report, and nothing but the check's own
+    names): the check rewrites its report and assets there, so a user's files (their own ``gpu_check.json``, notes,
+    another tool's output) are refused, never overwritten. A training row's run folder is new in every check
+    (``fresh_folder``), so a second check into the same folder trains afresh instead of finding the first one's
+    checkpoints."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--out", str(out), "it is a file, not a folder", "pass a new folder")
+    entries = sorted(out.iterdir()) if out.is_dir() else []
+    names = [entry.name + ("/" if entry.is_dir() else "") for entry in entries]
+    foreign = [name for entry, name in zip(entries, names) if entry.name not in OWN_NAMES]
+    if foreign or (entries and not _is_report(out / JSON_NAME)):
+        foreign = foreign or names  # no report: none of it is an earlier check's
+        raise ConfigError(
+            "--out",
+            str(out),
+            f"it holds {shortlist(foreign, 4)}, which no GPU check wrote (an earlier check's folder holds its "
+            f"{JSON_NAME} report), and the check writes {', '.join(OWN_NAMES)} there",
+            "pass a new folder, e.g. `--out outputs/gpu_check/h100-2` (the default is a new dated one), or move "
+            "those files away",
+        )
+
+
+def fresh_folder(parent: Path, name: str) -> Path:
+    """A new folder ``parent/name``, or ``name-2``, ``name-3``, ... when that exists (created here, so that two
+    rows or checks never share one)."""
+    parent.mkdir(parents=True, exist_ok=True)
+    folder, number = parent / name, 1
+    while True:
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            number += 1
+            folder = parent / f"{name}-{number}"
+
+
 def run_check(options: Options) -> tuple[Path, Path]:
-    """Every row, in order, the report rewritten after each; returns the JSON and Markdown paths."""
+    """Every row, in order, the report rewritten after each (first with no rows, so that a check cut short leaves
+    a folder the next one recognises as its own); returns the JSON and Markdown paths."""
+    require_own_folder(options.out)
     options.out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
     header = {"machine": machine(), "options": {k: str(v) for k, v in asdict(options).items()}}
     peak = header["machine"]["peak_bf16_flops"]
     rows: list[Row] = []
+    write_report(options.out, rows, header)
     assets = write_assets(options.out / "assets")
     steps = [
         lambda: cuda_tests(options, cuda),

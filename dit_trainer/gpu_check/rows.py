@@ -5,17 +5,20 @@ crashes is recorded with the tail of its output; the rows after it still run."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import math
 import os
 import platform
 import resource
+import signal
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import psutil
 import torch
 
 from dit_trainer.gpu_check.peak import mfu, peak_flops
@@ -71,17 +74,56 @@ class Outcome:
 
 
 def run_command(command: Command) -> Outcome:
-    """Run ``command``, stdout and stderr together; a timeout is an outcome (return code None), not an exception."""
+    """Run ``command`` in a session of its own, stdout and stderr together. A timeout is an outcome (return code
+    None), not an exception; it, and anything that stops the check meanwhile (Ctrl-C, which reaches only the
+    terminal's foreground group), ends every process the command started (``stop_tree``)."""
     start = time.perf_counter()
+    process = subprocess.Popen(
+        command.argv, cwd=command.cwd, env={**os.environ, **command.env}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True,
+    )  # fmt: skip
     try:
-        done = subprocess.run(
-            command.argv, cwd=command.cwd, env={**os.environ, **command.env}, timeout=command.timeout,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-        )  # fmt: skip
-        return Outcome(done.returncode, done.stdout, time.perf_counter() - start)
-    except subprocess.TimeoutExpired as expired:
-        output = expired.stdout.decode(errors="replace") if isinstance(expired.stdout, bytes) else expired.stdout or ""
-        return Outcome(None, output, time.perf_counter() - start)
+        output, _ = process.communicate(timeout=command.timeout)
+        return Outcome(process.returncode, output, time.perf_counter() - start)
+    except subprocess.TimeoutExpired:
+        stop_tree(process.pid)
+        output, _ = process.communicate()
+        stopped = f"stopped after --row-timeout {command.timeout:g} s, with every process it started"
+        return Outcome(None, f"{output}\n{stopped}", time.perf_counter() - start)  # the last line: the report's note
+    except BaseException:
+        stop_tree(process.pid)
+        raise
+
+
+def stop_tree(pid: int) -> None:
+    """Kill ``pid``, every process below it and their process groups. A row's own session is not enough: the FSDP
+    rows run ``accelerate launch``, whose ranks (torch elastic's workers) run in sessions of their own and would
+    keep the GPUs and the port while the next rows measure. Never this process's own group."""
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]  # while the launcher lives: it is their parent
+    except psutil.NoSuchProcess:
+        processes = []
+    groups = {pid}  # the row's session: its group id is its pid
+    for process in processes:
+        with contextlib.suppress(psutil.Error, OSError):
+            groups.add(os.getpgid(process.pid))
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    for group in groups - {os.getpgrp()}:
+        with contextlib.suppress(OSError):
+            os.killpg(group, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(process) for process in processes[1:]):
+        time.sleep(0.05)  # (the root is the caller's child: Popen reaps it)
+
+
+def _alive(process: psutil.Process) -> bool:
+    """Whether ``process`` still runs (a killed one whose parent has not reaped it is a zombie: it does not)."""
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def guarded(name: str, kind: str, measure: Callable[[], list[Row]]) -> list[Row]:

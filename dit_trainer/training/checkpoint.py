@@ -4,14 +4,26 @@ LoRA run's adapter in peft's format (the frozen base is not saved again; ``run_f
 
 A checkpoint is written to ``.checkpoint-N.partial`` and renamed to ``checkpoint-N`` only when every file is in
 place, with ``manifest.json`` listing them and their sizes; only checkpoints whose manifest matches the disk count,
-so a job killed mid-write leaves the previous checkpoint as ``latest``. Everything a checkpoint holds is read with
-safetensors, JSON or ``torch.load(weights_only=True)``.
+so a job killed mid-write leaves the previous checkpoint as ``latest``. How it was written (one process, DDP or FSDP)
+and what its LR schedule counts are in the manifest too (``checkpoint_manifest``).
+
+How each file is read, and what that means for a checkpoint from elsewhere: the weights (``transformer/``,
+``transformer_ema/``, a LoRA run's adapters) and ``trainer_state_N.safetensors`` with safetensors; the manifest,
+the EMA's counters and the other states with JSON; a stream's position (``data_stream_N.pt``) and accelerate's
+``optimizer.bin``, ``scheduler.bin``, ``random_states_N.pkl`` and ``scaler.pt`` with ``torch.load(weights_only=True)``
+(tensors and plain containers, plus numpy's arrays for the RNG states). These cannot run code. An FSDP checkpoint's
+sharded folders (``pytorch_model_fsdp_0/``, ``optimizer_0/``, ``ema_sharded/``) are torch.distributed.checkpoint's:
+their tensors are read with ``weights_only=True``, but each folder's ``.metadata`` is read with plain ``pickle``
+(``FileSystemReader.read_metadata``), and so are the non-tensor values in its ``.distcp`` files (the optimizer's
+hyperparameters: ``torch.load(weights_only=False)``). Unpickling runs whatever code the file names: resume an FSDP
+checkpoint only from a source you trust, as you would run its code. (A whole-weights checkpoint from elsewhere is
+safe to read; to start from someone's FSDP run without that trust, train from its ``transformer/`` weights with
+``model.pretrained``.)
 """
 
 from __future__ import annotations
 
 import json
-import pickle
 import shutil
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,17 +46,26 @@ from dit_trainer.run_folder import (
     FULL_WEIGHTS,
     MANIFEST,
     WeightsLayout,
+    incomplete_reason,
     list_checkpoints,
     resolve_checkpoint,
 )
 from dit_trainer.sharding import reshard
-from dit_trainer.training.config_changes import config_changes, config_hash, defines_training
+from dit_trainer.training.checkpoint_errors import LOAD_ERRORS, dcp_tracebacks_dropped, load_failure
+from dit_trainer.training.checkpoint_manifest import (
+    WrittenBy,
+    check_compatible,
+    how_written,
+    read_manifest,
+    schedule_in_updates,
+    written_by,
+)
+from dit_trainer.training.config_changes import config_hash
 
 logger = get_logger(__name__)
 EMA_STATE = "ema_state.json"
 EMA_SLICES = "ema_sharded"  # under FSDP: the EMA's slices as a torch.distributed.checkpoint folder
 WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)  # what a full disk raises, depending on the writer
-LOAD_ERRORS = (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError)
 
 
 class TrainingState:
@@ -101,9 +122,11 @@ class Checkpointer:
     """Writes and restores checkpoints through accelerate's hooks (the pattern of diffusers' training examples).
 
     The EMA weights are saved in the same format as the raw ones (swapped in for the write), with the EMA's
-    counters in ``ema_state.json`` beside them. ``json_states`` (e.g. the DP accountant) are saved by the main
-    process as ``<name>.json``; ``process_states`` (a stream's position) by every process as ``<name>_<rank>.pt``,
-    and restored only where the checkpoint has them (their owner knows what to do without).
+    counters in ``ema_state.json`` beside them; a checkpoint without them (a run trained without EMA, resumed with
+    one) starts the EMA from the restored ``parameters``. ``json_states`` (e.g. the DP accountant) are saved by the
+    main process as ``<name>.json``; ``process_states`` (a stream's position) by every process as
+    ``<name>_<rank>.pt``, and restored only where the checkpoint has them (their owner knows what to do without).
+    ``lr_scheduler``'s restored state is converted when the checkpoint counted it in processes x updates.
     """
 
     def __init__(
@@ -119,6 +142,8 @@ class Checkpointer:
         json_states: dict[str, SavedState] | None = None,
         same_processes_because: str | None = None,
         process_states: dict[str, SavedState] | None = None,
+        lr_scheduler: SavedState | None = None,
+        parameters: list[torch.nn.Parameter] | None = None,
     ) -> None:
         self.accelerator = accelerator
         self.checkpoints_dir = checkpoints_dir
@@ -130,6 +155,8 @@ class Checkpointer:
         self.allow_config_change = allow_config_change
         self.json_states = json_states or {}
         self.process_states = process_states or {}
+        self.lr_scheduler = lr_scheduler
+        self.parameters = parameters or []  # what trains, as prepared (under FSDP: this process's slices)
         # Why a resume must have the checkpoint's number of processes (None: it may change, with a warning).
         self.same_processes_because = same_processes_because
         accelerator.register_save_state_pre_hook(self._save_models)
@@ -176,9 +203,25 @@ class Checkpointer:
     def _load_models(self, models: list, input_dir: str) -> None:
         while models:
             transformer = self.accelerator.unwrap_model(models.pop()).transformer
-            if self.ema is not None:
+            if self.ema is not None and self._has_ema(Path(input_dir)):
                 self._load_ema(transformer, Path(input_dir) / self.weights.ema_directory)
             load_weights(transformer, Path(input_dir) / self.weights.directory, self.weights.lora)
+
+    def _has_ema(self, path: Path) -> bool:
+        """Whether checkpoint ``path`` holds the EMA in the form this run reads (under FSDP: its slices)."""
+        return (path / (EMA_SLICES if self.accelerator.is_fsdp2 else self.weights.ema_directory)).is_dir()
+
+    def _start_ema(self, path: Path) -> None:
+        """A checkpoint trained without EMA, resumed with one: the EMA starts from the restored weights, as a fresh
+        run's starts from its first ones."""
+        with torch.no_grad():
+            for shadow, parameter in zip(self.ema.shadow_params, self.parameters, strict=True):
+                shadow.copy_(parameter.detach())
+        logger.warning(
+            f"{path.name} holds no EMA weights (that run trained with `trainer.ema_decay=0`): the EMA starts from "
+            "its restored weights now, with its warm-up from the start.",
+            main_process_only=True,
+        )
 
     def _load_ema(self, transformer: ModelMixin, path: Path) -> None:
         """Load the EMA weights into the model to read them out as the EMA's shadow; the raw ones follow."""
@@ -228,7 +271,7 @@ class Checkpointer:
         files = {str(f.relative_to(folder)): f.stat().st_size for f in sorted(folder.rglob("*")) if f.is_file()}
         manifest = {
             "step": step,
-            "world_size": self.accelerator.num_processes,
+            **how_written(self.accelerator),
             "config_hash": config_hash(self.config),
             "config": self.config,
             "files": files,
@@ -237,11 +280,9 @@ class Checkpointer:
 
     def restore(self, spec: str | None) -> Path | None:
         """Continue from ``spec``: a checkpoint folder, or ``latest``: the newest complete checkpoint that loads (one
-        that does not is reported and the previous one taken). Returns the checkpoint restored, None if none exists.
-        A checkpoint of another world size or of a differently trained model is refused, not fallen back from.
-        Every run starts here, so this is also where what unfinished writes left is removed."""
-        if self.accelerator.is_main_process:
-            self._remove_unfinished_writes()
+        that does not, whatever the error, is reported and the previous one taken). Returns the checkpoint restored,
+        None if none exists. A checkpoint that this launch cannot read (sharded or not), of a world size this run
+        cannot change, or of a differently trained model is refused, not fallen back from."""
         if spec is None:
             return None
         if spec == "latest":
@@ -252,8 +293,11 @@ class Checkpointer:
         for newer, path in zip([None, *candidates], candidates):
             if newer is not None:
                 logger.warning(f"{newer} could not be loaded ({failures[-1]}); resuming from {path} instead")
-            self._check_compatible(path)
-            failure = self._try_load(path)
+            manifest = read_manifest(path)
+            written = written_by(path, manifest)
+            check_compatible(path, manifest, written, self.accelerator, self.config, self.allow_config_change,
+                             self.same_processes_because)  # fmt: skip
+            failure = self._try_load(path, written)
             if failure is None:
                 return path
             failures.append(failure)
@@ -261,90 +305,53 @@ class Checkpointer:
             raise ConfigError(
                 "trainer.resume",
                 spec,
-                "no checkpoint could be loaded ("
+                "no checkpoint could be loaded, each failing to read a file ("
                 + "; ".join(f"{path.name}: {failure}" for path, failure in zip(candidates, failures))
                 + ")",
                 "restore a checkpoint folder from a copy, or start a fresh run in a new `hydra.run.dir`",
             )
         return None
 
-    def _remove_unfinished_writes(self) -> None:
-        """What writes that did not finish left (a kill, a failed process): never a checkpoint, only disk space."""
-        for pattern in (".checkpoint-*.partial", ".checkpoint-*.replaced"):
-            for leftover in self.checkpoints_dir.glob(pattern):
-                shutil.rmtree(leftover, ignore_errors=True)
-
-    def _check_compatible(self, path: Path) -> None:
-        """Same number of processes (each restores its own RNG and data position), and the same model, data and
-        objective unless ``allow_config_change``; other changes (lr, monitors, ...) are listed in a warning."""
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
-        world_size = manifest.get("world_size") or len(list(path.glob("trainer_state_*.safetensors")))
-        processes = self.accelerator.num_processes
-        if world_size != processes and self.same_processes_because:
-            raise ConfigError(
-                "trainer.resume",
-                str(path),
-                f"it was written by {world_size} processes and this run has {processes} "
-                f"({self.same_processes_because})",
-                f"resume with {world_size} processes (e.g. `accelerate launch --num_processes {world_size}`), or "
-                "start a fresh run in a new `hydra.run.dir`",
-            )
-        if world_size != processes:
-            logger.warning(
-                f"Resuming {path.name}, written by {world_size} processes, on {processes}: the weights and optimizer "
-                "state continue exactly, but each step now takes another number of images and the data order after "
-                "the resume point differs from the uninterrupted run's.",
-                main_process_only=True,
-            )
-        if "config" not in manifest:  # written before checkpoints recorded their config
-            if manifest.get("config_hash") != config_hash(self.config):
-                logger.warning(f"The config differs from the one {path.name} was trained with; continuing with it.")
-            return
-        changes = config_changes(manifest["config"], self.config)
-        grpo = bool(manifest["config"].get("grpo", {}).get("enabled") or self.config.get("grpo", {}).get("enabled"))
-        defining = [key for key, (old, new) in changes.items() if defines_training(key, old, new, grpo)]
-        listed = ", ".join(f"{key} ({old!r} -> {new!r})" for key, (old, new) in changes.items())
-        if defining and not self.allow_config_change:
-            raise ConfigError(
-                "trainer.resume",
-                str(path),
-                "that checkpoint was trained with another model, data, held-out split, objective or reward "
-                "fine-tuning: " + ", ".join(f"{key} ({changes[key][0]!r} -> {changes[key][1]!r})" for key in defining),
-                "resume with the settings the run was trained with (its config.yaml), start a fresh run in a new "
-                "`hydra.run.dir`, or, if the change is intended, add `trainer.allow_config_change=true`",
-            )
-        if changes:
-            logger.warning(f"Resuming {path.name} with changed settings: {listed}", main_process_only=True)
-
-    def _try_load(self, path: Path) -> str | None:
-        """Load ``path`` on every process; None if all did, else why not (the same answer on every process)."""
+    def _try_load(self, path: Path, written: WrittenBy) -> str | None:
+        """Load ``path`` on every process; None if all did, else why not (the same answer on every process). A
+        refusal (``ConfigError``) is raised where it happens: no older checkpoint would do better, and when only one
+        process refuses its part (its stream position) the others stop with its message (``dit_trainer.failures``)."""
         try:
-            self._load(path)
+            with dcp_tracebacks_dropped():
+                self._load(path, written)
             failure = None
-        except ConfigError:  # the configured model does not fit: no older checkpoint would either
+        except ConfigError:
             raise
         except LOAD_ERRORS as error:  # a damaged file: unreadable, truncated within its size, bit rot
-            failure = f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+            failure = load_failure(error)
         if self.accelerator.num_processes > 1:
             failed = torch.tensor(float(failure is not None), device=self.accelerator.device)
             if self.accelerator.reduce(failed, reduction="sum").item() and failure is None:
                 failure = "another process could not load its part"
         return failure
 
-    def _load(self, path: Path) -> None:
+    def _load(self, path: Path, written: WrittenBy) -> None:
         try:
             self.accelerator.load_state(str(path))
-        except RuntimeError as error:  # load_state_dict: missing/unexpected keys or size mismatches
-            if "state_dict" not in str(error):
+        except (RuntimeError, ValueError) as error:
+            # load_state_dict: missing/unexpected keys or size mismatches; the optimizer's: other parameter groups
+            weights = "state_dict" in str(error)
+            if not weights and "parameter group" not in str(error):
                 raise
             raise ConfigError(
                 "trainer.resume",
                 str(path),
-                f"its weights do not fit the configured model ({' '.join(str(error).split())[:300]})",
-                "resume with the settings that run was trained with (its config.yaml), or start a fresh run in a "
-                "new `hydra.run.dir`",
+                f"its {'weights do' if weights else 'optimizer state does'} not fit the configured "
+                f"{'model' if weights else 'optimizer'} ({' '.join(str(error).split())[:300]})",
+                "resume with the settings that run was trained with (its config.yaml; `optim.weight_decay` on a "
+                "learned-variance model decides the optimizer's parameter groups), or start a fresh run in a new "
+                "`hydra.run.dir`",
             ) from error
-        if self.accelerator.is_fsdp2 and self.ema is not None:
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.load_state_dict(schedule_in_updates(self.lr_scheduler.state_dict(), written))
+        if self.ema is not None and not self._has_ema(path):
+            self._start_ema(path)
+        elif self.accelerator.is_fsdp2 and self.ema is not None:
             self._load_sharded_ema(path)
         self.state.load(path, self.accelerator.process_index)
         for name, state in self.process_states.items():
@@ -362,3 +369,24 @@ class Checkpointer:
                     "resume with the settings that run was trained with (its config.yaml)",
                 )
             state.load_state_dict(json.loads(file.read_text(encoding="utf-8")))
+
+
+def remove_unfinished_writes(checkpoints_dir: Path) -> None:
+    """What writes that did not finish left (a kill, a failed process), at the start of a run, by the main process.
+    A ``.partial`` folder is never a checkpoint: only disk space. A ``.replaced`` one is the previous copy of a
+    checkpoint saved again (a run resumed from an older one): removed once the new ``checkpoint-N`` is complete, and
+    renamed back when a kill between the two renames left it alone."""
+    for leftover in checkpoints_dir.glob(".checkpoint-*.partial"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    for replaced in checkpoints_dir.glob(".checkpoint-*.replaced"):
+        path = checkpoints_dir / replaced.name.removeprefix(".").removesuffix(".replaced")
+        if path.is_dir() and incomplete_reason(path) is None:
+            shutil.rmtree(replaced, ignore_errors=True)
+        elif not path.exists() and incomplete_reason(replaced) is None:
+            replaced.rename(path)
+            logger.warning(f"{path.name} was being saved again when the run stopped: its previous copy is restored")
+        else:
+            logger.warning(
+                f"Neither {path.name} nor its previous copy {replaced.name} is complete ({incomplete_reason(path)}; "
+                f"{incomplete_reason(replaced)}): both are left as they are, and neither is resumed from"
+            )

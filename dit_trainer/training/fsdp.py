@@ -14,7 +14,8 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
 
 from dit_trainer.components.dit import DiTAdapter
 from dit_trainer.errors import ConfigError
@@ -71,19 +72,44 @@ def wrap_family_blocks(accelerator: Accelerator, dit: DiTAdapter) -> None:
     """Make the family's repeated blocks (``Family.blocks``) FSDP's wrap units when the accelerate config names
     none, or classes this model does not have (``configs/accelerate/fsdp.yaml`` names PixArt's and DiT's
     ``BasicTransformerBlock``; SD3, Flux and Sana have their own). Without units the whole model would be one,
-    gathered whole for every forward."""
+    gathered whole for every forward.
+
+    The modules the family shares between blocks (``Family.shared``: the DiT's embedder) become units of their own
+    too. accelerate shards bottom-up, so such a module is sharded before the first block that holds it: inside that
+    block's unit it would stay sharded for every other caller, and the next block's ``fully_shard`` would take its
+    DTensors for tensor-parallel ones (``TypeError: Invariant encountered: value was None``)."""
     if not accelerator.is_fsdp2:
         return
     plugin = accelerator.state.fsdp_plugin
+    shared = sorted({type(module).__name__ for module in dit.shared_modules()})
+    if plugin.auto_wrap_policy is size_based_auto_wrap_policy and shared:
+        raise ConfigError(
+            "fsdp_config.fsdp_auto_wrap_policy",
+            "SIZE_BASED_WRAP",
+            f"{type(dit.transformer).__name__}'s blocks share {', '.join(shared)}: size-based units would put it "
+            "inside whichever block is sharded first, where the other blocks cannot use it",
+            "set `fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP` (as `configs/accelerate/fsdp.yaml` does): the "
+            "trainer then wraps the blocks and the shared modules as units of their own",
+        )
     if plugin.auto_wrap_policy is not transformer_auto_wrap_policy:
         return
     named = plugin.transformer_cls_names_to_wrap or []
+    blocks = sorted({type(block).__name__ for block in dit.blocks()})
     if named and set(named) <= {type(module).__name__ for module in dit.modules()}:
-        return
-    plugin.transformer_cls_names_to_wrap = sorted({type(block).__name__ for block in dit.blocks()})
-    if named:
+        blocks = named
+    elif named:
         logger.warning(
             f"The accelerate config wraps {', '.join(named)}, which {type(dit.transformer).__name__} does not "
-            f"have; FSDP wraps its blocks instead: {', '.join(plugin.transformer_cls_names_to_wrap)}.",
+            f"have; FSDP wraps its blocks instead: {', '.join(blocks)}.",
             main_process_only=True,
         )
+    plugin.transformer_cls_names_to_wrap = [*blocks, *(name for name in shared if name not in blocks)]
+
+
+def gather_shared_modules_once(dit: DiTAdapter) -> None:
+    """Keep each shared module's unit (``wrap_family_blocks``) gathered from its first call in a forward until its
+    gradient is reduced at the end of the backward: one all-gather a step where resharding after each call would
+    gather it again for every caller (29 times a forward for DiT-XL/2). ``dit``: the prepared model, unwrapped."""
+    for module in dit.shared_modules():
+        if isinstance(module, FSDPModule):
+            module.set_reshard_after_forward(False, recurse=False)

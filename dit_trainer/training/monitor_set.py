@@ -17,6 +17,7 @@ from dit_trainer.errors import ConfigError
 from dit_trainer.fid import (
     build_feature_extractor,
     check_reference_size,
+    reference_cache_dir,
     sample_count,
     small_sample_warning,
     validation_reference,
@@ -77,9 +78,9 @@ def build_validation_monitor(
     return ValidationMonitor(context, v.every_n_steps, batches, parts.text_encoder, schedule, v.timesteps, v.seed)
 
 
-def build_fid_monitor(cfg: TrainConfig, context: MonitorContext, parts: Components) -> FIDMonitor:
-    """FID against the validation images, whose features are computed (or read from their cache) on the main
-    process only."""
+def build_fid_monitor(cfg: TrainConfig, context: MonitorContext, parts: Components, run_dir: Path) -> FIDMonitor:
+    """FID against the validation images, whose features are computed (or read from their cache: by default in
+    ``run_dir``) on the main process only."""
     f, d, v, accelerator = cfg.monitor.fid, cfg.diffusion, cfg.validation, context.accelerator
     if context.sharded:
         raise ConfigError(
@@ -92,7 +93,8 @@ def build_fid_monitor(cfg: TrainConfig, context: MonitorContext, parts: Componen
     extractor = reference = None
     if accelerator.is_main_process:
         extractor = build_feature_extractor(f.features, f.weights, parts.vae, cfg.vae, accelerator.device)
-        reference = validation_reference(cfg, extractor, f.cache_dir, accelerator.device, f.batch_size)
+        cache_dir = reference_cache_dir(f.cache_dir, cfg, run_dir)
+        reference = validation_reference(cfg, extractor, cache_dir, accelerator.device, f.batch_size)
         key, value = ("validation.path", v.path) if v.path else ("validation.split", v.split)
         more = "add images to `validation.path`" if v.path else "hold out more images (a larger `validation.split`)"
         check_reference_size(
@@ -125,5 +127,5 @@ def build_monitor_set(
     if held_out is not None:
         monitors.insert(0, build_validation_monitor(cfg, context, parts, held_out))
     if cfg.monitor.fid.enabled:
-        monitors.append(build_fid_monitor(cfg, context, parts))
+        monitors.append(build_fid_monitor(cfg, context, parts, run_dir))
     return monitors

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-from accelerate import Accelerator
 from diffusers.optimization import get_scheduler
 
 from dit_trainer.components.dit import DiTAdapter
@@ -39,16 +38,17 @@ def build_optimizer(cfg: TrainConfig, dit: DiTAdapter) -> torch.optim.Optimizer:
     )
 
 
-def build_lr_scheduler(
-    cfg: TrainConfig, optimizer: torch.optim.Optimizer, accelerator: Accelerator, updates_per_step: int = 1
-):
-    """The diffusers LR schedule in optimizer updates (a GRPO step makes ``updates_per_step``); accelerate steps it
-    once per process, so its lengths count all processes."""
+def build_lr_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, updates_per_step: int = 1):
+    """The diffusers LR schedule, counted in optimizer updates (a GRPO step makes ``updates_per_step``) whatever the
+    number of processes: the accelerator does not step it with the optimizer (``build_accelerator``), the update
+    steps it once per update it applies. So a run resumed on another number of processes continues the same
+    schedule (accelerate's own stepping advances it once per process and would need lengths in processes x updates,
+    which a checkpoint then carries into a resume on another count)."""
     return get_scheduler(
         cfg.optim.lr_schedule,
         optimizer,
-        num_warmup_steps=cfg.optim.warmup_steps * accelerator.num_processes,
-        num_training_steps=cfg.trainer.max_steps * updates_per_step * accelerator.num_processes,
+        num_warmup_steps=cfg.optim.warmup_steps,
+        num_training_steps=cfg.trainer.max_steps * updates_per_step,
     )
 
 

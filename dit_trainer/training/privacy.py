@@ -7,6 +7,11 @@ accountant tracks epsilon, which is logged as ``privacy/epsilon`` and saved in e
 
 Every trainable parameter gets a per-sample gradient: PixArt's modulation tables, which Opacus cannot see, are
 moved into modules it can (``components.modulation``); nothing is frozen to make DP work.
+
+A module that several parents hold (the DiT's timestep-and-label embedder, shared by every block) is hooked once:
+Opacus hooks every path to a module, which would count its per-sample gradients once per parent. Its per-sample
+gradient is then right in both modes as long as it runs once per forward (what ghost clipping requires; the DiT family
+arranges it for its embedder) or, with ``privacy.mode=hooks``, on the same inputs at each call.
 """
 
 from __future__ import annotations
@@ -143,6 +148,33 @@ def noise_multiplier(cfg: PrivacyConfig, sample_rate: float, max_steps: int, del
     )
 
 
+@contextlib.contextmanager
+def one_path_per_module(model: nn.Module) -> Iterator[None]:
+    """Each module stays reachable from its first parent only (a later parent's entry reads None meanwhile), so that
+    Opacus, which walks ``children()`` without skipping modules it has seen, hooks a shared module once. The hooks
+    belong to the module, not to the path: afterwards every parent's call of it is recorded, once per call."""
+    seen, detached = {id(model)}, []
+
+    def walk(parent: nn.Module) -> None:
+        for name, child in parent._modules.items():
+            if child is None:
+                continue
+            if id(child) in seen:
+                detached.append((parent, name, child))
+            else:
+                seen.add(id(child))
+                walk(child)
+
+    walk(model)
+    for parent, name, _ in detached:
+        parent._modules[name] = None  # in place: the parent's order of children is kept
+    try:
+        yield
+    finally:
+        for parent, name, child in detached:
+            parent._modules[name] = child
+
+
 @dataclass
 class PrivateTraining:
     """The DP side of a run: how the (B,) loss is back-propagated, and the privacy spent."""
@@ -243,19 +275,20 @@ def make_private(
         # Opacus' warning is about its secure_mode; describe() says what noise source this run uses.
         warnings.filterwarnings("ignore", message="Secure RNG turned off")
         engine = PrivacyEngine(accountant=cfg.accountant)
-    hooks, dp_optimizer, *_ = engine.make_private(
-        module=model,
-        optimizer=optimizer,
-        criterion=nn.MSELoss(),  # unused: the trainer hands Opacus its (B,) loss; "mean" must match below
-        data_loader=loader,
-        noise_multiplier=sigma,
-        max_grad_norm=cfg.max_grad_norm,
-        poisson_sampling=False,  # the loader above already samples that way, reproducibly
-        grad_sample_mode=cfg.mode,
-        wrap_model=False,
-        noise_generator=torch.Generator(device).manual_seed(seed + 1),
-        loss_reduction="mean",
-    )
+    with one_path_per_module(model):
+        hooks, dp_optimizer, *_ = engine.make_private(
+            module=model,
+            optimizer=optimizer,
+            criterion=nn.MSELoss(),  # unused: the trainer hands Opacus its (B,) loss; "mean" must match below
+            data_loader=loader,
+            noise_multiplier=sigma,
+            max_grad_norm=cfg.max_grad_norm,
+            poisson_sampling=False,  # the loader above already samples that way, reproducibly
+            grad_sample_mode=cfg.mode,
+            wrap_model=False,
+            noise_generator=torch.Generator(device).manual_seed(seed + 1),
+            loss_reduction="mean",
+        )
     return (
         PrivateTraining(engine, hooks, dp_optimizer, cfg.mode, delta, sigma, sampler.sample_rate),
         dp_optimizer,

@@ -43,11 +43,13 @@ from dit_trainer.grpo.prompts import PromptSampler
 from dit_trainer.precision import allow_tf32, resolve_mixed_precision, weight_dtype
 from dit_trainer.run_folder import CHECKPOINTS, CONFIG, IMAGE_SIZES, weights_layout
 from dit_trainer.run_lock import RunFolderLock
-from dit_trainer.training.checkpoint import Checkpointer, TrainingState, check_run_folder
+from dit_trainer.training.checkpoint import Checkpointer, TrainingState, check_run_folder, remove_unfinished_writes
+from dit_trainer.training.checkpoint_manifest import check_resume_launch
 from dit_trainer.training.data_health import BadFileCounter
 from dit_trainer.training.ema import FusedEMA
 from dit_trainer.training.fsdp import (
     check_fsdp,
+    gather_shared_modules_once,
     launched_on_cpu_processes,
     shard_on_cpu_processes,
     wrap_family_blocks,
@@ -74,6 +76,9 @@ def build_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
         log_with=tracker_name(cfg.logger),
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        # The LR schedule counts optimizer updates (the update steps it): accelerate's own stepping advances it once
+        # per process, so a checkpoint's schedule would move on a resume with another number of processes.
+        step_scheduler_with_optimizer=False,
         # Monitors (sample grids, rewards, FID) run on the main process while the others wait in a collective:
         # NCCL's default 10 minutes would kill a long FID evaluation.
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=cfg.trainer.collective_timeout_minutes))],
@@ -84,14 +89,20 @@ def build_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
 
 def start_run(cfg: TrainConfig, run_dir: Path) -> tuple[Accelerator, RunFolderLock | None]:
     """The accelerator of a run, and the lock its main process holds on ``run_dir`` (refused while another run
-    holds it, or when the folder has another run's checkpoints)."""
+    holds it, or when the folder has another run's checkpoints). What unfinished checkpoint writes left is cleared
+    here, and a checkpoint to resume that this launch cannot read (sharded or not) is refused before any model is
+    built."""
     accelerator = build_accelerator(cfg, run_dir)
     check_fsdp(accelerator)
     lock = RunFolderLock(run_dir) if accelerator.is_main_process else None
     if lock is not None:
         lock.acquire()
     try:
+        if accelerator.is_main_process:
+            remove_unfinished_writes(run_dir / CHECKPOINTS)
+        accelerator.wait_for_everyone()  # every process then reads the checkpoints as the main process left them
         check_run_folder(run_dir, cfg.trainer.resume)
+        check_resume_launch(run_dir / CHECKPOINTS, cfg.trainer.resume, accelerator)
     except ConfigError:
         if lock is not None:
             lock.release()
@@ -134,13 +145,15 @@ def build_checkpointer(
     cfg: TrainConfig,
     accelerator: Accelerator,
     run_dir: Path,
+    update: Update,
     ema: FusedEMA | None,
     privacy: PrivateTraining | None,
     prompt_sampler: PromptSampler | None = None,
     dataloader: DataLoader | None = None,
 ) -> Checkpointer:
     """Checkpoints of the run, with the state every step draws its randomness from (one generator per process,
-    the DP noise generator and accountant under DP, GRPO's prompt statistics)."""
+    the DP noise generator and accountant under DP, GRPO's prompt statistics), and the ``update``'s LR schedule and
+    trained parameters (a resume converts a schedule counted in processes, and starts an EMA the checkpoint lacks)."""
     generator = torch.Generator(accelerator.device).manual_seed(cfg.trainer.seed + accelerator.process_index)
     state = TrainingState(generator, {"dp_noise": privacy.optimizer.generator} if privacy else None)
     return Checkpointer(
@@ -158,6 +171,8 @@ def build_checkpointer(
         },
         same_processes_because=why_resume_needs_same_processes(privacy, dataloader),
         process_states={"data_stream": dataloader} if isinstance(dataloader, StreamLoader) else None,
+        lr_scheduler=update.lr_scheduler,
+        parameters=update.parameters,
     )
 
 
@@ -239,12 +254,13 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     warn_live_text_encoding(cfg, parts)  # when encoding captions every step costs much of the DiT's step
     apply_compile(cfg, parts.dit)  # trainer.compile: after the meta-device counts above, before prepare wraps
     optimizer = build_optimizer(cfg, parts.dit)
-    lr_scheduler = build_lr_scheduler(cfg, optimizer, accelerator, updates_per_epoch(cfg) if grpo else 1)
+    lr_scheduler = build_lr_scheduler(cfg, optimizer, updates_per_epoch(cfg) if grpo else 1)
     privacy = dataloader = None
     if not grpo:
         privacy, optimizer, dataloader = build_training_loader(cfg, accelerator, parts, source, optimizer)
     wrap_family_blocks(accelerator, parts.dit)
     dit, optimizer, lr_scheduler = accelerator.prepare(parts.dit, optimizer, lr_scheduler)
+    gather_shared_modules_once(accelerator.unwrap_model(dit))  # the DiT's embedder: one all-gather a step
     # Taken after prepare: FSDP2 replaces every parameter with a sharded one (the EMA then holds slices too).
     parameters = trainable_parameters(accelerator.unwrap_model(dit).transformer)
     ema = build_ema(cfg, parameters)
@@ -262,7 +278,7 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     monitors = build_monitor_set(cfg, context, run_dir, frozen_dtype, parts, held_out)
     update = build_update(cfg, accelerator, dit, optimizer, lr_scheduler, parameters, privacy)
     prompt_sampler = build_prompt_sampler(cfg) if grpo else None
-    checkpointer = build_checkpointer(cfg, accelerator, run_dir, ema, privacy, prompt_sampler, dataloader)
+    checkpointer = build_checkpointer(cfg, accelerator, run_dir, update, ema, privacy, prompt_sampler, dataloader)
     advice = nonfinite_advice(cfg, accelerator)
     loop = {
         "settings": loop_settings(cfg, accelerator),

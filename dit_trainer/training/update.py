@@ -115,7 +115,8 @@ class AccelerateUpdate(Update):
         # fp16's grad scaler must see the step to skip it and lower its scale itself.
         if finite or self.accelerator.scaler is not None:
             self.optimizer.step()
-            self.lr_scheduler.step()
+            if not self.optimizer.step_was_skipped:  # the schedule counts the updates applied (fp16: not skipped)
+                self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 

@@ -1,5 +1,8 @@
 """The command line is checked against the schema before Hydra composes it: a mistyped key or config option is one
-paragraph naming it and the closest valid ones, exit 2, without importing torch."""
+paragraph naming it and the closest valid ones, and a value whose braces lost their quotes in the shell one paragraph
+naming the quoting that works, exit 2, without importing torch."""
+
+import shlex
 
 import pytest
 
@@ -53,3 +56,45 @@ def test_train_py_answers_a_mistyped_key_with_exit_2_and_no_torch():
     result = run_script(["-c", code], timeout=60)
     assert result.stdout.split() == ["2", "False", "False"], result.stdout + result.stderr
     assert "`trainer.lrr` is 1, but the config has no such key (the closest are `optim.lr`" in result.stderr
+
+
+SHARDS = "/data/shards/{000000..000099}.tar"
+
+
+@pytest.mark.parametrize(
+    ("item", "works"),
+    [(f"data.path={SHARDS}", f"\"data.path='{SHARDS}'\""),  # README's command after the shell took its quotes
+     ("data.path={000000..000009}.tar", "\"data.path='{000000..000009}.tar'\""),
+     ("data.path=${oc.env:HOME}/{0..9}.tar", "'data.path=\"${oc.env:HOME}/{0..9}.tar\"'"),  # no $ in double quotes
+     ("data.path=/a/{0..9}.tar,/b/{0..3}.tar", "\"data.path='/a/{0..9}.tar','/b/{0..3}.tar'\""),  # a -m sweep
+     ("data.mixture=[{source: webdataset, path: /d/{0..9}.tar, weight: 1}, {source: hf, path: x, weight: 1}]",
+      "\"data.mixture=[{source: webdataset, path: '/d/{0..9}.tar', weight: 1}, {source: hf, path: x, weight: 1}]\"")],
+)  # fmt: skip
+def test_braces_hydra_would_refuse_are_answered_with_the_quoting_that_works(item, works):
+    with pytest.raises(ConfigError) as caught:
+        check_command_line(["+experiment=shapes", "data=webdataset", item], CONFIG_DIR)
+    message = str(caught.value)
+    assert "\n" not in message and "the shell removed the quotes" in message and message.endswith(f"`{works}`.")
+    [typed] = shlex.split(works)  # what reaches the program when typed as shown
+    assert "{" in typed and typed != item
+    check_command_line([typed], CONFIG_DIR)  # Hydra parses it (else unquoted_braces would not have offered it)
+
+
+@pytest.mark.parametrize(
+    "item",
+    [f"data.path='{SHARDS}'", f'data.path="{SHARDS}"', r"data.path=/d/\{0..9\}.tar", "+model.extra_config={a: 1}",
+     "data.path=${oc.env:HOME}/x", "data.mixture=[{source: webdataset, path: '/d/{0..9}.tar', weight: 1}]",
+     "+model.extra_config.dual_attention_layers=[0,1]", "data.path=/a/b}"],
+)  # fmt: skip
+def test_what_hydra_accepts_or_quoting_cannot_fix_is_not_refused(item):
+    """Quotes that reached the program, escaped braces, dicts, interpolations; a stray brace is Hydra's to report."""
+    check_command_line([item], CONFIG_DIR)
+
+
+def test_train_py_answers_unquoted_shard_braces_with_exit_2_and_no_traceback(tmp_path):
+    """The README's webdataset command as bash hands it over: one paragraph, exit 2, no run folder."""
+    run_dir = tmp_path / "run"
+    result = run_script(["train.py", "+experiment=shapes", "data=webdataset", f"data.path={SHARDS}",
+                         "trainer.max_steps=1", f"hydra.run.dir={run_dir}"], timeout=60)  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert f"\"data.path='{SHARDS}'\"" in result.stderr.strip().splitlines()[-1] and not run_dir.exists()

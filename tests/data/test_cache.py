@@ -176,3 +176,29 @@ def test_a_float16_cache_is_held_and_read_as_stored_and_widened_exactly_on_the_d
     assert item["latent_mean"].dtype == item["text_embeds"].dtype == torch.float16
     assert item["text_mask"].dtype == torch.long
     assert torch.equal(item["latent_mean"].float(), tensors["latent_mean"][1].half().float())
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_class_ids_are_stored_in_a_type_that_holds_them(tmp_path, in_memory, monkeypatch):
+    """A class-conditional cache's ids (text_embeds) beyond int8's 127 read back as written, not wrapped (300 was read
+    as 44); masks still take a byte, and a shard written with int8 ids (below 128) beside it reads the same."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from dit_trainer.data import cache
+
+    monkeypatch.setattr(cache, "IN_MEMORY_BYTES", 1 << 30 if in_memory else 0)
+    ids = torch.tensor([3, 127, 128, 300])
+    tensors = {"latent_mean": torch.randn(4, 1, 2, 2), "text_embeds": ids,
+               "text_mask": torch.ones(4, 1, dtype=torch.long)}  # fmt: skip
+    save_shard(tmp_path / "shard-00000-00000.safetensors", tensors, list("abcd"), [0, 1, 2, 3], torch.float32)
+    with safe_open(tmp_path / "shard-00000-00000.safetensors", framework="pt") as shard:
+        assert shard.get_slice("text_mask").get_dtype() == "I8" and shard.get_slice("text_embeds").get_dtype() == "I16"
+    older = {"latent_mean": torch.randn(2, 1, 2, 2), "text_embeds": torch.tensor([5, 9], dtype=torch.int8),
+             "text_mask": torch.ones(2, 1, dtype=torch.int8)}  # fmt: skip
+    save_file(older, tmp_path / "shard-00000-00001.safetensors", metadata={"captions": '["e", "f"]'})
+    index = {"shards": [{"file": f"shard-00000-0000{k}.safetensors", "items": n} for k, n in ((0, 4), (1, 2))]}
+    dataset = cache.CacheDataset(tmp_path, index)
+    assert dataset.in_memory == in_memory
+    assert [dataset[i]["text_embeds"].item() for i in range(6)] == [3, 127, 128, 300, 5, 9]
+    assert all(dataset[i]["text_embeds"].dtype == dataset[i]["text_mask"].dtype == torch.long for i in range(6))

@@ -88,8 +88,11 @@ def test_without_declared_sizes_the_index_is_written_once_reused_and_renewed_whe
     opened.clear()
     assert launch() == first and opened == []  # the next launch
     (folder / "0.png").write_bytes(png_bytes(size=(96, 48)))  # replaced by a landscape image
+    stale = next(sizes_dir.iterdir())
     changed = launch()
     assert changed == [1, *first[1:]] and len(opened) >= 30
+    assert [index.name for index in sizes_dir.iterdir()] != [stale.name]  # the new index, written...
+    assert len(list(sizes_dir.iterdir())) == 1  # ...and the one of the folder before the change deleted
     for index in sizes_dir.iterdir():
         index.write_text("not json")  # a damaged index is read again, never trusted
     assert launch() == changed
@@ -123,6 +126,27 @@ def test_a_mixture_takes_declared_sizes_where_given_and_headers_elsewhere(tmp_pa
     opened = count_opens(monkeypatch, tmp_path)
     assert image_sizes(MixtureDataset(parts, ["meta", "bare"])) == [CANVASES[i % 3] for i in range(6)] * 2
     assert any("/bare/" in path for path in opened) and not any("/meta/" in path for path in opened)
+
+
+def test_a_mixture_keeps_an_index_per_part_and_only_the_current_ones(tmp_path):
+    """The parts of a mixture share the run's index folder: a change of one part replaces its index, not the other
+    part's; a file that is no index is never deleted."""
+    for name, count in (("a", 3), ("b", 4)):
+        write_folder(tmp_path / name, count, declare=False)
+    sizes_dir, table = tmp_path / "run" / "image_sizes", BucketTable(tuple(SIZES))
+    sizes_dir.mkdir(parents=True)
+    (sizes_dir / "notes.txt").write_text("the user's")
+
+    def launch() -> set[str]:
+        mixture = MixtureDataset([ImageFolderDataset(tmp_path / name, 32) for name in ("a", "b")], ["a", "b"])
+        Bucketed(mixture, table, sizes_dir=sizes_dir)
+        return {path.name for path in sizes_dir.iterdir()}
+
+    first = launch()
+    assert len(first) == 3 and "notes.txt" in first
+    (tmp_path / "b" / "0.png").write_bytes(png_bytes(size=(96, 48)))
+    second = launch()
+    assert len(second) == 3 and len(first & second) == 2  # b's index replaced; a's and the user's file kept
 
 
 def test_a_declared_size_only_picks_the_bucket_and_partial_or_odd_sizes_read_headers(tmp_path, monkeypatch):

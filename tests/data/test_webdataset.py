@@ -4,6 +4,7 @@ other writers."""
 
 import io
 import logging
+import shlex
 import tarfile
 
 import pytest
@@ -135,3 +136,12 @@ def test_webdataset_captions_that_are_not_utf8_or_not_objects_are_skipped_and_co
         "UnicodeDecodeError: 'utf-8' codec can't decode byte 0xe9 in position 0: invalid continuation byte",
         "ValueError: the .json member is a JSON number, not an object",
     ]
+
+
+def test_the_fix_for_a_shard_pattern_shows_the_quoting_a_shell_passes_to_hydra():
+    """Audit F14: `data.path='/d/{0..9}.tar'` typed in bash reaches Hydra without its quotes, and Hydra stops at
+    the brace; the whole override in double quotes passes the single-quoted pattern on."""
+    with pytest.raises(ConfigError) as caught:
+        WebDatasetSource("", 8)
+    example = str(caught.value).rpartition("e.g. `")[2].removesuffix("`.")
+    assert shlex.split(example) == ["data.path='/data/shards/{000000..000099}.tar'"]

@@ -3,6 +3,7 @@ write that a kill -9 or a full disk cannot turn into a corrupt ``latest``, trunc
 shared by all ranks, and a fresh run that never mixes with another's checkpoints."""
 
 import json
+import math
 import subprocess
 
 import pytest
@@ -118,24 +119,37 @@ def test_a_fresh_run_refuses_a_folder_with_checkpoints(tmp_path):
     assert checkpoint.read_bytes() == before and len(read_metrics(run_dir)) == 2
 
 
-def _launch_2_processes(*args: str) -> subprocess.CompletedProcess:
-    return run_script([*accelerate_launch(), "train.py", *TINY_SHAPES, *QUIET, *args], timeout=300,
+def _launch(processes: int, *args: str) -> subprocess.CompletedProcess:
+    return run_script([*accelerate_launch(processes), "train.py", *TINY_SHAPES, *QUIET, *args], timeout=300,
                       env=CPU_PROCESSES)  # fmt: skip
 
 
-def test_two_processes_share_one_run_folder_checkpoint_and_resume(tmp_path):
+# Cosine after 2 warm-up steps, in updates of 2 accumulated micro-batches of 4 images: an LR of its own every step.
+SCHEDULE = ("optim.lr_schedule=cosine", "optim.warmup_steps=2", "trainer.gradient_accumulation_steps=2",
+            "trainer.batch_size=4", "trainer.max_steps=9")  # fmt: skip
+
+
+def test_processes_share_one_run_folder_checkpoint_and_resume_on_fewer_at_the_same_lr(tmp_path):
+    """4 DDP processes train 9 steps; resumed from step 6 on 2 in the same folder, steps 7-9 have the LR the
+    uninterrupted run had (the schedule counts optimizer updates, not updates x processes)."""
     runs = tmp_path / "runs"
     # Microseconds in the folder name: with each rank's own clock (Hydra's ${now:}) the ranks would split it.
-    first = _launch_2_processes(f"hydra.run.dir={runs}/${{launch_time:%H-%M-%S-%f}}", "trainer.max_steps=6",
-                                "trainer.checkpoint_every=3")  # fmt: skip
+    first = _launch(4, f"hydra.run.dir={runs}/${{launch_time:%H-%M-%S-%f}}", *SCHEDULE, "trainer.checkpoint_every=3")
     assert first.returncode == 0, first.stderr[-4000:]
     [run_dir] = list(runs.iterdir())
-    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["checkpoint-3", "checkpoint-6"]
-    for rank in (0, 1):
+    checkpoints = ["checkpoint-3", "checkpoint-6", "checkpoint-9"]
+    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == checkpoints
+    for rank in range(4):
         assert (run_dir / "checkpoints" / "checkpoint-6" / f"trainer_state_{rank}.safetensors").is_file()
+    straight = {r["step"]: r["lr"] for r in read_metrics(run_dir)}
 
-    resumed = _launch_2_processes(f"hydra.run.dir={run_dir}", "trainer.max_steps=9", "trainer.resume=latest")
+    checkpoint = run_dir / "checkpoints" / "checkpoint-6"
+    resumed = _launch(2, f"hydra.run.dir={run_dir}", *SCHEDULE, f"trainer.resume={checkpoint}")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert resumed.stdout.count("Trained 9 steps") == 2
-    assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, 10))
+    assert resumed.stdout.count("Trained 9 steps") == 2 and "written by 4 processes, on 2" in resumed.stdout
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records] == list(range(1, 10)) and len({straight[s] for s in (7, 8, 9)}) == 3
+    assert all(math.isclose(r["lr"], straight[r["step"]], rel_tol=1e-6, abs_tol=1e-12) for r in records[6:]), records
+    assert [p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")] == []
+    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == checkpoints  # checkpoint-9 saved again
     assert list(runs.iterdir()) == [run_dir]

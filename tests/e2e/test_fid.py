@@ -13,7 +13,7 @@ def test_evaluate_reports_a_lower_fid_for_a_trained_checkpoint_than_an_early_one
     run = tmp_path / "run"
     train(run, "trainer.max_steps=60", "trainer.checkpoint_every=10", "validation.every_n_steps=60",
           "validation.split=0.25", "trainer.sample_every=0", "monitor.fid.enabled=true", "monitor.fid.features=vae",
-          "monitor.fid.every_n_steps=60", f"monitor.fid.cache_dir={tmp_path / 'fid'}")  # fmt: skip
+          "monitor.fid.every_n_steps=60")  # fmt: skip
     monitored = [record for record in read_metrics(run) if "fid/fid" in record]
     assert [record["step"] for record in monitored] == [60] and monitored[0]["fid/seconds"] > 0
     fid = {}
@@ -21,7 +21,7 @@ def test_evaluate_reports_a_lower_fid_for_a_trained_checkpoint_than_an_early_one
         out = tmp_path / f"eval{step}"
         result = run_script(
             ["scripts/evaluate.py", str(run), f"checkpoint={run / 'checkpoints' / f'checkpoint-{step}'}",
-             "metrics=[fid]", "fid_features=vae", f"fid_cache_dir={tmp_path / 'fid'}", f"out_dir={out}"]
+             "metrics=[fid]", "fid_features=vae", f"out_dir={out}"]
         )  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
         report = json.loads((out / "report.json").read_text())
@@ -30,4 +30,5 @@ def test_evaluate_reports_a_lower_fid_for_a_trained_checkpoint_than_an_early_one
         fid[step] = report["fid"]
     assert fid[60] < fid[10]
     assert fid[60] == pytest.approx(monitored[0]["fid/fid"], rel=1e-9)  # same weights, seeds, sampler, reference
-    assert len(list((tmp_path / "fid").glob("*.safetensors"))) == 1  # the reference was computed once
+    # The reference was computed once, kept in the run's folder (no cache folder set): the monitor's, read back.
+    assert len(list((run / "fid_reference").glob("*.safetensors"))) == 1

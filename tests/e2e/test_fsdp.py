@@ -1,11 +1,17 @@
 """FSDP2 through the trainer on 2 CPU processes (``configs/accelerate/fsdp_cpu.yaml``): the losses of DDP, sharded
-checkpoints plus whole weights, an exact resume, a resume on another number of processes, export and sampling of
-the result, and GRPO sharded, with LoRA and fully fine-tuned."""
+checkpoints plus whole weights, an exact resume, a resume on another number of processes at the same LR (falling
+back from a damaged checkpoint, and starting an EMA the checkpoint lacks), export and sampling of the result, a
+checkpoint of the other kind (sharded or not) refused before any model loads, and GRPO sharded, with LoRA and fully
+fine-tuned."""
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,12 +24,14 @@ from ..conftest import (
     REPO,
     TINY_SHAPES,
     accelerate_launch,
+    digest,
     free_port,
     read_metrics,
     run_script,
 )
 
-STEPS = ("trainer.log_every=1", "trainer.checkpoint_every=4", "trainer.sample_every=4")
+# Cosine after 5 warm-up steps: an LR of its own at every step, which a resume must continue.
+STEPS = ("trainer.log_every=1", "trainer.checkpoint_every=4", "trainer.sample_every=4", "optim.lr_schedule=cosine")
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 FSDP_TOLERANCE = 1e-5  # FSDP2 reduce-scatters what DDP all-reduces: the sums differ in the last bits only
 
@@ -46,6 +54,24 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {record["step"]: record["loss"] for record in read_metrics(run_dir)}
 
 
+def refused(launcher: list[str], run_dir: Path, *overrides: str) -> str:
+    """``train.py`` under ``launcher`` (none: one plain process) into ``run_dir``, refused: exit 2 (read back from
+    the run folder when several processes ran, as job scripts do), and no traceback of a process (the launcher's
+    own report of a failed child is one). Returns its output."""
+    since = time.time()
+    result = run_script([*launcher, "train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", *overrides], timeout=300,
+                        env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+    output = result.stdout + result.stderr
+    if launcher:
+        command = [sys.executable, "-m", "dit_trainer.failures", str(run_dir), "--since", str(since)]
+        assert subprocess.run(command, cwd=REPO, capture_output=True, text=True).stdout.strip() == "2", output[-3000:]
+        assert output.count("Traceback") == 1 and "ChildFailedError" in output, output[-6000:]
+        assert "exitcode  : 1 " not in output  # no process ended on an uncaught exception
+    else:
+        assert result.returncode == 2 and "Traceback" not in output, output[-3000:]
+    return output
+
+
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("fsdp") / "run"
@@ -53,10 +79,16 @@ def fsdp_run(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("ddp") / "run"
+    launch(accelerate_launch(2), run_dir, "trainer.max_steps=8", *STEPS)
+    return run_dir
+
+
 @pytest.mark.slow
-def test_fsdp_trains_like_ddp_and_checkpoints_slices_plus_whole_weights(fsdp_run, tmp_path):
-    ddp = tmp_path / "ddp"
-    launch(accelerate_launch(2), ddp, "trainer.max_steps=8", *STEPS)
+def test_fsdp_trains_like_ddp_and_checkpoints_slices_plus_whole_weights(fsdp_run, ddp_run):
+    ddp = ddp_run
     sharded, replicated = losses(fsdp_run), losses(ddp)
     assert sorted(sharded) == list(range(1, 9))
     assert max(abs(sharded[s] - replicated[s]) for s in sharded) < FSDP_TOLERANCE
@@ -85,21 +117,74 @@ def test_fsdp_resume_reproduces_the_uninterrupted_run(fsdp_run, tmp_path):
         assert all(torch.equal(one[k], other[k]) for k in one)
 
 
+def without_ema(checkpoint: Path) -> None:
+    """``checkpoint`` as a run with ``trainer.ema_decay=0`` writes it: no EMA folders, nor manifest entries."""
+    for folder in ("ema_sharded", "transformer_ema"):
+        shutil.rmtree(checkpoint / folder)
+    manifest = json.loads((checkpoint / "manifest.json").read_text())
+    manifest["files"] = {name: size for name, size in manifest["files"].items() if "ema" not in name.split("/")[0]}
+    manifest["config"]["trainer"]["ema_decay"] = 0.0
+    (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+
+
+def lrs(run_dir: Path) -> dict[int, float]:
+    return {record["step"]: record["lr"] for record in read_metrics(run_dir)}
+
+
 @pytest.mark.slow
-def test_a_two_process_checkpoint_trains_on_one_process_then_exports_and_samples(fsdp_run, tmp_path):
+def test_a_two_process_checkpoint_resumes_on_three_at_the_same_lr_then_exports_and_samples(fsdp_run, tmp_path):
+    """The newest checkpoint damaged where sizes do not show it (its model's ``.metadata`` zeroed: torch's
+    CheckpointException, a BaseException), the previous one written without EMA: the resume on 3 processes falls
+    back to checkpoint-4, starts the EMA from its weights, and trains steps 5-8 at the uninterrupted run's LR."""
     run_dir = tmp_path / "run"
     shutil.copytree(fsdp_run, run_dir)
-    log = launch(fsdp_launch(1), run_dir, "trainer.max_steps=10", *STEPS, "trainer.resume=latest")
-    assert "written by 2 processes, on 1" in log and "data order after the resume point differs" in log
-    assert sorted(losses(run_dir))[-2:] == [9, 10]
-    manifest = json.loads((run_dir / "checkpoints" / "checkpoint-10" / "manifest.json").read_text())
-    assert manifest["world_size"] == 1
+    metadata = run_dir / "checkpoints" / "checkpoint-8" / "pytorch_model_fsdp_0" / ".metadata"
+    metadata.write_bytes(bytes(metadata.stat().st_size))
+    without_ema(run_dir / "checkpoints" / "checkpoint-4")
+    log = " ".join(launch(fsdp_launch(3), run_dir, "trainer.max_steps=8", *STEPS, "trainer.resume=latest").split())
+    assert "Traceback" not in log
+    assert "checkpoint-8 could not be loaded (CheckpointException on process" in log
+    assert f"resuming from {run_dir}/checkpoints/checkpoint-4 instead" in log
+    assert "checkpoint-4 holds no EMA weights" in log and "the EMA starts from its restored weights" in log
+    assert "written by 2 processes, on 3" in log and "the LR schedule continue exactly" in log
+    straight, resumed = lrs(fsdp_run), lrs(run_dir)
+    assert sorted(resumed) == list(range(1, 9)) and len({straight[s] for s in range(5, 9)}) == 4
+    assert all(math.isclose(resumed[s], straight[s], rel_tol=1e-6, abs_tol=1e-12) for s in range(5, 9)), resumed
+    manifest = json.loads((run_dir / "checkpoints" / "checkpoint-8" / "manifest.json").read_text())
+    assert manifest["world_size"] == 3 and manifest["launch"] == "fsdp"
+    assert manifest["lr_schedule_unit"] == "optimizer_updates"
     exported = run_script(["scripts/export.py", str(run_dir), f"out_dir={tmp_path / 'export'}"], timeout=300)
     assert exported.returncode == 0, exported.stderr[-3000:]
     sampled = run_script(["scripts/sample.py", str(run_dir), "prompts=[a red circle]", "images_per_prompt=1",
                           f"out_dir={tmp_path / 'samples'}", "steps=2"], timeout=300)  # fmt: skip
     assert sampled.returncode == 0, sampled.stderr[-3000:]
     assert len(list((tmp_path / "samples").glob("*.png"))) == 1
+
+
+@pytest.mark.slow
+def test_a_sharded_checkpoint_resumed_without_fsdp_is_refused_naming_the_launch(fsdp_run, tmp_path):
+    """One process cannot read FSDP's sharded state: refused before any model loads, the checkpoints untouched and
+    not called damaged."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(fsdp_run, run_dir)
+    before = digest(run_dir / "checkpoints"), (run_dir / "metrics.jsonl").read_text()
+    output = " ".join(refused([], run_dir, "trainer.max_steps=10", "trainer.resume=latest").split())
+    assert "checkpoint-8" in output and "written under FSDP by 2 processes" in output and "intact" in output
+    assert "--config_file configs/accelerate/fsdp.yaml" in output and "from a copy" not in output
+    assert (digest(run_dir / "checkpoints"), (run_dir / "metrics.jsonl").read_text()) == before
+
+
+@pytest.mark.slow
+def test_a_ddp_checkpoint_resumed_under_fsdp_is_refused_on_every_process(ddp_run, tmp_path):
+    """FSDP reads only sharded state: every process refuses before any model loads (exit 2, no traceback), and the
+    checkpoints are not called damaged."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(ddp_run, run_dir)
+    before = digest(run_dir / "checkpoints"), (run_dir / "metrics.jsonl").read_text()
+    output = " ".join(refused(fsdp_launch(), run_dir, "trainer.max_steps=10", "trainer.resume=latest").split())
+    assert "written without FSDP (DDP on 2 processes" in output and "intact" in output
+    assert "`python train.py ...` (one process) or a DDP launch" in output and "from a copy" not in output
+    assert (digest(run_dir / "checkpoints"), (run_dir / "metrics.jsonl").read_text()) == before
 
 
 def grpo(init_dir: Path, *overrides: str) -> tuple[str, ...]:

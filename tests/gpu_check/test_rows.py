@@ -2,8 +2,21 @@
 
 import json
 import sys
+import textwrap
+
+import psutil
 
 from dit_trainer.gpu_check.rows import Command, Row, guarded, markdown, run_command, with_mfu, write_report
+
+# A row that starts what `accelerate launch` starts: a rank in a session of its own (torch elastic's workers), its
+# output elsewhere, and a helper in the row's own group holding the row's output pipe; then it hangs.
+LAUNCHER = textwrap.dedent("""
+    import subprocess, sys, time
+    rank = subprocess.Popen(["sleep", "60"], start_new_session=True, stdout=subprocess.DEVNULL)
+    helper = subprocess.Popen(["sleep", "60"])
+    open(sys.argv[1], "w").write(f"{rank.pid} {helper.pid}")
+    time.sleep(60)
+""")
 
 
 def test_a_failing_subprocess_is_an_outcome_with_its_output(tmp_path):
@@ -15,6 +28,29 @@ def test_a_failing_subprocess_is_an_outcome_with_its_output(tmp_path):
 def test_a_hanging_subprocess_is_killed_and_recorded_as_timed_out(tmp_path):
     outcome = run_command(Command([sys.executable, "-c", "import time; time.sleep(30)"], tmp_path, timeout=1))
     assert outcome.returncode is None and outcome.failure.startswith("timed out") and outcome.seconds < 10
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_row_that_times_out_leaves_none_of_its_processes_running(tmp_path):
+    """subprocess.run's timeout killed only the launcher: the rank kept running, and the helper holding the pipe
+    kept run() waiting for the end of the output long after the timeout."""
+    pids = tmp_path / "pids"
+    outcome = run_command(Command([sys.executable, "-c", LAUNCHER, str(pids)], tmp_path, timeout=3))
+    started = [int(pid) for pid in pids.read_text().split()]
+    try:
+        assert outcome.returncode is None and outcome.seconds < 20
+        assert outcome.failure.endswith("stopped after --row-timeout 3 s, with every process it started")
+        assert not any(_running(pid) for pid in started)
+    finally:
+        for pid in started:  # the test's own processes, should the check above fail
+            if _running(pid):
+                psutil.Process(pid).kill()
 
 
 def test_an_exception_in_a_row_is_a_failed_row_not_the_end_of_the_check():

@@ -1,6 +1,6 @@
 """What a sharded launch refuses (``training/fsdp.py``, ``training/privacy.py``) and a resume on another number of
-processes where the checkpoint holds per-process state (``training/checkpoint.py``). The sharded runs themselves:
-``tests/e2e/test_fsdp.py``."""
+processes where the checkpoint holds per-process state (``training/checkpoint.py``), and the wrap units it gives
+FSDP. The sharded runs themselves: ``tests/e2e/test_fsdp.py`` and ``tests/e2e/test_fsdp_families.py``."""
 
 import json
 from types import SimpleNamespace
@@ -8,11 +8,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
+from dit_trainer.components.dit import DiTAdapter
+from dit_trainer.components.families import FAMILIES
+from dit_trainer.condition import ConditionSize
+from dit_trainer.config import ModelConfig
 from dit_trainer.errors import ConfigError
 from dit_trainer.training.checkpoint import Checkpointer, TrainingState
-from dit_trainer.training.fsdp import check_fsdp
+from dit_trainer.training.fsdp import check_fsdp, wrap_family_blocks
 from dit_trainer.training.privacy import check_private_launch
 
 from ..conftest import one_paragraph
@@ -48,3 +52,33 @@ def test_a_resume_on_another_number_of_processes_is_refused_where_state_is_per_p
         checkpointer.restore(str(checkpoint))
     message = one_paragraph(caught.value, "trainer.resume")
     assert "written by 2 processes and this run has 1" in message and because in message
+
+
+def tiny_dit(family: str, classes: int = 10) -> DiTAdapter:
+    """A 2-block transformer of ``family`` (the DiT: 10 classes; PixArt: 16-dim text)."""
+    cfg = ModelConfig(family=family, num_layers=2, num_attention_heads=2, attention_head_dim=8, patch_size=2)
+    return DiTAdapter(FAMILIES.get(family).build(cfg, 4, 8, ConditionSize(classes if family == "dit" else 16)),
+                      FAMILIES.get(family))  # fmt: skip
+
+
+def wrap_units(dit: DiTAdapter, **plugin) -> list[str]:
+    """The classes FSDP wraps in ``dit`` under an accelerate FSDP2 config of ``plugin``'s settings."""
+    fsdp = FullyShardedDataParallelPlugin(fsdp_version=2, **plugin)
+    wrap_family_blocks(SimpleNamespace(is_fsdp2=True, state=SimpleNamespace(fsdp_plugin=fsdp)), dit)
+    return fsdp.transformer_cls_names_to_wrap
+
+
+def test_a_module_the_blocks_share_is_a_wrap_unit_of_its_own():
+    named = {"auto_wrap_policy": "transformer_based_wrap", "transformer_cls_names_to_wrap": ["BasicTransformerBlock"]}
+    dit = tiny_dit("dit")
+    assert dit.shared_modules() == [dit.transformer.transformer_blocks[1].norm1.emb]  # block 0's, used by all
+    assert wrap_units(dit, **named) == ["BasicTransformerBlock", "CombinedTimestepLabelEmbeddings"]
+    assert wrap_units(dit, auto_wrap_policy="transformer_based_wrap") == wrap_units(dit, **named)  # none named
+    assert wrap_units(tiny_dit("pixart_alpha"), **named) == ["BasicTransformerBlock"]  # nothing shared
+
+
+def test_size_based_wrapping_of_shared_modules_is_refused():
+    with pytest.raises(ConfigError) as caught:
+        wrap_units(tiny_dit("dit"), auto_wrap_policy="size_based_wrap", min_num_params=1000)
+    assert "TRANSFORMER_BASED_WRAP" in one_paragraph(caught.value, "fsdp_config.fsdp_auto_wrap_policy")
+    wrap_units(tiny_dit("pixart_alpha"), auto_wrap_policy="size_based_wrap", min_num_params=1000)  # nothing shared

@@ -12,12 +12,22 @@ from diffusers import ModelMixin
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from torch import nn
 
+from dit_trainer.components.families.arguments import (
+    constructor_parameters,
+    describe,
+    expected_type,
+    fits,
+    override_text,
+    plain,
+)
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ModelConfig, TextEncoderConfig, TrainConfig
 from dit_trainer.errors import require
 
 # The attention projections and feed-forward layers of diffusers' transformer blocks: the usual LoRA targets.
 ATTENTION_AND_FEED_FORWARD = ("to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2")
+# The activations diffusers' FeedForward builds (PixArt's and DiT's `activation_fn`): it fails on others.
+FEED_FORWARD_ACTIVATIONS = ("gelu", "gelu-approximate", "geglu", "geglu-approximate", "swiglu", "linear-silu")
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,10 @@ class Family:
     # The transformer's ModuleLists of repeated blocks: what `trainer.compile` compiles (one graph that every block
     # reuses), FSDP2's wrap units, and the units the memory estimate takes gradient checkpointing to recompute.
     blocks: tuple[str, ...] = ("transformer_blocks",)
+    # Submodules (paths in the transformer) that run outside the block holding them: the DiT's timestep-and-label
+    # embedder, block 0's, which every block and the output layer call. FSDP2 makes each a unit of its own, sharded
+    # before the blocks: inside a block's unit its weights would stay sharded for every other caller.
+    shared: tuple[str, ...] = ()
     # Latents per token side that ``predict`` packs before the transformer's own patches (Flux: 2 x 2, with
     # patch_size 1 in its config): what a pretrained model's latent sides must be a multiple of, beside patch_size.
     packing: int = 1
@@ -129,9 +143,11 @@ def further_arguments(transformer_class: type[ModelMixin], derived: set[str] | f
 
 def require_further_arguments(m: ModelConfig, transformer_class: type[ModelMixin], derived: frozenset[str]) -> None:
     """``model.extra_config`` holds only constructor arguments of ``transformer_class`` that the family does not
-    derive (``derived``): one of those would silently lose to the family's value, an unknown one would fail deep in
-    diffusers."""
+    derive (``derived``), each a value of the argument's type (``arguments.expected_type``): one the family derives
+    would silently lose to the family's value, an unknown one or a value of another type would fail deep in
+    diffusers, after the models load. A family checks the ranges its class documents itself, after this."""
     allowed = further_arguments(transformer_class, derived)
+    parameters = constructor_parameters(transformer_class)
     for key, value in m.extra_config.items():
         require(
             key in allowed,
@@ -141,6 +157,46 @@ def require_further_arguments(m: ModelConfig, transformer_class: type[ModelMixin
             + ("this one follows `model.*` and the VAE/text encoder" if key in derived else "it has no such argument"),
             f"remove `{key}` from `model.extra_config`",
         )
+        kind, default = expected_type(parameters[key]), parameters[key].default
+        useful = default not in (None, ()) and fits(default, kind)  # (empty: not a default of the argument)
+        example = f" ({transformer_class.__name__}'s default is `{override_text(default)}`)" if useful else ""
+        require(
+            fits(value, kind),
+            f"model.extra_config.{key}",
+            plain(value),
+            f"{transformer_class.__name__}'s `{key}` takes {describe(kind)}",
+            f"set `model.extra_config.{key}` to {describe(kind)}{example}, or remove it",
+        )
+
+
+def require_extra_at_least(m: ModelConfig, key: str, low: int, what: str) -> None:
+    """``model.extra_config.<key>``, when given, is at least ``low`` (a count or a size: ``what`` says of what).
+    Run after ``require_further_arguments``, which checks that it is a number."""
+    value = m.extra_config.get(key)
+    require(
+        value is None or value >= low,
+        f"model.extra_config.{key}",
+        value,
+        f"it is {what}, at least {low}",
+        f"set `model.extra_config.{key}` to {low} or more, or remove it",
+    )
+
+
+def require_extra_one_of(m: ModelConfig, key: str, accepted: tuple, why: str) -> None:
+    """``model.extra_config.<key>``, when given, is one of ``accepted``, the values the family's class builds with
+    (``why`` names whose list that is). Run after ``require_further_arguments``."""
+    if key not in m.extra_config:
+        return
+    listed = ", ".join(override_text(option) for option in accepted)
+    require(
+        m.extra_config[key] in accepted,
+        f"model.extra_config.{key}",
+        plain(m.extra_config[key]),
+        f"{why} takes {listed}" if len(accepted) > 1 else f"{why} builds only with {listed}",
+        f"set `model.extra_config.{key}` to one of those, or remove it"
+        if len(accepted) > 1
+        else f"remove `{key}` from `model.extra_config` ({listed} is its default)",
+    )
 
 
 def require_flow_matching(cfg: TrainConfig, why: str, fix: str = "set `diffusion=flow`") -> None:

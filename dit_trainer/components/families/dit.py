@@ -6,7 +6,8 @@ parameters and 28 label tables where the paper's has 674,834,720 trained (675,12
 table the DiT repository counts as a frozen parameter) and one. A new model shares block 0's embedder; its state dict
 keeps diffusers' layout (every block's keys, equal values), so checkpoints and exports load in ``DiTPipeline``, and
 weights in that layout whose blocks hold one embedder are shared again when loaded. Weights whose blocks' embedders
-differ (a DiT trained with diffusers' layout) load as they are, unshared.
+differ (a DiT trained with diffusers' layout) load as they are, unshared. Under FSDP2 the embedder (``shared``: block
+0's, which the output layer calls too) is a unit of its own: inside block 0's it would be sharded for every other call.
 
 Its condition is a class id per image (``text_encoder.kind=class_labels``), embedded by a label table with one more
 row, the null class, for classifier-free guidance. The table's own random label dropout is switched off: dropout is
@@ -23,22 +24,42 @@ import torch
 from diffusers import DiTPipeline, DiTTransformer2DModel
 from diffusers.models.embeddings import LabelEmbedding
 
-from dit_trainer.components.families.base import ExportParts, Family, PipelineExport, architecture, input_mismatch
+from dit_trainer.components.families.base import (
+    FEED_FORWARD_ACTIVATIONS,
+    ExportParts,
+    Family,
+    PipelineExport,
+    architecture,
+    input_mismatch,
+    require_extra_one_of,
+    require_further_arguments,
+)
+from dit_trainer.components.modulation import embed_once_per_forward
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ModelConfig, TrainConfig
-from dit_trainer.errors import ConfigError, require
+from dit_trainer.errors import ConfigError
 
 DIT_PIPELINE_CLASSES = 1000  # DiTPipeline's null class id is 1000: ImageNet's class count
+# The constructor arguments `model.*`, the VAE and the class list decide; `model.extra_config` may give the others.
+DERIVED = frozenset(
+    {"num_attention_heads", "attention_head_dim", "in_channels", "out_channels", "num_layers", "dropout",
+     "sample_size", "patch_size", "num_embeds_ada_norm"}
+)  # fmt: skip
+
+
+def embed_once_under_privacy(transformer: DiTTransformer2DModel) -> int:
+    """DP-SGD: the embedder, which every block and the output layer call on the same inputs, computes its output once
+    per forward (``components.modulation.embed_once_per_forward``), so that Opacus' per-sample gradients of it (ghost
+    clipping's norms, or the hooks' gradients) are those of the whole forward. Unshared embedders (weights in
+    diffusers' layout) too: block 0's is called again by the output layer."""
+    return embed_once_per_forward(transformer, [block.norm1.emb for block in transformer.transformer_blocks])
 
 
 def check(cfg: TrainConfig) -> None:
-    require(
-        not cfg.privacy.enabled or cfg.privacy.mode != "ghost",
-        "privacy.mode",
-        cfg.privacy.mode,
-        "Opacus' ghost clipping refuses DiTTransformer2DModel (it reports parameter tying)",
-        "use `privacy.mode=hooks` (per-sample gradients from hooks: more memory, the same guarantee)",
-    )
+    if cfg.model.pretrained is None:
+        require_further_arguments(cfg.model, DiTTransformer2DModel, DERIVED)
+        require_extra_one_of(cfg.model, "norm_type", ("ada_norm_zero",), "DiTTransformer2DModel")
+        require_extra_one_of(cfg.model, "activation_fn", FEED_FORWARD_ACTIVATIONS, "diffusers' FeedForward")
 
 
 def embedder_keys(transformer: DiTTransformer2DModel, block: int, prefix: str = "") -> list[str]:
@@ -104,7 +125,7 @@ def prepare(transformer: DiTTransformer2DModel) -> None:
 
 def build(cfg: ModelConfig, in_channels: int, sample_size: int, classes: ConditionSize) -> DiTTransformer2DModel:
     transformer = DiTTransformer2DModel(
-        **architecture(cfg, in_channels, sample_size), num_embeds_ada_norm=classes.sequence
+        **architecture(cfg, in_channels, sample_size), num_embeds_ada_norm=classes.sequence, **cfg.extra_config
     )
     share_the_embedder(transformer)
     return transformer
@@ -161,5 +182,7 @@ DIT = Family(
     export=export,
     check=check,
     prepare=prepare,
+    prepare_private=embed_once_under_privacy,
     condition="class",
+    shared=("transformer_blocks.0.norm1.emb",),  # the embedder every block and the output layer call
 )

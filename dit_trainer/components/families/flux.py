@@ -28,7 +28,7 @@ import torch
 from diffusers import FluxTransformer2DModel
 
 from dit_trainer.components.families import mmdit, mmdit_export
-from dit_trainer.components.families.base import ExportParts, Family, PipelineExport
+from dit_trainer.components.families.base import ExportParts, Family, PipelineExport, require_extra_at_least
 from dit_trainer.components.families.mmdit import MMDiT
 from dit_trainer.components.vae import known_downsample_factor
 from dit_trainer.condition import Condition, ConditionSize
@@ -71,6 +71,7 @@ def rope_axes(head_dim: int) -> tuple[int, int, int]:
 def _check_new(m: ModelConfig) -> None:
     """What a new Flux transformer needs of ``model.*``."""
     mmdit.check_new(FLUX_MMDIT, m)
+    require_extra_at_least(m, "num_single_layers", 0, "the number of single-stream blocks after the double ones")
     require(
         m.patch_size == PACK,
         "model.patch_size",

@@ -20,6 +20,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler, PixArtTransformer2DModel
 from transformers import T5EncoderModel
 
 from dit_trainer.components.families.base import (
+    FEED_FORWARD_ACTIVATIONS,
     ExportParts,
     Family,
     PipelineExport,
@@ -29,6 +30,9 @@ from dit_trainer.components.families.base import (
     input_mismatch,
     loading_args,
     named_text_encoder,
+    require_extra_at_least,
+    require_extra_one_of,
+    require_further_arguments,
     require_inner_cross_attention,
     save_pieces,
     save_with_encoder,
@@ -37,6 +41,13 @@ from dit_trainer.components.modulation import expose_modulation_tables
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ModelConfig, TrainConfig
 
+# The constructor arguments `model.*`, the VAE and the conditioner decide (and num_embeds_ada_norm, which
+# ada_norm_single does not use but needs set); `model.extra_config` may give the others.
+DERIVED = frozenset(
+    {"num_attention_heads", "attention_head_dim", "in_channels", "out_channels", "num_layers", "dropout",
+     "sample_size", "patch_size", "cross_attention_dim", "caption_channels", "use_additional_conditions",
+     "num_embeds_ada_norm"}
+)  # fmt: skip
 # The PixArt pipelines predate flow matching: they scale the first latents by the scheduler's ``init_noise_sigma`` and
 # call ``scale_model_input``, which FlowMatchEulerDiscreteScheduler lacks. For flow matching both are the identity,
 # so the printed recipe supplies them (the exported pipeline then reproduces our sampler).
@@ -48,11 +59,17 @@ FLOW_MATCHING_PATCH = (
 
 
 def check(cfg: TrainConfig) -> None:
-    """PixArt's caption projection maps text features to the inner size, so a built one has no other."""
+    """PixArt's caption projection maps text features to the inner size, so a built one has no other;
+    ``model.extra_config`` gives the class's other arguments (values it builds with)."""
     m = cfg.model
     if m.pretrained is not None:
         return
     require_inner_cross_attention(m, "PixArt's caption projection maps text features to its cross-attention's width,")
+    require_further_arguments(m, PixArtTransformer2DModel, DERIVED)
+    require_extra_one_of(m, "norm_type", ("ada_norm_single",), "PixArtTransformer2DModel")
+    require_extra_one_of(m, "attention_type", ("default",), "PixArt's predict (no GLIGEN inputs)")
+    require_extra_one_of(m, "activation_fn", FEED_FORWARD_ACTIVATIONS, "diffusers' FeedForward")
+    require_extra_at_least(m, "interpolation_scale", 1, "the positional embedding's scale (null: sample_size / 64)")
 
 
 def build(cfg: ModelConfig, in_channels: int, sample_size: int, condition: ConditionSize) -> PixArtTransformer2DModel:
@@ -61,6 +78,7 @@ def build(cfg: ModelConfig, in_channels: int, sample_size: int, condition: Condi
         cross_attention_dim=cfg.cross_attention_dim or cfg.num_attention_heads * cfg.attention_head_dim,
         caption_channels=condition.sequence,
         use_additional_conditions=False,
+        **cfg.extra_config,
     )
 
 

@@ -35,6 +35,8 @@ from dit_trainer.components.families.base import (
     input_mismatch,
     loading_args,
     named_text_encoder,
+    require_extra_at_least,
+    require_extra_one_of,
     require_flow_matching,
     require_further_arguments,
     require_inner_cross_attention,
@@ -54,6 +56,8 @@ SET_HERE = frozenset(
     {"num_attention_heads", "attention_head_dim", "in_channels", "out_channels", "num_layers", "dropout",
      "sample_size", "patch_size", "caption_channels", "cross_attention_dim"}
 )  # fmt: skip
+# The qk norms diffusers' Attention builds (it raises ValueError on others, after the models load).
+QK_NORMS = (None, "rms_norm", "rms_norm_across_heads", "layer_norm", "layer_norm_across_heads", "fp32_layer_norm", "l2")
 
 
 def check(cfg: TrainConfig) -> None:
@@ -76,6 +80,10 @@ def check(cfg: TrainConfig) -> None:
     if m.pretrained is not None:
         return
     require_further_arguments(m, SanaTransformer2DModel, SET_HERE)
+    require_extra_at_least(m, "num_cross_attention_heads", 1, "the number of cross-attention heads")
+    require_extra_at_least(m, "cross_attention_head_dim", 1, "the width of a cross-attention head")
+    require_extra_at_least(m, "interpolation_scale", 1, "the positional embedding's scale (null: none)")
+    require_extra_one_of(m, "qk_norm", QK_NORMS, "Sana's attention (diffusers' Attention)")
     require(
         not m.extra_config.get("guidance_embeds"),
         "model.extra_config",

@@ -25,6 +25,8 @@ from dit_trainer.components.families.base import (
     Family,
     PipelineExport,
     architecture,
+    require_extra_at_least,
+    require_extra_one_of,
     require_inner_cross_attention,
 )
 from dit_trainer.components.families.mmdit import MMDiT
@@ -56,22 +58,19 @@ LORA_TARGETS = mmdit.LORA_TARGETS
 
 
 def _check_extra_config(m: ModelConfig) -> None:
-    """SD3.5's options: MMDiT-X's dual attention in existing blocks, a qk norm diffusers knows."""
-    layers = list(m.extra_config.get("dual_attention_layers") or [])
+    """SD3.5's options (their types checked by ``require_further_arguments``): MMDiT-X's dual attention in existing
+    blocks, a qk norm diffusers knows, a positional table of at least one patch (``build`` checks it covers the
+    latents, whose size the VAE decides)."""
+    layers = m.extra_config.get("dual_attention_layers") or []
     require(
-        all(isinstance(i, int) and 0 <= i < m.num_layers for i in layers),
+        all(0 <= i < m.num_layers for i in layers),
         "model.extra_config.dual_attention_layers",
-        layers,
+        list(layers),
         f"block indices in 0 .. {m.num_layers - 1} (`model.num_layers={m.num_layers}`); diffusers ignores others",
         "list existing blocks, e.g. `[0, 1]`",
     )
-    require(
-        m.extra_config.get("qk_norm") in (None, "rms_norm", "layer_norm"),
-        "model.extra_config.qk_norm",
-        m.extra_config.get("qk_norm"),
-        "null, rms_norm (SD3.5) or layer_norm",
-        "set `+model.extra_config.qk_norm=rms_norm`",
-    )
+    require_extra_one_of(m, "qk_norm", (None, "rms_norm", "layer_norm"), "SD3's attention (rms_norm: SD3.5)")
+    require_extra_at_least(m, "pos_embed_max_size", 1, "the side of the positional table in patches")
 
 
 def check(cfg: TrainConfig) -> None:
