@@ -1,14 +1,19 @@
 """Train a text-conditioned DiT: ``python train.py +experiment=shapes`` (CPU) or ``+experiment=dit`` (cluster).
 
 Exit codes (``dit_trainer.errors``): 0 trained to ``trainer.max_steps``; 2 a bad config value, a missing model, an
-unwritable run folder or a gradient-flow problem (nothing trained); 3 preempted by SIGTERM/SIGUSR1 after writing a
-checkpoint (requeue with ``trainer.resume=latest``); 4 stopped after ``trainer.max_consecutive_nonfinite``
-non-finite steps; 5 a checkpoint could not be written (disk full, quota), earlier checkpoints are intact. When one
-process of a multi-process run fails, the others stop with its message and code (``dit_trainer.failures``).
+unwritable run folder or a gradient-flow problem (nothing trained, and no run folder left behind); 3 preempted by
+SIGTERM/SIGUSR1 after writing a checkpoint (requeue with ``trainer.resume=latest``); 4 stopped after
+``trainer.max_consecutive_nonfinite`` non-finite steps; 5 a checkpoint could not be written (disk full, quota),
+earlier checkpoints are intact; 130 stopped by Ctrl-C, after writing a checkpoint (at once on a second Ctrl-C). When
+one process of a multi-process run fails, the others stop with its message and code (``dit_trainer.failures``).
+
+``python train.py trainer.resume=RUN [overrides]`` continues the run in the folder RUN with the config it recorded
+(``dit_trainer.run_config.continue_run``).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -18,11 +23,13 @@ from omegaconf import DictConfig
 
 from dit_trainer.config import register_configs
 from dit_trainer.config.command_line import check_command_line
-from dit_trainer.errors import EXIT_PREEMPTED, USER_ERRORS, ConfigError, exit_code
+from dit_trainer.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PREEMPTED, USER_ERRORS, ConfigError, exit_code
 from dit_trainer.failures import FailureWatch, is_multi_process, record_failure
-from dit_trainer.run_config import to_train_config
+from dit_trainer.run_config import continue_run, to_train_config
+from dit_trainer.run_folder import discard_refused_start
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+INFO_FLAGS = {"--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "-sc", "--shell-completion"}
 register_configs()
 
 
@@ -32,36 +39,52 @@ def main(cfg: DictConfig) -> None:
     watch = FailureWatch(run_dir).start() if is_multi_process() else None  # the others stop with a failed one
     try:
         train_cfg = to_train_config(cfg, HydraConfig.get().overrides.task, run_dir)
+        from dit_trainer.training.metrics import log_lines_to_files_only
         from dit_trainer.training.run import run  # the training stack: only once the config is known to be good
 
-        result = run(train_cfg, run_dir)
+        log_lines_to_files_only()  # a line per log step in train.log; the console has the progress bar
+        result = run(train_cfg, run_dir)  # it logs the start banner and the closing summary (main process)
     except USER_ERRORS as error:
         if watch is not None:  # an error caused by another process's failure (a folder it removed) reports that
             watch.stop_if_failed_elsewhere(timeout=0.0)
             record_failure(run_dir, exit_code(error), str(error))
         print(f"error: {error}", file=sys.stderr)
+        if exit_code(error) == EXIT_BAD_INPUT:
+            discard_refused_start(run_dir)  # the folder Hydra made for this start, if nothing was trained in it
         sys.exit(exit_code(error))
+    except KeyboardInterrupt:  # Ctrl-C before training started, or a second one: stop at once, no traceback
+        discard_refused_start(run_dir)
+        if os.environ.get("RANK", "0") == "0":
+            kept = f"; checkpoints in {run_dir} are those complete before it" if run_dir.exists() else ""
+            print(f"Stopped by Ctrl-C{kept}.", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
     except Exception:
         if watch is not None:
             watch.stop_if_failed_elsewhere(timeout=5.0)
         raise
     if result.preempted:
-        print(
-            f"Preempted at step {result.steps}; checkpoint written. Resume with trainer.resume=latest in "
-            f"{result.run_dir}."
-        )
-        sys.exit(EXIT_PREEMPTED)
-    print(
-        f"Trained {result.steps} steps in {result.seconds:.0f} s ({result.seconds / max(result.steps, 1):.3f} s/step), "
-        f"final loss {result.final_loss:.4f}; monitors took {result.monitor_seconds:.1f} s "
-        f"({100 * result.monitor_seconds / max(result.seconds, 1e-9):.1f}% of it). Run folder: {result.run_dir}"
-    )
+        if os.environ.get("RANK", "0") == "0":
+            stopped = "Interrupted by Ctrl-C" if result.interrupted else "Preempted"
+            print(
+                f"{stopped} at step {result.steps}; checkpoint written. Continue with "
+                f"`python train.py trainer.resume={result.run_dir}`."
+            )
+        sys.exit(EXIT_INTERRUPTED if result.interrupted else EXIT_PREEMPTED)
 
 
 if __name__ == "__main__":
     try:
         check_command_line(sys.argv[1:], CONFIG_DIR)
+        continuation = continue_run(sys.argv[1:])  # trainer.resume=RUN: that run's config, in its folder
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(exit_code(error))
+    if continuation is not None:
+        sys.argv[1:] = continuation.argv
+        if os.environ.get("RANK", "0") == "0" and not INFO_FLAGS.intersection(sys.argv):  # not into --cfg's YAML
+            start = continuation.checkpoint or "its newest checkpoint"
+            where = "in its folder" if continuation.in_place else "in a new folder"
+            changed = " ".join(continuation.overrides) or "none"
+            print(f"Continuing {continuation.run_dir} from {start} {where}, with the config it recorded and the "
+                  f"overrides given now: {changed}")  # fmt: skip
     main()

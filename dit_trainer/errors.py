@@ -7,7 +7,8 @@ these without pulling in the config schema, Hydra or torch.
 Exit codes: 0 done; 2 bad input (a config value, a missing model, an unwritable folder, a gradient-flow problem:
 nothing trained); 3 preempted by SIGTERM/SIGUSR1 after writing a checkpoint (requeue with
 ``trainer.resume=latest``); 4 stopped after ``trainer.max_consecutive_nonfinite`` non-finite steps; 5 a checkpoint
-could not be written (disk full, quota), earlier checkpoints are intact.
+could not be written (disk full, quota), earlier checkpoints are intact; 130 stopped by Ctrl-C (SIGINT, the shell's
+code for it): after writing a checkpoint, or at once on a second Ctrl-C.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ EXIT_BAD_INPUT = 2
 EXIT_PREEMPTED = 3
 EXIT_NONFINITE = 4
 EXIT_CHECKPOINT_FAILED = 5
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: what shells and job scripts read as "stopped by the user", not a requeue
 
 
 def shortlist(items: list[str], limit: int, separator: str = ", ") -> str:

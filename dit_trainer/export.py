@@ -2,24 +2,26 @@
 
 The layout is the model family's (``Family.export``):
 
-- **PixArt runs with a T5 text encoder** become a complete folder of the family's pipeline (``PixArtAlphaPipeline``,
-  ``PixArtSigmaPipeline``: ``transformer/``, ``vae/``, ``text_encoder/``, ``tokenizer/``, ``scheduler/``,
-  ``model_index.json``), so ``PixArtAlphaPipeline.from_pretrained(folder)`` generates images with no dit-trainer
-  installed; with another text encoder (the shapes default's MiniLM/BERT, CLIP) the folder holds ``transformer/``,
-  ``vae/`` and ``scheduler/`` and ``dit_trainer_export.json`` names the text encoder (the JSON's ``usage`` shows
-  how the pieces assemble into the same pipeline class).
+- **PixArt runs** become a complete folder of the family's pipeline (``PixArtAlphaPipeline``, ``PixArtSigmaPipeline``:
+  ``transformer/``, ``vae/``, ``text_encoder/``, ``tokenizer/``, ``scheduler/``, ``model_index.json``) with the run's
+  own text encoder (T5, the shapes default's MiniLM, CLIP), so ``DiffusionPipeline.from_pretrained(folder)`` generates
+  images with no dit-trainer installed. SD3, Flux and Sana runs on their own encoders are whole pipeline folders too
+  (their other layouts: ``families/mmdit_export.py``, ``families/sana.py``).
 - **Class-conditional runs** (``model.family=dit``) become a ``DiTPipeline`` folder (``transformer/``, ``vae/``,
-  ``scheduler/``); the class names are in the manifest (``DiTPipeline`` takes class ids).
+  ``scheduler/``) whose ``get_label_ids`` knows the class names.
 
-Every export writes ``dit_trainer_export.json``: which checkpoint and weights (EMA or raw), the dtype, and the
-generation settings that reproduce the run's sampler (``max_sequence_length`` must be the run's
-``text_encoder.max_length``; resolution binning must be off for sample sizes other than PixArt's own). Its paths are
-relative to the export folder (``run_dir``, the ``usage`` snippet's ``folder``), so an export moved with or without
-its run stays self-describing.
-
-The folder is written under a staging name beside ``out_dir`` (``.NAME.partial-HOST-PID-START-XXXX``) and renamed in
-one step when complete. A killed export leaves its staging folder behind; the next export to the same ``out_dir``
-removes those whose process is gone, and nothing else.
+Every export writes ``dit_trainer_export.json``: which checkpoint and weights (EMA or raw), the dtype, the
+generation settings that reproduce the run's sampler (``generation``), what ``pipe(prompt)`` needs beyond its
+defaults to generate at the trained size where the pipeline hard-codes something a folder cannot set (``required``:
+PixArt's resolution binning off at sizes other than its own), and a ``usage`` snippet. Nothing in the folder is an
+absolute path: the manifest's paths are relative to it (``run_dir``, the ``usage`` snippet's ``folder``), and the
+models' configs drop the ``_name_or_path`` they were loaded from, so an export moved with or without its run stays
+self-describing. A LoRA run's export also holds the adapter alone where the family's pipeline loads it with
+``load_lora_weights`` (``export_lora``).
+The folder is written under a staging name beside ``out_dir`` (``.NAME.partial-HOST-PID-START-XXXX``), flushed, given
+the modes the user's umask gives new files (``durable.publish``: the writers make 0600 files and a 0700 folder) and
+renamed in one step when complete. A killed export leaves its staging folder behind; the next export to the same
+``out_dir`` removes those whose process is gone, and nothing else.
 
 Latent normalisation is folded into the exported VAE. ``FrozenVAE`` normalises latents per channel,
 ``(z - mean) * scaling_factor / std``, but ``PixArtAlphaPipeline`` decodes ``latents / vae.config.scaling_factor``
@@ -55,8 +57,11 @@ from dit_trainer.components.lora import merge_adapter
 from dit_trainer.components.vae import FrozenVAE
 from dit_trainer.config import ExportConfig
 from dit_trainer.diffusion.checks import check_sampler
+from dit_trainer.durable import fsync_tree, publish
 from dit_trainer.errors import ConfigError
+from dit_trainer.export_lora import export_adapter
 from dit_trainer.inference import check_sampling_args, load_run
+from dit_trainer.model_card import write_model_card
 from dit_trainer.run_config import read_run_config
 from dit_trainer.run_folder import find_checkpoint, weights_layout
 
@@ -66,19 +71,19 @@ MANIFEST = "dit_trainer_export.json"
 @dataclass
 class ExportResult:
     out_dir: Path
-    pipeline: bool  # True: a folder of the family's pipeline; False: transformer/vae/scheduler + the manifest
+    pipeline: bool  # True: the pipeline takes prompts as text; False: it takes the run's encoder's embeddings
     manifest: dict
     usage: str  # the manifest's usage with ``folder`` set to ``out_dir`` as given: what to paste now
 
     @property
     def message(self) -> str:
-        kind = (
-            f"a {self.manifest['pipeline']} folder"
-            if self.pipeline
-            else "transformer/, vae/, scheduler/ and " + MANIFEST
+        kind = f"a {self.manifest['pipeline_class']} folder" + (
+            "" if self.pipeline else " without its text encoders (it takes the embeddings of the run's: conditioner/)"
         )
+        lora = (self.manifest.get("lora") or {}).get("file")
+        adapter = f" The LoRA adapter alone, for the base model's load_lora_weights: {lora}." if lora else ""
         return f"Exported {self.manifest['checkpoint']} ({self.manifest['weights']} weights) as {kind} to " + (
-            f"{self.out_dir}. Load and generate with:\n\n{self.usage}"
+            f"{self.out_dir}.{adapter} Load and generate with:\n\n{self.usage}"
         )
 
 
@@ -129,12 +134,13 @@ def fold_latent_normalisation(vae: FrozenVAE, applies_shift: bool = False) -> Au
     return autoencoder
 
 
-def clean_transformer(transformer: ModelMixin) -> ModelMixin:
-    """A copy whose config holds only the model's own arguments (EMA checkpoints add ``decay``, ``power``, ...)."""
-    accepted = inspect.signature(type(transformer).__init__).parameters
-    config = {key: value for key, value in transformer.config.items() if key in accepted}
-    clean = type(transformer).from_config(config)
-    clean.load_state_dict(transformer.state_dict())
+def clean_model(model: ModelMixin) -> ModelMixin:
+    """A copy whose config holds only the model's own arguments: EMA checkpoints add ``decay``, ``power``, ...,
+    and a loaded model's ``_name_or_path`` (the folder it came from: an absolute path) would be saved with it."""
+    accepted = inspect.signature(type(model).__init__).parameters
+    config = {key: value for key, value in model.config.items() if key in accepted}
+    clean = type(model).from_config(config)
+    clean.load_state_dict(model.state_dict())
     return clean.eval()
 
 
@@ -246,12 +252,13 @@ def export_run(cfg: ExportConfig) -> ExportResult:
         exported = family.export(
             ExportParts(
                 cfg=train_cfg,
-                transformer=_cast(clean_transformer(transformer), dtype),
-                vae=_cast(fold_latent_normalisation(parts.vae, family.pipeline_applies_shift), dtype),
+                transformer=_cast(clean_model(transformer), dtype),
+                vae=_cast(clean_model(fold_latent_normalisation(parts.vae, family.pipeline_applies_shift)), dtype),
                 scheduler=scheduler,
                 text_encoder=parts.text_encoder,
                 pipeline=family.pipeline,
                 dtype=cfg.dtype,
+                latent_shape=parts.latent_shape,
             )
         )
         manifest = {
@@ -270,7 +277,11 @@ def export_run(cfg: ExportConfig) -> ExportResult:
             "usage": exported.usage("."),  # wherever the folder is moved
         }
         exported.save(staging)
+        if train_cfg.lora.enabled:
+            manifest["lora"] = export_adapter(family.pipeline, train_cfg, weights, staging, out_dir)
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        card_usage = exported.usage(cfg.push_to_hub or ".")  # loading the Hub repository, or the folder itself
+        write_model_card(staging, train_cfg, manifest, card_usage, run_dir, checkpoint, cfg.push_to_hub)
         _publish(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -279,10 +290,12 @@ def export_run(cfg: ExportConfig) -> ExportResult:
 
 
 def _publish(staging: Path, out_dir: Path) -> None:
-    """Put the finished export in place in one step: a POSIX rename replaces a missing or empty ``out_dir``
-    atomically, and fails on one that another process filled meanwhile, which is then refused as at the start."""
+    """Put the finished export in place in one step, flushed and with the user's umask (``durable.publish``): a POSIX
+    rename replaces a missing or empty ``out_dir`` atomically, and fails on one that another process filled
+    meanwhile, which is then refused as at the start."""
+    fsync_tree(staging)
     try:
-        os.replace(staging, out_dir)
+        publish(staging, out_dir)
     except OSError:
         _check_out_dir(out_dir)
         raise

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
-IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp")  # the files of a class folder that are its images
+IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff")  # the files of a class folder that are its images
 LABEL_HEIGHT = 12  # a line of PIL's default font
 CHAR_WIDTH = 6
 

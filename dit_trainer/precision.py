@@ -1,18 +1,69 @@
 """Mixed precision per device: bf16 where the GPU has it, fp16 (with accelerate's grad scaler) on older GPUs,
-fp32 on CPU and MPS, where bf16 autocast is slower than fp32."""
+fp32 on CPU and MPS, where bf16 autocast is slower than fp32 — unless the launcher chose one.
+
+``accelerate launch --mixed_precision bf16`` (or a launch config's ``mixed_precision``) reaches the processes as
+``ACCELERATE_MIXED_PRECISION``: ``trainer.mixed_precision=auto`` follows a half precision named there, as a script
+built on accelerate would. The launcher also writes ``no`` there when it was given nothing, so a ``no`` cannot be
+told from no choice at all and leaves ``auto`` to the device; ``trainer.mixed_precision=no`` asks for fp32."""
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 import torch
+
+from dit_trainer.errors import ConfigError
+
+LAUNCHER_PRECISION = "ACCELERATE_MIXED_PRECISION"
+HALF_PRECISIONS = ("bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The precision a run trains in (``no`` | ``fp16`` | ``bf16``, as accelerate names them) and why: the start
+    banner says both."""
+
+    value: str
+    reason: str
+
+    def describe(self) -> str:
+        return f"{'fp32' if self.value == 'no' else self.value} ({self.reason})"
+
+
+def choose_mixed_precision(requested: str) -> Precision:
+    """``trainer.mixed_precision`` resolved for this launch and machine: an explicit choice stands (it overrides the
+    launcher's), ``auto`` takes the launcher's half precision, else the device's best."""
+    launched = os.environ.get(LAUNCHER_PRECISION, "").strip().lower()
+    if requested != "auto":
+        overridden = launched not in ("", "no", requested)
+        note = f"; it overrides the launcher's {launched} ({LAUNCHER_PRECISION})" if overridden else ""
+        return Precision(requested, f"trainer.mixed_precision={requested}{note}{_slow_on_cpu(requested)}")
+    if launched in HALF_PRECISIONS:
+        return Precision(launched, f"auto: the launcher's --mixed_precision {launched}{_slow_on_cpu(launched)}")
+    if launched not in ("", "no"):
+        raise ConfigError(
+            LAUNCHER_PRECISION,
+            launched,
+            f"this trainer trains in fp32 (`no`), {' or '.join(HALF_PRECISIONS)}, and `trainer.mixed_precision=auto` "
+            "follows the launcher's choice",
+            "launch with `--mixed_precision bf16` (or fp16, or no), or set `trainer.mixed_precision` explicitly",
+        )
+    if torch.cuda.is_available():
+        if torch.cuda.is_bf16_supported():
+            return Precision("bf16", "auto: this GPU has bf16")
+        return Precision("fp16", "auto: this GPU has no bf16; fp16 with a grad scaler")
+    return Precision("no", "auto: no CUDA GPU, and bf16 autocast is slower than fp32 on a CPU")
+
+
+def _slow_on_cpu(value: str) -> str:
+    on_cpu = value != "no" and not torch.cuda.is_available()
+    return "; on a CPU, 1.3-1.5x slower than fp32" if on_cpu else ""
 
 
 def resolve_mixed_precision(requested: str) -> str:
-    """``auto`` -> ``bf16`` | ``fp16`` | ``no`` for this machine; explicit choices pass through."""
-    if requested != "auto":
-        return requested
-    if torch.cuda.is_available():
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "no"
+    """``auto`` -> ``bf16`` | ``fp16`` | ``no`` for this launch and machine; explicit choices pass through."""
+    return choose_mixed_precision(requested).value
 
 
 def allow_tf32(device: torch.device) -> None:

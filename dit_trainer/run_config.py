@@ -8,16 +8,28 @@ looked up (still without torch), and only then does each part of the package che
 (``components``, ``diffusion``, ``data``, ``training``, ``grpo``, ``rewards``), importing what those checks need.
 Defaults that depend on a registry entry (LoRA's target modules) are recorded last, so that the saved config says
 what was trained.
+
+``trainer.resume=RUN`` (a run folder, or a checkpoint folder in one) continues that run (``continue_run``): before
+Hydra composes, the run's recorded ``config.yaml`` takes the schema's place as the base every option and override is
+composed onto, ``hydra.run.dir`` becomes the run folder (the same on every process of a launch: it comes from the
+command line, not from a clock), and ``trainer.resume`` the checkpoint to continue from. Only the overrides given now
+change the recorded config, and the checkpoint's own check lists each change (and refuses one of what is trained
+without ``trainer.allow_config_change=true``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -31,7 +43,10 @@ from dit_trainer.diffusion import OBJECTIVES, SAMPLERS
 from dit_trainer.errors import ConfigError
 from dit_trainer.grpo.init import inherit_init_run, init_checkpoint, starting_weights
 from dit_trainer.rewards import REWARDS
-from dit_trainer.run_folder import CONFIG
+from dit_trainer.run_folder import CHECKPOINTS, CONFIG, is_checkpoint, list_checkpoints
+
+RESUME = "trainer.resume"
+MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
 def compose_train_config(config_dir: Path, overrides: list[str]) -> TrainConfig:
@@ -54,7 +69,7 @@ def to_train_config(
     check_fields(structured)
     if structured.grpo.init_from and structured.grpo.init_weights is None:
         structured = start_grpo_run(structured, overrides, run_dir)
-    return with_lora_targets(validate(with_class_folders(structured)))
+    return with_tracker_names(with_lora_targets(validate(with_class_folders(structured))), overrides)
 
 
 def start_grpo_run(cfg: TrainConfig, overrides: Sequence[str] | None, run_dir: Path | None) -> TrainConfig:
@@ -88,6 +103,17 @@ def with_lora_targets(cfg: TrainConfig) -> TrainConfig:
 
     targets = list(FAMILIES.get(cfg.model.family).lora_targets)
     return dataclasses.replace(cfg, lora=dataclasses.replace(cfg.lora, target_modules=targets))
+
+
+def with_tracker_names(cfg: TrainConfig, overrides: Sequence[str] | None) -> TrainConfig:
+    """An unset ``logger.group`` and empty ``logger.tags`` are the experiment's name (``+experiment=NAME`` among
+    ``overrides``), recorded in the run's saved config: the W&B runs of one recipe group together."""
+    pairs = (item.lstrip("+").partition("=") for item in overrides or ())
+    names = [value for key, _, value in pairs if key == "experiment"]
+    if not names or not names[-1] or (cfg.logger.group and cfg.logger.tags):
+        return cfg
+    group, tags = cfg.logger.group or names[-1], list(cfg.logger.tags) or [names[-1]]
+    return dataclasses.replace(cfg, logger=dataclasses.replace(cfg.logger, group=group, tags=tags))
 
 
 def with_class_folders(cfg: TrainConfig) -> TrainConfig:
@@ -178,8 +204,9 @@ def refuse_interpolations(saved: DictConfig, config_path: Path) -> None:
         )
 
 
-def read_run_config(run_dir: Path) -> TrainConfig:
-    """The validated config a run folder was trained with; interpolations in it are refused, never resolved."""
+def saved_config(run_dir: Path) -> DictConfig:
+    """A run folder's ``config.yaml`` on the schema (typed, not yet checked); interpolations in it are refused,
+    never resolved, and a key this version does not accept is one paragraph."""
     config_path = run_dir / CONFIG
     if not config_path.is_file():
         raise ConfigError(
@@ -188,10 +215,18 @@ def read_run_config(run_dir: Path) -> TrainConfig:
             f"it holds no {CONFIG}, so it is not a dit-trainer run folder",
             "pass the folder train.py wrote (its hydra.run.dir)",
         )
-    saved = OmegaConf.load(config_path)
+    try:
+        saved = OmegaConf.load(config_path)
+    except (yaml.YAMLError, OmegaConfBaseException) as error:  # a hand edit that broke the file
+        raise ConfigError(
+            "run_dir",
+            str(run_dir),
+            f"its {CONFIG} is not a YAML mapping ({' '.join(str(error).split())})",
+            f"fix {config_path} (train.py wrote it; `python train.py --cfg job` prints a valid config)",
+        ) from None
     refuse_interpolations(saved, config_path)
     try:
-        return to_train_config(saved)
+        return OmegaConf.merge(OmegaConf.structured(TrainConfig), saved)
     except OmegaConfBaseException as error:  # a setting renamed, removed or retyped since the run was trained
         key, reason = error.full_key or CONFIG, str(error).partition("\n")[0]
         raise ConfigError(
@@ -202,3 +237,85 @@ def read_run_config(run_dir: Path) -> TrainConfig:
             f"edit that key in {config_path} to the current setting (`python train.py --cfg job` prints them "
             "all) or remove it, then run again",
         ) from None
+
+
+def read_run_config(run_dir: Path) -> TrainConfig:
+    """The validated config a run folder was trained with; interpolations in it are refused, never resolved."""
+    return to_train_config(saved_config(run_dir))
+
+
+@dataclasses.dataclass(frozen=True)
+class Continuation:
+    """What ``trainer.resume=RUN`` continues: the run folder, the checkpoint (None: the run's newest), whether the
+    run trains on in its own folder (else in ``hydra.run.dir``, from that checkpoint), and the command line Hydra
+    gets instead (``overrides``: the user's others)."""
+
+    run_dir: Path
+    checkpoint: Path | None
+    in_place: bool
+    argv: list[str]
+    overrides: list[str]
+
+
+def hydra_quoted(text: str) -> str:
+    """``text`` as one quoted value of a Hydra override (a path with spaces, commas or brackets stays one string;
+    Hydra unescapes only the backslashes before a quote and at the end)."""
+    body = re.sub(r"(\\*)'", lambda match: match.group(1) * 2 + "\\'", text)
+    return "'" + re.sub(r"(\\+)$", lambda match: match.group(1) * 2, body) + "'"
+
+
+def run_of(path: Path) -> tuple[Path, Path | None] | None:
+    """The run folder ``path`` is, or the run folder of the checkpoint ``path`` is with that checkpoint; None for
+    anything else (``latest``, a checkpoint outside a run folder: ``trainer.resume`` as before)."""
+    if (path / CONFIG).is_file():
+        return path, None
+    if path.parent.name == CHECKPOINTS and is_checkpoint(path) and (path.parent.parent / CONFIG).is_file():
+        return path.parent.parent, path
+    return None
+
+
+def continue_run(argv: list[str]) -> Continuation | None:
+    """``train.py``'s command line when ``trainer.resume`` names a run folder or a checkpoint in one (None
+    otherwise): that run's recorded config becomes the base Hydra composes onto (registered in the schema's place,
+    with ``trainer.allow_config_change`` back to false: a permission is given per launch), and the run trains on
+    in its folder (``hydra.run.dir``, whose ``.hydra/`` record of how the run started is kept), or, when another
+    ``hydra.run.dir`` is given or under ``-m``, in that one from the checkpoint."""
+    parser, value, run_dir_given = OverridesParser.create(), None, None
+    for item in argv:
+        if item.startswith("-") or "=" not in item:
+            continue
+        try:
+            override = parser.parse_override(item)
+        except HydraException:
+            continue  # the pre-check or Hydra answers it
+        if override.key_or_group == RESUME and isinstance(override.value(), str):
+            value = override.value()
+        elif override.key_or_group == "hydra.run.dir" and isinstance(override.value(), str):
+            run_dir_given = Path(override.value()).expanduser()
+    run = run_of(Path(value).expanduser()) if value else None
+    if run is None:
+        return None
+    run_dir, checkpoint = run
+    in_place = not any(flag in argv for flag in MULTIRUN_FLAGS) and (
+        run_dir_given is None or run_dir_given.resolve() == run_dir.resolve()
+    )
+    if not in_place and checkpoint is None:
+        complete = list_checkpoints(run_dir / CHECKPOINTS)
+        if not complete:
+            raise ConfigError(
+                RESUME,
+                value,
+                f"that run holds no complete checkpoint to start this run (in {run_dir_given or 'a sweep folder'}) "
+                "from",
+                "continue it in its own folder (leave `hydra.run.dir` out), or pass a checkpoint folder",
+            )
+        checkpoint = complete[-1]
+    base = saved_config(run_dir)
+    base.trainer.allow_config_change = False
+    ConfigStore.instance().store(name="train_schema", node=base)
+    replaced = (RESUME, "hydra.run.dir") if in_place else (RESUME,)
+    rest = [item for item in argv if item.partition("=")[0].lstrip("+~") not in replaced]
+    resume = f"{RESUME}={'latest' if checkpoint is None else hydra_quoted(str(checkpoint))}"
+    place = [f"hydra.run.dir={hydra_quoted(str(run_dir))}", "hydra.output_subdir=null"] if in_place else []
+    overrides = [item for item in rest if "=" in item and not item.startswith("-")]
+    return Continuation(run_dir, checkpoint, in_place, [*rest, resume, *place], overrides)

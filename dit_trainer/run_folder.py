@@ -6,7 +6,8 @@ with a ``manifest.json`` listing its files and sizes, the trained weights in one
 (the images' sizes index of ``dit_trainer.data.image_sizes``: their headers read once, by the main process, and not
 again when the run resumes). The run folder is also checked before Hydra creates it: an unwritable or impossible
 path (a full or read-only disk, a file where a folder should be), or links planted where the trainer writes, become
-one paragraph naming ``hydra.run.dir`` instead of a traceback from Hydra or a write outside the run folder.
+one paragraph naming ``hydra.run.dir`` instead of a traceback from Hydra or a write outside the run folder; and a
+folder Hydra made for a start that was then refused is removed again (``discard_refused_start``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,11 @@ CHECKPOINTS = "checkpoints"
 CHECKPOINT_PATTERN = re.compile(r"checkpoint-(\d+)$")
 MANIFEST = "manifest.json"
 IMAGE_SIZES = "image_sizes"
+# What a run writes once it has started: a folder holding any of these is never removed as a refused start's.
+STARTED = (CONFIG, CHECKPOINTS, "metrics.jsonl")
+# Run folders (absolute) that did not exist when this process's launch checked them, each with the topmost of its
+# folders that did not exist either (``outputs/`` on a first run): what a refused start removes again.
+_made_by_this_launch: dict[Path, Path] = {}
 
 
 @dataclass(frozen=True)
@@ -111,9 +118,10 @@ def resolve_checkpoint(spec: str | None, checkpoints_dir: Path) -> Path | None:
             spec,
             f"it is not a complete checkpoint folder ({reason})"
             if reason
-            else "it is not a checkpoint folder (one with a `transformer/` or `transformer_lora/` inside)",
-            f"use `trainer.resume=latest` (the newest complete checkpoint) or a folder such as "
-            f"{checkpoints_dir}/checkpoint-1000",
+            else "it is not a checkpoint folder (one with a `transformer/` or `transformer_lora/` inside), nor a run "
+            f"folder (one with a {CONFIG})",
+            "pass a run folder to continue that run (`trainer.resume=outputs/DATE/TIME`), `trainer.resume=latest` "
+            f"(the newest complete checkpoint in hydra.run.dir) or a folder such as {checkpoints_dir}/checkpoint-1000",
         )
     return path
 
@@ -187,6 +195,11 @@ class RunFolderCheck(Callback):
         """Also refuses links where the trainer writes, and a folder another run is training in (the main process
         only: the others would find the main process's lock), before Hydra writes its files there."""
         run_dir = Path(config.hydra.run.dir)
+        if not run_dir.exists():
+            top = run_dir.absolute()
+            while not top.parent.exists():
+                top = top.parent
+            _made_by_this_launch[run_dir.absolute()] = top
         try:
             check_writable_folder(run_dir, "hydra.run.dir")
             refuse_links(run_dir)
@@ -196,3 +209,28 @@ class RunFolderCheck(Callback):
         except ConfigError as error:
             print(f"error: {error}", file=sys.stderr)
             sys.exit(exit_code(error))
+
+
+def discard_refused_start(run_dir: Path) -> None:
+    """Remove ``run_dir`` again after a start was refused, if this launch made it (``RunFolderCheck``) and no run
+    has started in it, with the empty folders made for it (``outputs/DATE``): a refused start leaves nothing behind.
+    A folder that existed before (a refused resume) is left as it was. So is the folder of a multi-process launch:
+    it holds each process's failure record, which the others and the job script read
+    (``dit_trainer.failures``)."""
+    top = _made_by_this_launch.pop(run_dir.absolute(), None)
+    if top is None or int(os.environ.get("WORLD_SIZE", "1")) > 1 or not run_dir.is_dir():
+        return
+    if any((run_dir / name).exists() for name in STARTED):
+        return
+    try:
+        with RunFolderLock(run_dir):  # a run that started there since (a pinned folder) holds it: leave it be
+            shutil.rmtree(run_dir)
+    except ConfigError:
+        return
+    for folder in run_dir.absolute().parents:
+        if not folder.is_relative_to(top):
+            break
+        try:
+            folder.rmdir()  # only if empty: another launch's folder may have appeared beside this one
+        except OSError:
+            break

@@ -7,7 +7,7 @@ Options: --out (default outputs/gpu_check/<date>/<time>), --models (pixart_xl_2,
 32,64,128 on a GPU, 4,8 on a CPU), --variants (eager,compile,checkpointing on a GPU; eager on a CPU), --steps and
 --warmup (timed and warm-up steps per batch, 20 and 5), --train-steps (the tiny runs' steps, 50; 10 on a CPU),
 --tiny (tiny models on a GPU too: a quick smoke run), --fsdp (the FSDP rows on a CPU too), --fsdp-config (an
-accelerate config; configs/accelerate/fsdp.yaml on GPUs, fsdp_cpu.yaml on a CPU), --row-timeout (seconds, 1800).
+accelerate config; accelerate_configs/fsdp.yaml on GPUs, fsdp_cpu.yaml on a CPU), --row-timeout (seconds, 1800).
 Writes OUT/gpu_check.json and OUT/gpu_check.md (README: "The GPU check"); an OUT holding files no check wrote is
 refused (exit 2), an earlier check's OUT is written again (its training runs kept, the new ones beside them). The
 subcommands `throughput` and `train` are the rows' subprocesses.

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
+import io
 import json
+import logging
 import os
+import runpy
 import socket
 import subprocess
 import sys
 import time
+import traceback
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -98,6 +105,72 @@ def run_script(args: list[str], timeout: float = 300, env: dict | None = None) -
 
 def train(run_dir: Path, *overrides: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     result = run_script(["train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", *overrides], timeout=timeout, env=env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result
+
+
+def run_here(args: list[str]) -> subprocess.CompletedProcess:
+    """``run_script(args)`` in this process: ``train.py`` or a script run as ``__main__`` with its command line, its
+    stdout, stderr (logging and warnings included) and exit code as a process gives them (an uncaught exception: its
+    traceback and 1), without the ~6 s of interpreter start-up and imports. For runs whose outcome is the point;
+    where the process is (a refusal's exit code and stderr, signals, several processes), use ``run_script``."""
+    script, argv = str(REPO / args[0]), sys.argv
+    stdout, stderr = io.StringIO(), io.StringIO()
+    reset_accelerate_state()
+    sys.argv = [script, *args[1:]]
+    try:
+        with (
+            _logging_restored(),
+            contextlib.redirect_stdout(stdout),
+            contextlib.redirect_stderr(stderr),
+            warnings.catch_warnings(),
+        ):
+            warnings.simplefilter("default")
+            try:
+                runpy.run_path(script, run_name="__main__")
+                code = 0
+            except SystemExit as exit:
+                code = exit.code if isinstance(exit.code, int) else 0 if exit.code is None else 1
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        sys.argv = argv
+        reset_accelerate_state()
+        gc.collect()  # a trainer's autograd hooks keep its models alive in a reference cycle
+    return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
+
+
+def _all_loggers() -> list[logging.Logger]:
+    named = logging.Logger.manager.loggerDict.values()
+    return [logging.getLogger(), *(logger for logger in named if isinstance(logger, logging.Logger))]
+
+
+@contextlib.contextmanager
+def _logging_restored():
+    """Every logger as it was before the block: Hydra's job logging (console and train.log handlers on the root
+    logger, and what train.py routes to them) ends with the run; the run's handlers are closed."""
+    before = {id(logger): (logger.handlers[:], logger.propagate, logger.level, logger.disabled)
+              for logger in _all_loggers()}  # fmt: skip
+    kept = {id(handler) for handlers, *_ in before.values() for handler in handlers}
+    try:
+        yield
+    finally:
+        for logger in _all_loggers():
+            added = [handler for handler in logger.handlers if id(handler) not in kept]
+            for handler in added:
+                handler.close()
+            if id(logger) in before:
+                logger.handlers[:], logger.propagate, level, logger.disabled = before[id(logger)]
+                logger.setLevel(level)
+            elif added:  # a logger first made during the run and given the run's handlers
+                logger.handlers[:] = [handler for handler in logger.handlers if handler not in added]
+                logger.propagate = True
+
+
+def train_here(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """``train(run_dir, *overrides)`` in this process (``run_here``)."""
+    result = run_here(["train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", *overrides])
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 
@@ -298,15 +371,20 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(folder)], check=True)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_accelerate_state():
-    """accelerate keeps process-wide singletons; tests that build an Accelerator must not leak settings."""
+def reset_accelerate_state() -> None:
+    """Forget accelerate's process-wide singletons (the next Accelerator starts from its own settings)."""
     from accelerate.state import AcceleratorState, GradientState, PartialState
 
-    yield
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     PartialState._reset_state()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state():
+    """accelerate keeps process-wide singletons; tests that build an Accelerator must not leak settings."""
+    yield
+    reset_accelerate_state()
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,7 @@ from dit_trainer.config.schema import (
     VAEConfig,
     ValidationConfig,
 )
-from dit_trainer.config.scripts import EXPORT_DTYPES, EvaluateConfig, ExportConfig, SampleConfig
+from dit_trainer.config.scripts import EXPORT_DTYPES, EvaluateConfig, ExportConfig, PreviewConfig, SampleConfig
 
 __all__ = [
     "ASSETS_DIR",
@@ -48,6 +48,7 @@ __all__ = [
     "ModelConfig",
     "MonitorConfig",
     "OptimConfig",
+    "PreviewConfig",
     "PrivacyConfig",
     "RewardConfig",
     "SampleConfig",

@@ -15,6 +15,8 @@ FID_FEATURES = ("inception", "vae")  # monitor.fid.features, evaluate.py's fid_f
 PROMPT_SAMPLING = ("uniform", "spread")  # grpo.prompt_sampling
 # text_encoder.pooling: no pooled vector | the mean over real tokens (a sentence embedding) | the model's pooler output
 POOLINGS = ("none", "mean", "pooler")
+# optim.name: fused AdamW (torch) | 8-bit AdamW (bitsandbytes) | Adafactor (torch) | Prodigy (prodigyopt)
+OPTIMIZERS = ("adamw", "adamw8bit", "adafactor", "prodigy")
 CLASS_LABELS = "class_labels"  # the text_encoder.kind of class-conditional runs: prompts are class names or ids
 
 

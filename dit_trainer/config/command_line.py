@@ -1,24 +1,34 @@
 """The command line checked against the schema before Hydra composes it: a mistyped key or config option is one
-paragraph naming it and the closest valid ones, and a value whose braces the shell stripped of their quotes (a shard
-pattern) one paragraph naming the quoting that works (exit 2), in the time it takes to import Hydra, instead of
-Hydra's own message and exit 1."""
+paragraph naming it and the closest valid ones, a value of the wrong type (``optim.lr=abc``) one paragraph naming the
+type the field takes, and a value whose braces the shell stripped of their quotes (a shard pattern) one paragraph
+naming the quoting that works (exit 2), in the time it takes to import Hydra, instead of Hydra's own message and
+exit 1. Shell completion (``-sc install=bash``, and the queries the installed script makes) is Hydra's alone."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import re
+import types
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ValidationError
 
 from dit_trainer.config.schema import TrainConfig
 from dit_trainer.errors import ConfigError
 
 EXPERIMENT = "experiment"  # the group `+experiment=NAME` picks
+COMPLETION_FLAGS = ("-sc", "--shell-completion")  # Hydra's: its `install=bash` / `query=bash` are not overrides
+# What each type of field takes, and a value to show when the field's default is not one.
+KINDS = {bool: ("true or false", "true"), int: ("a whole number", "1"), float: ("a number", "0.5"),
+         str: ("text", "text"), list: ("a list", "[a,b]"), dict: ("a mapping", "{name: 1.0}")}  # fmt: skip
 # A word of a list or dict value that holds a brace pattern (`/data/{000000..000099}.tar`, not a dict's braces).
 BRACE_WORD = re.compile(r"(?<![\w'\"/.:-])[^\s,\[\]{}'\"]*\{[^{}\s,:'\"]*\}[^\s,\[\]{}'\"]*")
 
@@ -45,6 +55,60 @@ def _known(key: str) -> bool:
             return False
         node = getattr(node, part)
     return True
+
+
+def _indexes_a_list(key: str) -> bool:
+    """Whether ``key`` reaches into a list by position (``data.mixture.0.weight``): the schema's list is empty until
+    an experiment fills it, so only the composed config can judge the value."""
+    return any(part.isdigit() for part in key.split("."))
+
+
+def _field(key: str) -> tuple[Any, Any]:
+    """The type and the default of the schema field ``key`` (below a dict field: the dict's value type, no default)."""
+    node: Any = TrainConfig()
+    hint: Any = TrainConfig
+    for part in key.split("."):
+        if dataclasses.is_dataclass(node):
+            hint, node = typing.get_type_hints(type(node))[part], getattr(node, part)
+        else:
+            hint, node = (typing.get_args(hint) or (Any, Any))[-1], None
+    return hint, node
+
+
+def _kind(hint: Any) -> tuple[str, str, bool]:
+    """What a field of type ``hint`` takes in words, an example value, and whether it is one plain value."""
+    args = typing.get_args(hint)
+    optional = isinstance(hint, types.UnionType) and type(None) in args
+    if optional:
+        hint = next(arg for arg in args if arg is not type(None))
+    origin = typing.get_origin(hint) or hint
+    words, example = KINDS.get(origin, ("a section of settings" if dataclasses.is_dataclass(origin) else "", None))
+    if any(dataclasses.is_dataclass(arg) for arg in typing.get_args(hint)):  # a list of sections: no short example
+        example = None
+    return (f"{words} or null" if optional else words), example, origin in (bool, int, float, str)
+
+
+def wrong_type(override: Override, key: str, config: DictConfig) -> ConfigError | None:
+    """The refusal of an override whose value the schema field ``key`` cannot take (``optim.lr=abc``), judged by
+    OmegaConf's own conversion, as Hydra applies it to ``config`` (a structured ``TrainConfig``); None when it takes
+    every value given (a multirun sweep's each)."""
+    if override.is_sweep_override():
+        values = list(override.sweep_iterator()) if override.is_choice_sweep() else []
+    else:
+        values = [override.value()]
+    for value in values:
+        try:
+            OmegaConf.update(config, key, value, merge=True, force_add=override.is_force_add())
+        except ValidationError as error:
+            hint, default = _field(key)
+            words, example, plain = _kind(hint)
+            reason = str(error).partition("\n")[0].rstrip(".")
+            if isinstance(default, bool | int | float):
+                example = str(default).lower() if isinstance(default, bool) else repr(default)
+            accepted = f"it must be {words}" + ("" if plain else f" ({reason})") if words else reason
+            fix = f"set e.g. `{key}={example}`" if example else "see its fields in `python train.py --help`"
+            return ConfigError(key, value, accepted, fix)
+    return None
 
 
 def closest_keys(key: str, keys: list[str]) -> list[str]:
@@ -124,12 +188,16 @@ def unquoted_braces(item: str, parser: OverridesParser) -> ConfigError | None:
 
 
 def check_command_line(argv: list[str], config_dir: Path) -> None:
-    """Refuse an override whose key the schema does not have, a config group option that does not exist, or a value
-    whose braces lost their quotes in the shell (``unquoted_braces``). Hydra's flags (``--cfg``, ``-m``, ...),
-    ``hydra.*`` settings and any other syntax error are left to Hydra."""
+    """Refuse an override whose key the schema does not have, a config group option that does not exist, a value
+    its field cannot take (``wrong_type``), or a value whose braces lost their quotes in the shell
+    (``unquoted_braces``). Hydra's flags (``--cfg``, ``-m``, ...), shell completion, ``hydra.*`` settings and any
+    other syntax error are left to Hydra."""
+    if any(flag in argv for flag in COMPLETION_FLAGS):
+        return
     groups = {path.name for path in config_dir.iterdir() if path.is_dir()}
     parser = OverridesParser.create()
     keys = list(schema_keys())
+    config: DictConfig | None = None  # the schema as Hydra composes onto it, built for the first value to check
     for item in argv:
         if item.startswith("-") or "=" not in item:
             continue
@@ -152,3 +220,7 @@ def check_command_line(argv: list[str], config_dir: Path) -> None:
                 "the config has no such key" + (f" (the closest are {closest})" if closest else ""),
                 "correct the key; `python train.py --cfg job` prints every key with its value",
             )
+        elif key not in groups and not override.is_add() and not _indexes_a_list(key):
+            config = OmegaConf.structured(TrainConfig) if config is None else config
+            if (refused := wrong_type(override, key, config)) is not None:
+                raise refused

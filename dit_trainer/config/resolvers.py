@@ -1,5 +1,5 @@
 """Hydra registration: the schema in the ConfigStore, and the resolvers configs use (``${asset:NAME}``,
-``${package_model:MODULE}``, ``${launch_time:PATTERN}``)."""
+``${package_model:MODULE}``, ``${launch_time:PATTERN}``; ``${config_help:}`` in the help template)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import psutil
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
+from dit_trainer.config.field_docs import config_help
 from dit_trainer.config.schema import TrainConfig
 from dit_trainer.errors import ConfigError
 
@@ -60,6 +61,7 @@ def register_resolvers() -> None:
 
 
 def register_configs() -> None:
-    """Register the schema with Hydra and the resolvers with OmegaConf (idempotent)."""
+    """Register the schema with Hydra and the resolvers with OmegaConf (idempotent), the help's too."""
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
     register_resolvers()
+    OmegaConf.register_new_resolver("config_help", config_help, replace=True)

@@ -25,6 +25,7 @@ from dit_trainer.config.choices import (
 )
 from dit_trainer.config.fields import at_least, checked, fraction, non_empty, one_of, open_unit, positive
 from dit_trainer.config.grpo import GRPOConfig, GRPOMonitorConfig, RewardConfig
+from dit_trainer.config.optim import OptimConfig
 
 
 @dataclass
@@ -185,6 +186,15 @@ class DataConfig:
     shuffle_buffer: int = at_least(0, 1000, note="0: tar order")  # webdataset: samples shuffled within this window
     horizontal_flip: bool = False
     caption_dropout: float = fraction(0.1)  # probability of training on the empty prompt, for CFG
+    # Caption tools for tag captions ("tag, tag, ..."; a caption without commas is one tag). A trigger word or
+    # phrase put before every caption of a file source as its first tag (`PREFIX, caption`): never shuffled or
+    # dropped, and in the caches and validation too. The sample prompts are used as written: put it in them yourself.
+    caption_prefix: str = ""
+    # Each step, shuffle every caption's tags, the first `keep_tags` staying in place. Not with `data.cache_dir`.
+    shuffle_tags: bool = False
+    keep_tags: int = at_least(0, 0)  # tags kept first and never dropped, after the prefix (kohya's keep_tokens)
+    # Each step, drop every tag after the first `keep_tags` with this probability. Not with `data.cache_dir`.
+    tag_dropout: float = fraction(0.0)
     # Unreadable images are skipped and counted (`data/skipped`); above this fraction of all files read, the run
     # stops and names the first bad files.
     max_bad_fraction: float = fraction(0.01)
@@ -192,7 +202,9 @@ class DataConfig:
     # sources' groups (configs/data/) set 4. Measured (`scripts/benchmark.py --loader`, 2-core CPU under load, 512x384
     # JPEGs, batch 32): one process decodes ~130 img/s at 256 px (~210 at 64 px) while the CPU trainer step, encoding
     # every batch, consumes 0.3 img/s at 256 px (10.7 at 64 px). A GPU step consuming N img/s needs ~N/130 workers:
-    # 4 covers ~500 img/s (about an uncached DiT-XL/2 at 256 px on an H100 at 40 % MFU, by FLOPs).
+    # 4 covers ~500 img/s (about an uncached DiT-XL/2 at 256 px on an H100 at 40 % MFU, by FLOPs). More than this
+    # process's share of the CPUs it may use (its affinity / the training processes of the machine) is lowered to
+    # that share with a warning; a stream (webdataset) keeps its count, warned: its saved position is per worker.
     num_workers: int = at_least(0, 0)
     # Batches each worker prepares ahead (only with num_workers > 0): 2 x 4 workers hold 8 batches, several steps of
     # decoding jitter; as uint8 a 256-px batch of 32 is 6 MB.
@@ -246,28 +258,14 @@ class DiffusionConfig:
     mode_scale: float = 1.29  # mode
     snr_gamma: float | None = positive(None, note="or null")  # epsilon / v_prediction: min-SNR-gamma (5.0 is usual)
     flow_weighting: str = one_of(FLOW_WEIGHTINGS, "none")  # flow_matching: none | sigma_sqrt | cosmap
+    # epsilon / v_prediction: offset noise (Guttenberg 2023, diffusers' --noise_offset): each image's noise gets this
+    # times one normal draw per channel, constant over the image, so the model learns to change an image's overall
+    # brightness (very dark or light images). 0.05-0.1 is usual; 0 is off. Refused for flow matching.
+    noise_offset: float = at_least(0, 0.0, note="0 is off")
     # ddim | dpmsolver++ for epsilon / v_prediction (the fallback schedule has its own DDIM); euler for flow_matching
     sampler: str = "ddim"
     sample_steps: int = at_least(1, 25)
     guidance_scale: float = at_least(0, 3.0, "set e.g. `{key}=3.0`", note="1 disables CFG")
-
-
-@dataclass
-class OptimConfig:
-    """AdamW (fused) with a diffusers LR schedule, and gradient clipping."""
-
-    lr: float = positive(1e-4, "set e.g. `optim.lr=1e-4`")
-    weight_decay: float = at_least(0, 0.0)
-    beta1: float = fraction(0.9)
-    beta2: float = fraction(0.999)
-    eps: float = 1e-8
-    warmup_steps: int = at_least(0, 500)
-    # A diffusers LR schedule (diffusers.optimization)
-    lr_schedule: str = one_of(
-        ("constant_with_warmup", "constant", "linear", "cosine", "cosine_with_restarts", "polynomial"),
-        "constant_with_warmup",
-    )
-    max_grad_norm: float = at_least(0, 1.0, "set e.g. `optim.max_grad_norm=1.0`", note="0 disables clipping")
 
 
 @dataclass
@@ -296,7 +294,9 @@ class TrainerConfig:
         lambda: ["a red circle", "a blue square", "a yellow triangle", "a white circle"]
     )
     sample_seed: int = 0
-    resume: str | None = None  # latest | path to a checkpoint folder
+    # A run folder (or a checkpoint folder in one): continue that run there, with the config it recorded plus this
+    # command line's overrides | latest: the newest checkpoint in hydra.run.dir | the path of a checkpoint folder
+    resume: str | None = None
     # Resuming with another model, data or objective than the checkpoint's is refused unless this is true.
     allow_config_change: bool = False
     # Steps with NaN/inf loss or gradients are skipped; this many in a row stop the run with a report.
@@ -308,14 +308,20 @@ class TrainerConfig:
 
 @dataclass
 class LoggerConfig:
-    """Trackers on top of metrics.jsonl (always written)."""
+    """Trackers on top of metrics.jsonl (always written). The W&B fields apply to `logger=wandb` only."""
 
     name: str = one_of(("none", "wandb", "tensorboard"), "none")
-    # wandb only: online | offline (sync later with `wandb sync RUN/wandb/offline-run-*`) | disabled
-    mode: str = one_of(("online", "offline", "disabled"), "offline")
+    # null: W&B decides (WANDB_MODE, `wandb offline`; online by default) | online | offline (sync later with
+    # `wandb sync RUN/wandb/offline-run-*`) | disabled. A value set here overrides WANDB_MODE.
+    mode: str | None = one_of(("online", "offline", "disabled"), None)
     project: str = "dit-trainer"
     entity: str | None = None
-    run_name: str | None = None
+    run_name: str | None = None  # null: the run folder's name
+    group: str | None = None  # null: the experiment's name (`+experiment=NAME`)
+    tags: list[str] = field(default_factory=list)  # empty: the experiment's name
+    notes: str | None = None
+    log_model: bool = True  # the final weights (EMA when kept) as the W&B model artifact `model-<run id>`
+    log_checkpoints: bool = False  # every checkpoint's weights as a version of that artifact too
 
 
 @dataclass

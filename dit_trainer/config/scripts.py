@@ -1,5 +1,6 @@
-"""The command lines of the scripts that work on a finished run (``sample``, ``evaluate``, ``export``): one
-dataclass each, on shared bases whose field checks are written once (``check_fields`` runs them on parsing)."""
+"""The command lines of the scripts that work on a finished run (``sample``, ``evaluate``, ``export``), and
+``preview_data``'s own arguments: one dataclass each, on shared bases whose field checks are written once
+(``check_fields`` runs them on parsing)."""
 
 from __future__ import annotations
 
@@ -80,7 +81,21 @@ class EvaluateConfig(SamplingArgs):
 
 @dataclass
 class ExportConfig(RunCheckpointArgs):
-    """``scripts/export.py``: a checkpoint as a diffusers pipeline folder (``PixArtAlphaPipeline`` for T5 runs)."""
+    """``scripts/export.py``: a checkpoint as the family's diffusers pipeline folder (``DiffusionPipeline.
+    from_pretrained`` loads it), with a LoRA run's adapter alone in ``lora/`` where the pipeline can load it."""
 
     out_dir: str | None = None  # default: RUN_DIR/export/<checkpoint name>
     dtype: str = one_of(EXPORT_DTYPES, "float32")  # the dtype the weights are saved in
+    # A Hub repository (`user/name`) to upload the export to, created if need be (needs a token: `hf auth login` or
+    # HF_TOKEN; refused with HF_HUB_OFFLINE=1). Every export has its model card (README.md) either way.
+    push_to_hub: str | None = None
+    hub_private: bool = True  # a repository created by push_to_hub is private; false: public
+
+
+@dataclass
+class PreviewConfig:
+    """``scripts/preview_data.py``'s own arguments (the rest are train.py's overrides): ``n`` items of the training
+    data as the model sees them, written to ``out_dir``, whose files are never replaced."""
+
+    out_dir: str | None = None  # required
+    n: int = at_least(1, 64)  # items to write

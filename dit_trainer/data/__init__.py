@@ -8,6 +8,7 @@ source is its module, one entry here and one YAML file in ``configs/data/`` (or,
 ``data.source=package.module:SOURCE``).
 """
 
+from dit_trainer.config import DataConfig
 from dit_trainer.registry import Registry
 
 SOURCES = Registry(
@@ -19,3 +20,8 @@ SOURCES = Registry(
         "webdataset": "dit_trainer.data.webdataset:SOURCE",
     },
 )
+
+
+def configured_sources(data: DataConfig) -> list[str]:
+    """The ``data.source`` names a data section reads: each mixture entry's, or its one source."""
+    return [entry.source for entry in data.mixture] or [data.source]

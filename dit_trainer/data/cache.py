@@ -42,6 +42,7 @@ from dit_trainer.data import SOURCES
 from dit_trainer.data.buckets import BucketTable, configured_buckets
 from dit_trainer.data.cached_prompts import CachedPrompts
 from dit_trainer.data.image_sizes import INDEX_FILE
+from dit_trainer.durable import share_as_umask_allows
 from dit_trainer.errors import ConfigError, shortlist
 from dit_trainer.prompts import load_prompts
 
@@ -70,13 +71,23 @@ NOT_FINGERPRINTED = (
     "cache_dir",
     "cache_shard_size",
     "shuffle_buffer",
+    "shuffle_tags",  # the per-step tag draws, refused with a cache (``captions.check_caption_tools``)
+    "keep_tags",
+    "tag_dropout",
 )
+# Data settings added since format 2 that shape the tensors: counted only away from their defaults, so that caches
+# written before they existed still match.
+ADDED_DATA_KEYS = {"caption_prefix": ""}
 
 
 def cache_fingerprint(cfg: TrainConfig) -> dict:
     """Everything that shaped the cached tensors: the VAE, the text encoder, how images and captions were read, and
     what the source holds (its ``content``: a folder that grew since must not reuse the cache)."""
-    data = {k: v for k, v in asdict(cfg.data).items() if k not in NOT_FINGERPRINTED}
+    data = {
+        k: v
+        for k, v in asdict(cfg.data).items()
+        if k not in NOT_FINGERPRINTED and not (k in ADDED_DATA_KEYS and v == ADDED_DATA_KEYS[k])
+    }
     text, defaults = asdict(cfg.text_encoder), asdict(TextEncoderConfig())
     # Settings added since format 2 (pooling, ...) count only away from their defaults, so older caches still match.
     encoder = {k: v for k, v in text.items() if k in ENCODER_KEYS or (k != "memo_size" and v != defaults[k])}
@@ -379,3 +390,4 @@ def save_shard(
     )
     metadata = {"captions": json.dumps(captions)} | ({"indices": json.dumps(indices)} if indices is not None else {})
     save_file(stored, path, metadata=metadata)
+    share_as_umask_allows(path)  # safetensors writes 0600: a shared cache is read by the team

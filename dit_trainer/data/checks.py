@@ -1,13 +1,14 @@
 """The ``data`` and ``validation`` sections' checks: every source named is registered and gets the path it needs
 (checked by the source itself), a mixture mixes only what can be mixed, buckets fit the source and the model,
-and validation has held-out images from exactly one place."""
+caption tools have text captions to work on, and validation has held-out images from exactly one place."""
 
 from __future__ import annotations
 
 from dit_trainer.components.build import pixel_multiple
 from dit_trainer.config import TrainConfig
-from dit_trainer.data import SOURCES
+from dit_trainer.data import SOURCES, configured_sources
 from dit_trainer.data.buckets import configured_buckets
+from dit_trainer.data.captions import check_caption_tools
 from dit_trainer.errors import require
 
 
@@ -19,6 +20,7 @@ def check_data(cfg: TrainConfig) -> None:
             _check_source_path(cfg.data.source, cfg.data.path, "data.path")
         if cfg.data.buckets != "none":
             _check_buckets(cfg)
+        check_caption_tools(cfg)
     if cfg.validation.every_n_steps:
         _check_validation(cfg)
 
@@ -101,7 +103,7 @@ def _check_stream_mixture(cfg: TrainConfig, streamed: str) -> None:
 def _check_buckets(cfg: TrainConfig) -> None:
     """Buckets need a source that reads image sizes, batches that can be made one bucket at a time, and sizes the
     latents cut into whole patches."""
-    sources = [entry.source for entry in cfg.data.mixture] or [cfg.data.source]
+    sources = configured_sources(cfg.data)
     square = next((name for name in sources if not SOURCES.get(name).bucketed), None)
     require(
         square is None,

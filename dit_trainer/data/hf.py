@@ -86,11 +86,12 @@ class HFImageDataset(SkipUnreadable):
         crop: str = "center",
         horizontal_flip: bool = False,
         caption_columns: Sequence[str] = (),
+        caption_prefix: str = "",
     ) -> None:
         import datasets
 
         self.path, self.resolution, self.crop, self.horizontal_flip = path, resolution, crop, horizontal_flip
-        self.image_column = image_column
+        self.image_column, self.caption_prefix = image_column, caption_prefix
         key, self.caption_columns = caption_keys(caption_column, caption_columns)
         dataset = load_split(path, split)
         available = ", ".join(dataset.column_names)
@@ -162,7 +163,8 @@ class HFImageDataset(SkipUnreadable):
         row = self.dataset[index]
         image = self._image(row)
         data = image if isinstance(image, bytes) else image.read_bytes()
-        return decode_image(data), pick_caption([row[column] for column in self.caption_columns])
+        captions = [row[column] for column in self.caption_columns]
+        return decode_image(data), pick_caption(captions, prefix=self.caption_prefix)
 
 
 def _build(cfg: DataConfig) -> HFImageDataset:
@@ -176,5 +178,6 @@ SOURCE = Source(
     "a dataset name on the hub or a folder written by `Dataset.save_to_disk`",
     "/path/to/dataset",
     bucketed=True,
+    caption_prefix=True,
     content=lambda cfg: split_fingerprint(cfg.path, cfg.split),
 )

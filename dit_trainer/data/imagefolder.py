@@ -134,11 +134,13 @@ class ImageFolderDataset(SkipUnreadable):
         crop: str = "center",
         horizontal_flip: bool = False,
         caption_columns: Sequence[str] = (),
+        caption_prefix: str = "",
     ) -> None:
         self.root = Path(root).expanduser()
         self.real_root = self.root.resolve()
         self.path = str(self.root)
         self.resolution, self.crop, self.horizontal_flip = resolution, crop, horizontal_flip
+        self.caption_prefix = caption_prefix
         metadata = self.root / METADATA
         if metadata.is_file():
             self.records, self.sizes = self._read_metadata(metadata, *caption_keys(caption_column, caption_columns))
@@ -232,7 +234,7 @@ class ImageFolderDataset(SkipUnreadable):
     def read(self, index: int) -> tuple[Image.Image, str]:
         file_name, captions = self.records[index]
         with open_inside(self.real_root, file_name) as file:
-            return decode_image(file.read()), pick_caption(captions)
+            return decode_image(file.read()), pick_caption(captions, prefix=self.caption_prefix)
 
 
 def _build(cfg: DataConfig) -> ImageFolderDataset:
@@ -245,5 +247,6 @@ SOURCE = Source(
     "/path/to/images",
     check_image_folder,
     bucketed=True,
+    caption_prefix=True,
     content=lambda cfg: metadata_fingerprint(cfg.path),
 )

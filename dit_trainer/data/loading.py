@@ -5,6 +5,8 @@ the loader that fits it (a seeded batch plan for buckets and mixtures, a plain s
 
 from __future__ import annotations
 
+import functools
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -113,15 +115,50 @@ def build_training_data(cfg: TrainConfig, accelerator: Accelerator, vae, source:
         source,
         vae,
         accelerator.device,
-        num_workers=cfg.data.num_workers,
+        num_workers=loader_workers(cfg.data.num_workers, source),
         show_progress=accelerator.is_main_process,
     )
 
 
+def cpus_per_process() -> int:
+    """The CPUs this process may run on (its affinity: what taskset, a container or SLURM's cpus-per-task allow),
+    shared among the training processes of this machine (``LOCAL_WORLD_SIZE``, set by torchrun and accelerate launch,
+    whose processes inherit one affinity)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cpus // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+
+
+def loader_workers(configured: int, dataset: Dataset) -> int:
+    """``data.num_workers``, lowered to this process's share of the CPUs with a warning: more workers than CPUs only
+    contend for them (torch warns as well). A stream keeps the configured count, warned: its shard split and the
+    position a checkpoint saves are per worker, so its count must not change with the machine it resumes on."""
+    cpus = cpus_per_process()
+    if configured <= cpus:
+        return configured
+    streamed = isinstance(dataset, IterableDataset)
+    _warn_too_many_workers(configured, cpus, streamed)
+    return configured if streamed else cpus
+
+
+@functools.cache
+def _warn_too_many_workers(configured: int, cpus: int, streamed: bool) -> None:
+    """Once per process: the training, validation and preview loaders all ask ``loader_workers``."""
+    action = (
+        "kept, as a stream's shard split and its saved position are per worker"
+        if streamed
+        else f"using {cpus} data-loader workers"
+    )
+    logger.warning(
+        f"`data.num_workers={configured}` is more than the {cpus} CPUs this process may use (its CPU affinity, shared "
+        f"by the training processes of this machine): {action}. Set `data.num_workers={cpus}` to fit this machine.",
+        main_process_only=True,
+    )
+
+
 def loader_options(cfg: TrainConfig, dataset: Dataset, device: torch.device) -> dict:
-    """Worker processes when the items need decoding (an in-memory latent cache does not), pinned memory for
-    CUDA, workers kept alive across epochs."""
-    workers = 0 if isinstance(dataset, LatentDataset) else cfg.data.num_workers
+    """Worker processes when the items need decoding (an in-memory latent cache does not; at most this process's
+    share of the CPUs: ``loader_workers``), pinned memory for CUDA, workers kept alive across epochs."""
+    workers = 0 if isinstance(dataset, LatentDataset) else loader_workers(cfg.data.num_workers, dataset)
     return {
         "num_workers": workers,
         "pin_memory": device.type == "cuda",

@@ -28,6 +28,7 @@ class Source:
     # ``unsharded()`` reads it whole on one process (validation).
     streamed: bool = False
     bucketed: bool = False  # its items can come at any (height, width) and it reads image sizes: `data.buckets`
+    caption_prefix: bool = False  # it puts `data.caption_prefix` before the captions it reads (``augmentation``)
     # What identifies the data beyond its config, for the cache fingerprint: cheap (no image is read), so None
     # where the config alone determines the data (shapes).
     content: Callable[[DataConfig], dict] | None = None
@@ -38,8 +39,14 @@ class Source:
 
 
 def augmentation(cfg: DataConfig) -> dict:
-    """How a file-based source reads an image and its caption: the crop, the flip, several caption columns."""
-    return {"crop": cfg.crop, "horizontal_flip": cfg.horizontal_flip, "caption_columns": cfg.caption_columns}
+    """How a file-based source reads an image and its caption: the crop, the flip, several caption columns, the
+    caption's prefix."""
+    return {
+        "crop": cfg.crop,
+        "horizontal_flip": cfg.horizontal_flip,
+        "caption_columns": cfg.caption_columns,
+        "caption_prefix": cfg.caption_prefix,
+    }
 
 
 def build_dataset(cfg: DataConfig) -> Dataset:

@@ -13,6 +13,8 @@ import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from dit_trainer.config.choices import CROPS
+from dit_trainer.data.captions import with_prefix
+from dit_trainer.data.image_modes import to_rgb
 
 # center / random: resized to cover the target size, then the target cut out; none: squashed to the target size.
 # Resizing an image whole costs memory in proportion to its elongation (a 10 x 20000 strip at 1024 px: 8 GB). Up to
@@ -81,14 +83,6 @@ def describe_failure(name: str, error: BaseException) -> str:
     return f"{name}: {reason[:160]}"
 
 
-def to_rgb(image: Image.Image) -> Image.Image:
-    """RGB with any transparency composited on white (a transparent pixel's hidden colour is often black)."""
-    if image.mode in ("RGBA", "LA") or (image.mode == "P" and "transparency" in image.info):
-        rgba = image.convert("RGBA")
-        image = Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba)
-    return image.convert("RGB")
-
-
 def resize_to_cover(image: Image.Image, height: int, width: int) -> Image.Image:
     """Scale, keeping the aspect ratio, to the smallest size that covers ``height`` x ``width`` (for a square: the
     short side becomes the resolution)."""
@@ -128,8 +122,10 @@ def to_model_input(
     horizontal_flip: bool = False,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Any PIL image -> (3, H, W) uint8 (``to_tensor``): ``resolution`` is the side of a square or an aspect-ratio
-    bucket's (height, width).
+    """Any PIL image -> (3, H, W) uint8 (``to_tensor``): every mode at its full range (``image_modes.to_rgb``: a
+    16-bit or float image scaled, not clipped; transparency on white; pixels with no defined scale refused with a
+    ``ValueError``, which the sources count as an unreadable image). ``resolution`` is the side of a square or an
+    aspect-ratio bucket's (height, width).
 
     ``crop``: center or random (resized to cover the target, then the target cut out) or none (the whole image
     squashed to the target). ``horizontal_flip`` mirrors half of the images. Random choices draw from
@@ -159,9 +155,10 @@ def caption_keys(caption_column: str, caption_columns: Sequence[str]) -> tuple[s
     return "data.caption_column", [caption_column]
 
 
-def pick_caption(captions: Sequence[object], generator: torch.Generator | None = None) -> str:
-    """One of an item's captions (one per configured column), drawn uniformly; a null caption is unreadable."""
+def pick_caption(captions: Sequence[object], generator: torch.Generator | None = None, prefix: str = "") -> str:
+    """One of an item's captions (one per configured column), drawn uniformly, with ``prefix`` (``data.caption_prefix``)
+    as its first tag; a null caption is unreadable."""
     index = int(torch.randint(len(captions), (1,), generator=generator)) if len(captions) > 1 else 0
     if captions[index] is None:
         raise ValueError("the caption is null")
-    return str(captions[index])
+    return with_prefix(str(captions[index]), prefix)

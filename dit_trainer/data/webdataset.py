@@ -27,7 +27,7 @@ from dit_trainer.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "tif", "tiff")
 
 
 def expand_shards(pattern: str | None) -> list[str]:
@@ -86,9 +86,11 @@ class WebDatasetSource(IterableDataset):
         rank: int | None = None,
         world_size: int | None = None,
         shuffle_buffer: int = 0,
+        caption_prefix: str = "",
     ) -> None:
         self.path, self.resolution, self.crop, self.horizontal_flip = path, resolution, crop, horizontal_flip
         self.seed, self.epoch, self.shuffle_buffer = seed, 0, shuffle_buffer
+        self.caption_prefix = caption_prefix
         default_rank, default_world_size = process_rank_and_world_size()
         self.rank = default_rank if rank is None else rank
         self.world_size = default_world_size if world_size is None else world_size
@@ -180,7 +182,7 @@ class WebDatasetSource(IterableDataset):
         if missing:
             raise ValueError(f"no caption {missing[0]!r}")
         captions = [fields[c] for c in self.caption_columns]
-        return decode_image(members[extension]), pick_caption(captions, generator)
+        return decode_image(members[extension]), pick_caption(captions, generator, self.caption_prefix)
 
     def __iter__(self) -> ShardStream:
         return self.items(lambda image: (self.resolution, self.resolution))
@@ -207,5 +209,6 @@ SOURCE = Source(
     "'/data/shards/{000000..000099}.tar'",  # quoted for Hydra; data/checks.py puts the override in shell quotes
     streamed=True,
     bucketed=True,
+    caption_prefix=True,
     content=lambda cfg: shards_fingerprint(cfg.path),
 )

@@ -146,6 +146,15 @@ class FlowSchedule(NoiseSchedule):
             "min-SNR weighting is for epsilon / v_prediction; flow matching weights with `diffusion.flow_weighting`",
             "set `diffusion.snr_gamma=null` and e.g. `diffusion.flow_weighting=sigma_sqrt`",
         )
+        require(
+            d.noise_offset == 0,
+            "diffusion.noise_offset",
+            d.noise_offset,
+            "offset noise makes up for a DDPM schedule that never fully noises an image's mean (its last step still "
+            "holds signal); rectified flow's path ends at pure noise, and offset noise would train it from a noise "
+            "that sampling, which starts from a standard normal, never draws",
+            "set `diffusion.noise_offset=0` (it is for `diffusion.objective=epsilon` and `v_prediction`)",
+        )
         if d.resolution_shift:
             require(
                 d.shift == 1.0,

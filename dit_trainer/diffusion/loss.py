@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dit_trainer.condition import Condition
+from dit_trainer.data.captions import TagAugmentation
 from dit_trainer.diffusion.schedule import NoiseSchedule
 from dit_trainer.pixels import to_model_range
 
@@ -33,17 +34,35 @@ def kept_captions(count: int, probability: float, generator: torch.Generator) ->
     return torch.rand(count, generator=generator, device=generator.device) >= probability
 
 
-def batch_condition(batch: dict, text_encoder, probability: float, generator: torch.Generator) -> Condition:
-    """The condition of the batch's captions after dropout: encoded now or read from the cache, then a dropped
-    caption takes the condition of "". The choice stays on the generator's device and is applied with ``where``:
-    no host-device sync per step, and the encoded and cached paths are one."""
+def batch_condition(
+    batch: dict, text_encoder, probability: float, generator: torch.Generator, tags: TagAugmentation | None = None
+) -> Condition:
+    """The condition of the batch's captions after dropout: encoded now (their tags shuffled and dropped first, with
+    ``tags``) or read from the cache, then a dropped caption takes the condition of "". The choice stays on the
+    generator's device and is applied with ``where``: no host-device sync per step, and the encoded and cached
+    paths are one."""
     cached = Condition.from_stored(batch, "text_")
     if cached is None:
-        condition = text_encoder.encode(batch["caption"])
+        captions = batch["caption"] if tags is None else tags(batch["caption"], generator)
+        condition = text_encoder.encode(captions)
     else:
         condition = cached.to(generator.device, non_blocking=True)
     keep = kept_captions(condition.batch_size, probability, generator)
     return condition if keep is None else condition.where(keep, text_encoder.encode([""]))
+
+
+def offset_noise(latents: torch.Tensor, noise_offset: float, generator: torch.Generator) -> torch.Tensor:
+    """Standard normal noise of ``latents``' shape, plus ``noise_offset`` x one normal draw per image and channel,
+    constant over the image (Guttenberg's offset noise, as diffusers' training examples add it). A DDPM schedule's
+    last step still holds signal, and an image's longest wavelength, its per-channel mean, is the last to be noised
+    away: trained on plain noise, a model keeps the mean its sampling starts from and makes no image much darker or
+    lighter than average. ``noise_offset`` 0 draws exactly the plain noise."""
+    noise = torch.randn(latents.shape, generator=generator, device=latents.device, dtype=latents.dtype)
+    if not noise_offset:
+        return noise
+    per_channel = (*latents.shape[:2], *(1,) * (latents.dim() - 2))
+    offset = torch.randn(per_channel, generator=generator, device=latents.device, dtype=latents.dtype)
+    return noise + noise_offset * offset
 
 
 def diffusion_loss(
@@ -54,9 +73,12 @@ def diffusion_loss(
     schedule: NoiseSchedule,
     generator: torch.Generator,
     caption_dropout: float = 0.0,
+    noise_offset: float = 0.0,
+    tags: TagAugmentation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Encode (frozen, no grad) -> noise -> predict -> per-sample loss, weighted as the schedule says (min-SNR,
-    flow weighting). Returns (loss (B,), timesteps (B,)).
+    flow weighting). Returns (loss (B,), timesteps (B,)). ``noise_offset``: ``offset_noise``; ``tags``: the
+    captions' tag shuffling and dropout (``data.captions``).
 
     All randomness comes from ``generator`` so a resumed run draws exactly what the uninterrupted one would.
     """
@@ -68,8 +90,8 @@ def diffusion_loss(
             latents = vae.latents_from_posterior(mean.to(device, non_blocking=True).float(), std, generator)
         else:
             latents = vae.encode(to_model_range(batch["image"].to(device, non_blocking=True)), generator)
-        condition = batch_condition(batch, text_encoder, caption_dropout, generator)
-    noise = torch.randn(latents.shape, generator=generator, device=latents.device, dtype=latents.dtype)
+        condition = batch_condition(batch, text_encoder, caption_dropout, generator, tags)
+    noise = offset_noise(latents, noise_offset, generator)
     timesteps = schedule.at_size(latents.shape).sample_timesteps(latents.shape[0], latents.device, generator)
     noisy = schedule.add_noise(latents, noise, timesteps)
     prediction = dit(noisy, timesteps, condition)
@@ -88,6 +110,18 @@ class DiffusionLoss:
     text_encoder: nn.Module
     schedule: NoiseSchedule
     caption_dropout: float = 0.0
+    noise_offset: float = 0.0  # diffusion.noise_offset
+    tags: TagAugmentation | None = None  # data.shuffle_tags, data.tag_dropout (``data.captions.tag_augmentation``)
 
     def __call__(self, batch: dict, dit: nn.Module, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        return diffusion_loss(batch, dit, self.vae, self.text_encoder, self.schedule, generator, self.caption_dropout)
+        return diffusion_loss(
+            batch,
+            dit,
+            self.vae,
+            self.text_encoder,
+            self.schedule,
+            generator,
+            self.caption_dropout,
+            self.noise_offset,
+            self.tags,
+        )

@@ -53,7 +53,7 @@ class Options:
     steps: int
     train_steps: int
     fsdp: bool  # FSDP rows on a CPU too
-    fsdp_config: Path | None  # None: configs/accelerate/fsdp.yaml on GPUs, fsdp_cpu.yaml on a CPU
+    fsdp_config: Path | None  # None: accelerate_configs/fsdp.yaml on GPUs, fsdp_cpu.yaml on a CPU
     row_timeout: float
 
 
@@ -207,7 +207,7 @@ def fsdp(options: Options, cuda: bool, peak: float | None) -> list[Row]:
     GPU (two processes on a CPU, with ``--fsdp``)."""
     if not (cuda or options.fsdp):
         return [Row("fsdp", "fsdp", "skipped", error="FSDP on CPU processes runs only with --fsdp")]
-    config = options.fsdp_config or options.repo / "configs" / "accelerate" / ("fsdp.yaml" if cuda else "fsdp_cpu.yaml")
+    config = options.fsdp_config or options.repo / "accelerate_configs" / ("fsdp.yaml" if cuda else "fsdp_cpu.yaml")
     processes = sorted({1, torch.cuda.device_count()}) if cuda else [2]
     batch = sorted(options.batches)[len(options.batches) // 2]
     job = Job(options.models[0], "trainer", "eager", (batch,), options.tiny, options.warmup, options.steps,

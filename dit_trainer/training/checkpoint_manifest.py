@@ -28,15 +28,16 @@ from accelerate.logging import get_logger
 from dit_trainer.errors import ConfigError
 from dit_trainer.run_folder import MANIFEST, resolve_checkpoint
 from dit_trainer.training.config_changes import config_changes, config_hash, defines_training
+from dit_trainer.training.optimizers import check_resumed_optimizer
 
 logger = get_logger(__name__)
 
 SCHEDULE_IN_UPDATES = "optimizer_updates"
 FSDP_MODEL_STATE = "pytorch_model_fsdp_0"  # accelerate's sharded model state (its optimizer's: optimizer_0)
-FSDP_LAUNCH = "`accelerate launch --config_file configs/accelerate/fsdp.yaml train.py ...`"
+FSDP_LAUNCH = "`accelerate launch --config_file accelerate_configs/fsdp.yaml train.py ...`"
 UNSHARDED_LAUNCH = (
     "`python train.py ...` (one process) or a DDP launch such as `accelerate launch --config_file "
-    "configs/accelerate/ddp_8gpu.yaml train.py ...` (any number of processes)"
+    "accelerate_configs/ddp_8gpu.yaml train.py ...` (any number of processes)"
 )
 
 
@@ -97,7 +98,7 @@ def check_launch(path: Path, written: WrittenBy, accelerator: Accelerator) -> No
         )
         fix = (
             f"resume it under FSDP, on any number of processes: {FSDP_LAUNCH} with the same overrides (on CPU "
-            "processes `configs/accelerate/fsdp_cpu.yaml`), or start a fresh run in a new `hydra.run.dir`"
+            "processes `accelerate_configs/fsdp_cpu.yaml`), or start a fresh run in a new `hydra.run.dir`"
         )
     else:
         kind = "one process" if written.launch == "single" else f"DDP on {by}"
@@ -155,6 +156,7 @@ def check_compatible(
             logger.warning(f"The config differs from the one {path.name} was trained with; continuing with it.")
         return
     changes = config_changes(manifest["config"], config)
+    check_resumed_optimizer(path, manifest["config"], config)
     grpo = bool(manifest["config"].get("grpo", {}).get("enabled") or config.get("grpo", {}).get("enabled"))
     defining = [key for key, (old, new) in changes.items() if defines_training(key, old, new, grpo)]
     listed = ", ".join(f"{key} ({old!r} -> {new!r})" for key, (old, new) in changes.items())

@@ -7,9 +7,11 @@ from dit_trainer.config import TrainConfig
 from dit_trainer.data import SOURCES
 from dit_trainer.errors import require
 from dit_trainer.prompts import load_prompts
+from dit_trainer.training.optimizers import check_optimizer
 
 
 def check_training(cfg: TrainConfig) -> None:
+    check_optimizer(cfg.optim)
     if cfg.privacy.enabled:
         _check_privacy(cfg)
     if cfg.monitor.grpo.enabled:

@@ -63,14 +63,14 @@ def check_fsdp(accelerator: Accelerator) -> None:
             1,
             "this trainer shards with FSDP2 (`fully_shard`, one DTensor slice per parameter); FSDP1's flattened "
             "parameters do not fit its EMA and whole-weight checkpoints",
-            "set `fsdp_version: 2` in the accelerate config (as `configs/accelerate/fsdp.yaml` does) or launch "
+            "set `fsdp_version: 2` in the accelerate config (as `accelerate_configs/fsdp.yaml` does) or launch "
             "with `--fsdp_version 2`",
         )
 
 
 def wrap_family_blocks(accelerator: Accelerator, dit: DiTAdapter) -> None:
     """Make the family's repeated blocks (``Family.blocks``) FSDP's wrap units when the accelerate config names
-    none, or classes this model does not have (``configs/accelerate/fsdp.yaml`` names PixArt's and DiT's
+    none, or classes this model does not have (``accelerate_configs/fsdp.yaml`` names PixArt's and DiT's
     ``BasicTransformerBlock``; SD3, Flux and Sana have their own). Without units the whole model would be one,
     gathered whole for every forward.
 
@@ -88,7 +88,7 @@ def wrap_family_blocks(accelerator: Accelerator, dit: DiTAdapter) -> None:
             "SIZE_BASED_WRAP",
             f"{type(dit.transformer).__name__}'s blocks share {', '.join(shared)}: size-based units would put it "
             "inside whichever block is sharded first, where the other blocks cannot use it",
-            "set `fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP` (as `configs/accelerate/fsdp.yaml` does): the "
+            "set `fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP` (as `accelerate_configs/fsdp.yaml` does): the "
             "trainer then wraps the blocks and the shared modules as units of their own",
         )
     if plugin.auto_wrap_policy is not transformer_auto_wrap_policy:

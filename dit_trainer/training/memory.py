@@ -1,8 +1,9 @@
 """What a run needs of device memory per process, said before step 1 and, on a GPU, checked against it: the
-weights of every model on the device, the trained parameters' gradients, AdamW's two moments and the EMA (float32
-each), the copies DDP and autocast keep, and the activations one image keeps for backward, measured on a meta copy
-of the DiT at the run's latent shape (no memory, no time). A run that cannot fit is refused before it loads data
-or takes a step, with the batch that would fit, instead of failing with CUDA's out-of-memory error at step 1."""
+weights of every model on the device, the trained parameters' gradients, the optimizer's state (AdamW's two
+float32 moments, or what another ``optim.name`` keeps) and the EMA, the copies DDP and autocast keep, and the
+activations one image keeps for backward, measured on a meta copy of the DiT at the run's latent shape. A run that
+cannot fit is refused before it loads data or takes a step, with the batch that would fit, instead of failing with
+CUDA's out-of-memory error at step 1."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from dit_trainer.components.meta import Activations, meta_copy, meta_inputs, sav
 from dit_trainer.config import TrainConfig
 from dit_trainer.errors import ConfigError
 from dit_trainer.precision import weight_dtype
+from dit_trainer.training.optimizers import OPTIMIZER_CHOICES
 
 logger = get_logger(__name__)
 
@@ -62,12 +64,17 @@ def tensor_bytes(module: object) -> int:
 
 
 def estimate_memory(
-    parts: Components, ema: bool, compute_dtype: torch.dtype, ddp: bool = False, shards: int = 1
+    parts: Components,
+    ema: bool,
+    compute_dtype: torch.dtype,
+    ddp: bool = False,
+    shards: int = 1,
+    optimizer: str = "adamw",
 ) -> MemoryEstimate:
-    """The estimate for ``parts`` trained with AdamW (``ema``: with an EMA) in ``compute_dtype`` (bf16/fp16 under
-    mixed precision; the activations are measured with the DiT cast to it). ``ddp``: several processes each keep a
-    copy of the gradients in DDP's buckets; ``shards``: FSDP's processes, over which the DiT's weights, gradients,
-    moments and EMA are split."""
+    """The estimate for ``parts`` trained with ``optimizer`` (an ``optim.name``; ``ema``: with an EMA) in
+    ``compute_dtype`` (bf16/fp16 under mixed precision; the activations are measured with the DiT cast to it).
+    ``ddp``: several processes each keep a copy of the gradients in DDP's buckets; ``shards``: FSDP's processes, over
+    which the DiT's weights, gradients, optimizer state and EMA are split."""
     trained = sum(parameter.nbytes for parameter in trainable_parameters(parts.dit.transformer))
     dit = tensor_bytes(parts.dit)
     casts = sum(parameter.numel() for parameter in parts.dit.parameters()) * compute_dtype.itemsize
@@ -76,7 +83,7 @@ def estimate_memory(
     return MemoryEstimate(
         weights=dit // shards + tensor_bytes(parts.vae) + tensor_bytes(parts.text_encoder),
         gradients=trained // shards,
-        optimizer=2 * trained // shards,
+        optimizer=int(OPTIMIZER_CHOICES[optimizer].state_per_parameter_byte * trained) // shards,
         ema=trained // shards if ema else 0,
         copies=(trained if ddp else 0) + autocast,
         activations=saved_activations(model, meta_inputs(parts, 1)),
@@ -92,9 +99,9 @@ def check_fits(estimate: MemoryEstimate, batch_size: int, checkpointing: bool, d
     fits, fits_checkpointed = (estimate.largest_batch(device_bytes, c) for c in (checkpointing, True))
     if fits_checkpointed == 0:
         fix = (
-            f"the weights, gradients, AdamW and EMA alone need {estimate.static / GiB:.1f} GiB: train LoRA "
+            f"the weights, gradients, optimizer state and EMA alone need {estimate.static / GiB:.1f} GiB: train LoRA "
             "adapters (`lora.enabled=true`), shard the model with FSDP (`accelerate launch --config_file "
-            "configs/accelerate/fsdp.yaml`), turn the EMA off (`trainer.ema_decay=0`) or use a larger GPU"
+            "accelerate_configs/fsdp.yaml`), turn the EMA off (`trainer.ema_decay=0`) or use a larger GPU"
         )
     else:
         options = [] if checkpointing else [f"`trainer.gradient_checkpointing=true` (fits {fits_checkpointed} images)"]
@@ -120,7 +127,7 @@ def describe(estimate: MemoryEstimate) -> str:
     parts = [
         ("weights", estimate.weights),
         ("gradients", estimate.gradients),
-        ("AdamW", estimate.optimizer),
+        ("optimizer", estimate.optimizer),
         ("EMA", estimate.ema),
         ("DDP/autocast copies", estimate.copies),
     ]
@@ -142,6 +149,7 @@ def report_memory(cfg: TrainConfig, parts: Components, accelerator: Accelerator)
         compute_dtype=weight_dtype(accelerator.mixed_precision),
         ddp=accelerator.num_processes > 1 and not sharded,
         shards=accelerator.num_processes if sharded else 1,
+        optimizer=cfg.optim.name,
     )
     t = cfg.trainer
     total = estimate.total(t.batch_size, t.gradient_checkpointing) / GiB

@@ -14,12 +14,38 @@ from PIL import Image, ImageDraw
 from dit_trainer.durable import write_text_atomically
 
 logger = logging.getLogger(__name__)
+# One line per logged step, for the run's text log: train.py sends it to train.log only (the console has the
+# progress bar); elsewhere it reaches whatever handles the root logger.
+METRIC_LINES = logging.getLogger("dit_trainer.metric_lines")
+HEADLINE = ("val/loss", "reward/mean", "fid/fid", "privacy/epsilon")  # the monitors' numbers a metric line shows
 
 
 def mean_over_processes(accelerator: Accelerator, values: list[torch.Tensor]) -> float:
     """The mean of ``values`` (this process's per-step losses) over steps and then over processes: every rank
     trains on its own shard, so one rank's loss alone is a noisier, biased view of the run."""
     return accelerator.reduce(torch.stack(values).mean(), reduction="mean").item()
+
+
+def metric_line(step: int, max_steps: int, metrics: dict[str, float]) -> str:
+    """``step 100/200: loss 1.2739, lr 0.0001, grad_norm 0.532, 26 img/s, val/loss 0.8990``: the training metrics of
+    a log step and the monitors' headline numbers (``metrics.jsonl`` has every metric)."""
+    formats = {"loss": ".4f", "lr": ".3g", "grad_norm": ".3g"}
+    parts = [f"{key} {metrics[key]:{spec}}" for key, spec in formats.items() if key in metrics]
+    if "images_per_sec" in metrics:
+        parts.append(f"{metrics['images_per_sec']:.0f} img/s")
+    if metrics.get("skipped_steps"):
+        parts.append(f"skipped_steps {metrics['skipped_steps']}")
+    parts += [f"{key} {metrics[key]:.4f}" for key in HEADLINE if key in metrics]
+    return f"step {step}/{max_steps}: {', '.join(parts)}"
+
+
+def log_lines_to_files_only() -> None:
+    """Send the metric lines only to the log files among the root logger's handlers (Hydra's train.log): called by
+    train.py once Hydra has configured logging."""
+    lines = logging.getLogger(METRIC_LINES.name)
+    lines.handlers = [handler for handler in logging.getLogger().handlers if isinstance(handler, logging.FileHandler)]
+    lines.propagate = False
+    lines.setLevel(logging.INFO)
 
 
 class MetricsFile:

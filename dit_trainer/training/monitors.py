@@ -20,13 +20,12 @@ from diffusers.training_utils import EMAModel
 from torch import nn
 
 from dit_trainer.components.freeze import trainable_parameters
-from dit_trainer.config import LoggerConfig
 from dit_trainer.diffusion.sampler import SamplerSettings, TextToImage
 from dit_trainer.images import image_grid
 from dit_trainer.rewards.base import WeightedReward
 from dit_trainer.rewards.grpo import reward_metrics
 from dit_trainer.sharding import reshard
-from dit_trainer.training.trackers import log_image
+from dit_trainer.training.tracker_media import MonitorImages, Trackers
 
 
 @contextmanager
@@ -63,7 +62,7 @@ class MonitorContext:
     accelerator: Accelerator
     text_to_image: TextToImage
     ema: EMAModel | None
-    logger: LoggerConfig
+    trackers: Trackers
     sharded: bool = False  # FSDP: monitors run on every process
 
 
@@ -124,16 +123,19 @@ class SamplingMonitor(Monitor):
                 model, plan.image_prompts, plan.image_seeds, plan.settings, plan.batch_size
             )
 
-    def _save_grid(self, images: torch.Tensor, key: str, step: int, labels: list[str] | None = None) -> Path:
-        """``out_dir/step_<N>.png``, one row per prompt, also sent to the tracker as ``key`` (by the main process:
-        under FSDP the others sampled the same images)."""
+    def _save_grid(self, images: torch.Tensor, key: str, step: int, rewards: list[float] | None = None) -> Path:
+        """``out_dir/step_<N>.png``, one row per prompt (each image labelled with its reward, if any), also sent to
+        the tracker as ``key``, image by image with its prompt and seed (by the main process: under FSDP the others
+        sampled the same images)."""
         path = self.out_dir / f"step_{step:07d}.png"
         if not self.context.accelerator.is_main_process:
             return path
+        labels = None if rewards is None else [f"{value:.2f}" for value in rewards]
         grid = image_grid(images, self.plan.group_size, labels=labels, row_labels=self.plan.prompts)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         grid.save(path)
-        log_image(self.context.accelerator, self.context.logger, key, grid, step)
+        logged = MonitorImages(key, grid, images, self.plan.image_prompts, self.plan.image_seeds, rewards)
+        self.context.trackers.log_images(logged, step)
         return path
 
 
@@ -173,6 +175,6 @@ class GRPORewardMonitor(SamplingMonitor):
         prompts = self.plan.image_prompts
         scores = self.reward.scores(images, prompts)
         rewards = self.reward.combine(scores).float().cpu()
-        self._save_grid(images, "rewards", step, labels=[f"{value:.2f}" for value in rewards.tolist()])
+        self._save_grid(images, "rewards", step, rewards.tolist())
         metrics = reward_metrics(scores, rewards, self.plan.group_size, self.eps)
         return metrics | {"monitor/seconds": time.perf_counter() - start}

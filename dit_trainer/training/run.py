@@ -25,6 +25,7 @@ from dit_trainer.components.build import Components, build_components
 from dit_trainer.components.compile import apply_compile
 from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.config import TrainConfig
+from dit_trainer.data.captions import tag_augmentation
 from dit_trainer.data.loading import build_dataloader, build_source, build_training_data, loader_options
 from dit_trainer.data.mixture import source_names
 from dit_trainer.data.stream_loader import StreamLoader
@@ -43,6 +44,7 @@ from dit_trainer.grpo.prompts import PromptSampler
 from dit_trainer.precision import allow_tf32, resolve_mixed_precision, weight_dtype
 from dit_trainer.run_folder import CHECKPOINTS, CONFIG, IMAGE_SIZES, weights_layout
 from dit_trainer.run_lock import RunFolderLock
+from dit_trainer.training.banner import log_start_banner
 from dit_trainer.training.checkpoint import Checkpointer, TrainingState, check_run_folder, remove_unfinished_writes
 from dit_trainer.training.checkpoint_manifest import check_resume_launch
 from dit_trainer.training.data_health import BadFileCounter
@@ -54,14 +56,18 @@ from dit_trainer.training.fsdp import (
     shard_on_cpu_processes,
     wrap_family_blocks,
 )
+from dit_trainer.training.launch import check_launch_devices
 from dit_trainer.training.memory import report_memory
 from dit_trainer.training.monitor_set import build_monitor_set
 from dit_trainer.training.monitors import MonitorContext
 from dit_trainer.training.nonfinite import NonFiniteGuard
-from dit_trainer.training.optim import build_ema, build_lr_scheduler, build_optimizer
+from dit_trainer.training.optim import build_ema, build_lr_scheduler, build_optimizer, warmup_within_run
+from dit_trainer.training.optimizers import check_sharded_optimizer
 from dit_trainer.training.privacy import PrivateTraining, check_private_launch, make_private
+from dit_trainer.training.shapes_vae import warn_shapes_vae_on_other_data
 from dit_trainer.training.text_cost import warn_live_text_encoding
-from dit_trainer.training.trackers import start_trackers, tracker_name
+from dit_trainer.training.tracker_media import Trackers
+from dit_trainer.training.trackers import check_trackers, start_trackers, tracker_name
 from dit_trainer.training.trainer import LoopSettings, Trainer, TrainResult
 from dit_trainer.training.update import AccelerateUpdate, PrivateUpdate, Update
 
@@ -69,6 +75,9 @@ logger = get_logger(__name__)
 
 
 def build_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
+    """The accelerator of a run, once the launch's devices and the tracker are known to work (refused otherwise)."""
+    check_launch_devices()  # several GPU processes launched on a machine without GPUs
+    check_trackers(cfg.logger)  # its package installed; W&B online with credentials
     accelerator = Accelerator(
         cpu=launched_on_cpu_processes(),
         mixed_precision=resolve_mixed_precision(cfg.trainer.mixed_precision),
@@ -94,6 +103,7 @@ def start_run(cfg: TrainConfig, run_dir: Path) -> tuple[Accelerator, RunFolderLo
     built."""
     accelerator = build_accelerator(cfg, run_dir)
     check_fsdp(accelerator)
+    check_sharded_optimizer(cfg.optim, accelerator.is_fsdp2)
     lock = RunFolderLock(run_dir) if accelerator.is_main_process else None
     if lock is not None:
         lock.acquire()
@@ -245,6 +255,8 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     grpo = cfg.grpo.enabled
     if grpo and cfg.grpo.init_weights:  # started from another run: its weights are copied here first
         cfg = own_starting_weights(cfg, run_dir, accelerator)
+    updates_per_step = updates_per_epoch(cfg) if grpo else 1
+    cfg = warmup_within_run(cfg, updates_per_step)  # a warm-up as long as the run is cut (and recorded so)
     source, cached_text, held_out = (
         (None, None, None) if grpo else build_source(cfg, accelerator, run_dir / IMAGE_SIZES)
     )
@@ -252,9 +264,10 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     parts = build_components(cfg, accelerator.device, frozen_dtype, cached_text)
     report_memory(cfg, parts, accelerator)  # logged; on a GPU, a run that cannot fit is refused before step 1
     warn_live_text_encoding(cfg, parts)  # when encoding captions every step costs much of the DiT's step
+    warn_shapes_vae_on_other_data(cfg)  # the shipped VAE knows only the shapes
     apply_compile(cfg, parts.dit)  # trainer.compile: after the meta-device counts above, before prepare wraps
     optimizer = build_optimizer(cfg, parts.dit)
-    lr_scheduler = build_lr_scheduler(cfg, optimizer, updates_per_epoch(cfg) if grpo else 1)
+    lr_scheduler = build_lr_scheduler(cfg, optimizer, updates_per_step)
     privacy = dataloader = None
     if not grpo:
         privacy, optimizer, dataloader = build_training_loader(cfg, accelerator, parts, source, optimizer)
@@ -274,7 +287,8 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     start_trackers(accelerator, cfg.logger, run_dir, dataclasses.asdict(cfg))
 
     text_to_image = TextToImage(parts.vae, parts.text_encoder, parts.schedule, parts.latent_shape, accelerator.device)
-    context = MonitorContext(accelerator, text_to_image, ema, cfg.logger, sharded=accelerator.is_fsdp2)
+    trackers = Trackers(accelerator, cfg.logger, weights_layout(cfg.lora.enabled))
+    context = MonitorContext(accelerator, text_to_image, ema, trackers, sharded=accelerator.is_fsdp2)
     monitors = build_monitor_set(cfg, context, run_dir, frozen_dtype, parts, held_out)
     update = build_update(cfg, accelerator, dit, optimizer, lr_scheduler, parameters, privacy)
     prompt_sampler = build_prompt_sampler(cfg) if grpo else None
@@ -294,13 +308,21 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
         "monitors": monitors,
         "num_train_timesteps": parts.schedule.num_train_timesteps,
         "run_lock": lock,
+        "trackers": trackers,
     }
     if grpo:
         trainer = build_grpo_trainer(cfg, loop, parts, frozen_dtype, reference, prompt_sampler)
     else:
         trainer = Trainer(
             **loop,
-            loss_fn=DiffusionLoss(parts.vae, parts.text_encoder, parts.schedule, cfg.data.caption_dropout),
+            loss_fn=DiffusionLoss(
+                parts.vae,
+                parts.text_encoder,
+                parts.schedule,
+                cfg.data.caption_dropout,
+                cfg.diffusion.noise_offset,
+                tag_augmentation(cfg.data),
+            ),
             dataloader=dataloader,
             bad_files=BadFileCounter(
                 accelerator, cfg.data.max_bad_fraction, cfg.data.path, source_names(cfg.data.mixture)
@@ -309,6 +331,7 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     trainer.resume(cfg.trainer.resume)
     if accelerator.is_main_process:
         save_resolved_config(cfg, run_dir / CONFIG)
+    log_start_banner(cfg, trainer, source, held_out)
     return trainer
 
 

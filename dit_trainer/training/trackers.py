@@ -1,5 +1,10 @@
 """Experiment trackers through accelerate: W&B, TensorBoard, or none. ``metrics.jsonl`` is written regardless.
 
+A tracker is checked before anything is built: its package must be installed (accelerate would only warn, and the run
+would fail at its first sample grid), and W&B, when it will run online, needs credentials. W&B's own conventions
+hold: ``logger.mode`` unset leaves the mode to ``WANDB_MODE`` (and ``wandb offline``); the run is named after the run
+folder, grouped and tagged by the experiment, and records the run folder's path in its config.
+
 Under differential privacy, metrics computed on the private batches (the loss above all) are not covered by the
 guarantee. Trackers that send what they log elsewhere (W&B: online at once, offline when synced) then get only the
 metrics that depend on the noised model, the settings or the clock, unless ``privacy.log_losses_to_trackers``.
@@ -9,17 +14,26 @@ gets everything too.
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
 from pathlib import Path
 
-import numpy as np
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.tracking import GeneralTracker
-from PIL import Image
 
 from dit_trainer.config import LoggerConfig, PrivacyConfig
+from dit_trainer.errors import ConfigError
 
 logger = get_logger(__name__)
+
+# The packages a tracker needs (any one of them), the first being what to install.
+PACKAGES = {"wandb": ("wandb",), "tensorboard": ("tensorboard", "tensorboardX")}
+OFFLINE_FIX = (
+    "log offline with `WANDB_MODE=offline` (or `logger.mode=offline`) and upload later with "
+    "`wandb sync RUN/wandb/offline-run-*`"
+)
 
 LOCAL_TRACKERS = ("tensorboard",)  # write only into the run folder
 # Under DP, what may leave the run folder: the schedule, the norm of the noised gradient the optimizer applied, the
@@ -80,9 +94,77 @@ def withhold_private_metrics(accelerator: Accelerator, privacy: PrivacyConfig) -
     )
 
 
+def check_trackers(cfg: LoggerConfig) -> None:
+    """Refuse, before anything is built, a tracker whose package is missing and W&B online without credentials."""
+    if cfg.name == "none":
+        return
+    packages = PACKAGES[cfg.name]
+    if not any(importlib.util.find_spec(package) for package in packages):
+        raise ConfigError(
+            "logger",
+            cfg.name,
+            f"the {packages[0]} package is not installed in this Python environment ({sys.executable}), and the run "
+            "would fail at its first sample grid",
+            f"install it (`pip install {packages[0]}`, or `bash scripts/install.sh test`), or train without a "
+            "tracker (`logger=none`: every run writes metrics.jsonl)",
+        )
+    if cfg.name == "wandb" and wandb_mode(cfg) not in ("offline", "disabled"):
+        check_wandb_credentials(cfg)
+
+
+def check_wandb_credentials(cfg: LoggerConfig) -> None:
+    """W&B online needs credentials: without them ``wandb.init`` fails (or prompts) after every model has loaded."""
+    import wandb
+
+    try:
+        found = wandb_credentials_found()
+    except wandb.errors.AuthenticationError as error:  # e.g. a malformed WANDB_API_KEY
+        raise ConfigError(
+            "logger",
+            "wandb",
+            f"W&B refuses the credentials it found ({error})",
+            f"run `wandb login --relogin` (or set a valid `WANDB_API_KEY`), or {OFFLINE_FIX}",
+        ) from error
+    if not found:
+        source = "`logger.mode=online`" if cfg.mode else "neither `logger.mode` nor `WANDB_MODE` is set"
+        raise ConfigError(
+            "logger.mode",
+            "online",
+            f"W&B would run online ({source}), and no W&B API key is configured on this machine (no "
+            "`WANDB_API_KEY`, no `wandb login`)",
+            f"log in once with `wandb login` (or set `WANDB_API_KEY`), or {OFFLINE_FIX}",
+        )
+
+
+def wandb_mode(cfg: LoggerConfig) -> str:
+    """The mode W&B will run in: ``logger.mode`` when set (it overrides the environment), else W&B's own settings
+    (``WANDB_MODE``, ``wandb offline``), online when nothing says otherwise."""
+    if cfg.mode:
+        return cfg.mode
+    from wandb.sdk import wandb_setup
+
+    mode = os.environ.get("WANDB_MODE") or wandb_setup.singleton().settings.mode
+    return {"dryrun": "offline", "run": "online"}.get(mode, mode)
+
+
+def wandb_credentials_found() -> bool:
+    """Whether W&B finds credentials without prompting (its environment variables, ``~/.netrc``, its settings).
+    The lookup is W&B's internal one: where a W&B version moved it, the answer is yes and ``wandb.init`` decides."""
+    try:
+        from wandb.sdk import wandb_setup
+        from wandb.sdk.lib.wbauth.authenticate import authenticate_session
+
+        host = wandb_setup.singleton().settings.base_url
+        found = authenticate_session(host=host, source="dit-trainer", prompt=False, update_session=False)
+    except (ImportError, AttributeError, TypeError):
+        return True
+    return found is not None
+
+
 def tracker_name(cfg: LoggerConfig) -> str | None:
-    """What to pass as ``Accelerator(log_with=...)``."""
-    if cfg.name == "wandb" and cfg.mode == "disabled":
+    """What to pass as ``Accelerator(log_with=...)``: none for W&B disabled (``wandb_mode``: by ``logger.mode``,
+    ``WANDB_MODE`` or ``wandb disabled``)."""
+    if cfg.name == "wandb" and wandb_mode(cfg) == "disabled":
         return None
     return None if cfg.name == "none" else cfg.name
 
@@ -98,25 +180,32 @@ def flat_config(config: dict, prefix: str = "") -> dict[str, int | float | str |
     return flat
 
 
+def wandb_init_kwargs(cfg: LoggerConfig, run_dir: Path) -> dict:
+    """``wandb.init``'s arguments: the run lives in the run folder (``run_dir/wandb``, so an offline run is synced
+    from there) and is named after it; ``mode`` only when ``logger.mode`` is set, so that ``WANDB_MODE`` decides."""
+    kwargs = {
+        "dir": str(run_dir),
+        "name": cfg.run_name or run_dir.name,
+        "entity": cfg.entity,
+        "group": cfg.group,
+        "tags": list(cfg.tags) or None,
+        "notes": cfg.notes,
+    }
+    return kwargs | ({"mode": cfg.mode} if cfg.mode else {})
+
+
 def start_trackers(accelerator: Accelerator, cfg: LoggerConfig, run_dir: Path, config: dict) -> None:
-    """W&B runs live inside the run folder (``run_dir/wandb``), so offline runs can be synced later. ``config`` is
-    the run's whole config as a dict: the trackers' hyperparameters, and its ``privacy`` says what they may get."""
+    """Start the tracker with the run's whole config (``config``, as a dict: the trackers' hyperparameters, and its
+    ``privacy`` says what they may get) and the run folder's path (``run_dir``)."""
     if tracker_name(cfg) is None:
         return
-    init_kwargs = {}
-    if cfg.name == "wandb":
-        init_kwargs["wandb"] = {"dir": str(run_dir), "mode": cfg.mode, "name": cfg.run_name, "entity": cfg.entity}
-    accelerator.init_trackers(cfg.project, config=flat_config(config), init_kwargs=init_kwargs)
+    init_kwargs = {"wandb": wandb_init_kwargs(cfg, run_dir)} if cfg.name == "wandb" else {}
+    values = {**flat_config(config), "run_dir": str(run_dir.resolve())}
+    # W&B's own errors (no network, a refused key, a project it may not write to) are the user's to fix
+    user_errors = (importlib.import_module("wandb").errors.Error,) if cfg.name == "wandb" else ()
+    try:
+        accelerator.init_trackers(cfg.project, config=values, init_kwargs=init_kwargs)
+    except user_errors as error:
+        reason = " ".join(str(error).split())
+        raise ConfigError("logger", "wandb", f"W&B could not start the run ({reason})", OFFLINE_FIX) from error
     withhold_private_metrics(accelerator, PrivacyConfig(**config.get("privacy", {})))
-
-
-def log_image(accelerator: Accelerator, cfg: LoggerConfig, key: str, image: Image.Image, step: int) -> None:
-    """Send one image (a sample grid) to the configured tracker, on the main process."""
-    name = tracker_name(cfg)
-    if name is None or not accelerator.is_main_process:
-        return
-    tracker = accelerator.get_tracker(name)
-    if name == "wandb":
-        tracker.log_images({key: [image]}, step=step)
-    else:
-        tracker.log_images({key: np.asarray(image)[None]}, step=step, dataformats="NHWC")

@@ -22,15 +22,25 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from dit_trainer.data.poisson import is_empty
+from dit_trainer.run_folder import list_checkpoints
 from dit_trainer.run_lock import RunFolderLock
 from dit_trainer.training.batches import resumable_batches
 from dit_trainer.training.checkpoint import Checkpointer
 from dit_trainer.training.data_health import BadFileCounter
-from dit_trainer.training.metrics import MetricsFile, TimestepLossBuckets, mean_over_processes, save_loss_curve
+from dit_trainer.training.metrics import (
+    METRIC_LINES,
+    MetricsFile,
+    TimestepLossBuckets,
+    mean_over_processes,
+    metric_line,
+    save_loss_curve,
+)
 from dit_trainer.training.monitors import Monitor
 from dit_trainer.training.nonfinite import NonFiniteGuard
 from dit_trainer.training.preemption import PreemptionHandler
 from dit_trainer.training.preflight import preflight
+from dit_trainer.training.summary import RunEnd, summarize, summary_line, write_summary
+from dit_trainer.training.tracker_media import Trackers
 from dit_trainer.training.update import Update
 
 logger = get_logger(__name__)
@@ -57,6 +67,7 @@ class TrainResult:
     run_dir: Path
     monitor_seconds: float = 0.0  # of ``seconds``, the time spent in monitors (sample grids, reward monitor)
     preempted: bool = False  # stopped by a signal after writing a checkpoint
+    interrupted: bool = False  # that signal was Ctrl-C (SIGINT): the user's stop, not a scheduler's
 
 
 class Trainer:
@@ -82,6 +93,7 @@ class Trainer:
         ema: EMAModel | None = None,
         monitors: list[Monitor] | None = None,
         run_lock: RunFolderLock | None = None,
+        trackers: Trackers | None = None,
     ) -> None:
         self.settings = settings
         self.run_dir = run_dir
@@ -97,9 +109,11 @@ class Trainer:
         self.ema = ema
         self.monitors = monitors or []
         self.run_lock = run_lock  # released when ``fit`` ends, however it ends
+        self.trackers = trackers  # the monitors' images and the checkpoints' weights go there too
         self.metrics = MetricsFile(run_dir / "metrics.jsonl")
         self.timestep_losses = TimestepLossBuckets(num_train_timesteps, accelerator.device)
         self._preflight_done = False
+        self._start_step, self._started, self.monitor_seconds = 0, time.perf_counter(), 0.0
 
     def resume(self, spec: str | None) -> None:
         """Continue from ``spec`` (``latest`` or a path) if set; metrics logged after that step (by an interrupted
@@ -199,11 +213,16 @@ class Trainer:
         ``train/<name>``; monitor metrics already carry their section (``reward/mean``)."""
         if self.accelerator.is_main_process:
             self.metrics.write({"step": self.state.step, **metrics})
+            METRIC_LINES.info(metric_line(self.state.step, self.settings.max_steps, metrics))
         self.accelerator.log({k if "/" in k else f"train/{k}": v for k, v in metrics.items()}, step=self.state.step)
 
     def fit(self) -> TrainResult:
+        """Train to ``max_steps`` (or a stop signal); ``summary.json`` is written however it ends."""
         try:
             return self._fit()
+        except BaseException as error:
+            self._summarize(f"stopped: {type(error).__name__}", time.perf_counter() - self._started)
+            raise
         finally:
             if self.run_lock is not None:
                 self.run_lock.release()
@@ -218,9 +237,10 @@ class Trainer:
             disable=not self.accelerator.is_main_process,
             dynamic_ncols=True,
         )
-        start = time.perf_counter()
-        window_start, window_losses, loss, monitor_seconds = time.perf_counter(), [], float("nan"), 0.0
-        preempted = False
+        start = self._started = time.perf_counter()
+        self._start_step = self.state.step
+        window_start, window_losses, loss = time.perf_counter(), [], float("nan")
+        preempted = interrupted = False
         with PreemptionHandler() as preemption:
             self.guard.preemption = preemption
             while self.state.step < settings.max_steps:
@@ -238,19 +258,22 @@ class Trainer:
                 # A pending stop skips the monitors: the grace period before the kill is for the checkpoint.
                 preempted = self.state.step < settings.max_steps and self._stop_requested(preemption)
                 monitor_metrics, seconds = ({}, 0.0) if preempted else self._run_monitors()
-                monitor_seconds += seconds
+                self.monitor_seconds += seconds
                 if metrics or monitor_metrics:
                     self._write(metrics | monitor_metrics)
                 # Last: a run killed before the checkpoint is complete resumes from the one before, and rewrites the
                 # metrics logged since; one killed after it has already logged this step.
                 if preempted or self._is_due(settings.checkpoint_every):
-                    self.checkpointer.save(self.state.step)
+                    path = self.checkpointer.save(self.state.step)
+                    if self.trackers is not None:
+                        self.trackers.log_checkpoint(path, self.state.step, self.state.step == settings.max_steps)
                 window_start += time.perf_counter() - checkpoint_start  # checkpoints and monitors are not training
                 if preempted:
+                    interrupted = self._interrupted_anywhere(preemption)
                     signal = preemption.requested.name if preemption.requested else "another process's signal"
                     logger.warning(
-                        f"Stopped by {signal} at step {self.state.step} after writing a "
-                        "checkpoint; continue with trainer.resume=latest",
+                        f"Stopped by {signal} at step {self.state.step} after writing a checkpoint; continue with "
+                        f"`python train.py trainer.resume={self.run_dir}`",
                         main_process_only=True,
                     )
                     break
@@ -258,9 +281,35 @@ class Trainer:
         seconds = time.perf_counter() - start
         if self.accelerator.is_main_process:
             save_loss_curve(self.metrics.read(), self.run_dir / "loss_curve.png")
+        self._summarize("preempted" if preempted else "completed", seconds)
         self.accelerator.wait_for_everyone()  # every rank done before the process group goes away
         self.accelerator.end_training()
-        return TrainResult(self.state.step, loss, seconds, self.run_dir, monitor_seconds, preempted)
+        return TrainResult(self.state.step, loss, seconds, self.run_dir, self.monitor_seconds, preempted, interrupted)
+
+    def _summarize(self, status: str, seconds: float) -> None:
+        """``summary.json`` and the closing log line, by the main process (no collective: after an error the other
+        processes may be gone). A summary that cannot be written is a warning, never the run's error."""
+        if not self.accelerator.is_main_process:
+            return
+        try:
+            checkpoints = list_checkpoints(self.checkpointer.checkpoints_dir)
+            weights = self.checkpointer.weights.weights_dir(checkpoints[-1], ema=True) if checkpoints else None
+            end = RunEnd(status, self.state.step, self.settings.max_steps, self._start_step, seconds,
+                         self.monitor_seconds, weights)  # fmt: skip
+            summary = summarize(self.metrics.read(), end, self.run_dir)
+            write_summary(summary, self.run_dir)
+        except Exception as error:  # after an error too: never the run's error in its place
+            logger.warning(f"could not write the run's summary.json: {error}", main_process_only=True)
+            return
+        logger.info(summary_line(summary, self.run_dir), main_process_only=True)
+
+    def _interrupted_anywhere(self, preemption: PreemptionHandler) -> bool:
+        """Whether any process's stop was a Ctrl-C, so that all exit alike (130, not a requeue's 3) when it reached
+        only some of them (the head node of a multi-node launch). Asked once, at the stop every process agreed on."""
+        if self.accelerator.num_processes == 1:
+            return preemption.interrupted
+        flag = torch.tensor(float(preemption.interrupted), device=self.accelerator.device)
+        return bool(self.accelerator.reduce(flag, reduction="sum").item())
 
     def _stop_requested(self, preemption: PreemptionHandler) -> bool:
         """Whether any process got a stop signal: all of them must stop at the same step, so with several the

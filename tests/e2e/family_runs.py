@@ -113,12 +113,15 @@ def grpo_weights(init_dir: Path, run_dir: Path, step: int) -> dict[str, torch.Te
 
 def export(run_dir: Path, out_dir: Path, pipeline: str | None) -> ExportResult:
     """``run_dir`` exported to ``out_dir``, checked: a whole ``pipeline`` folder whose usage loads it with
-    ``from_pretrained``, or (``pipeline`` None) only the pieces and the manifest."""
+    ``from_pretrained``, or (``pipeline`` None) the pipeline without its text encoders and the run's text encoder in
+    ``conditioner/``."""
     result = export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(out_dir)))
     assert json.loads((out_dir / MANIFEST).read_text()) == result.manifest
     if pipeline is None:
         assert not result.pipeline
-        assert sorted(p.name for p in out_dir.iterdir()) == [MANIFEST, "scheduler", "transformer", "vae"]
+        names = {p.name for p in out_dir.iterdir()}
+        assert {"conditioner", MANIFEST, "model_index.json", "scheduler", "transformer", "vae"} <= names
+        assert "text_encoder" not in names  # the pipeline's own encoders: not this run's
         return result
     assert result.pipeline and json.loads((out_dir / "model_index.json").read_text())["_class_name"] == pipeline
     assert f"{pipeline}.from_pretrained" in result.usage

@@ -8,14 +8,14 @@ import shutil
 
 import pytest
 
-from ..conftest import QUIET, TINY_SHAPES, class_conditional, digest, read_metrics, run_script, train
+from ..conftest import QUIET, TINY_SHAPES, class_conditional, digest, read_metrics, run_script, train_here
 from ..data.files import BUCKETS, photos_folder
 
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("bad_inputs") / "run"
-    train(run_dir, "trainer.max_steps=2", *QUIET)
+    train_here(run_dir, "trainer.max_steps=2", *QUIET)
     return run_dir
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from ..conftest import run_script
+from ..conftest import run_here
 
 pytestmark = pytest.mark.slow  # every test here trains or launches processes
 
@@ -15,7 +15,7 @@ KEYS = ("bare_step_img_s", "trainer_cached_img_s", "trainer_uncached_img_s", "re
 
 def test_benchmark_prints_the_table_and_writes_benchmark_json(tmp_path):
     tiny = ["+experiment=shapes", "data.length=48", "trainer.batch_size=16", "model.num_layers=2"]
-    result = run_script(["scripts/benchmark.py", "--steps", "2", "--warmup", "1", "--out", str(tmp_path), *tiny])
+    result = run_here(["scripts/benchmark.py", "--steps", "2", "--warmup", "1", "--out", str(tmp_path), *tiny])
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "benchmark.json").read_text())
     assert all(report[key] > 0 for key in KEYS)

@@ -28,8 +28,9 @@ from ..conftest import (
     accelerate_launch,
     compose_config,
     read_metrics,
+    run_here,
     run_script,
-    train,
+    train_here,
 )
 
 CPU = torch.device("cpu")
@@ -38,7 +39,7 @@ CPU = torch.device("cpu")
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("cache") / "shapes"
-    result = run_script(["scripts/precompute.py", *CACHE_SHAPES, f"data.cache_dir={folder}"])
+    result = run_here(["scripts/precompute.py", *CACHE_SHAPES, f"data.cache_dir={folder}"])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "encoded 40 items" in result.stdout
     return folder
@@ -64,8 +65,8 @@ def test_precompute_writes_sharded_posteriors_and_embeddings(cache_dir):
 @pytest.mark.slow
 def test_training_from_the_cache_matches_encoding_every_batch(cache_dir, tmp_path):
     common = [*CACHE, "trainer.max_steps=8", *QUIET]
-    train(tmp_path / "encoded", *common, "data.cache_latents=false")
-    train(tmp_path / "cached", *common, "data.cache_latents=false", f"data.cache_dir={cache_dir}")
+    train_here(tmp_path / "encoded", *common, "data.cache_latents=false")
+    train_here(tmp_path / "cached", *common, "data.cache_latents=false", f"data.cache_dir={cache_dir}")
     encoded, cached = ([r["loss"] for r in read_metrics(tmp_path / name)] for name in ("encoded", "cached"))
     assert len(cached) == 8 and cached == pytest.approx(encoded, rel=1e-5)
 

@@ -7,7 +7,7 @@ import re
 import datasets
 import pytest
 
-from ..conftest import QUIET, TINY_SHAPES, run_script, train
+from ..conftest import QUIET, TINY_SHAPES, run_script, train_here
 from ..data.files import HF_FEATURES, image_folder, noise_png, png_bytes, write_shards
 
 TRAIN_SMALL = ["vae=pixel", "data.resolution=16", "data.num_workers=0", "trainer.batch_size=4", "trainer.max_steps=5",
@@ -34,7 +34,7 @@ def _training_data(root, source: str, good: int = 11, bad: int = 1) -> str:
 def test_each_source_feeds_a_training_run_and_counts_skipped_files(tmp_path, source):
     path = _training_data(tmp_path, source)
     run_dir = tmp_path / "run"
-    train(run_dir, f"data={source}", f"data.path={path}", *TRAIN_SMALL)
+    train_here(run_dir, f"data={source}", f"data.path={path}", *TRAIN_SMALL)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
     assert 1 <= records[-1]["data/skipped"] <= 2  # 20 images read from 12 files: the bad one once or twice

@@ -2,12 +2,11 @@
 by import path: train.py trains with them and scripts/sample.py samples the run, with no package file edited."""
 
 import math
-import os
 
 import pytest
 from safetensors.torch import load_file
 
-from ..conftest import REPO, read_metrics, run_script
+from ..conftest import REPO, read_metrics, run_here, run_script
 
 pytestmark = pytest.mark.slow  # launches train.py and sample.py
 
@@ -33,10 +32,10 @@ TOY = [
 ]
 
 
-def test_a_family_source_and_reward_from_outside_the_package_train_and_sample(tmp_path):
-    env = {"PYTHONPATH": os.pathsep.join([str(PLUGINS), os.environ.get("PYTHONPATH", "")])}
+def test_a_family_source_and_reward_from_outside_the_package_train_and_sample(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(PLUGINS))  # as PYTHONPATH=tests/plugins does for a user's command
     run_dir = tmp_path / "run"
-    result = run_script(["train.py", *TOY, f"hydra.run.dir={run_dir}"], env=env)
+    result = run_here(["train.py", *TOY, f"hydra.run.dir={run_dir}"])
     assert result.returncode == 0, result.stderr[-3000:]
 
     metrics = read_metrics(run_dir)
@@ -55,9 +54,8 @@ def test_a_family_source_and_reward_from_outside_the_package_train_and_sample(tm
     assert all(not first[name].equal(last[name]) for name in first)  # every toy parameter trained
 
     out_dir = tmp_path / "samples"
-    sampled = run_script(
-        ["scripts/sample.py", str(run_dir), "prompts=[a red image]", "images_per_prompt=2", f"out_dir={out_dir}"],
-        env=env,
+    sampled = run_here(
+        ["scripts/sample.py", str(run_dir), "prompts=[a red image]", "images_per_prompt=2", f"out_dir={out_dir}"]
     )
     assert sampled.returncode == 0, sampled.stderr[-3000:]
     assert sorted(path.name for path in out_dir.iterdir()) == ["00000.png", "00001.png", "index.jsonl"]

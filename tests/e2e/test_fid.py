@@ -5,13 +5,13 @@ import json
 
 import pytest
 
-from ..conftest import read_metrics, run_script, train
+from ..conftest import read_metrics, run_here, train_here
 
 
 @pytest.mark.slow
 def test_evaluate_reports_a_lower_fid_for_a_trained_checkpoint_than_an_early_one_as_the_monitor_did(tmp_path):
     run = tmp_path / "run"
-    train(run, "trainer.max_steps=60", "trainer.checkpoint_every=10", "validation.every_n_steps=60",
+    train_here(run, "trainer.max_steps=60", "trainer.checkpoint_every=10", "validation.every_n_steps=60",
           "validation.split=0.25", "trainer.sample_every=0", "monitor.fid.enabled=true", "monitor.fid.features=vae",
           "monitor.fid.every_n_steps=60")  # fmt: skip
     monitored = [record for record in read_metrics(run) if "fid/fid" in record]
@@ -19,7 +19,7 @@ def test_evaluate_reports_a_lower_fid_for_a_trained_checkpoint_than_an_early_one
     fid = {}
     for step in (10, 60):
         out = tmp_path / f"eval{step}"
-        result = run_script(
+        result = run_here(
             ["scripts/evaluate.py", str(run), f"checkpoint={run / 'checkpoints' / f'checkpoint-{step}'}",
              "metrics=[fid]", "fid_features=vae", f"out_dir={out}"]
         )  # fmt: skip

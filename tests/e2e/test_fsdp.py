@@ -1,4 +1,4 @@
-"""FSDP2 through the trainer on 2 CPU processes (``configs/accelerate/fsdp_cpu.yaml``): the losses of DDP, sharded
+"""FSDP2 through the trainer on 2 CPU processes (``accelerate_configs/fsdp_cpu.yaml``): the losses of DDP, sharded
 checkpoints plus whole weights, an exact resume, a resume on another number of processes at the same LR (falling
 back from a damaged checkpoint, and starting an EMA the checkpoint lacks), export and sampling of the result, a
 checkpoint of the other kind (sharded or not) refused before any model loads, and GRPO sharded, with LoRA and fully
@@ -27,6 +27,7 @@ from ..conftest import (
     digest,
     free_port,
     read_metrics,
+    run_here,
     run_script,
 )
 
@@ -37,7 +38,7 @@ FSDP_TOLERANCE = 1e-5  # FSDP2 reduce-scatters what DDP all-reduces: the sums di
 
 
 def fsdp_launch(processes: int = 2) -> list[str]:
-    return ["-m", "accelerate.commands.launch", "--config_file", str(REPO / "configs/accelerate/fsdp_cpu.yaml"),
+    return ["-m", "accelerate.commands.launch", "--config_file", str(REPO / "accelerate_configs/fsdp_cpu.yaml"),
             "--num_processes", str(processes), "--main_process_port", str(free_port())]  # fmt: skip
 
 
@@ -153,10 +154,10 @@ def test_a_two_process_checkpoint_resumes_on_three_at_the_same_lr_then_exports_a
     manifest = json.loads((run_dir / "checkpoints" / "checkpoint-8" / "manifest.json").read_text())
     assert manifest["world_size"] == 3 and manifest["launch"] == "fsdp"
     assert manifest["lr_schedule_unit"] == "optimizer_updates"
-    exported = run_script(["scripts/export.py", str(run_dir), f"out_dir={tmp_path / 'export'}"], timeout=300)
+    exported = run_here(["scripts/export.py", str(run_dir), f"out_dir={tmp_path / 'export'}"])
     assert exported.returncode == 0, exported.stderr[-3000:]
-    sampled = run_script(["scripts/sample.py", str(run_dir), "prompts=[a red circle]", "images_per_prompt=1",
-                          f"out_dir={tmp_path / 'samples'}", "steps=2"], timeout=300)  # fmt: skip
+    sampled = run_here(["scripts/sample.py", str(run_dir), "prompts=[a red circle]", "images_per_prompt=1",
+                        f"out_dir={tmp_path / 'samples'}", "steps=2"])  # fmt: skip
     assert sampled.returncode == 0, sampled.stderr[-3000:]
     assert len(list((tmp_path / "samples").glob("*.png"))) == 1
 
@@ -170,7 +171,7 @@ def test_a_sharded_checkpoint_resumed_without_fsdp_is_refused_naming_the_launch(
     before = digest(run_dir / "checkpoints"), (run_dir / "metrics.jsonl").read_text()
     output = " ".join(refused([], run_dir, "trainer.max_steps=10", "trainer.resume=latest").split())
     assert "checkpoint-8" in output and "written under FSDP by 2 processes" in output and "intact" in output
-    assert "--config_file configs/accelerate/fsdp.yaml" in output and "from a copy" not in output
+    assert "--config_file accelerate_configs/fsdp.yaml" in output and "from a copy" not in output
     assert (digest(run_dir / "checkpoints"), (run_dir / "metrics.jsonl").read_text()) == before
 
 

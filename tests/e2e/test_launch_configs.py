@@ -1,4 +1,4 @@
-"""The cluster launch files: accelerate configs (configs/accelerate/) and Slurm scripts (scripts/slurm/).
+"""The cluster launch files: accelerate configs (accelerate_configs/) and Slurm scripts (scripts/slurm/).
 
 No GPU or Slurm here, so: the configs are read by accelerate's own loader and launch-argument code; the FSDP
 settings wrap a tiny PixArt with torch FSDP on two CPU ranks (accelerate 1.15 will not run FSDP on a CPU: it falls
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]  # not from conftest: this file also runs as a torch.distributed worker
-ACCELERATE_CONFIGS = REPO / "configs" / "accelerate"
+ACCELERATE_CONFIGS = REPO / "accelerate_configs"
 SLURM_SCRIPTS = REPO / "scripts" / "slurm"
 
 EXPECTED = {  # file -> (distributed type, processes, machines, mixed precision)
@@ -95,7 +95,7 @@ def test_multi_node_takes_rank_and_address_from_the_command_line():
 
 
 def fsdp_launch_env(name: str) -> dict[str, str]:
-    """The FSDP_* environment `accelerate launch --config_file configs/accelerate/<name>.yaml` gives each rank."""
+    """The FSDP_* environment `accelerate launch --config_file accelerate_configs/<name>.yaml` gives each rank."""
     from accelerate.utils.launch import prepare_multi_gpu_env
 
     env = prepare_multi_gpu_env(launch_args(name, "--main_process_port", str(free_port())))
@@ -240,7 +240,7 @@ def usr1_received(mark: Path) -> dict[str, str]:
 def test_single_node_sbatch_forwards_usr1_and_requeues(tmp_path, warn):
     rc, mark, log = run_sbatch(tmp_path, "train_single_node.sbatch", nodes=1, warn=warn)
     args = (mark / "accelerate.0.args").read_text().splitlines()
-    assert args[:3] == ["launch", "--config_file", "configs/accelerate/ddp_8gpu.yaml"]
+    assert args[:3] == ["launch", "--config_file", "accelerate_configs/ddp_8gpu.yaml"]
     assert ["trainer.resume=latest", f"hydra.run.dir={tmp_path / 'run'}", "data.path=/data/x"] == args[-3:]
     if warn:
         assert usr1_received(mark) == {"usr1.0.0": "launcher alive", "usr1.0.1": "launcher alive"}, log
@@ -266,7 +266,7 @@ def test_multi_node_sbatch_forwards_usr1_to_every_node_and_requeues(tmp_path):
     for node in (0, 1):
         args = (mark / f"accelerate.{node}.args").read_text().splitlines()
         joined = " ".join(args)
-        assert "--config_file configs/accelerate/multi_node.yaml" in joined
+        assert "--config_file accelerate_configs/multi_node.yaml" in joined
         assert f"--machine_rank {node}" in joined and "--main_process_ip node0" in joined
         assert "--num_machines 2 --num_processes 16" in joined
         assert args[-3:] == ["trainer.resume=latest", f"hydra.run.dir={tmp_path / 'run'}", "data.path=/data/x"]

@@ -7,16 +7,16 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ..conftest import QUIET, lora_overrides, read_metrics, run_script, train
+from ..conftest import QUIET, lora_overrides, read_metrics, run_here, train_here
 
 
 @pytest.fixture(scope="module")
 def lora_runs(tmp_path_factory, tiny_pixart_dir):
     root = tmp_path_factory.mktemp("lora")
-    common = (*lora_overrides(tiny_pixart_dir), *QUIET, "trainer.checkpoint_every=3")
-    train(root / "straight", "trainer.max_steps=6", *common)
-    train(root / "resumed", "trainer.max_steps=3", *common)
-    train(root / "resumed", "trainer.max_steps=6", "trainer.resume=latest", *common)
+    common = (*lora_overrides(tiny_pixart_dir), *QUIET, "trainer.checkpoint_every=3", "optim.warmup_steps=2")
+    train_here(root / "straight", "trainer.max_steps=6", *common)
+    train_here(root / "resumed", "trainer.max_steps=3", *common)
+    train_here(root / "resumed", "trainer.max_steps=6", "trainer.resume=latest", *common)
     return root
 
 
@@ -53,7 +53,7 @@ def test_sample_and_export_load_base_plus_adapter(lora_runs, tmp_path):
     from dit_trainer.inference import load_run
 
     run_dir = lora_runs / "straight"
-    result = run_script(
+    result = run_here(
         ["scripts/sample.py", f"run_dir={run_dir}", "prompts=[a red circle]", "images_per_prompt=1", "steps=2",
          f"out_dir={tmp_path / 'samples'}"]
     )  # fmt: skip

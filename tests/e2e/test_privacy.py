@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from ..conftest import TINY_SHAPES, run_script
+from ..conftest import TINY_SHAPES, run_here
 
 
 @pytest.mark.slow
 def test_shapes_dp_trains(tmp_path):
     tiny = [o for o in TINY_SHAPES if not o.startswith("+experiment=")]
     overrides = ["trainer.max_steps=40", "trainer.log_every=10", "trainer.checkpoint_every=0", "optim.warmup_steps=0"]
-    result = run_script(["train.py", "+experiment=shapes_dp", *tiny, *overrides, f"hydra.run.dir={tmp_path}"])
+    result = run_here(["train.py", "+experiment=shapes_dp", *tiny, *overrides, f"hydra.run.dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-4000:]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
     assert records[-1]["loss"] < 0.95 * records[0]["loss"], [r["loss"] for r in records]

@@ -89,29 +89,30 @@ def test_sana_grpo_runs_three_epochs(sana_runs, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_sana_run_with_another_text_encoder_exports_pieces_whose_usage_reproduces_our_sampler(sana_folder, tmp_path):
-    """With MiniLM (the shapes default) the folder holds transformer/, vae/ and scheduler/; the manifest's usage
-    encodes prompts with MiniLM and hands SanaPipeline the embeddings."""
+def test_a_sana_run_with_another_text_encoder_exports_a_sana_pipeline_with_that_encoder(sana_folder, tmp_path):
+    """With MiniLM (the shapes default) the folder is a SanaPipeline holding MiniLM: SanaPipeline's encode_prompt
+    calls it as it calls Gemma-2 when no instruction is put before the prompt (the manifest's `required`)."""
+    from diffusers import DiffusionPipeline
+
     from dit_trainer.inference import load_run
 
     overrides = [o for o in sana_overrides(sana_folder) if not o.startswith("text_encoder.")]
     run_dir = family_runs.train_in_process(
         tmp_path / "minilm", *overrides, *family_runs.COMMON, "trainer.max_steps=2", "trainer.checkpoint_every=2"
     )
-    result = family_runs.export(run_dir, tmp_path / "export", None)
+    result = family_runs.export(run_dir, tmp_path / "export", "SanaPipeline")
+    required = result.manifest["required"]
+    assert required == {"use_resolution_binning": False, "height": 32, "width": 32, "complex_human_instruction": None}
     namespace = {}
     exec(result.usage, namespace)  # the snippet a user pastes: it generates an image
     assert namespace["image"].size == (32, 32)
-    pipe, encode = namespace["pipe"], namespace["encode"]
-    (embeds, mask), (empty, empty_mask) = encode(PROMPTS[0]), encode("")
+    pipe = DiffusionPipeline.from_pretrained(result.out_dir)
+    assert type(pipe.text_encoder).__name__ == "BertModel"
     run = load_run(run_dir, device="cpu")
     parts, settings = run.text_to_image, run.settings(2, 3.0)
     ours = generate(run.dit, parts.schedule, parts.text_encoder, PROMPTS[:1], SEEDS[:1], parts.latent_shape,
                     settings, parts.device)  # fmt: skip
     noise = family_runs.seeded_noise(parts.latent_shape, SEEDS[:1])
-    theirs = pipe(
-        prompt_embeds=embeds, prompt_attention_mask=mask, negative_prompt=None, negative_prompt_embeds=empty,
-        negative_prompt_attention_mask=empty_mask, latents=noise, num_inference_steps=2, guidance_scale=3.0,
-        height=32, width=32, use_resolution_binning=False, output_type="latent",
-    ).images  # fmt: skip
+    theirs = pipe(PROMPTS[:1], latents=noise, num_inference_steps=2, guidance_scale=3.0, output_type="latent",
+                  **required).images  # fmt: skip
     torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=0)

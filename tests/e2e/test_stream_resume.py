@@ -16,7 +16,16 @@ import torch
 
 from dit_trainer.data.stream_loader import worker_positions
 
-from ..conftest import CPU_PROCESSES, QUIET, TINY_SHAPES, accelerate_launch, digest, read_metrics, run_script, train
+from ..conftest import (
+    CPU_PROCESSES,
+    QUIET,
+    TINY_SHAPES,
+    accelerate_launch,
+    digest,
+    read_metrics,
+    run_script,
+    train_here,
+)
 from ..data.files import captioned_shards, noise_png, photos_folder
 
 
@@ -62,7 +71,7 @@ def streamed_run(tmp_path_factory):
     """A finished streamed run of 2 steps (4 shards of 8 samples) and its shards' pattern."""
     root = tmp_path_factory.mktemp("stream_resume")
     shards = captioned_shards(root / "shards", 4, 8)
-    train(root / "run", *_streamed(shards), "trainer.max_steps=2")
+    train_here(root / "run", *_streamed(shards), "trainer.max_steps=2")
     return root / "run", shards
 
 
@@ -162,8 +171,9 @@ def test_another_shard_list_with_the_change_allowed_restarts_the_epoch(streamed_
     """Audit F9: 4 shards -> 3 with `trainer.allow_config_change=true` was an IndexError in the worker."""
     run_dir, shards = streamed_run
     fewer = shards.replace("000003", "000002")
-    result = train(tmp_path / "resumed", *_streamed(fewer), "trainer.max_steps=4", "trainer.allow_config_change=true",
-                   f"trainer.resume={run_dir / 'checkpoints' / 'checkpoint-2'}")  # fmt: skip
+    result = train_here(tmp_path / "resumed", *_streamed(fewer), "trainer.max_steps=4",
+                        "trainer.allow_config_change=true",
+                        f"trainer.resume={run_dir / 'checkpoints' / 'checkpoint-2'}")  # fmt: skip
     log = result.stdout  # Hydra's console log
     assert "another shard list or order (4 shards at the checkpoint, 3 now)" in log
     assert "starts its epoch again on the current data" in log

@@ -6,13 +6,13 @@ import pytest
 from dit_trainer.run_folder import list_checkpoints
 from dit_trainer.training.run import build_trainer
 
-from ..conftest import TINY_SHAPES, VALIDATE, compose_config, read_metrics, train, validation_monitor
+from ..conftest import TINY_SHAPES, VALIDATE, compose_config, read_metrics, train_here, validation_monitor
 
 
 @pytest.mark.slow
 def test_val_loss_falls_and_is_recomputed_bit_identically_from_a_checkpoint(tmp_path):
     run = tmp_path / "run"
-    train(run, "trainer.max_steps=40", "trainer.checkpoint_every=20", *VALIDATE)
+    train_here(run, "trainer.max_steps=40", "trainer.checkpoint_every=20", *VALIDATE)
     logged = {record["step"]: record for record in read_metrics(run) if "val/loss" in record}
     assert sorted(logged) == [10, 20, 30, 40]
     assert logged[40]["val/loss"] < logged[10]["val/loss"]

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ..conftest import TINY_SHAPES, run_script
+from ..conftest import TINY_SHAPES, run_here, run_script
 
 
 def _reentrant_lora(base) -> list[str]:
@@ -17,7 +17,7 @@ def _reentrant_lora(base) -> list[str]:
 
 @pytest.mark.slow
 def test_verify_gradients_passes_the_shapes_experiment_and_prints_the_table():
-    result = run_script(["scripts/verify_gradients.py", "+experiment=shapes"], timeout=300)
+    result = run_here(["scripts/verify_gradients.py", "+experiment=shapes"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     assert "trainable %" in out and "LoRA adapters" in out

@@ -165,7 +165,7 @@ def test_a_sharded_checkpoint_is_refused_without_fsdp_naming_the_launch_that_rea
     with pytest.raises(ConfigError) as caught:
         check_launch(checkpoint, written, Accelerator(cpu=True))
     message = one_paragraph(caught.value, "trainer.resume")
-    assert "configs/accelerate/fsdp.yaml" in message and "intact" in message and "from a copy" not in message
+    assert "accelerate_configs/fsdp.yaml" in message and "intact" in message and "from a copy" not in message
 
 
 def complete(folder, content: bytes = b"weights") -> None:

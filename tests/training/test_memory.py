@@ -1,4 +1,4 @@
-"""The memory estimate said before step 1 (``training/memory.py``): weights, gradients, AdamW and EMA counted
+"""The memory estimate said before step 1 (``training/memory.py``): weights, gradients, optimizer state and EMA counted
 exactly from the built models, activations from a meta copy of the DiT, and a run that cannot fit a GPU refused
 with the batch that would fit (the refusal is a pure function of the GPU's size, tested without a GPU)."""
 
@@ -25,6 +25,13 @@ def test_the_fixed_part_is_the_models_bytes_exactly(tiny_parts):
     assert estimate.weights == _bytes(tiny_parts.dit) + _bytes(tiny_parts.vae) + _bytes(tiny_parts.text_encoder)
     assert (estimate.gradients, estimate.optimizer, estimate.ema, estimate.copies) == (trained, 2 * trained, trained, 0)
     assert 0 < estimate.activations.checkpointed < estimate.activations.whole
+
+
+@pytest.mark.parametrize(("name", "factor"), [("adamw8bit", 0.5), ("adafactor", 0.0), ("prodigy", 4.0)])
+def test_the_optimizer_state_is_the_chosen_optimizers(tiny_parts, name, factor):
+    adamw = estimate_memory(tiny_parts, ema=False, compute_dtype=torch.float32)
+    other = estimate_memory(tiny_parts, ema=False, compute_dtype=torch.float32, optimizer=name)
+    assert other.optimizer == int(factor * adamw.optimizer / 2) and other.gradients == adamw.gradients
 
 
 def test_mixed_precision_and_ddp_add_their_copies_and_halve_the_activations(tiny_parts):

@@ -24,6 +24,8 @@ from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ModelConfig, TextEncoderConfig, TrainConfig
 from dit_trainer.errors import require
 
+# Where an export keeps the run's text encoder when the family's pipeline cannot take it (``save_text_encoder``).
+CONDITIONER_FOLDER = "conditioner"
 # The attention projections and feed-forward layers of diffusers' transformer blocks: the usual LoRA targets.
 ATTENTION_AND_FEED_FORWARD = ("to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj", "ff.net.2")
 # The activations diffusers' FeedForward builds (PixArt's and DiT's `activation_fn`): it fails on others.
@@ -33,7 +35,8 @@ FEED_FORWARD_ACTIVATIONS = ("gelu", "gelu-approximate", "geglu", "geglu-approxim
 @dataclass(frozen=True)
 class ExportParts:
     """What an export assembles a family's pipeline from: the run's config, its models ready to save (``vae`` with
-    the latent normalisation folded in), ``pipeline`` (the family's pipeline class name) and the dtype's name."""
+    the latent normalisation folded in), ``pipeline`` (the family's pipeline class name), the dtype's name and the
+    trained latent shape (C, H, W) at ``data.resolution``."""
 
     cfg: TrainConfig
     transformer: ModelMixin
@@ -42,13 +45,15 @@ class ExportParts:
     text_encoder: nn.Module
     pipeline: str
     dtype: str
+    latent_shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class PipelineExport:
-    """A family's export: ``bundled`` (the folder is a whole pipeline, loadable with ``from_pretrained``), the
-    manifest entries it adds (conditioning, generation settings), ``save(folder)``, and ``usage(folder)``: Python
-    that loads the folder and generates an image as our sampler would."""
+    """A family's export: ``bundled`` (the folder's pipeline holds its text encoders and takes prompts as text;
+    otherwise it takes the run's embeddings), the manifest entries it adds (conditioning, generation settings, the
+    arguments the pipeline's defaults lack), ``save(folder)``, and ``usage(folder)``: Python that loads the folder and
+    generates an image as our sampler would."""
 
     bundled: bool
     manifest: dict
@@ -219,34 +224,36 @@ def require_inner_cross_attention(m: ModelConfig, why: str) -> None:
     )
 
 
-def loading_args(te: TextEncoderConfig, subfolder: str | None) -> str:
-    """``, subfolder=..., revision=...`` (those set) for a ``from_pretrained`` of the run's text encoder or tokenizer
-    in a printed recipe."""
-    return "".join(
-        f", {key}={value!r}" for key, value in (("subfolder", subfolder), ("revision", te.revision)) if value
-    )
-
-
-def named_text_encoder(te: TextEncoderConfig, model: nn.Module, bundled: bool) -> dict:
-    """The manifest's text encoder of a single-encoder conditioner: bundled in the export folder (``text_encoder/``,
-    ``tokenizer/``), or named where the run loaded it from."""
+def named_text_encoder(te: TextEncoderConfig, model: nn.Module) -> dict:
+    """The manifest's text encoder of a single-encoder conditioner, bundled in the export folder (``text_encoder/``,
+    ``tokenizer/``)."""
     return {
-        "bundled": bundled,
-        "pretrained": "text_encoder" if bundled else te.pretrained,
-        "subfolder": None if bundled else te.subfolder,
-        "tokenizer_subfolder": "tokenizer" if bundled else te.tokenizer_subfolder,
-        "revision": None if bundled else te.revision,
+        "bundled": True,
+        "pretrained": "text_encoder",
+        "tokenizer_subfolder": "tokenizer",
         "class": type(model).__name__,
         "max_length": te.max_length,
     }
 
 
-def save_pieces(parts: ExportParts, folder: Path) -> None:
-    """An export without text encoders: ``transformer/``, ``vae/`` and ``scheduler/``, which the usage assembles
-    into the family's pipeline with prompt embeddings computed outside it."""
-    parts.transformer.save_pretrained(folder / "transformer")
-    parts.vae.save_pretrained(folder / "vae")
-    parts.scheduler.save_pretrained(folder / "scheduler")
+def rebuilt(model: ModelMixin, state: dict[str, torch.Tensor] | None = None, **changes) -> ModelMixin:
+    """A copy of ``model`` built from its config with ``changes``, holding its weights (or ``state``), in eval mode.
+    The config's private keys are dropped: ``from_config`` would restore the defaults its ``_use_default_values``
+    lists over the changes."""
+    config = {key: value for key, value in model.config.items() if not key.startswith("_")}
+    copy = type(model).from_config({**config, **changes})
+    copy.load_state_dict(model.state_dict() if state is None else state)
+    return copy.eval()
+
+
+def save_text_encoder(parts: ExportParts, folder: Path) -> None:
+    """The run's single text encoder (``text_encoder/``, in the export's dtype) and its tokenizer (``tokenizer/``) in
+    ``folder``: for an export whose pipeline cannot encode prompts with it, the usage computes the embeddings."""
+    model = parts.text_encoder.model
+    (model if parts.dtype == "float32" else model.to(getattr(torch, parts.dtype))).save_pretrained(
+        folder / "text_encoder"
+    )
+    parts.text_encoder.tokenizer.save_pretrained(folder / "tokenizer")
 
 
 def save_with_encoder(parts: ExportParts, pipeline_class: type, tokenizer, model: nn.Module, folder: Path) -> None:

@@ -12,8 +12,8 @@ differ (a DiT trained with diffusers' layout) load as they are, unshared. Under 
 Its condition is a class id per image (``text_encoder.kind=class_labels``), embedded by a label table with one more
 row, the null class, for classifier-free guidance. The table's own random label dropout is switched off: dropout is
 the trainer's (``data.caption_dropout`` -> the null class), drawn from the run's generator so a resumed run draws
-exactly what the uninterrupted one would. An export is a ``DiTPipeline`` folder; the class names are in the
-manifest (``DiTPipeline`` takes class ids).
+exactly what the uninterrupted one would. An export is a ``DiTPipeline`` folder that knows the class names
+(``pipe.get_label_ids``) and whose null class is ours, so its guidance is ours (``with_pipeline_null_class``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from dit_trainer.components.families.base import (
     PipelineExport,
     architecture,
     input_mismatch,
+    rebuilt,
     require_extra_one_of,
     require_further_arguments,
 )
@@ -39,7 +40,7 @@ from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ModelConfig, TrainConfig
 from dit_trainer.errors import ConfigError
 
-DIT_PIPELINE_CLASSES = 1000  # DiTPipeline's null class id is 1000: ImageNet's class count
+DIT_PIPELINE_CLASSES = 1000  # DiTPipeline's null class id is 1000 (hard-coded): ImageNet's class count
 # The constructor arguments `model.*`, the VAE and the class list decide; `model.extra_config` may give the others.
 DERIVED = frozenset(
     {"num_attention_heads", "attention_head_dim", "in_channels", "out_channels", "num_layers", "dropout",
@@ -150,24 +151,49 @@ def predict(
     ]
 
 
+def with_pipeline_null_class(transformer: DiTTransformer2DModel, classes: int) -> DiTTransformer2DModel:
+    """``transformer`` with its label tables widened to ``DiTPipeline``'s 1,000 classes, so that the pipeline's null
+    class (id 1000, hard-coded) is ours and its classifier-free guidance is ours at any scale: rows 0..N-1 are our
+    classes, row 1000 our null class, and the unused rows N..999 copies of it. A model of 1,000 classes or more is
+    kept as it is (with more, id 1000 is one of its classes)."""
+    if classes >= DIT_PIPELINE_CLASSES:
+        return transformer
+    state = transformer.state_dict()
+    for key in [key for key in state if key.endswith("class_embedder.embedding_table.weight")]:
+        table = state[key]
+        state[key] = table[classes].repeat(DIT_PIPELINE_CLASSES + 1, 1)
+        state[key][:classes] = table[:classes]
+    return rebuilt(transformer, state, num_embeds_ada_norm=DIT_PIPELINE_CLASSES)
+
+
 def export(parts: ExportParts) -> PipelineExport:
-    """A ``DiTPipeline`` folder. The manifest lists the classes (id = position; the null class, CFG's
-    unconditional branch, is the next id). ``DiTPipeline`` takes class 1000 as the null class, so its guidance matches
-    ours only for 1,000-class models; with other class counts it generates as ours does at ``guidance_scale=1``."""
+    """A ``DiTPipeline`` folder whose ``get_label_ids`` knows the class names (``id2label`` in ``model_index.json``)
+    and whose null class is ours (``with_pipeline_null_class``): ``pipe(class_labels=pipe.get_label_ids([name]))``
+    generates at the trained size with guidance as ours. The manifest lists the classes (id = position)."""
     cfg = parts.cfg
     classes = cfg.text_encoder.classes
-    guidance = cfg.diffusion.guidance_scale if len(classes) == DIT_PIPELINE_CLASSES else 1.0
+    transformer = with_pipeline_null_class(parts.transformer, len(classes))
+    null_class = max(len(classes), DIT_PIPELINE_CLASSES)
+    # With more than 1,000 classes DiTPipeline's null class is one of ours: it matches our sampler without guidance.
+    guidance = cfg.diffusion.guidance_scale if null_class == DIT_PIPELINE_CLASSES else 1.0
     generation = {"num_inference_steps": cfg.diffusion.sample_steps, "guidance_scale": guidance}
-    manifest = {"classes": {"names": classes, "null_class": len(classes)}, "generation": generation}
+    required = {} if guidance == cfg.diffusion.guidance_scale else {"guidance_scale": 1.0}
+    manifest = {
+        "classes": {"names": classes, "null_class": null_class},
+        "generation": generation,
+        "required": required,
+    }
 
     def save(folder: Path) -> None:
-        DiTPipeline(transformer=parts.transformer, vae=parts.vae, scheduler=parts.scheduler).save_pretrained(folder)
+        pipeline = DiTPipeline(transformer=transformer, vae=parts.vae, scheduler=parts.scheduler)
+        pipeline.register_to_config(id2label=dict(enumerate(classes)))  # DiTPipeline's init argument for names
+        pipeline.save_pretrained(folder)
 
     def usage(folder: str) -> str:
+        settings = ", ".join(f"{key}={value!r}" for key, value in generation.items())
         return (
             f"from diffusers import DiTPipeline\n\npipe = DiTPipeline.from_pretrained({folder!r})\n"
-            f"image = pipe(class_labels=[0], num_inference_steps={generation['num_inference_steps']}, "
-            f"guidance_scale={generation['guidance_scale']}).images[0]  # class 0: {classes[0]!r}"
+            f"image = pipe(class_labels=pipe.get_label_ids([{classes[0]!r}]), {settings}).images[0]"
         )
 
     return PipelineExport(True, manifest, save, usage)

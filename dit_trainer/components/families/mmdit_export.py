@@ -3,11 +3,16 @@ what our sampler does. The two pipelines take the same pieces and the same preco
 serves both; the family's ``MMDiT`` names its pipeline, its text components and its CFG argument.
 
 With the family's own encoders (``text_encoder.kind=sd3|flux``) the folder is a whole pipeline:
-``from_pretrained(folder)`` takes prompts as text. With another text encoder (MiniLM, mean-pooled) the folder holds
-``transformer/``, ``vae/`` and ``scheduler/``; the pipeline is built with no text encoders, and the manifest's
-``usage`` computes the hidden states and the pooled vector as our conditioner does and passes them as
-``prompt_embeds`` / ``pooled_prompt_embeds`` (and the empty prompt's as the negative ones: our CFG's unconditional
-branch).
+``DiffusionPipeline.from_pretrained(folder)`` takes prompts as text. With another text encoder (MiniLM, mean-pooled)
+the pipeline cannot encode a prompt (its ``encode_prompt`` is CLIP's and T5's), so the folder is the pipeline without
+text encoders (``model_index.json`` names them null, and ``from_pretrained`` must be told so: ``text_encoder=None``,
+...) plus the run's text encoder and tokenizer in ``conditioner/``; the manifest's ``usage`` computes the hidden
+states and the pooled vector as our conditioner does and passes them as ``prompt_embeds`` / ``pooled_prompt_embeds``
+(and the empty prompt's as the negative ones: our CFG's unconditional branch).
+
+The pipelines' default height and width are ``default_sample_size`` x the VAE's factor: SD3's is the transformer's
+``sample_size`` (the trained latent size for a new model), Flux's a fixed 128 (1024 px); where that is not the trained
+size the manifest's ``required`` names ``height`` and ``width``.
 
 Both pipelines decode ``latents / scaling_factor + shift_factor``: the family's own VAE (normalised by its
 ``shift_factor``) is exported as it is; per-channel statistics (the shapes VAE's) are folded into the VAE's
@@ -21,8 +26,15 @@ from pathlib import Path
 import diffusers
 import torch
 
-from dit_trainer.components.families.base import ExportParts, PipelineExport, loading_args, save_pieces
+from dit_trainer.components.families.base import CONDITIONER_FOLDER, ExportParts, PipelineExport, save_text_encoder
 from dit_trainer.components.families.mmdit import MMDiT
+
+
+def _required(pipeline, resolution: int) -> dict:
+    """``height`` and ``width`` where the pipeline's default (``default_sample_size`` x its VAE factor) is not the
+    trained size: SD3's follows the transformer, Flux's is a fixed 128 latents, which no folder can change."""
+    default = pipeline.default_sample_size * pipeline.vae_scale_factor
+    return {} if default == resolution else {"height": resolution, "width": resolution}
 
 
 def _generation(parts: ExportParts, family: MMDiT, guidance: dict, bundled: bool) -> dict:
@@ -47,10 +59,8 @@ def _conditioning(parts: ExportParts, family: MMDiT, bundled: bool) -> dict:
     te = parts.cfg.text_encoder
     return {
         "bundled": False,
-        "pretrained": te.pretrained,
-        "subfolder": te.subfolder,
-        "tokenizer_subfolder": te.tokenizer_subfolder,
-        "revision": te.revision,
+        "pretrained": f"{CONDITIONER_FOLDER}/text_encoder",  # in the export folder, beside the pipeline's parts
+        "tokenizer": f"{CONDITIONER_FOLDER}/tokenizer",
         "class": type(parts.text_encoder.model).__name__,
         "max_length": te.max_length,
         "pooling": te.pooling,
@@ -71,20 +81,21 @@ def _usage(folder: str, parts: ExportParts, family: MMDiT, generation: dict, bun
         imports = "import torch\n" if cast else ""
         return (
             f"{imports}from diffusers import {pipeline}\n\n"
-            f"pipe = {pipeline}.from_pretrained({folder!r}{torch_dtype})\n"
+            f"pipe = {pipeline}.from_pretrained({folder!r}{torch_dtype})  # or DiffusionPipeline.from_pretrained\n"
             f'image = pipe("a red circle", {settings}).images[0]'
         )
     te = parts.cfg.text_encoder
-    encoder_class, scheduler = type(parts.text_encoder.model).__name__, type(parts.scheduler).__name__
-    transformer = family.transformer_class.__name__
+    encoder_class = type(parts.text_encoder.model).__name__
     pooled = "(hidden * mask).sum(1) / mask.sum(1).clamp(min=1)" if te.pooling == "mean" else "output.pooler_output"
     to_dtype = f".to(torch.{parts.dtype})" if cast else ""
+    no_encoders = "".join(f"{name}=None, " for name in family.text_parts).rstrip(", ")
     return (
-        f"import torch\nfrom diffusers import AutoencoderKL, {scheduler}, {transformer}, {pipeline}\n"
+        f"import torch\nfrom diffusers import {pipeline}\n"
         f"from transformers import AutoTokenizer, {encoder_class}\n\n"
-        f"folder, text_encoder = {folder!r}, {te.pretrained!r}\n"
-        f"tokenizer = AutoTokenizer.from_pretrained(text_encoder{loading_args(te, te.tokenizer_subfolder)})\n"
-        f"encoder = {encoder_class}.from_pretrained(text_encoder{loading_args(te, te.subfolder)}).eval()\n\n\n"
+        f"folder = {folder!r}\n"
+        f'tokenizer = AutoTokenizer.from_pretrained(folder, subfolder="{CONDITIONER_FOLDER}/tokenizer")\n'
+        f'encoder = {encoder_class}.from_pretrained(folder, subfolder="{CONDITIONER_FOLDER}/text_encoder").eval()\n'
+        "\n\n"
         "@torch.no_grad()\ndef embed(prompts):\n"
         f'    tokens = tokenizer(prompts, padding="max_length", max_length={te.max_length}, truncation=True, '
         'return_tensors="pt")\n'
@@ -92,12 +103,8 @@ def _usage(folder: str, parts: ExportParts, family: MMDiT, generation: dict, bun
         "    hidden = output.last_hidden_state\n"
         "    mask = tokens.attention_mask.unsqueeze(-1).to(hidden.dtype)\n"
         f"    return hidden{to_dtype}, ({pooled}){to_dtype}\n\n\n"
-        f"pipe = {pipeline}(\n"
-        f'    transformer={transformer}.from_pretrained(folder, subfolder="transformer"{torch_dtype}),\n'
-        f'    vae=AutoencoderKL.from_pretrained(folder, subfolder="vae"{torch_dtype}),\n'
-        f'    scheduler={scheduler}.from_pretrained(folder, subfolder="scheduler"),\n'
-        + "".join(f"    {name}=None,\n" for name in family.text_parts)
-        + ")\n"
+        f"# The pipeline's own text encoders are not in the folder: it takes this run's embeddings\n"
+        f"pipe = {pipeline}.from_pretrained(folder, {no_encoders}{torch_dtype})\n"
         'prompt_embeds, pooled_prompt_embeds = embed(["a red circle"])\n'
         'negative_prompt_embeds, negative_pooled_prompt_embeds = embed([""])\n'
         "image = pipe(prompt_embeds=prompt_embeds, pooled_prompt_embeds=pooled_prompt_embeds,\n"
@@ -108,23 +115,31 @@ def _usage(folder: str, parts: ExportParts, family: MMDiT, generation: dict, bun
 
 
 def export(parts: ExportParts, family: MMDiT, guidance: dict | None = None) -> PipelineExport:
-    """A whole pipeline folder with the family's own encoders, else the pieces and the text encoder named in the
-    manifest; ``guidance``: generation arguments of the family's own (Flux's embedded guidance)."""
+    """A whole pipeline folder with the family's own encoders, else the pipeline without text encoders and the run's
+    text encoder in ``conditioner/`` (see the module); ``guidance``: generation arguments of the family's own (Flux's
+    embedded guidance)."""
     bundled = parts.cfg.text_encoder.kind == family.kind
-    generation = _generation(parts, family, guidance or {}, bundled)
-    manifest = {"text_encoder": _conditioning(parts, family, bundled), "generation": generation}
     if parts.vae.config.shift_factor is None:  # folded into the weights; the pipeline adds it unconditionally
         parts.vae.register_to_config(shift_factor=0.0)
-
-    def save(folder: Path) -> None:
-        if not bundled:
-            save_pieces(parts, folder)
-            return
-        dtype = getattr(torch, parts.dtype)
+    dtype = getattr(torch, parts.dtype)
+    encoders = {name: None for name in family.text_parts}
+    if bundled:
         encoders = {name: getattr(parts.text_encoder, own) for name, own in family.text_parts.items()}
         encoders |= {name: part.to(dtype) for name, part in encoders.items() if name.startswith("text_encoder")}
-        getattr(diffusers, family.pipeline)(
-            transformer=parts.transformer, vae=parts.vae, scheduler=parts.scheduler, **encoders
-        ).save_pretrained(folder)
+    pipeline = getattr(diffusers, family.pipeline)(
+        transformer=parts.transformer, vae=parts.vae, scheduler=parts.scheduler, **encoders
+    )
+    required = _required(pipeline, parts.cfg.data.resolution)
+    generation = _generation(parts, family, guidance or {}, bundled) | required
+    manifest = {
+        "text_encoder": _conditioning(parts, family, bundled),
+        "generation": generation,
+        "required": required,  # what the pipeline call needs beyond its defaults to generate at the trained size
+    }
+
+    def save(folder: Path) -> None:
+        pipeline.save_pretrained(folder)
+        if not bundled:
+            save_text_encoder(parts, folder / CONDITIONER_FOLDER)
 
     return PipelineExport(bundled, manifest, save, lambda folder: _usage(folder, parts, family, generation, bundled))

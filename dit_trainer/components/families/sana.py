@@ -8,10 +8,12 @@ conditioner's features (``caption_channels``) there. Its cross-attention heads d
 (buckets) need nothing.
 
 The timestep is passed as ``SanaPipeline`` passes it: the scheduler's ``sigma x 1000`` times the transformer's
-``timestep_scale``. An export is a whole ``SanaPipeline`` folder when the run's conditioner is Sana's own Gemma-2
-(``text_encoder.kind=sana``); with another text encoder the folder holds ``transformer/``, ``vae/`` and
-``scheduler/``, and the manifest's usage computes ``prompt_embeds``/``prompt_attention_mask`` with that encoder and
-hands them to the pipeline. ``SanaPipeline`` decodes ``latents / vae.config.scaling_factor`` and an
+``timestep_scale``. An export is a whole ``SanaPipeline`` folder with the run's text encoder in it: Sana's own
+Gemma-2 (``text_encoder.kind=sana``) or another transformers text encoder (the shapes default's MiniLM), which
+``encode_prompt`` calls as it calls Gemma-2 when no instruction is put before the prompt
+(``complex_human_instruction=None``: the manifest's ``required`` says so, with the pipeline's other hard-coded
+defaults that do not fit the run: height and width 1024, resolution binning at Sana's own sizes). ``SanaPipeline``
+decodes ``latents / vae.config.scaling_factor`` and an
 ``AutoencoderDC``'s latents are only scaled by ``FrozenVAE`` (no shift, no per-channel statistics), so the exported
 VAE is the run's as it is. (SanaPipeline takes no other autoencoder, so a run on another VAE trains but does not
 export.)
@@ -19,6 +21,7 @@ export.)
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
@@ -33,14 +36,12 @@ from dit_trainer.components.families.base import (
     cross_attention_prediction,
     features_mismatch,
     input_mismatch,
-    loading_args,
     named_text_encoder,
     require_extra_at_least,
     require_extra_one_of,
     require_flow_matching,
     require_further_arguments,
     require_inner_cross_attention,
-    save_pieces,
     save_with_encoder,
 )
 from dit_trainer.components.text_encoder import FrozenTextEncoder
@@ -48,6 +49,8 @@ from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ModelConfig, TrainConfig
 from dit_trainer.errors import ConfigError, require
 
+# The sample sizes SanaPipeline's resolution binning knows (its aspect-ratio tables); others: "Invalid sample size".
+BINNED_SAMPLE_SIZES = (16, 32, 64, 128)
 # Self- and cross-attention projections and the GLUMBConv's 1x1 convolutions (its depthwise 3x3 is grouped per
 # channel, which LoRA does not adapt).
 LORA_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "ff.conv_inverted", "ff.conv_point")
@@ -144,66 +147,54 @@ def _generation(cfg: TrainConfig) -> dict:
     }
 
 
-def _call(generation: dict, prompt_args: str) -> str:
-    keys = ("height", "width", "num_inference_steps", "guidance_scale")
-    settings = ", ".join(f"{key}={generation[key]!r}" for key in keys)
-    return f"image = pipe({prompt_args}, {settings},\n             use_resolution_binning=False"
+def _required(parts: ExportParts, instruction: list[str] | None) -> dict:
+    """What ``pipe(prompt)`` needs beyond SanaPipeline's defaults to generate at the trained size, each hard-coded
+    in the pipeline: its height and width (1024), its resolution binning (Sana's own sample sizes only, else "Invalid
+    sample size"), and its complex human instruction (put before every prompt: with another text encoder, or
+    another instruction, the prompt would not be encoded as in training)."""
+    resolution, sample_size = parts.cfg.data.resolution, parts.transformer.config.sample_size
+    defaults = inspect.signature(SanaPipeline.__call__).parameters
+    factor = 2 ** (len(parts.vae.config.encoder_block_out_channels) - 1)  # SanaPipeline's vae_scale_factor
+    required = {}
+    if sample_size not in BINNED_SAMPLE_SIZES or sample_size * factor != resolution:
+        required["use_resolution_binning"] = False
+    if defaults["height"].default != resolution or defaults["width"].default != resolution:
+        required |= {"height": resolution, "width": resolution}
+    if instruction != defaults["complex_human_instruction"].default:
+        required["complex_human_instruction"] = instruction
+    return required
 
 
-def _bundled_usage(folder: str, parts: ExportParts, generation: dict) -> str:
+def _usage(folder: str, parts: ExportParts, generation: dict, required: dict) -> str:
+    """Python that loads the export in ``folder`` and generates an image as our sampler would."""
     cast = parts.dtype != "float32"
-    imports = "import torch\n" if cast else ""
-    torch_dtype = f", torch_dtype=torch.{parts.dtype}" if cast else ""
+    imports, torch_dtype = ("import torch\n", f", torch_dtype=torch.{parts.dtype}") if cast else ("", "")
+    keys = ("num_inference_steps", "guidance_scale", "max_sequence_length", *required)
     instruction = generation["complex_human_instruction"]
-    prompt = "\"a red circle\", negative_prompt=''"
+    settings = ", ".join(
+        f"{key}=instruction" if key == "complex_human_instruction" and instruction else f"{key}={generation[key]!r}"
+        for key in dict.fromkeys(keys)
+    )
     return (
         f"{imports}from diffusers import SanaPipeline\n\n"
-        f"pipe = SanaPipeline.from_pretrained({folder!r}{torch_dtype})\n"
-        + (f"instruction = {instruction!r}\n" if instruction else "")
-        + _call(generation, prompt)
-        + f", max_sequence_length={generation['max_sequence_length']},\n"
-        + f"             complex_human_instruction={'instruction' if instruction else None}).images[0]"
-    )
-
-
-def _pieces_usage(folder: str, parts: ExportParts, generation: dict) -> str:
-    """Prompt embeddings from the run's own text encoder, handed to a SanaPipeline assembled from the pieces."""
-    te = parts.cfg.text_encoder
-    model_class = type(parts.text_encoder.model).__name__
-    cast = f".to(torch.{parts.dtype})" if parts.dtype != "float32" else ""
-    embeds = "prompt_embeds=embeds, prompt_attention_mask=mask, negative_prompt=None, negative_prompt_embeds=empty, "
-    return (
-        "import torch\nfrom diffusers import AutoencoderDC, FlowMatchEulerDiscreteScheduler, SanaPipeline, "
-        f"SanaTransformer2DModel\nfrom transformers import AutoTokenizer, {model_class}\n\n"
-        f"folder, text_encoder = {folder!r}, {te.pretrained!r}\n"
-        f"tokenizer = AutoTokenizer.from_pretrained(text_encoder{loading_args(te, te.tokenizer_subfolder)})\n"
-        f"encoder = {model_class}.from_pretrained(text_encoder{loading_args(te, te.subfolder)}).eval(){cast}\n\n\n"
-        "def encode(prompt):\n"
-        f"    tokens = tokenizer([prompt], padding='max_length', max_length={te.max_length}, truncation=True, "
-        "return_tensors='pt')\n"
-        "    with torch.no_grad():\n"
-        "        return encoder(tokens.input_ids, attention_mask=tokens.attention_mask)[0], tokens.attention_mask\n\n\n"
-        "pipe = SanaPipeline(\n    tokenizer=None,\n    text_encoder=None,\n"
-        '    transformer=SanaTransformer2DModel.from_pretrained(folder, subfolder="transformer"),\n'
-        '    vae=AutoencoderDC.from_pretrained(folder, subfolder="vae"),\n'
-        '    scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(folder, subfolder="scheduler"),\n'
-        f"){cast}\n"
-        '(embeds, mask), (empty, empty_mask) = encode("a red circle"), encode("")\n'
-        + _call(generation, embeds.rstrip(", ") + ",\n             negative_prompt_attention_mask=empty_mask")
-        + ").images[0]"
+        f"pipe = SanaPipeline.from_pretrained({folder!r}{torch_dtype})  # or DiffusionPipeline.from_pretrained\n"
+        + (f"instruction = {instruction!r}\n" if instruction and "complex_human_instruction" in required else "")
+        + f'image = pipe("a red circle", {settings}).images[0]'
     )
 
 
 def export(parts: ExportParts) -> PipelineExport:
-    """A whole SanaPipeline folder with Sana's own Gemma-2 conditioner, else the pieces (see the module)."""
+    """A whole SanaPipeline folder with the run's text encoder: Sana's own Gemma-2 conditioner, or one transformers
+    text encoder (MiniLM, T5, ...), which SanaPipeline's ``encode_prompt`` calls as it calls Gemma-2 when no
+    instruction is put before the prompt."""
     conditioner = parts.text_encoder
-    bundled = isinstance(conditioner, SanaConditioner)
-    if not bundled and not isinstance(conditioner, FrozenTextEncoder):
+    bundled_own = isinstance(conditioner, SanaConditioner)
+    if not bundled_own and not isinstance(conditioner, FrozenTextEncoder):
         raise ConfigError(
             "text_encoder.kind",
             parts.cfg.text_encoder.kind,
-            "a Sana export hands SanaPipeline the prompt embeddings of Sana's Gemma-2 (`sana`) or of one "
-            "transformers text encoder (`auto`, `t5`, `clip`), and this conditioner is neither",
+            "a Sana export hands SanaPipeline Sana's Gemma-2 (`sana`) or one transformers text encoder (`auto`, "
+            "`t5`, `clip`), and this conditioner is neither",
             "train Sana with `text_encoder=sana` (or one text encoder) to export it",
         )
     if not isinstance(parts.vae, AutoencoderDC):  # SanaPipeline reads its latent size from the DC's config
@@ -217,34 +208,26 @@ def export(parts: ExportParts) -> PipelineExport:
         )
     te = parts.cfg.text_encoder
     generation = _generation(parts.cfg)
+    required = _required(parts, generation["complex_human_instruction"])
+    generation |= required
     manifest = {
         "text_encoder": {
-            **named_text_encoder(te, conditioner.model, bundled),
+            **named_text_encoder(te, conditioner.model),
             "instruction": list(te.instruction),
             "conditioning": "SanaPipeline.encode_prompt's prompt_embeds and prompt_attention_mask (the instruction "
-            "before the prompt, max_length tokens kept)"
-            if bundled
-            else "last_hidden_state and attention_mask of the prompt tokenized with padding='max_length', "
-            "truncation=True, max_length=max_length, passed as prompt_embeds/prompt_attention_mask",
+            "before the prompt, max_length tokens kept)",
             "unconditional": "the empty prompt '' (no instruction): the negative prompt of classifier-free guidance",
         },
         "generation": generation,
+        "required": required,  # what pipe(prompt) needs beyond its defaults to generate at the trained size
+        "latents": "an AutoencoderDC's latents are only scaled (no shift, no per-channel statistics): vae/ is the "
+        "run's; decode with vae.decode(latents / vae.config.scaling_factor), as SanaPipeline does",
     }
-    manifest["latents"] = (
-        "an AutoencoderDC's latents are only scaled (no shift, no per-channel statistics): vae/ is the run's; "
-        "decode with vae.decode(latents / vae.config.scaling_factor), as SanaPipeline does"
-    )
 
     def save(folder: Path) -> None:
-        if bundled:
-            save_with_encoder(parts, SanaPipeline, conditioner.tokenizer, conditioner.model, folder)
-        else:
-            save_pieces(parts, folder)
+        save_with_encoder(parts, SanaPipeline, conditioner.tokenizer, conditioner.model, folder)
 
-    def usage(folder: str) -> str:
-        return (_bundled_usage if bundled else _pieces_usage)(folder, parts, generation)
-
-    return PipelineExport(bundled, manifest, save, usage)
+    return PipelineExport(True, manifest, save, lambda folder: _usage(folder, parts, generation, required))
 
 
 SANA = Family(
