@@ -64,6 +64,7 @@ from dit_trainer.inference import check_sampling_args, load_run
 from dit_trainer.model_card import write_model_card
 from dit_trainer.run_config import read_run_config
 from dit_trainer.run_folder import find_checkpoint, weights_layout
+from dit_trainer.training.summary import record_export
 
 MANIFEST = "dit_trainer_export.json"
 
@@ -286,6 +287,7 @@ def export_run(cfg: ExportConfig) -> ExportResult:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    record_export(run_dir, out_dir)
     return ExportResult(out_dir, exported.bundled, manifest, exported.usage(str(out_dir)))
 
 

@@ -50,6 +50,8 @@ def test_the_default_export_loads_as_a_diffusers_pipeline_anywhere_and_generates
     # The one argument the pipeline needs at 32 px: its resolution binning knows only PixArt's own sizes. Height and
     # width default to the trained size.
     assert manifest["required"] == {"use_resolution_binning": False}
+    summary = json.loads((shapes_export.parents[1] / "summary.json").read_text())
+    assert summary["exports"] == ["export/checkpoint-2"]  # the run's summary knows its export
     texts = [path.read_text() for path in shapes_export.rglob("*.json")]
     for absolute in (str(REPO), str(shapes_export.parents[2]), "site-packages"):  # the venv, the run, the repo
         assert not any(absolute in text for text in texts), absolute
