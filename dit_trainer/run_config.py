@@ -28,8 +28,6 @@ from typing import Any
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -37,6 +35,7 @@ from dit_trainer.components import TEXT_ENCODER_KINDS, VAE_KINDS
 from dit_trainer.components.families import FAMILIES
 from dit_trainer.config import TrainConfig, check_fields, register_configs
 from dit_trainer.config.choices import CLASS_LABELS
+from dit_trainer.config.command_line import parsed_overrides
 from dit_trainer.config.resolvers import register_resolvers
 from dit_trainer.data import SOURCES
 from dit_trainer.diffusion import OBJECTIVES, SAMPLERS
@@ -280,13 +279,9 @@ def continue_run(argv: list[str]) -> Continuation | None:
     with ``trainer.allow_config_change`` back to false: a permission is given per launch), and the run trains on
     in its folder (``hydra.run.dir``, whose ``.hydra/`` record of how the run started is kept), or, when another
     ``hydra.run.dir`` is given or under ``-m``, in that one from the checkpoint."""
-    parser, value, run_dir_given = OverridesParser.create(), None, None
-    for item in argv:
-        if item.startswith("-") or "=" not in item:
-            continue
-        try:
-            override = parser.parse_override(item)
-        except HydraException:
+    value, run_dir_given = None, None
+    for _, override in parsed_overrides(argv):
+        if override is None:
             continue  # the pre-check or Hydra answers it
         if override.key_or_group == RESUME and isinstance(override.value(), str):
             value = override.value()

@@ -162,6 +162,20 @@ def _quoted_value(value: str, inner: str) -> str | None:
     return ",".join(f"{inner}{part}{inner}" for part in parts)
 
 
+def parsed_overrides(argv: list[str]) -> Iterator[tuple[str, Override | None]]:
+    """Each ``key=value`` item of a command line (flags and bare words skipped) with Hydra's parse of it, None for
+    one Hydra cannot parse (the caller decides who reports it)."""
+    parser = OverridesParser.create()
+    for item in argv:
+        if item.startswith("-") or "=" not in item:
+            continue
+        try:
+            override = parser.parse_override(item)
+        except HydraException:
+            override = None
+        yield item, override
+
+
 def unquoted_braces(item: str, parser: OverridesParser) -> ConfigError | None:
     """The refusal of an override Hydra cannot parse because its value holds braces Hydra reads as a dict's (a shard
     pattern, ``data.path=/data/shards/{000000..000099}.tar``: the shell removed the quotes it was typed with), when
@@ -195,16 +209,11 @@ def check_command_line(argv: list[str], config_dir: Path) -> None:
     if any(flag in argv for flag in COMPLETION_FLAGS):
         return
     groups = {path.name for path in config_dir.iterdir() if path.is_dir()}
-    parser = OverridesParser.create()
     keys = list(schema_keys())
     config: DictConfig | None = None  # the schema as Hydra composes onto it, built for the first value to check
-    for item in argv:
-        if item.startswith("-") or "=" not in item:
-            continue
-        try:
-            override = parser.parse_override(item)
-        except HydraException:
-            if (unquoted := unquoted_braces(item, parser)) is not None:
+    for item, override in parsed_overrides(argv):
+        if override is None:
+            if (unquoted := unquoted_braces(item, OverridesParser.create())) is not None:
                 raise unquoted from None
             continue  # Hydra reports its own syntax errors
         key = override.key_or_group
