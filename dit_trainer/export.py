@@ -64,7 +64,7 @@ from dit_trainer.inference import check_sampling_args, load_run
 from dit_trainer.model_card import write_model_card
 from dit_trainer.run_config import read_run_config
 from dit_trainer.run_folder import find_checkpoint, weights_layout
-from dit_trainer.training.summary import record_export
+from dit_trainer.run_summary import record_export
 
 MANIFEST = "dit_trainer_export.json"
 

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from dit_trainer.data.poisson import is_empty
 from dit_trainer.run_folder import list_checkpoints
 from dit_trainer.run_lock import RunFolderLock
+from dit_trainer.run_summary import write_summary
 from dit_trainer.training.batches import resumable_batches
 from dit_trainer.training.checkpoint import Checkpointer
 from dit_trainer.training.data_health import BadFileCounter
@@ -39,7 +40,7 @@ from dit_trainer.training.monitors import Monitor
 from dit_trainer.training.nonfinite import NonFiniteGuard
 from dit_trainer.training.preemption import PreemptionHandler
 from dit_trainer.training.preflight import preflight
-from dit_trainer.training.summary import RunEnd, summarize, summary_line, write_summary
+from dit_trainer.training.summary import RunEnd, summarize, summary_line
 from dit_trainer.training.tracker_media import Trackers
 from dit_trainer.training.update import Update
 

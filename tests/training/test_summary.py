@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dit_trainer.training.summary import RunEnd, record_export, summarize, summary_line, write_summary
+from dit_trainer.run_summary import write_summary
+from dit_trainer.training.summary import RunEnd, summarize, summary_line
 
 RECORDS = [
     {"step": 10, "loss": 0.9, "val/loss": 0.80, "reward/mean": 0.25},
@@ -45,17 +46,3 @@ def test_a_preempted_run_says_where_it_stopped_with_what_it_has(tmp_path):
     assert summary["status"] == "preempted" and summary["final_reward"] == {"step": 4, "value": 0.75}
     assert summary["best_val_loss"] is None and summary["weights"] is None and summary["resumed_at_step"] is None
     assert summary_line(summary, tmp_path).startswith("Stopped at step 4 of 100 (preempted) after 8 s")
-
-
-def test_exports_are_recorded_and_kept_through_a_resumed_runs_summary(tmp_path):
-    summary = summarize(RECORDS, RunEnd("completed", 30, 30, 0, 5.0, 1.0, None), tmp_path)
-    record_export(tmp_path, tmp_path / "export" / "checkpoint-30")  # no summary.json yet: nothing to record
-    assert not (tmp_path / "summary.json").exists()
-    write_summary(summary, tmp_path)
-    for folder in (tmp_path / "export" / "checkpoint-30", tmp_path.parent / "shared" / "mine"):
-        record_export(tmp_path, folder)
-    record_export(tmp_path, tmp_path / "export" / "checkpoint-30")  # exported again: moved to the end, not repeated
-    expected = [str(tmp_path.parent.resolve() / "shared" / "mine"), str(Path("export/checkpoint-30"))]
-    assert json.loads((tmp_path / "summary.json").read_text())["exports"] == expected
-    write_summary(summary | {"steps": 40}, tmp_path)  # a resumed run's end
-    assert json.loads((tmp_path / "summary.json").read_text())["exports"] == expected
