@@ -212,14 +212,14 @@ class GRPOTrainer(Trainer):
             model = self.accelerator.unwrap_model(self.dit)
             preflight(model, lambda: self.policy_loss(model, rollout, advantages, rows, steps)[0].mean())
             self._preflight_done = True
-        with self.update.accumulate():
-            per_row, stats = self.policy_loss(self.dit, rollout, advantages, rows, steps)
-            loss = self.update.backward(per_row)
-            grad_norm = self.update.norm_before_step()
-            finite = self.guard.check(loss, grad_norm)
-            grad_norm = self.update.step(grad_norm, finite)
-        if finite and self.ema is not None:
-            self.ema.step(self.update.parameters)
+        stats: dict[str, torch.Tensor] = {}
+
+        def backward() -> torch.Tensor:
+            per_row, update_stats = self.policy_loss(self.dit, rollout, advantages, rows, steps)
+            stats.update(update_stats)
+            return self.update.backward(per_row)
+
+        loss, grad_norm = self.apply_update([backward])
         return loss, grad_norm, stats
 
     def policy_loss(

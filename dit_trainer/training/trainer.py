@@ -8,8 +8,9 @@ loop, checkpoints, resume, monitors and metrics stay the same.
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,14 +138,26 @@ class Trainer:
 
         Both stay tensors on the device: reading them (a GPU sync) waits for the next log step.
         """
+
+        def micro_batches() -> Iterator[Callable[[], torch.Tensor]]:
+            for _ in range(self.update.micro_batches):
+                batch = next(batches)
+                self.bad_files.add(batch)
+                if not self._preflight_done and not is_empty(batch):
+                    self._preflight(batch)
+                yield functools.partial(self._backward, batch)
+
+        return self.apply_update(micro_batches())
+
+    def apply_update(self, backward_passes: Iterable[Callable[[], torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The one update sequence every kind of step runs: each backward pass (its forward and backward; it returns
+        its mean loss, detached) under the update's accumulation, then, once the gradients are complete, their norm,
+        the non-finite guard and the optimizer step; the EMA follows an applied update. Returns (mean loss, grad
+        norm)."""
         losses, grad_norm, finite = [], torch.tensor(float("nan")), True
-        for _ in range(self.update.micro_batches):
-            batch = next(batches)
-            self.bad_files.add(batch)
-            if not self._preflight_done and not is_empty(batch):
-                self._preflight(batch)
+        for backward in backward_passes:
             with self.update.accumulate():
-                losses.append(self._backward(batch))
+                losses.append(backward())
                 if self.update.sync_gradients:
                     grad_norm = self.update.norm_before_step()
                     finite = self.guard.check(torch.stack(losses).mean(), grad_norm)
