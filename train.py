@@ -39,8 +39,8 @@ def main(cfg: DictConfig) -> None:
     watch = FailureWatch(run_dir).start() if is_multi_process() else None  # the others stop with a failed one
     try:
         train_cfg = to_train_config(cfg, HydraConfig.get().overrides.task, run_dir)
+        from dit_trainer.assemble import run  # the training stack: only once the config is known to be good
         from dit_trainer.training.metrics import log_lines_to_files_only
-        from dit_trainer.training.run import run  # the training stack: only once the config is known to be good
 
         log_lines_to_files_only()  # a line per log step in train.log; the console has the progress bar
         result = run(train_cfg, run_dir)  # it logs the start banner and the closing summary (main process)

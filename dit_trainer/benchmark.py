@@ -1,7 +1,7 @@
 """How fast the trainer is against what the model allows: four measurements in one process, same model and data.
 
 (a) ``bare``: the DiT's forward + backward + AdamW step on one fixed batch of latents and embeddings, the limit;
-(b) ``trainer_cached``: the trainer's own step (``Trainer.train_step``) reading the precomputed cache;
+(b) ``trainer_cached``: the trainer's own step (``Trainer.step``) reading the precomputed cache;
 (c) ``trainer_uncached``: the same step encoding every batch with the frozen VAE and text encoder;
 (d) ``reference``: a straightforward loop in the style of diffusers' training examples (fp32, encode every step,
     tokenize every step, no cache, the default AdamW);
@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from diffusers import DDPMScheduler
 from torch.utils.data import DataLoader, Dataset
 
+from dit_trainer.assemble import build_trainer
 from dit_trainer.components.build import Components, build_components
 from dit_trainer.components.meta import count_flops
 from dit_trainer.condition import Condition
@@ -42,7 +43,6 @@ from dit_trainer.data.source import build_dataset
 from dit_trainer.pixels import to_model_range
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
 from dit_trainer.training.optim import build_optimizer
-from dit_trainer.training.run import build_trainer
 
 
 @dataclass
@@ -117,10 +117,10 @@ def bare_step(cfg: TrainConfig, parts: Components, device: torch.device) -> Call
 
 
 def trainer_step(cfg: TrainConfig, run_dir: Path) -> Callable[[], None]:
-    """(b) and (c): ``Trainer.train_step`` of the real trainer built by ``train.py``'s own code."""
+    """(b) and (c): ``Trainer.step`` of the real trainer built by ``train.py``'s own code."""
     trainer = build_trainer(cfg, run_dir)
-    batches = trainer.batches()
-    return lambda: trainer.train_step(batches)
+    batches = trainer.step.batches()
+    return lambda: trainer.step(batches)
 
 
 def _endless(loader: DataLoader) -> Iterator[dict]:

@@ -2,7 +2,7 @@
 the numbers behind ``data.num_workers`` and ``data.prefetch_factor`` (``python scripts/benchmark.py --loader ...``).
 
 The loader is the run's own (``build_dataloader`` over the configured source, in buckets when configured), read
-without the model; the trainer's step is ``Trainer.train_step`` encoding every batch, as a run without a cache does.
+without the model; the trainer's step is ``Trainer.step`` encoding every batch, as a run without a cache does.
 A loader keeps up when its images/s exceed the step's: on a GPU the step is many times faster than on this CPU, so
 the per-worker rate is the number to carry over (workers needed = the GPU's images/s / one worker's).
 """

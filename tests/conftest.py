@@ -422,7 +422,7 @@ def written_run(tmp_path, tiny_pixart_dir):
     transformer is the tiny PixArt."""
     import shutil
 
-    from dit_trainer.training.run import save_resolved_config
+    from dit_trainer.assemble import save_resolved_config
 
     run_dir = tmp_path / "run"
     shutil.copytree(tiny_pixart_dir, run_dir / "checkpoints" / "checkpoint-1" / "transformer")

@@ -8,6 +8,7 @@ the trainer, the preflight, DP, verification and benchmarks all call it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -15,9 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from dit_trainer.condition import Condition
-from dit_trainer.data.captions import TagAugmentation
 from dit_trainer.diffusion.schedule import NoiseSchedule
 from dit_trainer.pixels import to_model_range
+
+# Captions -> the captions to encode this step, its draws from the generator: the data's tag shuffling and dropout
+# (``data.captions.TagAugmentation``), handed in by the composition root.
+CaptionTransform = Callable[[list[str], torch.Generator], list[str]]
 
 
 def per_sample_mse(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -35,7 +39,7 @@ def kept_captions(count: int, probability: float, generator: torch.Generator) ->
 
 
 def batch_condition(
-    batch: dict, text_encoder, probability: float, generator: torch.Generator, tags: TagAugmentation | None = None
+    batch: dict, text_encoder, probability: float, generator: torch.Generator, tags: CaptionTransform | None = None
 ) -> Condition:
     """The condition of the batch's captions after dropout: encoded now (their tags shuffled and dropped first, with
     ``tags``) or read from the cache, then a dropped caption takes the condition of "". The choice stays on the
@@ -74,7 +78,7 @@ def diffusion_loss(
     generator: torch.Generator,
     caption_dropout: float = 0.0,
     noise_offset: float = 0.0,
-    tags: TagAugmentation | None = None,
+    tags: CaptionTransform | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Encode (frozen, no grad) -> noise -> predict -> per-sample loss, weighted as the schedule says (min-SNR,
     flow weighting). Returns (loss (B,), timesteps (B,)). ``noise_offset``: ``offset_noise``; ``tags``: the
@@ -111,7 +115,7 @@ class DiffusionLoss:
     schedule: NoiseSchedule
     caption_dropout: float = 0.0
     noise_offset: float = 0.0  # diffusion.noise_offset
-    tags: TagAugmentation | None = None  # data.shuffle_tags, data.tag_dropout (``data.captions.tag_augmentation``)
+    tags: CaptionTransform | None = None  # data.shuffle_tags, data.tag_dropout (``data.captions.tag_augmentation``)
 
     def __call__(self, batch: dict, dit: nn.Module, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         return diffusion_loss(

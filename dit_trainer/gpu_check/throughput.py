@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from dit_trainer.assemble import build_trainer
 from dit_trainer.benchmark import time_steps
 from dit_trainer.components.build import build_components
 from dit_trainer.components.compile import compile_blocks
@@ -36,7 +37,6 @@ from dit_trainer.gpu_check.assets import Assets
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
 from dit_trainer.run_config import compose_train_config
 from dit_trainer.training.optim import build_optimizer
-from dit_trainer.training.run import build_trainer
 
 # model -> the recipe it is trained with (DiT-XL/2: the paper's class-conditional model; PixArt-XL/2: experiment=dit)
 RECIPES = {
@@ -239,8 +239,8 @@ def _trainer_steps(job: Job, cfg: TrainConfig, parts, device, work: Path) -> tup
     def make(batch: int) -> Callable[[], object]:
         sized = replace(cfg, trainer=replace(cfg.trainer, batch_size=batch))
         trainer = build_trainer(sized, work / f"run-{job.model}-{job.variant}-{batch}")
-        batches = trainer.batches()
-        return lambda: trainer.train_step(batches)
+        batches = trainer.step.batches()
+        return lambda: trainer.step(batches)
 
     return kernels, make
 

@@ -1,6 +1,6 @@
 """A GRPO run's parts from its config: its own copy of the weights it starts from, the epoch settings, the
-stochastic policy with its window of trained steps, the reference policy of the KL penalty, and the ``GRPOTrainer``
-on the training loop's parts."""
+stochastic policy with its window of trained steps, the reference policy of the KL penalty, and the ``GRPOStep``
+the training loop runs."""
 
 from __future__ import annotations
 
@@ -19,10 +19,11 @@ from dit_trainer.durable import link_or_copy_tree
 from dit_trainer.errors import ConfigError
 from dit_trainer.grpo.prompts import PromptSampler
 from dit_trainer.grpo.reference import ReferencePolicy, build_reference
-from dit_trainer.grpo.trainer import GRPOSettings, GRPOTrainer
+from dit_trainer.grpo.step import GRPOSettings, GRPOStep
 from dit_trainer.prompts import load_prompts
 from dit_trainer.rewards.build import build_reward
 from dit_trainer.sharding import is_sharded
+from dit_trainer.training.step import StepParts
 
 OWN_WEIGHTS = "init"  # RUN/init/<weights folder>: the weights a GRPO run started from, its own copy
 
@@ -97,18 +98,21 @@ def build_policy(cfg: TrainConfig, schedule: NoiseSchedule, device: torch.device
     return schedule.policy(g.sample_steps, device, g.noise_level, window.to(device))
 
 
-def build_grpo_trainer(
+def build_grpo_step(
     cfg: TrainConfig,
-    loop: dict,
+    loop: StepParts,
     parts: Components,
     frozen_dtype: torch.dtype,
     reference: ReferencePolicy | None,
     prompt_sampler: PromptSampler,
-) -> GRPOTrainer:
-    """The GRPO trainer on the loop's parts (``loop``: the ``Trainer`` arguments every run shares)."""
-    device = loop["accelerator"].device
-    return GRPOTrainer(
-        **loop,
+) -> GRPOStep:
+    """The GRPO step on the loop's parts (``loop``: what every method's step is given)."""
+    device = loop.accelerator.device
+    return GRPOStep(
+        accelerator=loop.accelerator,
+        dit=loop.dit,
+        state=loop.state,
+        updates=loop.updates,
         grpo=grpo_settings(cfg),
         policy=build_policy(cfg, parts.schedule.at_size(parts.latent_shape), device),
         vae=parts.vae,

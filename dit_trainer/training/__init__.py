@@ -1,3 +1,3 @@
-"""Training: the loop and its seams (loss function, update strategy, batches), checkpoints, EMA, monitors and
-trackers, and the checks of what a run does beyond its model and data. ``training.run.run(cfg, run_dir)`` is the
-entry point, ``training.run`` the composition root."""
+"""Training: the loop and its seams (a method's step, the update strategy and sequence), checkpoints, EMA, monitors
+and trackers, and the checks of what a run does beyond its model and data. The composition root that builds a run
+from its config is above this package: ``dit_trainer.assemble``."""

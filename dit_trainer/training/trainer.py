@@ -1,16 +1,15 @@
-"""The training loop: one optimizer step per iteration, then logging, checkpoints and monitors when they are due.
+"""The training loop: one step of the training method per iteration, then logging, checkpoints and monitors when
+they are due.
 
-The loop is model-agnostic. What a step computes is the ``loss_fn`` (batch, DiT, generator -> (B,) loss); how
-its gradients become an update is the ``update`` strategy (accelerate's accumulation and clipping, or DP-SGD).
-``train_step`` is the seam a trainer with another kind of step (GRPO's rollouts and policy updates) overrides: the
-loop, checkpoints, resume, monitors and metrics stay the same.
+The loop is model- and method-agnostic. What a step computes is the method's ``TrainingStep`` (``training.step``:
+the supervised step on data batches, or GRPO's epoch of rollouts and policy updates); how its gradients become an
+update is the ``update`` strategy (accelerate's accumulation and clipping, or DP-SGD) run by the one
+``UpdateSequence``. The loop, checkpoints, resume, monitors and metrics are the same for every method.
 """
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,20 +18,15 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from diffusers.training_utils import EMAModel
 from torch import nn
-from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from dit_trainer.data.poisson import is_empty
 from dit_trainer.run_folder import list_checkpoints
 from dit_trainer.run_lock import RunFolderLock
 from dit_trainer.run_summary import write_summary
-from dit_trainer.training.batches import resumable_batches
 from dit_trainer.training.checkpoint import Checkpointer
-from dit_trainer.training.data_health import BadFileCounter
 from dit_trainer.training.metrics import (
     METRIC_LINES,
     MetricsFile,
-    TimestepLossBuckets,
     mean_over_processes,
     metric_line,
     save_loss_curve,
@@ -40,14 +34,12 @@ from dit_trainer.training.metrics import (
 from dit_trainer.training.monitors import Monitor
 from dit_trainer.training.nonfinite import NonFiniteGuard
 from dit_trainer.training.preemption import PreemptionHandler
-from dit_trainer.training.preflight import preflight
+from dit_trainer.training.step import TrainingStep
 from dit_trainer.training.summary import RunEnd, summarize, summary_line
 from dit_trainer.training.tracker_media import Trackers
 from dit_trainer.training.update import Update
 
 logger = get_logger(__name__)
-
-LossFn = Callable[[dict, nn.Module, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -58,7 +50,6 @@ class LoopSettings:
     log_every: int
     checkpoint_every: int  # 0: only at the end
     images_per_step: int  # over all processes and accumulated micro-batches
-    data_path: str | None = None  # named when a streamed data set yields nothing
 
 
 @dataclass
@@ -73,10 +64,9 @@ class TrainResult:
 
 
 class Trainer:
-    """Trains ``dit`` on ``loss_fn`` with ``update``; checkpoints through ``checkpointer`` (whose ``state`` holds
-    the step and the generator every random draw of a step comes from). ``loss_fn``, ``dataloader`` and
-    ``bad_files`` are the data-driven step's; a subclass with its own ``batches`` and ``train_step`` (GRPO) needs
-    none of them."""
+    """Trains ``dit`` with the method's ``step`` (whose updates run through ``update``); checkpoints through
+    ``checkpointer``, whose ``state`` holds the step count and the generator every random draw of a step comes
+    from."""
 
     def __init__(
         self,
@@ -88,10 +78,7 @@ class Trainer:
         update: Update,
         checkpointer: Checkpointer,
         guard: NonFiniteGuard,
-        num_train_timesteps: int,
-        loss_fn: LossFn | None = None,
-        dataloader: DataLoader | None = None,
-        bad_files: BadFileCounter | None = None,
+        step: TrainingStep,
         ema: EMAModel | None = None,
         monitors: list[Monitor] | None = None,
         run_lock: RunFolderLock | None = None,
@@ -101,20 +88,16 @@ class Trainer:
         self.run_dir = run_dir
         self.accelerator = accelerator
         self.dit = dit
-        self.loss_fn = loss_fn
         self.update = update
-        self.dataloader = dataloader
         self.checkpointer = checkpointer
         self.state = checkpointer.state
         self.guard = guard
-        self.bad_files = bad_files
+        self.step = step
         self.ema = ema
         self.monitors = monitors or []
         self.run_lock = run_lock  # released when ``fit`` ends, however it ends
         self.trackers = trackers  # the monitors' images and the checkpoints' weights go there too
         self.metrics = MetricsFile(run_dir / "metrics.jsonl")
-        self.timestep_losses = TimestepLossBuckets(num_train_timesteps, accelerator.device)
-        self._preflight_done = False
         self._start_step, self._started, self.monitor_seconds = 0, time.perf_counter(), 0.0
 
     def resume(self, spec: str | None) -> None:
@@ -128,75 +111,13 @@ class Trainer:
         if self.accelerator.is_main_process:
             self.metrics.truncate_after(self.state.step)
 
-    def batches(self) -> Iterator[dict]:
-        """Endless batches, continuing the data order where a resumed run stopped."""
-        micro_steps = self.state.step * self.update.micro_batches
-        return resumable_batches(self.dataloader, self.accelerator, micro_steps, self.settings.data_path)
-
-    def train_step(self, batches: Iterator[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step over the update's micro-batches; returns (loss, grad norm).
-
-        Both stay tensors on the device: reading them (a GPU sync) waits for the next log step.
-        """
-
-        def micro_batches() -> Iterator[Callable[[], torch.Tensor]]:
-            for _ in range(self.update.micro_batches):
-                batch = next(batches)
-                self.bad_files.add(batch)
-                if not self._preflight_done and not is_empty(batch):
-                    self._preflight(batch)
-                yield functools.partial(self._backward, batch)
-
-        return self.apply_update(micro_batches())
-
-    def apply_update(self, backward_passes: Iterable[Callable[[], torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """The one update sequence every kind of step runs: each backward pass (its forward and backward; it returns
-        its mean loss, detached) under the update's accumulation, then, once the gradients are complete, their norm,
-        the non-finite guard and the optimizer step; the EMA follows an applied update. Returns (mean loss, grad
-        norm)."""
-        losses, grad_norm, finite = [], torch.tensor(float("nan")), True
-        for backward in backward_passes:
-            with self.update.accumulate():
-                losses.append(backward())
-                if self.update.sync_gradients:
-                    grad_norm = self.update.norm_before_step()
-                    finite = self.guard.check(torch.stack(losses).mean(), grad_norm)
-                    grad_norm = self.update.step(grad_norm, finite)
-        if finite and self.ema is not None:
-            self.ema.step(self.update.parameters)
-        return torch.stack(losses).mean(), grad_norm
-
-    def _backward(self, batch: dict) -> torch.Tensor:
-        """Forward and backward of one micro-batch; returns its mean loss."""
-        if is_empty(batch):  # only a Poisson draw (DP) can select no image
-            return self.update.backward_empty()
-        per_sample, timesteps = self.loss_fn(batch, self.dit, self.state.generator)
-        self.timestep_losses.add(per_sample, timesteps)
-        return self.update.backward(per_sample)
-
-    def _preflight(self, batch: dict) -> None:
-        """The doctor on the first batch of this process, with a copy of the trainer's generator: the step that
-        follows draws exactly what it would have drawn without the check."""
-        model = self.accelerator.unwrap_model(self.dit)
-        generator = torch.Generator(self.state.generator.device)
-        generator.set_state(self.state.generator.get_state())
-
-        def compute_loss() -> torch.Tensor:
-            with self.accelerator.autocast():
-                return self.loss_fn(batch, model, generator)[0].mean()
-
-        with self.update.diagnostics_paused():
-            preflight(model, compute_loss)
-        self._preflight_done = True
-
     def _is_due(self, every: int) -> bool:
         step = self.state.step
         return step == self.settings.max_steps or (every > 0 and step % every == 0)
 
     def _train_metrics(self, losses: list[torch.Tensor], grad_norm: torch.Tensor, since: float) -> dict[str, float]:
-        """What a log step writes: the step metrics, unreadable files, and the loss per timestep bucket."""
-        metrics = self._step_metrics(losses, grad_norm, since)
-        return metrics | self.bad_files.check() | self.timestep_losses.collect(self.accelerator)
+        """What a log step writes: the loop's step metrics, then the method's."""
+        return self._step_metrics(losses, grad_norm, since) | self.step.metrics()
 
     def _step_metrics(self, losses: list[torch.Tensor], grad_norm: torch.Tensor, since: float) -> dict[str, float]:
         """Loss (mean over the steps since the last log and over processes), lr, grad norm and throughput."""
@@ -243,7 +164,7 @@ class Trainer:
 
     def _fit(self) -> TrainResult:
         settings = self.settings
-        batches = self.batches()
+        batches = self.step.batches()
         progress = tqdm(
             total=settings.max_steps,
             initial=self.state.step,
@@ -258,7 +179,7 @@ class Trainer:
         with PreemptionHandler() as preemption:
             self.guard.preemption = preemption
             while self.state.step < settings.max_steps:
-                step_loss, grad_norm = self.train_step(batches)
+                step_loss, grad_norm = self.step(batches)
                 self.state.step += 1
                 window_losses.append(step_loss)
                 progress.update(1)

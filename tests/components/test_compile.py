@@ -10,9 +10,9 @@ import torch
 import torch._inductor.config
 from torch._dynamo.utils import counters
 
+from dit_trainer.assemble import build_trainer
 from dit_trainer.components.compile import apply_compile, compile_blocks
 from dit_trainer.errors import ConfigError
-from dit_trainer.training.run import build_trainer
 
 from ..conftest import QUIET, TINY_SHAPES, compose_config, one_paragraph, read_metrics
 

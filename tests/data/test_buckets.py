@@ -9,6 +9,7 @@ from itertools import islice
 import pytest
 import torch
 
+from dit_trainer.assemble import build_trainer
 from dit_trainer.data.buckets import (
     BucketTable,
     bucket_table,
@@ -22,7 +23,6 @@ from dit_trainer.data.precompute import precompute
 from dit_trainer.data.shapes import write_shapes_folder
 from dit_trainer.errors import ConfigError, ModelLoadError
 from dit_trainer.training.batches import resumable_batches
-from dit_trainer.training.run import build_trainer
 
 from ..conftest import TINY_SHAPES, compose_config
 from .files import CANVASES, SIZES, bucketed, shards_of
@@ -70,7 +70,7 @@ def test_a_bucketed_folder_gives_single_bucket_batches_and_resumes_exactly(tmp_p
         trainer = build_trainer(compose_config([*TINY_SHAPES, *bucketed(tmp_path / "images")]), tmp_path / "run")
     assert "32x32: 16, 24x40: 16, 40x24: 16" in caplog.text
     assert len(list((tmp_path / "run" / "image_sizes").glob("*.json"))) == 1  # the sizes index: the run's own
-    loader, accelerator = trainer.dataloader, trainer.accelerator
+    loader, accelerator = trainer.step.dataloader, trainer.accelerator
     batches = list(islice(resumable_batches(loader, accelerator, 0), 30))  # 2.5 epochs of 12 batches
     assert {tuple(batch["image"].shape[-2:]) for batch in batches} == set(SIZES)
     assert all(len(batch["image"]) == 4 for batch in batches)
@@ -93,7 +93,7 @@ def test_a_bucketed_cache_keeps_each_items_bucket(tmp_path, source):
     assert index["fingerprint"]["bucket_sizes"] == [list(size) for size in SIZES]
     trainer = build_trainer(compose_config(overrides), tmp_path / "run")
     assert not (tmp_path / "run" / "image_sizes").exists()  # training from the cache reads no sizes
-    batches = list(islice(trainer.batches(), 12))
+    batches = list(islice(trainer.step.batches(), 12))
     latent_sizes = {tuple(batch["latent_mean"].shape[-2:]) for batch in batches}
     assert latent_sizes == {(h // 2, w // 2) for h, w in SIZES}  # the shapes VAE halves each side
     with pytest.raises(ConfigError, match=r"data\.cache_dir.*other settings.*bucket_sizes"):
@@ -106,8 +106,8 @@ def test_a_bucketed_stream_assembles_single_bucket_batches_and_resumes_exactly(t
     overrides = [*TINY_SHAPES, *bucketed(tmp_path / "images"), "data=webdataset", f"data.path={shards}",
                  "data.shuffle_buffer=8"]  # fmt: skip
     trainer = build_trainer(compose_config(overrides), tmp_path / "run")
-    batches = list(islice(trainer.batches(), 25))  # 10 or 11 full batches an epoch: the tails are dropped
+    batches = list(islice(trainer.step.batches(), 25))  # 10 or 11 full batches an epoch: the tails are dropped
     assert {tuple(batch["image"].shape[-2:]) for batch in batches} == set(SIZES)
     assert all(len(batch["caption"]) == 4 for batch in batches)
-    resumed = list(islice(resumable_batches(trainer.dataloader, trainer.accelerator, 13), 12))
+    resumed = list(islice(resumable_batches(trainer.step.dataloader, trainer.accelerator, 13), 12))
     assert all(torch.equal(a["image"], b["image"]) for a, b in zip(resumed, batches[13:], strict=True))

@@ -35,7 +35,7 @@ def _small_data(tmp_path, source: str) -> list[str]:
 
 @pytest.mark.parametrize("source", ["shapes", "imagefolder", "cache", "dp"])
 def test_a_data_set_smaller_than_one_batch_is_refused_before_training(tmp_path, source):
-    from dit_trainer.training.run import run
+    from dit_trainer.assemble import run
 
     cfg = compose_config([*_small_data(tmp_path, source), "validation.every_n_steps=500", "validation.split=0.032"])
     with pytest.raises(ConfigError) as caught:

@@ -8,13 +8,13 @@ from itertools import islice
 import pytest
 import torch
 
+from dit_trainer.assemble import build_trainer
 from dit_trainer.config import DataConfig, MixtureSource
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.source import build_dataset
 from dit_trainer.data.stream_loader import StreamLoader
 from dit_trainer.errors import ConfigError
 from dit_trainer.training.batches import resumable_batches
-from dit_trainer.training.run import build_trainer
 
 from ..conftest import QUIET, TINY_SHAPES, compose_config, read_metrics
 from .files import captioned_shards, mixture_overrides, photos_folder
@@ -22,15 +22,15 @@ from .files import captioned_shards, mixture_overrides, photos_folder
 
 def test_a_mixture_trains_by_weight_resumes_exactly_and_counts_skips_per_source(tmp_path):
     trainer = build_trainer(compose_config(mixture_overrides(tmp_path, "data.cache_latents=false")), tmp_path / "run")
-    batches = list(islice(trainer.batches(), 40))  # two epochs of 20 batches
+    batches = list(islice(trainer.step.batches(), 40))  # two epochs of 20 batches
     captions = [caption for batch in batches for caption in batch["caption"]]
     photos = sum(caption.startswith("photo") for caption in captions)
     assert photos == 40  # a quarter of each epoch's 80 items
-    resumed = list(islice(resumable_batches(trainer.dataloader, trainer.accelerator, 23), 17))
+    resumed = list(islice(resumable_batches(trainer.step.dataloader, trainer.accelerator, 23), 17))
     assert [batch["caption"] for batch in resumed] == [batch["caption"] for batch in batches[23:]]
     for batch in batches:
-        trainer.bad_files.add(batch)
-    counts = trainer.bad_files.check()
+        trainer.step.bad_files.add(batch)
+    counts = trainer.step.bad_files.check()
     assert counts["data/skipped/photos"] == counts["data/skipped"] > 0
     assert counts["data/skipped/imagefolder0"] == 0
 

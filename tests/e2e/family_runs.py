@@ -13,10 +13,10 @@ import torch
 from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
+from dit_trainer.assemble import run
 from dit_trainer.config import ExportConfig
 from dit_trainer.export import MANIFEST, ExportResult, export_run
 from dit_trainer.run_config import to_train_config
-from dit_trainer.training.run import run
 
 from ..conftest import CONFIG_DIR, TINY_SHAPES, read_metrics
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from PIL import Image
 
+from dit_trainer.assemble import build_trainer
 from dit_trainer.components.vae import PixelVAE
 from dit_trainer.data.split import split_indices, validation_images
 from dit_trainer.fid import LatentFeatures, validation_reference
-from dit_trainer.training.run import build_trainer
 
 from ..conftest import CPU_PROCESSES, TINY_SHAPES, accelerate_launch, compose_config, run_script, validation_monitor
 from ..data.files import BUCKETS, CANVASES, captioned_folder, photos_folder
@@ -41,7 +41,7 @@ def sides(overrides: list[str], tmp_path: Path, epochs: int = 3) -> tuple[set[st
     validated = {caption for batch in validation_monitor(trainer).batches for caption in batch["caption"]}
     reference = {item["caption"] for item in validation_images(cfg.data, cfg.validation)}
     steps = epochs * len(trainer.dataloader)
-    trained = {caption for batch in islice(trainer.batches(), steps) for caption in batch["caption"]}
+    trained = {caption for batch in islice(trainer.step.batches(), steps) for caption in batch["caption"]}
     return validated, reference, trained
 
 

@@ -3,8 +3,8 @@ checkpoint."""
 
 import pytest
 
+from dit_trainer.assemble import build_trainer
 from dit_trainer.run_folder import list_checkpoints
-from dit_trainer.training.run import build_trainer
 
 from ..conftest import TINY_SHAPES, VALIDATE, compose_config, read_metrics, train_here, validation_monitor
 

@@ -19,7 +19,7 @@ from ..conftest import (
 
 
 def test_an_init_checkpoint_whose_weights_are_only_a_pickle_is_refused(tmp_path):
-    from dit_trainer.training.run import save_resolved_config
+    from dit_trainer.assemble import save_resolved_config
 
     init = tmp_path / "init"
     checkpoint = init / "checkpoints" / "checkpoint-3"

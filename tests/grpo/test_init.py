@@ -16,7 +16,7 @@ from ..conftest import TINY_SHAPES, compose_config, grpo_overrides
 def fake_init_run(tmp_path) -> Path:
     """A run folder as train.py leaves it, as far as ``grpo.init_from`` reads it: the TINY_SHAPES config and a
     complete (empty) checkpoint with raw and EMA weight folders. No training: the config checks run in-process."""
-    from dit_trainer.training.run import save_resolved_config
+    from dit_trainer.assemble import save_resolved_config
 
     run_dir = tmp_path / "init"
     checkpoint = run_dir / "checkpoints" / "checkpoint-7"
@@ -59,7 +59,7 @@ def test_grpo_config_refuses_what_it_cannot_start_from(fake_init_run, tmp_path):
     with pytest.raises(ConfigError, match=r"grpo\.steps_per_trajectory.*only 3 trained steps.*=3` or lower"):
         _grpo_config(fake_init_run, "grpo.steps_per_trajectory=4")  # 4 sampler steps, the last deterministic
 
-    from dit_trainer.training.run import save_resolved_config
+    from dit_trainer.assemble import save_resolved_config
 
     lora = compose_config([*TINY_SHAPES, f"model.pretrained={fake_init_run}", "lora.enabled=true"])
     save_resolved_config(lora, fake_init_run / "config.yaml")

@@ -74,7 +74,7 @@ def test_an_old_schedule_state_of_8_processes_continues_as_the_uninterrupted_run
 
 def tiny_run(tmp_path, kind: str, ema_decay: float = 0.0, groups: int = 1) -> tuple[Accelerator, Checkpointer, object]:
     """A prepared tiny DiT, its optimizer (in ``groups`` parameter groups) and the schedule of ``kind`` (10,000
-    steps, 500 of warm-up), and its checkpointer, as ``training/run.py`` wires them."""
+    steps, 500 of warm-up), and its checkpointer, as ``assemble.py`` wires them."""
     accelerator, cfg = Accelerator(cpu=True, step_scheduler_with_optimizer=False), schedule_cfg(kind, 500, 10_000)
     dit = build_tiny_transformer()
     weights = list(dit.parameters())

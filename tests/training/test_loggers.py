@@ -16,9 +16,9 @@ import pytest
 import wandb
 from wandb.proto import wandb_internal_pb2
 
+from dit_trainer.assemble import build_trainer
 from dit_trainer.config import LoggerConfig
 from dit_trainer.errors import ConfigError
-from dit_trainer.training.run import build_trainer
 from dit_trainer.training.trackers import check_trackers
 
 from ..conftest import TINY_SHAPES, compose_config, read_metrics

@@ -13,13 +13,13 @@ from opacus.accountants import PRVAccountant
 from torch.func import functional_call, grad, vmap
 from torch.utils.data import TensorDataset
 
+from dit_trainer.assemble import build_trainer
 from dit_trainer.components.modulation import expose_modulation_tables
 from dit_trainer.condition import Condition
 from dit_trainer.config import PrivacyConfig
 from dit_trainer.diffusion.loss import per_sample_mse
 from dit_trainer.errors import ConfigError
 from dit_trainer.training.privacy import check_model, make_private, noise_multiplier
-from dit_trainer.training.run import build_trainer
 
 from ..conftest import TINY_BATCH, TINY_CONDITION_DIM, TINY_SHAPES, compose_config, tiny_batch
 

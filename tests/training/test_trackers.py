@@ -9,8 +9,8 @@ import logging
 import pytest
 import wandb
 
+from dit_trainer.assemble import build_accelerator, build_trainer
 from dit_trainer.config import LoggerConfig, PrivacyConfig, TrainConfig
-from dit_trainer.training.run import build_accelerator, build_trainer
 from dit_trainer.training.trackers import start_trackers
 
 from ..conftest import QUIET, TINY_SHAPES, compose_config, read_metrics

@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from dit_trainer.training.run import build_trainer
+from dit_trainer.assemble import build_trainer
 
 from ..conftest import TINY_SHAPES, compose_config
 
@@ -21,6 +21,6 @@ def test_the_optimizer_steps_on_gradients_clipped_to_max_grad_norm(tmp_path, max
             torch.nn.utils.get_total_norm([p.grad for p in trainer.dit.parameters()])
         )
     )
-    _, grad_norm = trainer.train_step(trainer.batches())
+    _, grad_norm = trainer.step(trainer.step.batches())
     expected = min(grad_norm.item(), max_grad_norm or float("inf"))
     assert grad_norm.item() > 1e-3 and seen[0].item() == pytest.approx(expected, rel=1e-5)

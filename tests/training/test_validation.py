@@ -5,8 +5,8 @@ from itertools import islice
 
 import pytest
 
+from dit_trainer.assemble import build_trainer
 from dit_trainer.data.precompute import precompute
-from dit_trainer.training.run import build_trainer
 
 from ..conftest import TINY_SHAPES, VALIDATE, compose_config, validation_monitor
 from ..data.files import captioned_folder
@@ -26,7 +26,7 @@ def test_held_out_images_are_never_trained_on(tmp_path, cached):
         overrides.append("data.horizontal_flip=true")
     trainer = build_trainer(compose_config(overrides), tmp_path / "run")
     held_out = {caption for batch in validation_monitor(trainer).batches for caption in batch["caption"]}
-    trained = {caption for batch in islice(trainer.batches(), 30) for caption in batch["caption"]}
+    trained = {caption for batch in islice(trainer.step.batches(), 30) for caption in batch["caption"]}
     assert len(held_out) == 5 and len(trained) == 35  # 3 epochs of 8 full batches reach every training image
     assert not held_out & trained
 

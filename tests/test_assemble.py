@@ -1,4 +1,4 @@
-"""The composition root (``training/run.py``): what a step uses is where accelerate put the trained model, and a
+"""The composition root (``assemble.py``): what a step uses is where accelerate put the trained model, and a
 collective waits long enough for the main process's monitors.
 
 On a GPU, ``accelerator.prepare`` moves the DiT to the device; a module built from it before (a frozen copy) stays
@@ -12,9 +12,9 @@ import accelerate
 import pytest
 import torch
 
-from dit_trainer.training.run import build_accelerator, build_trainer
+from dit_trainer.assemble import build_accelerator, build_trainer
 
-from ..conftest import GRPO_PROMPTS, SHAPES_TRANSFORMER, build_tiny_transformer, compose_config
+from .conftest import GRPO_PROMPTS, SHAPES_TRANSFORMER, build_tiny_transformer, compose_config
 
 META = torch.device("meta")
 
@@ -42,7 +42,7 @@ def test_the_grpo_kl_reference_is_where_the_trained_model_is(tmp_path, prepare_m
     trainer = build_trainer(cfg, tmp_path / "run")
     try:
         assert devices(trainer.dit) == {"meta"}
-        assert devices(trainer.reference.model) == {"meta"}
+        assert devices(trainer.step.reference.model) == {"meta"}
     finally:
         trainer.run_lock.release()
 

@@ -34,7 +34,7 @@ from dit_trainer.diffusion.sampler import TextToImage
 from dit_trainer.durable import write_text_atomically
 from dit_trainer.errors import ConfigError
 from dit_trainer.grpo.build import (
-    build_grpo_trainer,
+    build_grpo_step,
     build_kl_reference,
     build_prompt_sampler,
     own_starting_weights,
@@ -65,6 +65,8 @@ from dit_trainer.training.optim import build_ema, build_lr_scheduler, build_opti
 from dit_trainer.training.optimizers import check_sharded_optimizer
 from dit_trainer.training.privacy import PrivateTraining, check_private_launch, make_private
 from dit_trainer.training.shapes_vae import warn_shapes_vae_on_other_data
+from dit_trainer.training.step import StepParts, UpdateSequence
+from dit_trainer.training.supervised import SupervisedStep
 from dit_trainer.training.text_cost import warn_live_text_encoding
 from dit_trainer.training.tracker_media import Trackers
 from dit_trainer.training.trackers import check_trackers, start_trackers, tracker_name
@@ -147,7 +149,6 @@ def loop_settings(cfg: TrainConfig, accelerator: Accelerator) -> LoopSettings:
         log_every=t.log_every,
         checkpoint_every=t.checkpoint_every,
         images_per_step=per_process * t.gradient_accumulation_steps * accelerator.num_processes,
-        data_path=cfg.data.path,
     )
 
 
@@ -251,7 +252,8 @@ def build_trainer(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
 
 
 def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, lock: RunFolderLock | None) -> Trainer:
-    """``build_trainer`` once the run folder is held: a ``Trainer`` on the data, or a ``GRPOTrainer`` on rewards."""
+    """``build_trainer`` once the run folder is held: a ``Trainer`` whose step trains on the data, or on rewards
+    (GRPO)."""
     grpo = cfg.grpo.enabled
     if grpo and cfg.grpo.init_weights:  # started from another run: its weights are copied here first
         cfg = own_starting_weights(cfg, run_dir, accelerator)
@@ -294,27 +296,18 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     prompt_sampler = build_prompt_sampler(cfg) if grpo else None
     checkpointer = build_checkpointer(cfg, accelerator, run_dir, update, ema, privacy, prompt_sampler, dataloader)
     advice = nonfinite_advice(cfg, accelerator)
-    loop = {
-        "settings": loop_settings(cfg, accelerator),
-        "run_dir": run_dir,
-        "accelerator": accelerator,
-        "dit": dit,
-        "update": update,
-        "checkpointer": checkpointer,
-        "guard": NonFiniteGuard(
-            accelerator, dit, checkpointer.state, cfg.trainer.max_consecutive_nonfinite, advice, update.current_lr
-        ),
-        "ema": ema,
-        "monitors": monitors,
-        "num_train_timesteps": parts.schedule.num_train_timesteps,
-        "run_lock": lock,
-        "trackers": trackers,
-    }
+    guard = NonFiniteGuard(
+        accelerator, dit, checkpointer.state, cfg.trainer.max_consecutive_nonfinite, advice, update.current_lr
+    )
+    loop = StepParts(accelerator, dit, checkpointer.state, UpdateSequence(update, guard, ema))
     if grpo:
-        trainer = build_grpo_trainer(cfg, loop, parts, frozen_dtype, reference, prompt_sampler)
+        step = build_grpo_step(cfg, loop, parts, frozen_dtype, reference, prompt_sampler)
     else:
-        trainer = Trainer(
-            **loop,
+        step = SupervisedStep(
+            accelerator=accelerator,
+            dit=dit,
+            state=checkpointer.state,
+            updates=loop.updates,
             loss_fn=DiffusionLoss(
                 parts.vae,
                 parts.text_encoder,
@@ -327,7 +320,23 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
             bad_files=BadFileCounter(
                 accelerator, cfg.data.max_bad_fraction, cfg.data.path, source_names(cfg.data.mixture)
             ),
+            num_train_timesteps=parts.schedule.num_train_timesteps,
+            data_path=cfg.data.path,
         )
+    trainer = Trainer(
+        settings=loop_settings(cfg, accelerator),
+        run_dir=run_dir,
+        accelerator=accelerator,
+        dit=dit,
+        update=update,
+        checkpointer=checkpointer,
+        guard=guard,
+        step=step,
+        ema=ema,
+        monitors=monitors,
+        run_lock=lock,
+        trackers=trackers,
+    )
     trainer.resume(cfg.trainer.resume)
     if accelerator.is_main_process:
         save_resolved_config(cfg, run_dir / CONFIG)

@@ -1,6 +1,6 @@
-"""The GRPO step in the training loop: each step is one epoch of rollouts, rewards, group advantages and policy
-updates. Everything else (checkpoints, exact resume, monitors, metrics, preemption, the non-finite guard, EMA) is
-the ``Trainer``'s.
+"""The GRPO step in the training loop (a ``training.step.TrainingStep``): each step is one epoch of rollouts,
+rewards, group advantages and policy updates, each update through the ``UpdateSequence`` every method shares.
+Everything else (checkpoints, exact resume, monitors, metrics, preemption) is the ``Trainer``'s.
 
 An epoch on each process: draw ``prompts_per_epoch`` prompts, roll out ``group_size`` trajectories each with the
 raw weights (``roll_out``), decode and score the final latents, turn rewards into advantages within each prompt's
@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+from accelerate import Accelerator
 from torch import nn
 
 from dit_trainer.diffusion.policy import StochasticPolicy
@@ -26,8 +27,9 @@ from dit_trainer.grpo.reference import ReferencePolicy
 from dit_trainer.grpo.rollout import Rollout, recompute_steps, roll_out
 from dit_trainer.rewards.base import WeightedReward
 from dit_trainer.rewards.grpo import group_statistics
+from dit_trainer.training.checkpoint import TrainingState
 from dit_trainer.training.preflight import preflight
-from dit_trainer.training.trainer import Trainer
+from dit_trainer.training.step import UpdateSequence
 
 
 @dataclass(frozen=True)
@@ -61,13 +63,18 @@ def steps_to_train(window: torch.Tensor, count: int, k: int | None, generator: t
     return window[draws.argsort(dim=1)[:, :k].cpu()]
 
 
-class GRPOTrainer(Trainer):
-    """A ``Trainer`` whose step is a GRPO epoch. ``policy`` is the stochastic sampler (its ``stochastic`` steps
-    are the trained ones); ``reference`` is needed only with ``beta`` > 0."""
+class GRPOStep:
+    """A GRPO epoch as the training loop's step. ``policy`` is the stochastic sampler (its ``stochastic`` steps are
+    the trained ones); ``reference`` is needed only with ``beta`` > 0; every random draw comes from ``state``'s
+    generator, so a resumed run draws what the uninterrupted one did."""
 
     def __init__(
         self,
         *,
+        accelerator: Accelerator,
+        dit: nn.Module,
+        state: TrainingState,
+        updates: UpdateSequence,
         grpo: GRPOSettings,
         policy: StochasticPolicy,
         vae: nn.Module,
@@ -76,9 +83,11 @@ class GRPOTrainer(Trainer):
         latent_shape: tuple[int, int, int],
         prompt_sampler: PromptSampler,
         reference: ReferencePolicy | None = None,
-        **loop,
     ) -> None:
-        super().__init__(**loop)
+        self.accelerator = accelerator
+        self.dit = dit
+        self.state = state
+        self.updates = updates
         self.grpo = grpo
         self.prompt_sampler = prompt_sampler  # checkpointed with the run (a JSON state of the checkpointer)
         self.policy = policy
@@ -89,6 +98,7 @@ class GRPOTrainer(Trainer):
         self.latent_shape = latent_shape
         self.reference = reference
         self.epoch_metrics: dict[str, float] = {}
+        self._preflight_done = False
         self.dit.eval()  # no dropout: the policy that rolls out is the one updated
 
     def batches(self) -> Iterator[list[int]]:
@@ -97,7 +107,7 @@ class GRPOTrainer(Trainer):
         while True:
             yield self.prompt_sampler.draw(self.state.generator)
 
-    def train_step(self, batches: Iterator[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, batches: Iterator[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """One epoch: roll out, score, advantages, updates. Returns (mean policy loss, last gradient norm)."""
         start = time.perf_counter()
         prompt_indices = next(batches)
@@ -217,9 +227,9 @@ class GRPOTrainer(Trainer):
         def backward() -> torch.Tensor:
             per_row, update_stats = self.policy_loss(self.dit, rollout, advantages, rows, steps)
             stats.update(update_stats)
-            return self.update.backward(per_row)
+            return self.updates.update.backward(per_row)
 
-        loss, grad_norm = self.apply_update([backward])
+        loss, grad_norm = self.updates.apply([backward])
         return loss, grad_norm, stats
 
     def policy_loss(
@@ -243,5 +253,6 @@ class GRPOTrainer(Trainer):
         stats["policy/loss"] = loss.detach().mean()
         return loss, stats
 
-    def _train_metrics(self, losses: list[torch.Tensor], grad_norm: torch.Tensor, since: float) -> dict[str, float]:
-        return self._step_metrics(losses, grad_norm, since) | self.epoch_metrics
+    def metrics(self) -> dict[str, float]:
+        """The last epoch's rollout, reward and update statistics (each already over every process)."""
+        return self.epoch_metrics

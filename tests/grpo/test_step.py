@@ -1,4 +1,4 @@
-"""The GRPO step (``grpo/trainer.py``): each trajectory trains its own random steps of the window, drawn from the
+"""The GRPO step (``grpo/step.py``): each trajectory trains its own random steps of the window, drawn from the
 generator alone; and the GRPO modules import first, before the training loop."""
 
 import importlib
@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from dit_trainer.grpo.trainer import steps_to_train
+from dit_trainer.grpo.step import steps_to_train
 
 
 def test_each_trajectory_trains_its_own_random_steps_of_the_window():
@@ -29,7 +29,7 @@ def test_each_trajectory_trains_its_own_random_steps_of_the_window():
     assert torch.equal(generator.get_state(), state)
 
 
-@pytest.mark.parametrize("module", ["dit_trainer.grpo.build", "dit_trainer.grpo.trainer"])
+@pytest.mark.parametrize("module", ["dit_trainer.grpo.build", "dit_trainer.grpo.step"])
 def test_grpo_modules_import_first(module):
     """A GRPO module imports when neither it nor the training loop has been imported yet, as in a fresh
     interpreter. (Here the loop's modules are dropped from ``sys.modules`` and put back afterwards; the privacy

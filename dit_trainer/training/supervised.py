@@ -1,0 +1,96 @@
+"""The supervised step (``trainer.method=sft``, the default): noise or velocity prediction on the data loader's
+batches, one optimizer update over the update's micro-batches, the gradient-flow doctor before the first one."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+
+import torch
+from accelerate import Accelerator
+from torch import nn
+from torch.utils.data import DataLoader
+
+from dit_trainer.data.poisson import is_empty
+from dit_trainer.training.batches import resumable_batches
+from dit_trainer.training.checkpoint import TrainingState
+from dit_trainer.training.data_health import BadFileCounter
+from dit_trainer.training.metrics import TimestepLossBuckets
+from dit_trainer.training.preflight import preflight
+from dit_trainer.training.step import UpdateSequence
+
+LossFn = Callable[[dict, nn.Module, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+
+
+class SupervisedStep:
+    """``loss_fn`` (batch, DiT, generator -> (B,) loss and its timesteps) on ``dataloader``'s batches; each random
+    draw from ``state``'s generator, so a resumed run draws what the uninterrupted one did."""
+
+    def __init__(
+        self,
+        *,
+        accelerator: Accelerator,
+        dit: nn.Module,
+        state: TrainingState,
+        updates: UpdateSequence,
+        loss_fn: LossFn,
+        dataloader: DataLoader,
+        bad_files: BadFileCounter,
+        num_train_timesteps: int,
+        data_path: str | None = None,
+    ) -> None:
+        self.accelerator = accelerator
+        self.dit = dit
+        self.state = state
+        self.updates = updates
+        self.loss_fn = loss_fn
+        self.dataloader = dataloader
+        self.bad_files = bad_files
+        self.data_path = data_path  # named when a streamed data set yields nothing
+        self.timestep_losses = TimestepLossBuckets(num_train_timesteps, accelerator.device)
+        self._preflight_done = False
+
+    def batches(self) -> Iterator[dict]:
+        """Endless batches, continuing the data order where a resumed run stopped."""
+        micro_steps = self.state.step * self.updates.update.micro_batches
+        return resumable_batches(self.dataloader, self.accelerator, micro_steps, self.data_path)
+
+    def __call__(self, batches: Iterator[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer update over the update's micro-batches; (loss, gradient norm)."""
+
+        def micro_batches() -> Iterator[Callable[[], torch.Tensor]]:
+            for _ in range(self.updates.update.micro_batches):
+                batch = next(batches)
+                self.bad_files.add(batch)
+                if not self._preflight_done and not is_empty(batch):
+                    self._preflight(batch)
+                yield functools.partial(self._backward, batch)
+
+        return self.updates.apply(micro_batches())
+
+    def metrics(self) -> dict[str, float]:
+        """Unreadable files skipped, and the loss per timestep bucket since the last log step."""
+        return self.bad_files.check() | self.timestep_losses.collect(self.accelerator)
+
+    def _backward(self, batch: dict) -> torch.Tensor:
+        """Forward and backward of one micro-batch; returns its mean loss."""
+        if is_empty(batch):  # only a Poisson draw (DP) can select no image
+            return self.updates.update.backward_empty()
+        per_sample, timesteps = self.loss_fn(batch, self.dit, self.state.generator)
+        self.timestep_losses.add(per_sample, timesteps)
+        return self.updates.update.backward(per_sample)
+
+    def _preflight(self, batch: dict) -> None:
+        """The doctor on the first batch of this process, with a copy of the step's generator: the step that
+        follows draws exactly what it would have drawn without the check."""
+        model = self.accelerator.unwrap_model(self.dit)
+        generator = torch.Generator(self.state.generator.device)
+        generator.set_state(self.state.generator.get_state())
+
+        def compute_loss() -> torch.Tensor:
+            with self.accelerator.autocast():
+                return self.loss_fn(batch, model, generator)[0].mean()
+
+        with self.updates.update.diagnostics_paused():
+            preflight(model, compute_loss)
+        self._preflight_done = True
