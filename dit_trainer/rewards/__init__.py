@@ -13,6 +13,7 @@ REWARDS = Registry(
     {
         "shapes_alignment": "dit_trainer.rewards.shapes:SHAPES_ALIGNMENT",
         "shapes_margin": "dit_trainer.rewards.shapes:SHAPES_MARGIN",
+        "shapes_classifier": "dit_trainer.rewards.shape_classifier:SHAPES_CLASSIFIER",
         "clip_score": "dit_trainer.rewards.clip:CLIP_SCORE",
         "jpeg_compressibility": "dit_trainer.rewards.jpeg:JPEG_COMPRESSIBILITY",
         "digit_accuracy": "dit_trainer.rewards.digits:DIGIT_ACCURACY",
