@@ -40,7 +40,7 @@ def sides(overrides: list[str], tmp_path: Path, epochs: int = 3) -> tuple[set[st
     trainer = build_trainer(cfg, tmp_path / "run")
     validated = {caption for batch in validation_monitor(trainer).batches for caption in batch["caption"]}
     reference = {item["caption"] for item in validation_images(cfg.data, cfg.validation)}
-    steps = epochs * len(trainer.dataloader)
+    steps = epochs * len(trainer.step.dataloader)
     trained = {caption for batch in islice(trainer.step.batches(), steps) for caption in batch["caption"]}
     return validated, reference, trained
 
