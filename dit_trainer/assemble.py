@@ -304,10 +304,7 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
         step = build_grpo_step(cfg, loop, parts, frozen_dtype, reference, prompt_sampler)
     else:
         step = SupervisedStep(
-            accelerator=accelerator,
-            dit=dit,
-            state=checkpointer.state,
-            updates=loop.updates,
+            loop,
             loss_fn=DiffusionLoss(
                 parts.vae,
                 parts.text_encoder,

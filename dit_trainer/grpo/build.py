@@ -109,10 +109,7 @@ def build_grpo_step(
     """The GRPO step on the loop's parts (``loop``: what every method's step is given)."""
     device = loop.accelerator.device
     return GRPOStep(
-        accelerator=loop.accelerator,
-        dit=loop.dit,
-        state=loop.state,
-        updates=loop.updates,
+        loop,
         grpo=grpo_settings(cfg),
         policy=build_policy(cfg, parts.schedule.at_size(parts.latent_shape), device),
         vae=parts.vae,

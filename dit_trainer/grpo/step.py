@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from accelerate import Accelerator
 from torch import nn
 
 from dit_trainer.diffusion.policy import StochasticPolicy
@@ -27,9 +26,8 @@ from dit_trainer.grpo.reference import ReferencePolicy
 from dit_trainer.grpo.rollout import Rollout, recompute_steps, roll_out
 from dit_trainer.rewards.base import WeightedReward
 from dit_trainer.rewards.grpo import group_statistics
-from dit_trainer.training.checkpoint import TrainingState
 from dit_trainer.training.preflight import preflight
-from dit_trainer.training.step import UpdateSequence
+from dit_trainer.training.step import StepParts
 
 
 @dataclass(frozen=True)
@@ -70,11 +68,8 @@ class GRPOStep:
 
     def __init__(
         self,
+        parts: StepParts,
         *,
-        accelerator: Accelerator,
-        dit: nn.Module,
-        state: TrainingState,
-        updates: UpdateSequence,
         grpo: GRPOSettings,
         policy: StochasticPolicy,
         vae: nn.Module,
@@ -84,10 +79,7 @@ class GRPOStep:
         prompt_sampler: PromptSampler,
         reference: ReferencePolicy | None = None,
     ) -> None:
-        self.accelerator = accelerator
-        self.dit = dit
-        self.state = state
-        self.updates = updates
+        self.accelerator, self.dit, self.state, self.updates = parts.accelerator, parts.dit, parts.state, parts.updates
         self.grpo = grpo
         self.prompt_sampler = prompt_sampler  # checkpointed with the run (a JSON state of the checkpointer)
         self.policy = policy

@@ -7,17 +7,15 @@ import functools
 from collections.abc import Callable, Iterator
 
 import torch
-from accelerate import Accelerator
 from torch import nn
 from torch.utils.data import DataLoader
 
 from dit_trainer.data.poisson import is_empty
 from dit_trainer.training.batches import resumable_batches
-from dit_trainer.training.checkpoint import TrainingState
 from dit_trainer.training.data_health import BadFileCounter
 from dit_trainer.training.metrics import TimestepLossBuckets
 from dit_trainer.training.preflight import preflight
-from dit_trainer.training.step import UpdateSequence
+from dit_trainer.training.step import StepParts
 
 LossFn = Callable[[dict, nn.Module, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
 
@@ -28,26 +26,20 @@ class SupervisedStep:
 
     def __init__(
         self,
+        parts: StepParts,
         *,
-        accelerator: Accelerator,
-        dit: nn.Module,
-        state: TrainingState,
-        updates: UpdateSequence,
         loss_fn: LossFn,
         dataloader: DataLoader,
         bad_files: BadFileCounter,
         num_train_timesteps: int,
         data_path: str | None = None,
     ) -> None:
-        self.accelerator = accelerator
-        self.dit = dit
-        self.state = state
-        self.updates = updates
+        self.accelerator, self.dit, self.state, self.updates = parts.accelerator, parts.dit, parts.state, parts.updates
         self.loss_fn = loss_fn
         self.dataloader = dataloader
         self.bad_files = bad_files
         self.data_path = data_path  # named when a streamed data set yields nothing
-        self.timestep_losses = TimestepLossBuckets(num_train_timesteps, accelerator.device)
+        self.timestep_losses = TimestepLossBuckets(num_train_timesteps, self.accelerator.device)
         self._preflight_done = False
 
     def batches(self) -> Iterator[dict]:
