@@ -25,6 +25,7 @@ from dit_trainer.config import register_configs
 from dit_trainer.config.command_line import check_command_line
 from dit_trainer.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PREEMPTED, USER_ERRORS, ConfigError, exit_code
 from dit_trainer.failures import FailureWatch, is_multi_process, record_failure
+from dit_trainer.process_exit import exit_without_finalizing
 from dit_trainer.run_config import continue_run, to_train_config
 from dit_trainer.run_folder import discard_refused_start
 
@@ -87,4 +88,11 @@ if __name__ == "__main__":
             changed = " ".join(continuation.overrides) or "none"
             print(f"Continuing {continuation.run_dir} from {start} {where}, with the config it recorded and the "
                   f"overrides given now: {changed}")  # fmt: skip
-    main()
+    if not is_multi_process():
+        main()
+    else:  # everything is written once main returns: no interpreter teardown may hang the launch
+        try:
+            main()
+        except SystemExit as stop:
+            exit_without_finalizing(stop.code)
+        exit_without_finalizing()

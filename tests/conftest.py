@@ -92,15 +92,24 @@ def compose_config(overrides: list[str]) -> TrainConfig:
 
 
 def run_script(args: list[str], timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run a repository script (``train.py``, ``scripts/...``) in a subprocess, as a user would."""
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+    """Run a repository script (``train.py``, ``scripts/...``) in a subprocess, as a user would. One that runs past
+    ``timeout`` fails with the end of what it printed: where it hung."""
+    try:
+        return subprocess.run(
+            [sys.executable, *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+        )
+    except subprocess.TimeoutExpired as error:
+        printed = "\n".join(_text(stream)[-3000:] for stream in (error.stdout, error.stderr))
+        raise AssertionError(f"{' '.join(args[:4])} ... ran past {timeout} s; it printed last:\n{printed}") from None
+
+
+def _text(stream: bytes | str | None) -> str:
+    return stream.decode(errors="replace") if isinstance(stream, bytes) else stream or ""
 
 
 def train(run_dir: Path, *overrides: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
