@@ -1,7 +1,8 @@
 """The composition root: a validated ``TrainConfig`` in, a ready ``Trainer`` out. It starts the accelerator and
 takes the run folder's lock, has each part built by its own module (data: ``data.loading``; models:
-``components.build``; optimizer, LR and EMA: ``training.optim``; monitors: ``training.monitor_set``; GRPO:
-``grpo.build``), and wires them with the update strategy, the checkpointer and the non-finite guard."""
+``components.build``; optimizer, LR and EMA: ``training.optim``; monitors: ``training.monitor_set``; the step:
+the method ``trainer.method`` names, ``methods``), and wires them with the update strategy, the checkpointer and the
+non-finite guard. It asks the method what it needs (a data set or none, updates per step) and never names one."""
 
 from __future__ import annotations
 
@@ -25,29 +26,26 @@ from dit_trainer.components.build import Components, build_components
 from dit_trainer.components.compile import apply_compile
 from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.config import TrainConfig
-from dit_trainer.data.captions import tag_augmentation
 from dit_trainer.data.loading import build_dataloader, build_source, build_training_data, loader_options
-from dit_trainer.data.mixture import source_names
 from dit_trainer.data.stream_loader import StreamLoader
-from dit_trainer.diffusion.loss import DiffusionLoss
 from dit_trainer.diffusion.sampler import TextToImage
 from dit_trainer.durable import write_text_atomically
 from dit_trainer.errors import ConfigError
-from dit_trainer.grpo.build import (
-    build_grpo_step,
-    build_kl_reference,
-    build_prompt_sampler,
-    own_starting_weights,
-    updates_per_epoch,
-)
-from dit_trainer.grpo.prompts import PromptSampler
+from dit_trainer.init_run import own_starting_weights
+from dit_trainer.methods import method_of
+from dit_trainer.methods.base import Method
 from dit_trainer.precision import allow_tf32, resolve_mixed_precision, weight_dtype
 from dit_trainer.run_folder import CHECKPOINTS, CONFIG, IMAGE_SIZES, weights_layout
 from dit_trainer.run_lock import RunFolderLock
 from dit_trainer.training.banner import log_start_banner
-from dit_trainer.training.checkpoint import Checkpointer, TrainingState, check_run_folder, remove_unfinished_writes
+from dit_trainer.training.checkpoint import (
+    Checkpointer,
+    SavedState,
+    TrainingState,
+    check_run_folder,
+    remove_unfinished_writes,
+)
 from dit_trainer.training.checkpoint_manifest import check_resume_launch
-from dit_trainer.training.data_health import BadFileCounter
 from dit_trainer.training.ema import FusedEMA
 from dit_trainer.training.fsdp import (
     check_fsdp,
@@ -66,7 +64,6 @@ from dit_trainer.training.optimizers import check_sharded_optimizer
 from dit_trainer.training.privacy import PrivateTraining, check_private_launch, make_private
 from dit_trainer.training.shapes_vae import warn_shapes_vae_on_other_data
 from dit_trainer.training.step import StepParts, UpdateSequence
-from dit_trainer.training.supervised import SupervisedStep
 from dit_trainer.training.text_cost import warn_live_text_encoding
 from dit_trainer.training.tracker_media import Trackers
 from dit_trainer.training.trackers import check_trackers, start_trackers, tracker_name
@@ -141,9 +138,9 @@ def nonfinite_advice(cfg: TrainConfig, accelerator: Accelerator) -> list[str]:
     return advice
 
 
-def loop_settings(cfg: TrainConfig, accelerator: Accelerator) -> LoopSettings:
+def loop_settings(cfg: TrainConfig, accelerator: Accelerator, method: Method) -> LoopSettings:
     t = cfg.trainer
-    per_process = cfg.grpo.prompts_per_epoch * cfg.grpo.group_size if cfg.grpo.enabled else t.batch_size
+    per_process = method.images_per_step(cfg)
     return LoopSettings(
         max_steps=t.max_steps,
         log_every=t.log_every,
@@ -152,21 +149,27 @@ def loop_settings(cfg: TrainConfig, accelerator: Accelerator) -> LoopSettings:
     )
 
 
+def build_training_state(cfg: TrainConfig, accelerator: Accelerator, privacy: PrivateTraining | None) -> TrainingState:
+    """The step count and the generators every step draws its randomness from: one per process, and DP's noise."""
+    generator = torch.Generator(accelerator.device).manual_seed(cfg.trainer.seed + accelerator.process_index)
+    return TrainingState(generator, {"dp_noise": privacy.optimizer.generator} if privacy else None)
+
+
 def build_checkpointer(
     cfg: TrainConfig,
     accelerator: Accelerator,
     run_dir: Path,
+    state: TrainingState,
     update: Update,
     ema: FusedEMA | None,
     privacy: PrivateTraining | None,
-    prompt_sampler: PromptSampler | None = None,
+    method: Method,
+    method_states: dict[str, SavedState],
     dataloader: DataLoader | None = None,
 ) -> Checkpointer:
-    """Checkpoints of the run, with the state every step draws its randomness from (one generator per process,
-    the DP noise generator and accountant under DP, GRPO's prompt statistics), and the ``update``'s LR schedule and
-    trained parameters (a resume converts a schedule counted in processes, and starts an EMA the checkpoint lacks)."""
-    generator = torch.Generator(accelerator.device).manual_seed(cfg.trainer.seed + accelerator.process_index)
-    state = TrainingState(generator, {"dp_noise": privacy.optimizer.generator} if privacy else None)
+    """Checkpoints of the run: its ``state``, DP's accountant, the method's own ``method_states``, and the
+    ``update``'s LR schedule and trained parameters (a resume converts a schedule counted in processes, and starts
+    an EMA the checkpoint lacks)."""
     return Checkpointer(
         accelerator,
         run_dir / CHECKPOINTS,
@@ -176,15 +179,18 @@ def build_checkpointer(
         weights=weights_layout(cfg.lora.enabled),
         config=dataclasses.asdict(cfg),
         allow_config_change=cfg.trainer.allow_config_change,
-        json_states={
-            **({"privacy_accountant": privacy} if privacy else {}),
-            **({"grpo_prompts": prompt_sampler} if prompt_sampler else {}),
-        },
+        json_states={**({"privacy_accountant": privacy} if privacy else {}), **method_states},
         same_processes_because=why_resume_needs_same_processes(privacy, dataloader),
         process_states={"data_stream": dataloader} if isinstance(dataloader, StreamLoader) else None,
         lr_scheduler=update.lr_scheduler,
         parameters=update.parameters,
+        method_sections=method_sections(method),
     )
+
+
+def method_sections(method: Method) -> tuple[str, ...]:
+    """The config sections ``method`` trains by: its own, and the rewards when it trains on them."""
+    return (*([method.section] if method.section else []), *(["reward"] if method.scores_rewards else []))
 
 
 def why_resume_needs_same_processes(privacy: PrivateTraining | None, dataloader: DataLoader | None) -> str | None:
@@ -252,26 +258,29 @@ def build_trainer(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
 
 
 def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, lock: RunFolderLock | None) -> Trainer:
-    """``build_trainer`` once the run folder is held: a ``Trainer`` whose step trains on the data, or on rewards
-    (GRPO)."""
-    grpo = cfg.grpo.enabled
-    if grpo and cfg.grpo.init_weights:  # started from another run: its weights are copied here first
+    """``build_trainer`` once the run folder is held: a ``Trainer`` running the step of ``trainer.method``, on the
+    data set when the method reads one."""
+    method = method_of(cfg)
+    if cfg.trainer.init_weights:  # started from another run: its weights are copied here first
         cfg = own_starting_weights(cfg, run_dir, accelerator)
-    updates_per_step = updates_per_epoch(cfg) if grpo else 1
+    updates_per_step = method.updates_per_step(cfg)
     cfg = warmup_within_run(cfg, updates_per_step)  # a warm-up as long as the run is cut (and recorded so)
+    reads_data = method.reads_data
     source, cached_text, held_out = (
-        (None, None, None) if grpo else build_source(cfg, accelerator, run_dir / IMAGE_SIZES)
+        build_source(cfg, accelerator, run_dir / IMAGE_SIZES) if reads_data else (None, None, None)
     )
     frozen_dtype = weight_dtype(accelerator.mixed_precision)
     parts = build_components(cfg, accelerator.device, frozen_dtype, cached_text)
-    report_memory(cfg, parts, accelerator)  # logged; on a GPU, a run that cannot fit is refused before step 1
-    warn_live_text_encoding(cfg, parts)  # when encoding captions every step costs much of the DiT's step
-    warn_shapes_vae_on_other_data(cfg)  # the shipped VAE knows only the shapes
+    # Logged; on a GPU, a run whose `trainer.batch_size` steps cannot fit is refused before step 1.
+    report_memory(cfg, parts, accelerator, refuse_unfit=reads_data)
+    if reads_data:
+        warn_live_text_encoding(cfg, parts)  # when encoding captions every step costs much of the DiT's step
+        warn_shapes_vae_on_other_data(cfg)  # the shipped VAE knows only the shapes
     apply_compile(cfg, parts.dit)  # trainer.compile: after the meta-device counts above, before prepare wraps
     optimizer = build_optimizer(cfg, parts.dit)
     lr_scheduler = build_lr_scheduler(cfg, optimizer, updates_per_step)
     privacy = dataloader = None
-    if not grpo:
+    if reads_data:
         privacy, optimizer, dataloader = build_training_loader(cfg, accelerator, parts, source, optimizer)
     wrap_family_blocks(accelerator, parts.dit)
     dit, optimizer, lr_scheduler = accelerator.prepare(parts.dit, optimizer, lr_scheduler)
@@ -279,9 +288,6 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     # Taken after prepare: FSDP2 replaces every parameter with a sharded one (the EMA then holds slices too).
     parameters = trainable_parameters(accelerator.unwrap_model(dit).transformer)
     ema = build_ema(cfg, parameters)
-    # The KL anchor is the starting weights where accelerate put them (prepare moves the model to the GPU; a copy
-    # taken before would stay on the CPU): copied before anything trains and before a resume loads others.
-    reference = build_kl_reference(cfg, accelerator.unwrap_model(dit), accelerator) if grpo else None
     if dataloader is not None and privacy is None and not isinstance(dataloader.dataset, IterableDataset):
         # Sharded, without device placement: the step moves the tensors it uses (as for the loaders above), so
         # accelerate's per-batch walk through every caption string is not paid. (Streams shard themselves.)
@@ -293,35 +299,16 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     context = MonitorContext(accelerator, text_to_image, ema, trackers, sharded=accelerator.is_fsdp2)
     monitors = build_monitor_set(cfg, context, run_dir, frozen_dtype, parts, held_out)
     update = build_update(cfg, accelerator, dit, optimizer, lr_scheduler, parameters, privacy)
-    prompt_sampler = build_prompt_sampler(cfg) if grpo else None
-    checkpointer = build_checkpointer(cfg, accelerator, run_dir, update, ema, privacy, prompt_sampler, dataloader)
+    state = build_training_state(cfg, accelerator, privacy)
     advice = nonfinite_advice(cfg, accelerator)
-    guard = NonFiniteGuard(
-        accelerator, dit, checkpointer.state, cfg.trainer.max_consecutive_nonfinite, advice, update.current_lr
+    guard = NonFiniteGuard(accelerator, dit, state, cfg.trainer.max_consecutive_nonfinite, advice, update.current_lr)
+    loop = StepParts(accelerator, dit, state, UpdateSequence(update, guard, ema))
+    step = method.build_step(cfg, loop, parts, frozen_dtype, dataloader)
+    checkpointer = build_checkpointer(
+        cfg, accelerator, run_dir, state, update, ema, privacy, method, step.saved_states(), dataloader
     )
-    loop = StepParts(accelerator, dit, checkpointer.state, UpdateSequence(update, guard, ema))
-    if grpo:
-        step = build_grpo_step(cfg, loop, parts, frozen_dtype, reference, prompt_sampler)
-    else:
-        step = SupervisedStep(
-            loop,
-            loss_fn=DiffusionLoss(
-                parts.vae,
-                parts.text_encoder,
-                parts.schedule,
-                cfg.data.caption_dropout,
-                cfg.diffusion.noise_offset,
-                tag_augmentation(cfg.data),
-            ),
-            dataloader=dataloader,
-            bad_files=BadFileCounter(
-                accelerator, cfg.data.max_bad_fraction, cfg.data.path, source_names(cfg.data.mixture)
-            ),
-            num_train_timesteps=parts.schedule.num_train_timesteps,
-            data_path=cfg.data.path,
-        )
     trainer = Trainer(
-        settings=loop_settings(cfg, accelerator),
+        settings=loop_settings(cfg, accelerator, method),
         run_dir=run_dir,
         accelerator=accelerator,
         dit=dit,
@@ -337,7 +324,7 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     trainer.resume(cfg.trainer.resume)
     if accelerator.is_main_process:
         save_resolved_config(cfg, run_dir / CONFIG)
-    log_start_banner(cfg, trainer, source, held_out)
+    log_start_banner(cfg, trainer, source, held_out, method.describe_inputs(cfg))
     return trainer
 
 

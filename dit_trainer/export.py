@@ -242,7 +242,7 @@ def export_run(cfg: ExportConfig) -> ExportResult:
         weights = weights_layout(train_cfg.lora.enabled).weights_dir(checkpoint, cfg.ema)
         transformer = run.dit.transformer
         if train_cfg.lora.enabled:  # a plain diffusers transformer: the base with the adapter merged in
-            start = trained_start(train_cfg)  # a GRPO run's base: the checkpoint weights it started from
+            start = trained_start(train_cfg)  # the checkpoint weights a run started from another began with
             base = (
                 load_transformer(train_cfg.model)
                 if start is None

@@ -21,6 +21,7 @@ from safetensors import safe_open
 
 from dit_trainer.config import TrainConfig
 from dit_trainer.config.choices import CLASS_LABELS
+from dit_trainer.methods import method_of
 from dit_trainer.run_folder import MANIFEST, checkpoint_step
 
 CARD = "README.md"
@@ -77,7 +78,7 @@ def card_metadata(cfg: TrainConfig) -> ModelCardData:
     tags = ["dit-trainer", "diffusers", "diffusion-transformer", cfg.model.family]
     tags += ["text-to-image"] if text else ["class-conditional"]
     tags += ["lora"] if cfg.lora.enabled else []
-    tags += ["grpo"] if cfg.grpo.enabled else []
+    tags += [tag] if (tag := method_of(cfg).card_tag) else []
     return ModelCardData(
         library_name="diffusers",
         pipeline_tag="text-to-image" if text else None,
@@ -99,13 +100,6 @@ def _training(cfg: TrainConfig) -> str:
         return f"all weights, {start}"
     modules = ", ".join(lora.target_modules) or "the family's defaults"
     return f"LoRA {start} (rank {lora.rank}, alpha {lora.alpha:g}, on {modules}), merged into the exported transformer"
-
-
-def _method(cfg: TrainConfig) -> str:
-    if not cfg.grpo.enabled:
-        return "supervised denoising (`sft`)"
-    rewards = ", ".join(f"{name} x {weight:g}" for name, weight in cfg.reward.weights.items())
-    return f"GRPO reward fine-tuning (rewards: {rewards})"
 
 
 def _data(cfg: TrainConfig) -> str:
@@ -133,7 +127,7 @@ def what_was_trained(cfg: TrainConfig, manifest: dict, transformer: str, step: i
             ("Family", f"`{cfg.model.family}` ({manifest.get('transformer_class')}, {manifest.get('pipeline_class')})"),
             ("Transformer", transformer),
             ("Trained", _training(cfg)),
-            ("Method", _method(cfg)),
+            ("Method", method_of(cfg).describe(cfg)),
             ("Objective", f"`{diffusion.objective}` (sampler: {sampler})"),
             ("Data", _data(cfg)),
             ("Text encoder", encoder),

@@ -2,10 +2,11 @@
 tests call to turn a composed Hydra config (or a ``TrainConfig`` built in Python) into a validated ``TrainConfig``,
 and to read a run folder's config back.
 
-The order keeps mistakes cheap: the schema's field checks first (no torch, no model, no folder read), then a GRPO
-run inherits its init run's settings, a class-conditional run its class folders, every name a registry holds is
-looked up (still without torch), and only then does each part of the package check its own sections
-(``components``, ``diffusion``, ``data``, ``training``, ``grpo``, ``rewards``), importing what those checks need.
+The order keeps mistakes cheap: the schema's field checks first (no torch, no model, no folder read), keys that
+moved read from their old place (``config.renamed``), then a run started from another inherits its init run's
+settings, a class-conditional run its class folders, every name a registry holds is looked up (still without
+torch), and only then does each part of the package check its own sections (``components``, ``diffusion``,
+``data`` when the method reads data, ``training``, the method's own, ``rewards``), importing what those checks need.
 Defaults that depend on a registry entry (LoRA's target modules) are recorded last, so that the saved config says
 what was trained.
 
@@ -36,11 +37,13 @@ from dit_trainer.components.families import FAMILIES
 from dit_trainer.config import TrainConfig, check_fields, register_configs
 from dit_trainer.config.choices import CLASS_LABELS
 from dit_trainer.config.command_line import parsed_overrides
+from dit_trainer.config.renamed import move_renamed_keys
 from dit_trainer.config.resolvers import register_resolvers
 from dit_trainer.data import SOURCES
 from dit_trainer.diffusion import OBJECTIVES, SAMPLERS
 from dit_trainer.errors import ConfigError
-from dit_trainer.grpo.init import inherit_init_run, init_checkpoint, starting_weights
+from dit_trainer.init_run import check_init_from, inherit_init_run, init_checkpoint, starting_weights
+from dit_trainer.methods import METHODS, method_of
 from dit_trainer.rewards import REWARDS
 from dit_trainer.run_folder import CHECKPOINTS, CONFIG, is_checkpoint, list_checkpoints
 
@@ -60,36 +63,40 @@ def to_train_config(
     cfg: DictConfig | TrainConfig, overrides: Sequence[str] | None = None, run_dir: Path | None = None
 ) -> TrainConfig:
     """A composed Hydra config (or a ``TrainConfig`` built in Python) as validated dataclasses, interpolations
-    such as ``${asset:shapes_vae}`` resolved. A GRPO run's ``grpo.init_from`` is applied here, once (a run's saved
-    config records it in ``grpo.init_weights``); ``overrides`` are the command line's, to tell which values were
-    set by hand; ``run_dir`` is the folder the run trains in, whose recorded start a GRPO run keeps."""
+    such as ``${asset:shapes_vae}`` resolved. ``trainer.init_from`` is applied here, once (a run's saved config
+    records it in ``trainer.init_weights``); ``overrides`` are the command line's, to tell which values were set by
+    hand; ``run_dir`` is the folder the run trains in, whose recorded start a run started from another keeps."""
     register_resolvers()
     structured = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg))
     check_fields(structured)
-    if structured.grpo.init_from and structured.grpo.init_weights is None:
-        structured = start_grpo_run(structured, overrides, run_dir)
+    structured = move_renamed_keys(structured)
+    METHODS.check(structured.trainer.method)
+    if structured.trainer.init_from and structured.trainer.init_weights is None:
+        check_init_from(structured, method_of(structured).reads_data)
+        structured = start_from_run(structured, overrides, run_dir)
     return with_tracker_names(with_lora_targets(validate(with_class_folders(structured))), overrides)
 
 
-def start_grpo_run(cfg: TrainConfig, overrides: Sequence[str] | None, run_dir: Path | None) -> TrainConfig:
+def start_from_run(cfg: TrainConfig, overrides: Sequence[str] | None, run_dir: Path | None) -> TrainConfig:
     """``cfg`` inheriting its init run. A run folder that already recorded its start (a resumed or requeued run)
     keeps it, whatever the init run has written (or pruned) since: the weights it started from are its own copy."""
     recorded = recorded_start(cfg, run_dir)
     if recorded is not None:
         weights = Path(str(recorded.model.pretrained))
-        return inherit_init_run(cfg, recorded, weights, str(recorded.grpo.init_weights), overrides)
-    init_dir, checkpoint = init_checkpoint(cfg.grpo.init_from)
+        return inherit_init_run(cfg, recorded, weights, str(recorded.trainer.init_weights), overrides)
+    init_dir, checkpoint = init_checkpoint(cfg.trainer.init_from)
     init = read_run_config(init_dir)
-    weights = starting_weights(init, cfg.grpo.init_from, init_dir, checkpoint, cfg.grpo.init_ema)
+    weights = starting_weights(init, cfg.trainer.init_from, init_dir, checkpoint, cfg.trainer.init_ema)
     return inherit_init_run(cfg, init, weights, str(weights), overrides)
 
 
 def recorded_start(cfg: TrainConfig, run_dir: Path | None) -> TrainConfig | None:
-    """The config ``run_dir`` recorded when this GRPO run (the same ``grpo.init_from``) started there, or None."""
+    """The config ``run_dir`` recorded when this run (the same ``trainer.init_from``) started there, or None."""
     if run_dir is None or not (run_dir / CONFIG).is_file():
         return None
     recorded = read_run_config(run_dir)
-    same = recorded.grpo.enabled and recorded.grpo.init_from == cfg.grpo.init_from and recorded.grpo.init_weights
+    t = recorded.trainer
+    same = t.method == cfg.trainer.method and t.init_from == cfg.trainer.init_from and t.init_weights
     return recorded if same else None
 
 
@@ -158,12 +165,17 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     from dit_trainer.components.checks import check_components
     from dit_trainer.data.checks import check_data
     from dit_trainer.diffusion.checks import check_diffusion
-    from dit_trainer.grpo.checks import check_grpo
     from dit_trainer.rewards.build import check_rewards
     from dit_trainer.training.checks import check_training
 
-    for check in (check_components, check_diffusion, check_data, check_training, check_grpo, check_rewards):
-        check(cfg)
+    method = method_of(cfg)
+    check_components(cfg)
+    check_diffusion(cfg)
+    if method.reads_data:
+        check_data(cfg)
+    check_training(cfg)
+    method.check(cfg)
+    check_rewards(cfg, method.scores_rewards)
     return cfg
 
 

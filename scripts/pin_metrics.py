@@ -42,7 +42,7 @@ RUNS: dict[str, list[str]] = {
     # 3 epochs from the sft run: 2 prompts x 4 images, a 4-step sampler, every step but the last trained
     "grpo": [
         "+experiment=shapes_grpo",
-        "grpo.init_from={sft}",
+        "trainer.init_from={sft}",
         "grpo.prompts=[a red circle,a blue square]",
         "grpo.prompt_file=null",
         "grpo.prompts_per_epoch=2",

@@ -212,7 +212,7 @@ def main() -> int:
     print(f"Soak test in {out}")
     soak, steps = SHAPES_SOAK, args.steps or 200
     if args.grpo:
-        soak = Soak([*GRPO, f"grpo.init_from={train_init_run(out)}"], 2, 3, GRPO_MOMENTS)
+        soak = Soak([*GRPO, f"trainer.init_from={train_init_run(out)}"], 2, 3, GRPO_MOMENTS)
         steps = args.steps or 12
     return 0 if soak_run(out, args.kills, steps, args.seed, soak) else 1
 

@@ -262,7 +262,7 @@ def grpo_overrides(init_dir: Path, *extra: str, epochs: int = 4) -> list[str]:
     (optimizer, noise level, prompt sampling, the EMA) is ``shapes_grpo``'s."""
     return [
         "+experiment=shapes_grpo",
-        f"grpo.init_from={init_dir}",
+        f"trainer.init_from={init_dir}",
         GRPO_PROMPTS,
         "grpo.prompt_file=null",
         "grpo.prompts_per_epoch=2",

@@ -1,6 +1,7 @@
 """The shape of the package, checked from its source: imports flow one way (no cycle, counting imports inside
 functions and under TYPE_CHECKING), ``config/`` is the ground, registries name their entries without importing
-torch, every entry is of its registry's kind, and no file grows past 400 lines."""
+torch, every entry is of its registry's kind, a method's config section is read by its own modules only, and no
+file grows past 400 lines."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ REGISTRIES = {
     "dit_trainer.data:SOURCES": "dit_trainer.data.source:Source",
     "dit_trainer.diffusion:OBJECTIVES": "dit_trainer.diffusion.schedule:NoiseSchedule",
     "dit_trainer.rewards:REWARDS": "dit_trainer.rewards.base:Reward",
+    "dit_trainer.methods:METHODS": "dit_trainer.methods.base:Method",
 }
 
 
@@ -123,6 +125,37 @@ def test_each_sampler_belongs_to_the_schedule_family_that_offers_it():
     families = {OBJECTIVES.get(name) for name in OBJECTIVES}
     offered = {sampler: family for family in families for sampler in family.samplers}
     assert {name: SAMPLERS.get(name) for name in SAMPLERS} == offered
+
+
+def reads_section(source: str, section: str) -> bool:
+    """Whether ``source`` reads the top-level config section ``section`` (``cfg.grpo``, ``recorded.grpo.beta``),
+    as opposed to a monitor's section of the same name (``cfg.monitor.grpo``)."""
+    return any(
+        isinstance(node, ast.Attribute)
+        and node.attr == section
+        and not (isinstance(node.value, ast.Attribute) and node.value.attr == "monitor")
+        for node in ast.walk(ast.parse(source))
+    )
+
+
+def test_the_section_reader_finds_a_read_and_only_a_read():
+    assert reads_section("beta = cfg.grpo.beta", "grpo") and reads_section("g = structured.grpo", "grpo")
+    assert not reads_section("m = cfg.monitor.grpo.enabled\nfrom dit_trainer.rewards.grpo import x", "grpo")
+
+
+def test_no_module_outside_a_method_reads_its_config_section():
+    """A method owns its section: its checks, defaults and reports are its own modules', so a second method never
+    adds a branch elsewhere. (``config/`` declares the sections, and reads their renamed keys.)"""
+    from dit_trainer.methods import METHODS
+
+    for name in METHODS:
+        method = METHODS.get(name)
+        if method.section is None:
+            continue
+        owner = type(method).__module__.rpartition(".")[0]  # the method's folder
+        readers = {m for m, path in MODULES.items() if reads_section(path.read_text(encoding="utf-8"), method.section)}
+        outside = sorted(m for m in readers if not m.startswith((f"{owner}.", "dit_trainer.config.")))
+        assert not outside, f"`{method.section}` ({name}'s section) is read outside {owner}: {outside}"
 
 
 def test_no_file_is_longer_than_400_lines():

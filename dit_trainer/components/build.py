@@ -65,10 +65,10 @@ def pixel_multiple(cfg: TrainConfig, download: bool = False) -> int | None:
 
 
 def trained_start(cfg: TrainConfig) -> Path | None:
-    """The weights a GRPO run starts from (``model.pretrained``: a checkpoint's weights folder, or the run's own
-    copy of it) when it started from another run: weights dit-trainer wrote, read like every checkpoint from
-    safetensors only (a pickle there was put there by someone else, and is not unpickled). None otherwise."""
-    return Path(str(cfg.model.pretrained)) if cfg.grpo.init_weights else None
+    """The weights a run started from another begins with (``model.pretrained``: a checkpoint's weights folder, or
+    the run's own copy of it): weights dit-trainer wrote, read like every checkpoint from safetensors only (a pickle
+    there was put there by someone else, and is not unpickled). None for a run not started so."""
+    return Path(str(cfg.model.pretrained)) if cfg.trainer.init_weights else None
 
 
 def build_components(
@@ -80,7 +80,7 @@ def build_components(
 ) -> Components:
     """Frozen VAE and text encoder on ``device`` in ``frozen_dtype``; the DiT (float32 master weights) sized by
     the VAE's latent channels, the resolution, and the text encoder's hidden size, or loaded from ``dit_weights``
-    (a checkpoint's whole transformer; a GRPO run's ``trained_start`` by default). Training from a cache passes
+    (a checkpoint's whole transformer; by default ``trained_start``). Training from a cache passes
     its ``cached_text`` embeddings: the text encoder is then not loaded and the VAE keeps only its decoder."""
     vae = build_vae(cfg.vae, device, frozen_dtype)
     check_resolution(cfg, vae.downsample_factor)

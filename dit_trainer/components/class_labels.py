@@ -86,29 +86,35 @@ def check_class_labels(cfg: TrainConfig) -> None:
         "a disk cache of class-conditional data is not supported yet",
         "cache in memory instead (`data.cache_latents=true`)",
     )
-    ids = {str(index) for index in range(len(text.classes))}
     for key, prompts in _sampled_prompts(cfg):
-        unknown = [prompt for prompt in prompts if prompt not in text.classes and prompt not in ids]
-        require(
-            not unknown,
-            key,
-            unknown[:3],
-            f"a class-conditional run samples class names or ids, and these are neither (classes: "
-            f"{', '.join(text.classes[:10])}{', ...' if len(text.classes) > 10 else ''})",
-            "list class names or ids in that file, one per line"
-            if key.endswith("prompt_file")
-            else f"sample class names or ids, e.g. `{key}=[0,1,2]`",
-        )
+        check_prompts_are_classes(text, key, prompts)
+
+
+def check_prompts_are_classes(text: TextEncoderConfig, key: str, prompts: list[str]) -> None:
+    """Refuse ``prompts`` (set by ``key``) that are neither class names nor ids: a method that samples prompts of
+    its own asks this of them too (found otherwise only once the models are loaded)."""
+    ids = {str(index) for index in range(len(text.classes))}
+    unknown = [prompt for prompt in prompts if prompt not in text.classes and prompt not in ids]
+    require(
+        not unknown,
+        key,
+        unknown[:3],
+        f"a class-conditional run samples class names or ids, and these are neither (classes: "
+        f"{', '.join(text.classes[:10])}{', ...' if len(text.classes) > 10 else ''})",
+        "list class names or ids in that file, one per line"
+        if key.endswith("prompt_file")
+        else f"sample class names or ids, e.g. `{key}=[0,1,2]`",
+    )
 
 
 def _sampled_prompts(cfg: TrainConfig) -> list[tuple[str, list[str]]]:
-    """Every set of prompts a run samples, by the key that sets it: the sample grid's, the reward monitor's and
-    GRPO's rollouts (a GRPO prompt that is no class would otherwise be found once the models are loaded)."""
+    """Every set of prompts the run samples for its reports, by the key that sets it: the sample grid's and the
+    reward monitor's."""
     found = [("trainer.sample_prompts", list(cfg.trainer.sample_prompts))]
-    for prefix, section in (("monitor.grpo.", cfg.monitor.grpo), ("grpo.", cfg.grpo)):
-        if section.enabled:
-            key = f"{prefix}prompt_file" if section.prompt_file else f"{prefix}prompts"
-            found.append((key, load_prompts(section.prompts, section.prompt_file, prefix)))
+    monitor = cfg.monitor.grpo
+    if monitor.enabled:
+        key = "monitor.grpo.prompt_file" if monitor.prompt_file else "monitor.grpo.prompts"
+        found.append((key, load_prompts(monitor.prompts, monitor.prompt_file, "monitor.grpo.")))
     return found
 
 

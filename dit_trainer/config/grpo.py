@@ -47,15 +47,14 @@ class GRPOConfig:
     one epoch: every process rolls out ``prompts_per_epoch`` x ``group_size`` images with the current (raw) weights
     and a stochastic sampler, scores them with ``reward``, normalises the rewards within each prompt's group, and
     updates the DiT on the PPO-clipped ratio of the log-probabilities of its own sampling steps. No gradient flows
-    through images. ``trainer.max_steps`` counts epochs; ``optim.lr`` is the learning rate."""
+    through images. ``trainer.max_steps`` counts epochs; ``optim.lr`` is the learning rate. Read by
+    ``trainer.method=grpo`` only."""
 
+    # The earlier spellings of `trainer.method=grpo`, `trainer.init_from` and `trainer.init_ema`: still read (with
+    # a warning naming the new key), never written.
     enabled: bool = False
-    # A run folder (its newest checkpoint) or one of its checkpoint folders: the model, VAE, text encoder, data and
-    # diffusion settings come from that run, the weights from that checkpoint. Null: start from `model.pretrained`.
     init_from: str | None = None
-    init_ema: bool = True  # start from the checkpoint's EMA weights (when it has them)
-    # Written by train.py when it applies `init_from`: the weights folder the run started from. Not set by hand.
-    init_weights: str | None = None
+    init_ema: bool | None = None
     prompts: list[str] = field(default_factory=list)  # what the policy is trained on
     prompt_file: str | None = None  # one prompt per line; used instead of `prompts` when set
     prompts_per_epoch: int = at_least(1, 12)  # per process, drawn without repetition within an epoch

@@ -272,6 +272,16 @@ class DiffusionConfig:
 class TrainerConfig:
     """The loop: how long, how big, in what precision, and when to log, checkpoint and sample."""
 
+    # How the DiT is trained: sft (noise / velocity prediction on the data, the default) | grpo (reward
+    # fine-tuning on its own samples, section `grpo`) | `package.module:ATTRIBUTE` (a method of your own).
+    method: str = "sft"
+    # A run folder (its newest checkpoint) or one of its checkpoint folders to start from: the model, VAE, text
+    # encoder, data and diffusion settings come from that run, the weights from that checkpoint. Null: start from
+    # `model.pretrained` (or from scratch).
+    init_from: str | None = None
+    init_ema: bool = True  # start from the checkpoint's EMA weights (when it has them)
+    # Written by train.py when it applies `init_from`: the weights folder the run started from. Not set by hand.
+    init_weights: str | None = None
     max_steps: int = at_least(1, 1000)
     batch_size: int = at_least(1, 32)  # per process
     gradient_accumulation_steps: int = at_least(1, 1)

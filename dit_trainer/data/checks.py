@@ -13,14 +13,14 @@ from dit_trainer.errors import require
 
 
 def check_data(cfg: TrainConfig) -> None:
-    if not cfg.grpo.enabled:  # GRPO trains on its own samples and reads no data
-        if cfg.data.mixture:
-            _check_mixture(cfg)
-        else:
-            _check_source_path(cfg.data.source, cfg.data.path, "data.path")
-        if cfg.data.buckets != "none":
-            _check_buckets(cfg)
-        check_caption_tools(cfg)
+    """The data a method that reads a data set trains (and validates) on."""
+    if cfg.data.mixture:
+        _check_mixture(cfg)
+    else:
+        _check_source_path(cfg.data.source, cfg.data.path, "data.path")
+    if cfg.data.buckets != "none":
+        _check_buckets(cfg)
+    check_caption_tools(cfg)
     if cfg.validation.every_n_steps:
         _check_validation(cfg)
 
@@ -127,13 +127,6 @@ def _check_buckets(cfg: TrainConfig) -> None:
 def _check_validation(cfg: TrainConfig) -> None:
     """Validation needs held-out data: a fraction of a random-access data set, or a folder of its own."""
     v, source = cfg.validation, SOURCES.get(cfg.data.source)
-    require(
-        not cfg.grpo.enabled,
-        "validation.every_n_steps",
-        v.every_n_steps,
-        "a GRPO run trains on its own samples and reads no data set to hold images out of",
-        "set `validation.every_n_steps=0`",
-    )
     require(
         (v.split > 0) != bool(v.path),
         "validation.split",

@@ -38,12 +38,5 @@ def check_diffusion(cfg: TrainConfig) -> None:
         (d.beta_start, d.beta_end),
         "they must satisfy 0 < beta_start < beta_end < 1",
     )
-    require(
-        not (d.noise_offset and cfg.grpo.enabled),
-        "diffusion.noise_offset",
-        d.noise_offset,
-        "a GRPO run trains on the log-probabilities of its own samples, with no training noise to offset",
-        "set `diffusion.noise_offset=0`",
-    )
     if d.scheduler_pretrained:
         require_offline_copy(d.scheduler_pretrained, "diffusion.scheduler_pretrained")

@@ -1,11 +1,7 @@
-"""A GRPO run's parts from its config: its own copy of the weights it starts from, the epoch settings, the
-stochastic policy with its window of trained steps, the reference policy of the KL penalty, and the ``GRPOStep``
-the training loop runs."""
+"""A GRPO run's parts from its config: the epoch settings, the stochastic policy with its window of trained steps,
+the reference policy of the KL penalty, and the ``GRPOStep`` the training loop runs."""
 
 from __future__ import annotations
-
-import dataclasses
-from pathlib import Path
 
 import torch
 from accelerate import Accelerator
@@ -15,7 +11,6 @@ from dit_trainer.components.dit import DiTAdapter
 from dit_trainer.config import TrainConfig
 from dit_trainer.diffusion.policy import StochasticPolicy
 from dit_trainer.diffusion.schedule import NoiseSchedule
-from dit_trainer.durable import link_or_copy_tree
 from dit_trainer.errors import ConfigError
 from dit_trainer.grpo.prompts import PromptSampler
 from dit_trainer.grpo.reference import ReferencePolicy, build_reference
@@ -24,22 +19,6 @@ from dit_trainer.prompts import load_prompts
 from dit_trainer.rewards.build import build_reward
 from dit_trainer.sharding import is_sharded
 from dit_trainer.training.step import StepParts
-
-OWN_WEIGHTS = "init"  # RUN/init/<weights folder>: the weights a GRPO run started from, its own copy
-
-
-def own_starting_weights(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator) -> TrainConfig:
-    """``cfg`` with ``model.pretrained`` at the run's own copy of the weights it starts from (hard links where the
-    file system allows): its samples, exports, resumes and KL anchor never depend on the init run's checkpoint, which
-    that run may prune. The main process makes the copy; the others wait for it."""
-    source = Path(str(cfg.model.pretrained))
-    own = run_dir / OWN_WEIGHTS / source.name
-    if source != own.resolve():
-        if accelerator.is_main_process and not own.is_dir():
-            own.parent.mkdir(parents=True, exist_ok=True)
-            link_or_copy_tree(source, own)
-        accelerator.wait_for_everyone()
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, pretrained=str(own.resolve())))
 
 
 def grpo_settings(cfg: TrainConfig) -> GRPOSettings:
@@ -61,11 +40,6 @@ def grpo_settings(cfg: TrainConfig) -> GRPOSettings:
         steps_per_trajectory=g.steps_per_trajectory,
         train_unconditional=g.train_unconditional,
     )
-
-
-def updates_per_epoch(cfg: TrainConfig) -> int:
-    """Optimizer updates in one GRPO step (an epoch): what the LR schedule counts in."""
-    return cfg.grpo.passes * cfg.grpo.minibatches
 
 
 def build_prompt_sampler(cfg: TrainConfig) -> PromptSampler:
@@ -98,16 +72,12 @@ def build_policy(cfg: TrainConfig, schedule: NoiseSchedule, device: torch.device
     return schedule.policy(g.sample_steps, device, g.noise_level, window.to(device))
 
 
-def build_grpo_step(
-    cfg: TrainConfig,
-    loop: StepParts,
-    parts: Components,
-    frozen_dtype: torch.dtype,
-    reference: ReferencePolicy | None,
-    prompt_sampler: PromptSampler,
-) -> GRPOStep:
-    """The GRPO step on the loop's parts (``loop``: what every method's step is given)."""
+def build_grpo_step(cfg: TrainConfig, loop: StepParts, parts: Components, frozen_dtype: torch.dtype) -> GRPOStep:
+    """The GRPO step on the loop's parts (``loop``: what every method's step is given). Its KL anchor is the
+    starting weights where accelerate put them (prepare moves the model to the GPU; a copy taken before would stay
+    on the CPU), copied here, before anything trains and before a resume loads others."""
     device = loop.accelerator.device
+    reference = build_kl_reference(cfg, loop.accelerator.unwrap_model(loop.dit), loop.accelerator)
     return GRPOStep(
         loop,
         grpo=grpo_settings(cfg),
@@ -116,6 +86,6 @@ def build_grpo_step(
         text_encoder=parts.text_encoder,
         reward=build_reward(cfg.reward, device, frozen_dtype),
         latent_shape=parts.latent_shape,
-        prompt_sampler=prompt_sampler,
+        prompt_sampler=build_prompt_sampler(cfg),
         reference=reference,
     )

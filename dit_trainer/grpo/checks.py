@@ -3,35 +3,39 @@ and updates that an epoch's trajectories can fill."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from dit_trainer.components.class_labels import check_prompts_are_classes
 from dit_trainer.config import TrainConfig
+from dit_trainer.config.choices import CLASS_LABELS
 from dit_trainer.errors import require
 from dit_trainer.prompts import load_prompts
 
 
 def check_grpo(cfg: TrainConfig) -> None:
-    if not cfg.grpo.enabled:
-        return
     g = cfg.grpo
     require(
-        bool(g.init_from) or bool(cfg.model.pretrained),
-        "grpo.init_from",
-        g.init_from,
+        bool(cfg.trainer.init_from) or bool(cfg.model.pretrained),
+        "trainer.init_from",
+        cfg.trainer.init_from,
         "GRPO fine-tunes a trained DiT, and neither a run to start from nor `model.pretrained` is set",
-        "set `grpo.init_from=RUN_DIR` (a run train.py wrote) or `model.pretrained=<hub id or path>`",
+        "set `trainer.init_from=RUN_DIR` (a run train.py wrote) or `model.pretrained=<hub id or path>`",
     )
-    if g.init_weights:  # a checkpoint's weights (or the run's own copy of them), read as checkpoints are
-        start = Path(str(cfg.model.pretrained))
-        require(
-            not start.is_dir() or any(start.glob("*.safetensors")),
-            "grpo.init_from",
-            g.init_from,
-            f"the weights it starts from, {start}, hold no .safetensors file (train.py writes weights only as "
-            "safetensors, and a pickled .bin found there is not loaded: unpickling can run code)",
-            "start from a checkpoint train.py wrote (`grpo.init_from=RUN_DIR` takes its newest complete one)",
-        )
-    load_prompts(g.prompts, g.prompt_file, "grpo.")
+    require(
+        not cfg.diffusion.noise_offset,
+        "diffusion.noise_offset",
+        cfg.diffusion.noise_offset,
+        "a GRPO run trains on the log-probabilities of its own samples, with no training noise to offset",
+        "set `diffusion.noise_offset=0`",
+    )
+    require(
+        not cfg.validation.every_n_steps,
+        "validation.every_n_steps",
+        cfg.validation.every_n_steps,
+        "a GRPO run trains on its own samples and reads no data set to hold images out of",
+        "set `validation.every_n_steps=0`",
+    )
+    prompts = load_prompts(g.prompts, g.prompt_file, "grpo.")
+    if cfg.text_encoder.kind == CLASS_LABELS:
+        check_prompts_are_classes(cfg.text_encoder, "grpo.prompt_file" if g.prompt_file else "grpo.prompts", prompts)
     window_end = g.sde_start + (g.sde_steps or 1)
     require(
         window_end < g.sample_steps,

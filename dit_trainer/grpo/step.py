@@ -26,6 +26,7 @@ from dit_trainer.grpo.reference import ReferencePolicy
 from dit_trainer.grpo.rollout import Rollout, recompute_steps, roll_out
 from dit_trainer.rewards.base import WeightedReward
 from dit_trainer.rewards.grpo import group_statistics
+from dit_trainer.training.checkpoint import SavedState
 from dit_trainer.training.preflight import preflight
 from dit_trainer.training.step import StepParts
 
@@ -248,3 +249,7 @@ class GRPOStep:
     def metrics(self) -> dict[str, float]:
         """The last epoch's rollout, reward and update statistics (each already over every process)."""
         return self.epoch_metrics
+
+    def saved_states(self) -> dict[str, SavedState]:
+        """The prompt sampler's per-prompt reward statistics (``grpo.prompt_sampling=spread`` draws by them)."""
+        return {"grpo_prompts": self.prompt_sampler}

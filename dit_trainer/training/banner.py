@@ -41,12 +41,14 @@ class DataShape:
     steps_per_epoch: int | None
 
 
-def describe_data(cfg: TrainConfig, dataset: Dataset | None, held_out: Dataset | None, processes: int) -> DataShape:
-    """``224 items (+ 32 validation images held out) in 6 buckets; 7 steps per epoch``, a stream, or GRPO's prompts."""
+def describe_data(
+    cfg: TrainConfig, dataset: Dataset | None, held_out: Dataset | None, processes: int, inputs: str | None = None
+) -> DataShape:
+    """``224 items (+ 32 validation images held out) in 6 buckets; 7 steps per epoch``, a stream, or ``inputs``: the
+    method's own words for what it trains on when that is not a data set (GRPO's rollouts)."""
     t, accumulation = cfg.trainer, cfg.trainer.gradient_accumulation_steps
-    if cfg.grpo.enabled:
-        g = cfg.grpo
-        return DataShape(f"GRPO rollouts: {g.prompts_per_epoch} prompts x {g.group_size} images per process", None)
+    if inputs is not None:
+        return DataShape(inputs, None)
     if dataset is None or isinstance(dataset, IterableDataset):
         return DataShape(f"a stream from {cfg.data.path} (its length is unknown until read)", None)
     items, held = len(dataset), ""
@@ -108,20 +110,22 @@ def monitor_cadence(cfg: TrainConfig) -> str:
     due = [("sample grid", t.sample_every)]
     if cfg.validation.every_n_steps:
         due.append(("validation loss", cfg.validation.every_n_steps))
-    if m.grpo.enabled:
-        due.append(("reward monitor", m.grpo.every_n_steps))
+    if (reward_monitor := cfg.monitor.grpo).enabled:
+        due.append(("reward monitor", reward_monitor.every_n_steps))
     if m.fid.enabled:
         due.append(("FID", m.fid.every_n_steps))
     return "; ".join(f"{name} {f'every {every} steps' if every else 'at the end'}" for name, every in due)
 
 
-def log_start_banner(cfg: TrainConfig, trainer: Trainer, dataset: Dataset | None, held_out: Dataset | None) -> None:
+def log_start_banner(
+    cfg: TrainConfig, trainer: Trainer, dataset: Dataset | None, held_out: Dataset | None, inputs: str | None = None
+) -> None:
     """Log the banner of ``trainer``'s run (built and resumed) on the main process: ``dataset`` is what it trains
-    on (None for GRPO), ``held_out`` its validation images."""
+    on, ``held_out`` its validation images, ``inputs`` what it trains on instead of a data set (``describe_data``)."""
     accelerator = trainer.accelerator
     if not accelerator.is_main_process:
         return
-    data = describe_data(cfg, dataset, held_out, accelerator.num_processes)
+    data = describe_data(cfg, dataset, held_out, accelerator.num_processes, inputs)
     metrics = trainer.trackers.describe(trainer.run_dir) if trainer.trackers else str(trainer.metrics.path)
     settings, step = trainer.settings, trainer.state.step
     banner = describe_run(cfg, accelerator, trainer.run_dir, data, settings.images_per_step, step, metrics)

@@ -144,6 +144,7 @@ class Checkpointer:
         process_states: dict[str, SavedState] | None = None,
         lr_scheduler: SavedState | None = None,
         parameters: list[torch.nn.Parameter] | None = None,
+        method_sections: tuple[str, ...] = (),
     ) -> None:
         self.accelerator = accelerator
         self.checkpoints_dir = checkpoints_dir
@@ -159,6 +160,8 @@ class Checkpointer:
         self.parameters = parameters or []  # what trains, as prepared (under FSDP: this process's slices)
         # Why a resume must have the checkpoint's number of processes (None: it may change, with a warning).
         self.same_processes_because = same_processes_because
+        # The config sections the run's method trains by: a resume that changes them changes what is trained.
+        self.method_sections = method_sections
         accelerator.register_save_state_pre_hook(self._save_models)
         accelerator.register_load_state_pre_hook(self._load_models)
 
@@ -296,7 +299,7 @@ class Checkpointer:
             manifest = read_manifest(path)
             written = written_by(path, manifest)
             check_compatible(path, manifest, written, self.accelerator, self.config, self.allow_config_change,
-                             self.same_processes_because)  # fmt: skip
+                             self.same_processes_because, self.method_sections)  # fmt: skip
             failure = self._try_load(path, written)
             if failure is None:
                 return path

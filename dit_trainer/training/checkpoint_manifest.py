@@ -18,6 +18,7 @@ the launch that reads it: the checkpoint is intact, only the launch differs.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 
+from dit_trainer.config.renamed import move_renamed_keys_in_saved
 from dit_trainer.errors import ConfigError
 from dit_trainer.run_folder import MANIFEST, resolve_checkpoint
 from dit_trainer.training.config_changes import config_changes, config_hash, defines_training
@@ -129,11 +131,13 @@ def check_compatible(
     config: dict[str, Any],
     allow_config_change: bool = False,
     same_processes_because: str | None = None,
+    method_sections: Sequence[str] = (),
 ) -> None:
     """Whether this run may resume checkpoint ``path`` (its ``manifest``, ``written`` so): a launch that reads it
     (``check_launch``), the same number of processes where ``same_processes_because`` says why (each process
-    restores its own state), and the same model, data and objective as ``config`` unless ``allow_config_change``;
-    other changes (lr, monitors, ...) are listed in a warning."""
+    restores its own state), and the same model, data, objective, method and ``method_sections`` (the sections
+    its method trains by) as ``config`` unless ``allow_config_change``; other changes (lr, monitors, ...) are
+    listed in a warning."""
     check_launch(path, written, accelerator)
     world_size, processes = written.world_size, accelerator.num_processes
     if world_size != processes and same_processes_because:
@@ -155,10 +159,10 @@ def check_compatible(
         if manifest.get("config_hash") != config_hash(config):
             logger.warning(f"The config differs from the one {path.name} was trained with; continuing with it.")
         return
-    changes = config_changes(manifest["config"], config)
-    check_resumed_optimizer(path, manifest["config"], config)
-    grpo = bool(manifest["config"].get("grpo", {}).get("enabled") or config.get("grpo", {}).get("enabled"))
-    defining = [key for key, (old, new) in changes.items() if defines_training(key, old, new, grpo)]
+    saved = move_renamed_keys_in_saved(manifest["config"])
+    changes = config_changes(saved, config)
+    check_resumed_optimizer(path, saved, config)
+    defining = [key for key, (old, new) in changes.items() if defines_training(key, old, new, method_sections)]
     listed = ", ".join(f"{key} ({old!r} -> {new!r})" for key, (old, new) in changes.items())
     if defining and not allow_config_change:
         raise ConfigError(

@@ -1,7 +1,10 @@
-"""The checks of what the training run itself is configured to do beyond the model and data: DP-SGD (what would
-void its guarantee or fail inside Opacus) and the monitors (their prompts, and FID's need for validation images)."""
+"""The checks of what the training run itself is configured to do beyond the model and data: the weights a run
+started from another begins with, DP-SGD (what would void its guarantee or fail inside Opacus) and the monitors
+(their prompts, and FID's need for validation images)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from dit_trainer.config import TrainConfig
 from dit_trainer.data import SOURCES
@@ -12,12 +15,27 @@ from dit_trainer.training.optimizers import check_optimizer
 
 def check_training(cfg: TrainConfig) -> None:
     check_optimizer(cfg.optim)
+    if cfg.trainer.init_weights:
+        _check_starting_weights(cfg)
     if cfg.privacy.enabled:
         _check_privacy(cfg)
     if cfg.monitor.grpo.enabled:
         load_prompts(cfg.monitor.grpo.prompts, cfg.monitor.grpo.prompt_file, "monitor.grpo.")
     if cfg.monitor.fid.enabled:
         _check_fid_monitor(cfg)
+
+
+def _check_starting_weights(cfg: TrainConfig) -> None:
+    """A checkpoint's weights (or the run's own copy of them) are read as checkpoints are: safetensors only."""
+    start = Path(str(cfg.model.pretrained))
+    require(
+        not start.is_dir() or any(start.glob("*.safetensors")),
+        "trainer.init_from",
+        cfg.trainer.init_from,
+        f"the weights it starts from, {start}, hold no .safetensors file (train.py writes weights only as "
+        "safetensors, and a pickled .bin found there is not loaded: unpickling can run code)",
+        "start from a checkpoint train.py wrote (`trainer.init_from=RUN_DIR` takes its newest complete one)",
+    )
 
 
 def _check_privacy(cfg: TrainConfig) -> None:

@@ -1,10 +1,12 @@
 """What may change when a run resumes: how fast, how long or what is watched may; what is trained (the model, its
-data and held-out images, its objective; under GRPO its reward) may not, unless the user says so."""
+data and held-out images, its objective, its method and the sections that method trains by) may not, unless the
+user says so."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any
 
 RESUMING_KEYS = ("trainer.resume", "trainer.max_steps", "trainer.allow_config_change")  # what resuming changes
@@ -21,6 +23,8 @@ OPERATIONAL_KEYS = {
     "diffusion.guidance_scale",
 }
 DEFINING_SECTIONS = ("model", "vae", "text_encoder", "data", "diffusion", "lora", "privacy")
+# The method and the run it started from.
+METHOD_KEYS = {"trainer.method", "trainer.init_from", "trainer.init_ema", "trainer.init_weights"}
 # What the held-out split depends on: changing it turns images already trained on into validation images.
 HELD_OUT_KEYS = {"validation.split", "validation.seed", "validation.path"}
 
@@ -42,18 +46,17 @@ def config_changes(saved: dict, current: dict) -> dict[str, tuple[Any, Any]]:
     return {key: (old.get(key), new.get(key)) for key in keys if old.get(key) != new.get(key)}
 
 
-def defines_training(key: str, saved: Any = None, current: Any = None, grpo: bool = False) -> bool:
+def defines_training(key: str, saved: Any = None, current: Any = None, method_sections: Sequence[str] = ()) -> bool:
     """Whether changing ``key`` from ``saved`` to ``current`` changes what is trained (the model, its data and the
-    images held out of it, its objective; in a GRPO run (``grpo``) also its own settings and the reward it trains
-    on), as opposed to how fast, how long or what is watched."""
+    images held out of it, its objective, the method and where it started; ``method_sections``: the sections the
+    run's method trains by, its own and the rewards it trains on), as opposed to how fast, how long or what is
+    watched."""
     section = key.split(".")[0]
     if key in OPERATIONAL_KEYS:
         return False
     if key == "validation.every_n_steps":  # turned on or off: images are held out of training, or no longer
         return bool(saved) != bool(current)
-    if section in ("grpo", "reward"):
-        return grpo
-    return key in HELD_OUT_KEYS or section in DEFINING_SECTIONS
+    return key in HELD_OUT_KEYS or key in METHOD_KEYS or section in (*DEFINING_SECTIONS, *method_sections)
 
 
 def config_hash(config: dict) -> str:

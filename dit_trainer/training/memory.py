@@ -139,9 +139,11 @@ def describe(estimate: MemoryEstimate) -> str:
     )
 
 
-def report_memory(cfg: TrainConfig, parts: Components, accelerator: Accelerator) -> MemoryEstimate:
-    """Log the estimate once; on a GPU refuse a run that cannot fit it. A GRPO run is only logged: its forwards
-    take ``grpo.*`` batches, not ``trainer.batch_size``."""
+def report_memory(
+    cfg: TrainConfig, parts: Components, accelerator: Accelerator, refuse_unfit: bool = True
+) -> MemoryEstimate:
+    """Log the estimate once; on a GPU with ``refuse_unfit``, refuse a run that cannot fit it. Without (a method
+    whose forwards take batches of its own, not ``trainer.batch_size``) it is only logged."""
     sharded = accelerator.distributed_type == DistributedType.FSDP
     estimate = estimate_memory(
         parts,
@@ -157,6 +159,6 @@ def report_memory(cfg: TrainConfig, parts: Components, accelerator: Accelerator)
         f"Memory per process (estimate): {describe(estimate)}; at trainer.batch_size={t.batch_size}: {total:.2f} GiB",
         main_process_only=True,
     )
-    if accelerator.device.type == "cuda" and not cfg.grpo.enabled:
+    if accelerator.device.type == "cuda" and refuse_unfit:
         check_fits(estimate, t.batch_size, t.gradient_checkpointing, torch.cuda.mem_get_info(accelerator.device)[1])
     return estimate

@@ -30,7 +30,7 @@ def warn_shapes_vae_on_other_data(cfg: TrainConfig) -> None:
     """Warn, on the main process, when data other than the shapes source is to be encoded by the shapes VAE."""
     sources = configured_sources(cfg.data)
     other = [name for name in sources if name != SHAPES_SOURCE]
-    if cfg.grpo.enabled or not other or not uses_shapes_vae(cfg):
+    if not other or not uses_shapes_vae(cfg):
         return
     data = f"`data.mixture` names {other[0]}" if cfg.data.mixture else f"`data.source={other[0]}`"
     logger.warning(

@@ -2,9 +2,9 @@
 
 The ``Trainer`` owns everything a step does not: the loop, logging, checkpoints, resume, monitors, preemption and
 the run's end. A method's step owns where its inputs come from (``batches``: a data loader's batches, or the prompts
-of a rollout epoch), what one step computes, and what it adds to a log line. Every step turns its losses into updates
-with the same ``UpdateSequence``, so accumulation, clipping, the non-finite guard, the optimizer step and the EMA are
-one code path for every method.
+of a rollout epoch), what one step computes, what it adds to a log line, and the state of its own that a checkpoint
+keeps. Every step turns its losses into updates with the same ``UpdateSequence``, so accumulation, clipping, the
+non-finite guard, the optimizer step and the EMA are one code path for every method.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from accelerate import Accelerator
 from diffusers.training_utils import EMAModel
 from torch import nn
 
-from dit_trainer.training.checkpoint import TrainingState
+from dit_trainer.training.checkpoint import SavedState, TrainingState
 from dit_trainer.training.nonfinite import NonFiniteGuard
 from dit_trainer.training.update import Update
 
@@ -34,6 +34,10 @@ class TrainingStep(Protocol):
 
     def metrics(self) -> dict[str, float]:
         """What the step adds to a log line, asked on every process at each log step (it may gather)."""
+
+    def saved_states(self) -> dict[str, SavedState]:
+        """The method's own state that a checkpoint keeps and a resume restores, by name: the same on every process
+        (written once, as JSON, by the main process)."""
 
 
 class UpdateSequence:

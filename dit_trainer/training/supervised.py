@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 
 from dit_trainer.data.poisson import is_empty
 from dit_trainer.training.batches import resumable_batches
+from dit_trainer.training.checkpoint import SavedState
 from dit_trainer.training.data_health import BadFileCounter
 from dit_trainer.training.metrics import TimestepLossBuckets
 from dit_trainer.training.preflight import preflight
@@ -63,6 +64,10 @@ class SupervisedStep:
     def metrics(self) -> dict[str, float]:
         """Unreadable files skipped, and the loss per timestep bucket since the last log step."""
         return self.bad_files.check() | self.timestep_losses.collect(self.accelerator)
+
+    def saved_states(self) -> dict[str, SavedState]:
+        """None: the data order resumes from the step count (``batches``), the randomness from the state's generator."""
+        return {}
 
     def _backward(self, batch: dict) -> torch.Tensor:
         """Forward and backward of one micro-batch; returns its mean loss."""

@@ -34,10 +34,10 @@ def encoding_flops(text_encoder: nn.Module, tokens: int) -> float:
 def live_encoding_cost(cfg: TrainConfig, parts: Components) -> tuple[float, float] | None:
     """(text encoder, DiT forward + backward) FLOPs per step of ``trainer.batch_size`` when every caption is
     encoded every step: no cache (``data.cache_dir``), no memo (``text_encoder.memo_size``; with one, captions
-    that repeat are encoded once), and an encoder with weights (class labels have none). None otherwise; GRPO
-    encodes its prompts once per epoch, not per step."""
+    that repeat are encoded once), and an encoder with weights (class labels have none). None otherwise. (Asked
+    only of a method that trains on the data set's captions.)"""
     encoder = parts.text_encoder
-    if cfg.grpo.enabled or cfg.text_encoder.memo_size or not isinstance(encoder, nn.Module):
+    if cfg.text_encoder.memo_size or not isinstance(encoder, nn.Module):
         return None
     per_token = encoding_flops(encoder, 1)
     if not per_token:

@@ -35,7 +35,7 @@ def test_a_grpo_run_reads_the_weights_it_starts_from_from_safetensors_only(tmp_p
     cfg = dataclasses.replace(
         cfg,
         model=dataclasses.replace(cfg.model, pretrained=str(start)),
-        grpo=dataclasses.replace(cfg.grpo, init_weights=str(start)),
+        trainer=dataclasses.replace(cfg.trainer, init_weights=str(start)),
     )
     assert trained_start(cfg) == start
     monkeypatch.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("a pickle was loaded"))

@@ -57,6 +57,6 @@ def test_prompts_that_are_no_classes_are_refused_naming_the_key_that_set_them(tm
     with pytest.raises(ConfigError, match=r"`monitor\.grpo\.prompts` is \['bird'\].*`monitor\.grpo\.prompts=\[0,1"):
         compose_config([*TINY_SHAPES, *run, *monitored])
     (tmp_path / "trained").mkdir()
-    grpo = ["grpo.enabled=true", f"model.pretrained={tmp_path / 'trained'}", "grpo.prompts=[1,dog,bird,fish]"]
+    grpo = ["trainer.method=grpo", f"model.pretrained={tmp_path / 'trained'}", "grpo.prompts=[1,dog,bird,fish]"]
     with pytest.raises(ConfigError, match=r"`grpo\.prompts` is \['bird', 'fish'\]"):
         compose_config([*TINY_SHAPES, *run, *grpo])

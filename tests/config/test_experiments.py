@@ -25,7 +25,7 @@ def test_every_experiment_composes_and_validates(experiment, tmp_path, online):
             (tmp_path / f"class{label:04d}" / "a.png").hardlink_to(tmp_path / "a.png")
     else:
         (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
-    # A GRPO recipe fine-tunes a trained model: `grpo.init_from=RUN` (tests/e2e/test_grpo.py) or model.pretrained.
+    # A GRPO recipe fine-tunes a trained model: `trainer.init_from=RUN` (tests/e2e/test_grpo.py) or model.pretrained.
     start = ["model.pretrained=PixArt-alpha/PixArt-XL-2-256x256"] if experiment.endswith("_grpo") else []
     cfg = compose_config([f"+experiment={experiment}", f"data.path={tmp_path}", *start])
     assert cfg.trainer.max_steps >= 1

@@ -189,7 +189,7 @@ def test_grpo_prompts_that_are_no_classes_are_refused_and_hidden_or_empty_folder
         Image.new("RGB", (16, 16)).save(tmp_path / "data" / folder / "0.png")
     (tmp_path / "trained").mkdir()
     stderr = _refused(finished_run, *class_conditional(tmp_path / "data", "trainer.sample_prompts=[cat]"),
-                      "grpo.enabled=true", f"model.pretrained={tmp_path / 'trained'}", "grpo.prompts=[cat,bird]",
+                      "trainer.method=grpo", f"model.pretrained={tmp_path / 'trained'}", "grpo.prompts=[cat,bird]",
                       into=tmp_path / "new")  # fmt: skip
     assert "`grpo.prompts` is ['bird']" in stderr and "(classes: cat, dog)" in stderr
 

@@ -190,7 +190,7 @@ def test_a_ddp_checkpoint_resumed_under_fsdp_is_refused_on_every_process(ddp_run
 
 def grpo(init_dir: Path, *overrides: str) -> tuple[str, ...]:
     """Three tiny GRPO epochs (one prompt x 4 images, 3 sampling steps) from ``init_dir``'s weights."""
-    return ("+experiment=shapes_grpo", f"grpo.init_from={init_dir}", GRPO_PROMPTS, "grpo.prompt_file=null",
+    return ("+experiment=shapes_grpo", f"trainer.init_from={init_dir}", GRPO_PROMPTS, "grpo.prompt_file=null",
             "grpo.prompts_per_epoch=1", "grpo.group_size=4", "grpo.sample_steps=3", "grpo.sde_steps=null",
             "grpo.passes=1", "grpo.minibatches=1", "grpo.rollout_batch_size=4", "trainer.max_steps=3",
             "trainer.checkpoint_every=3", "trainer.sample_every=0", "trainer.log_every=1",

@@ -1,4 +1,4 @@
-"""GRPO reward fine-tuning (``+experiment=shapes_grpo grpo.init_from=RUN``) run end to end as a user runs it: from a
+"""GRPO reward fine-tuning (``+experiment=shapes_grpo trainer.init_from=RUN``) run end to end as a user runs it: from a
 finished tiny shapes run, on the CPU, with the scripts that read run folders (sample, evaluate, export) afterwards."""
 
 import json
@@ -88,9 +88,9 @@ def test_grpo_run_logs_each_epoch_and_fine_tunes_the_init_weights(grpo_run, init
     from omegaconf import OmegaConf
 
     saved = OmegaConf.load(grpo_run / "config.yaml")
-    assert saved.grpo.init_from == str(init_run) and saved.grpo.enabled
+    assert saved.trainer.init_from == str(init_run) and saved.trainer.method == "grpo"
     assert Path(saved.model.pretrained) == (grpo_run / "init" / "transformer_ema").resolve()  # its own copy
-    assert Path(saved.grpo.init_weights) == init_weights.resolve()  # where it came from
+    assert Path(saved.trainer.init_weights) == init_weights.resolve()  # where it came from
     assert saved.model.num_layers == 2 and saved.diffusion.sample_steps == 4
 
     start = weights(init_weights)
@@ -204,7 +204,7 @@ def test_train_py_exits_2_on_an_override_that_contradicts_the_init_run(init_run,
     run_dir = f"hydra.run.dir={tmp_path / 'run'}"
     result = run_script(["train.py", run_dir, *grpo_overrides(init_run, "model.num_layers=3")], timeout=120)
     assert result.returncode == 2, result.stderr[-3000:]
-    assert "grpo.init_from" in result.stderr and "model.num_layers=3" in result.stderr
+    assert "trainer.init_from" in result.stderr and "model.num_layers=3" in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()
 

@@ -29,4 +29,4 @@ def test_an_init_checkpoint_whose_weights_are_only_a_pickle_is_refused(tmp_path)
     save_resolved_config(compose_config(TINY_SHAPES), init / "config.yaml")
     with pytest.raises(ConfigError) as caught:
         compose_config(grpo_overrides(init))
-    assert "hold no .safetensors file" in one_paragraph(caught.value, "grpo.init_from")
+    assert "hold no .safetensors file" in one_paragraph(caught.value, "trainer.init_from")

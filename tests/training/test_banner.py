@@ -9,6 +9,7 @@ import dataclasses
 from accelerate import Accelerator
 from torch.utils.data import Dataset
 
+from dit_trainer.grpo.method import GRPO
 from dit_trainer.training.banner import describe_data, describe_run
 
 from ..conftest import TINY_SHAPES, compose_config
@@ -58,6 +59,6 @@ def test_bucketed_data_counts_only_full_batches_per_epoch():
 
 def test_a_grpo_run_describes_its_rollouts():
     cfg = compose_config(TINY_SHAPES)
-    cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, enabled=True, prompts_per_epoch=6, group_size=8))
-    data = describe_data(cfg, None, None, processes=2)
+    cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, prompts_per_epoch=6, group_size=8))
+    data = describe_data(cfg, None, None, processes=2, inputs=GRPO.describe_inputs(cfg))
     assert data.described == "GRPO rollouts: 6 prompts x 8 images per process" and data.steps_per_epoch is None

@@ -1,0 +1,66 @@
+"""Keys that moved, still read from their old place so that recipes, job scripts and run folders written before the
+move keep working: each is moved to its new key with a warning naming it, and the saved config records only the new.
+
+``grpo.enabled=true`` became ``trainer.method=grpo`` when training methods got one seam (a second method would
+otherwise need a second flag, and two flags can both be on); ``grpo.init_from`` / ``grpo.init_ema`` became
+``trainer.init_from`` / ``trainer.init_ema`` because starting from another run is not GRPO's alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+from dit_trainer.config.schema import TrainConfig
+from dit_trainer.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+def move_renamed_keys(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with each old key's value at its new key (a conflicting value at both is refused)."""
+    old, trainer = cfg.grpo, cfg.trainer
+    moved: dict[str, object] = {}
+    if old.enabled:
+        if trainer.method not in ("sft", "grpo"):
+            raise ConfigError(
+                "grpo.enabled",
+                True,
+                f"it is the earlier spelling of `trainer.method=grpo`, and `trainer.method={trainer.method}` names "
+                "another method",
+                "drop `grpo.enabled` and name the method once, in `trainer.method`",
+            )
+        moved["method"] = "grpo"
+    if old.init_from is not None:
+        if trainer.init_from not in (None, old.init_from):
+            raise ConfigError(
+                "grpo.init_from",
+                old.init_from,
+                f"it is the earlier spelling of `trainer.init_from`, which is set to {trainer.init_from!r}",
+                "drop `grpo.init_from` and set only `trainer.init_from`",
+            )
+        moved["init_from"] = old.init_from
+    if old.init_ema is not None:
+        moved["init_ema"] = old.init_ema
+    if not moved:
+        return cfg
+    if os.environ.get("RANK", "0") == "0":
+        keys = ", ".join(f"`grpo.{'enabled' if key == 'method' else key}` -> `trainer.{key}`" for key in moved)
+        logger.warning(f"renamed config keys, read from their old place this time: {keys}")
+    grpo = dataclasses.replace(old, enabled=False, init_from=None, init_ema=None)
+    return dataclasses.replace(cfg, trainer=dataclasses.replace(trainer, **moved), grpo=grpo)
+
+
+def move_renamed_keys_in_saved(config: dict) -> dict:
+    """A config as a checkpoint written before the move recorded it (a plain dict, with no ``trainer.method``),
+    its old keys moved as ``move_renamed_keys`` moves them: a resume then compares like with like."""
+    if "method" in config.get("trainer", {}):
+        return config
+    grpo, trainer = dict(config.get("grpo", {})), dict(config.get("trainer", {}))
+    trainer["method"] = "grpo" if grpo.get("enabled") else "sft"
+    trainer["init_from"] = grpo.get("init_from")
+    trainer["init_ema"] = grpo.get("init_ema", True)
+    trainer["init_weights"] = grpo.pop("init_weights", None)
+    grpo.update(enabled=False, init_from=None, init_ema=None)
+    return {**config, "trainer": trainer, "grpo": grpo}

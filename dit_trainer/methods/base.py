@@ -1,0 +1,64 @@
+"""What the rest of the package asks of a training method.
+
+The defaults are those of a method that trains on the data set's batches, one optimizer update per step; a method
+overrides what differs. ``build_step`` is the one thing every method defines. Nothing here imports torch: the
+registry's names and a method's ``check`` run while a config is being validated, before any model library loads.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import DataLoader
+
+    from dit_trainer.components.build import Components
+    from dit_trainer.config import TrainConfig
+    from dit_trainer.training.step import StepParts, TrainingStep
+
+
+class Method:
+    """A training method: its name in ``trainer.method``, and its answers to the composition root, the config
+    checks, the start banner and the model card."""
+
+    name: str = ""
+    section: str | None = None  # the config section it owns (`grpo`): read by its own modules, by no other
+    # It trains on batches of the data set: the data checks, the loader, DP-SGD, validation and the warnings about
+    # the cost of encoding captions apply. A method that makes its own inputs (rollouts) reads no data.
+    reads_data: bool = True
+    scores_rewards: bool = False  # it trains on rewards: the configured ones must load (checked before the run)
+    card_tag: str | None = None  # the model card's tag for a model trained this way (the default method has none)
+
+    def check(self, cfg: TrainConfig) -> None:
+        """Refuse, with one ``ConfigError`` paragraph, what this method cannot train (its own section, and what it
+        needs of the others). Called after the field checks, before any model loads."""
+
+    def updates_per_step(self, cfg: TrainConfig) -> int:
+        """Optimizer updates in one step of the loop: what the LR schedule counts in."""
+        return 1
+
+    def images_per_step(self, cfg: TrainConfig) -> int:
+        """Images one process trains on per optimizer-update window (before gradient accumulation)."""
+        return cfg.trainer.batch_size
+
+    def describe_inputs(self, cfg: TrainConfig) -> str | None:
+        """What the start banner says this method trains on, when that is not the data set."""
+        return None
+
+    def describe(self, cfg: TrainConfig) -> str:
+        """The method as the model card names it."""
+        return self.name
+
+    def build_step(
+        self,
+        cfg: TrainConfig,
+        loop: StepParts,
+        parts: Components,
+        frozen_dtype: torch.dtype,
+        dataloader: DataLoader | None,
+    ) -> TrainingStep:
+        """The step the ``Trainer`` runs, on the prepared ``loop`` parts and the built models (``parts``);
+        ``dataloader`` is the prepared loader of the data set when ``reads_data``, else None. Called after
+        ``accelerator.prepare`` and before a resume loads a checkpoint."""
+        raise NotImplementedError(f"the method {self.name!r} defines no build_step")

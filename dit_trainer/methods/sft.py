@@ -1,0 +1,57 @@
+"""``trainer.method=sft``, the default: noise (or velocity) prediction on the data set's batches
+(``training.supervised.SupervisedStep`` with the diffusion loss)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dit_trainer.methods.base import Method
+
+if TYPE_CHECKING:
+    import torch
+    from torch.utils.data import DataLoader
+
+    from dit_trainer.components.build import Components
+    from dit_trainer.config import TrainConfig
+    from dit_trainer.training.step import StepParts, TrainingStep
+
+
+class SupervisedMethod(Method):
+    name = "sft"
+
+    def describe(self, cfg: TrainConfig) -> str:
+        return "supervised denoising (`sft`)"
+
+    def build_step(
+        self,
+        cfg: TrainConfig,
+        loop: StepParts,
+        parts: Components,
+        frozen_dtype: torch.dtype,
+        dataloader: DataLoader | None,
+    ) -> TrainingStep:
+        from dit_trainer.data.captions import tag_augmentation
+        from dit_trainer.data.mixture import source_names
+        from dit_trainer.diffusion.loss import DiffusionLoss
+        from dit_trainer.training.data_health import BadFileCounter
+        from dit_trainer.training.supervised import SupervisedStep
+
+        data = cfg.data
+        return SupervisedStep(
+            loop,
+            loss_fn=DiffusionLoss(
+                parts.vae,
+                parts.text_encoder,
+                parts.schedule,
+                data.caption_dropout,
+                cfg.diffusion.noise_offset,
+                tag_augmentation(data),
+            ),
+            dataloader=dataloader,
+            bad_files=BadFileCounter(loop.accelerator, data.max_bad_fraction, data.path, source_names(data.mixture)),
+            num_train_timesteps=parts.schedule.num_train_timesteps,
+            data_path=data.path,
+        )
+
+
+SFT = SupervisedMethod()
