@@ -38,13 +38,7 @@ from dit_trainer.precision import allow_tf32, resolve_mixed_precision, weight_dt
 from dit_trainer.run_folder import CHECKPOINTS, CONFIG, IMAGE_SIZES, weights_layout
 from dit_trainer.run_lock import RunFolderLock
 from dit_trainer.training.banner import log_start_banner
-from dit_trainer.training.checkpoint import (
-    Checkpointer,
-    SavedState,
-    TrainingState,
-    check_run_folder,
-    remove_unfinished_writes,
-)
+from dit_trainer.training.checkpoint import Checkpointer, TrainingState, check_run_folder, remove_unfinished_writes
 from dit_trainer.training.checkpoint_manifest import check_resume_launch
 from dit_trainer.training.ema import FusedEMA
 from dit_trainer.training.fsdp import (
@@ -62,6 +56,7 @@ from dit_trainer.training.nonfinite import NonFiniteGuard
 from dit_trainer.training.optim import build_ema, build_lr_scheduler, build_optimizer, warmup_within_run
 from dit_trainer.training.optimizers import check_sharded_optimizer
 from dit_trainer.training.privacy import PrivateTraining, check_private_launch, make_private
+from dit_trainer.training.saved_state import SavedState
 from dit_trainer.training.shapes_vae import warn_shapes_vae_on_other_data
 from dit_trainer.training.step import StepParts, UpdateSequence
 from dit_trainer.training.text_cost import warn_live_text_encoding

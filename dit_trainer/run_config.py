@@ -174,9 +174,29 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     if method.reads_data:
         check_data(cfg)
     check_training(cfg)
+    check_unread_sections(cfg)
     method.check(cfg)
     check_rewards(cfg, method.scores_rewards)
     return cfg
+
+
+def check_unread_sections(cfg: TrainConfig) -> None:
+    """Refuse settings of a method other than the run's: its section would be ignored without a word."""
+    for name in METHODS:
+        other = METHODS.get(name)
+        if other.section is None or name == cfg.trainer.method:
+            continue
+        section, defaults = getattr(cfg, other.section), type(getattr(cfg, other.section))()
+        changed = [f.name for f in dataclasses.fields(section) if getattr(section, f.name) != getattr(defaults, f.name)]
+        if changed:
+            key = f"{other.section}.{changed[0]}"
+            raise ConfigError(
+                key,
+                getattr(section, changed[0]),
+                f"it is a setting of `trainer.method={name}`, and this run trains with `trainer.method="
+                f"{cfg.trainer.method}`, which reads no `{other.section}.*`",
+                f"set `trainer.method={name}`, or drop the `{other.section}.*` overrides",
+            )
 
 
 def first_interpolation(node: Any, key: str = "") -> tuple[str, str] | None:

@@ -4,11 +4,12 @@ checkpoint writes), resume it with ``trainer.resume=latest`` each time, and chec
     python scripts/soak_resume.py                       # 20 kills, 200 steps, in a temporary folder
     python scripts/soak_resume.py --kills 5 --steps 120 --out /tmp/soak
     python scripts/soak_resume.py --grpo --kills 10 --steps 12   # a GRPO run (12 epochs) from a short shapes run
+    python scripts/soak_resume.py --nft --kills 10 --steps 12    # a DiffusionNFT run, likewise
 
 After every kill each ``checkpoint-N`` folder must be complete and readable (a write that was cut short may only
 leave a ``.checkpoint-N.partial``, which resuming removes). At the end every value the soaked run logged
-(metrics.jsonl, every step; timings aside) must equal that of one uninterrupted run with the same seed. A GRPO run is
-also killed during its rollouts and during its policy updates. Exit code 0 when all holds, 1 otherwise.
+(metrics.jsonl, every step; timings aside) must equal that of one uninterrupted run with the same seed. A GRPO or NFT
+run is also killed during its rollouts and during its policy updates. Exit code 0 when all holds, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -50,6 +51,21 @@ GRPO = [
 ]
 
 
+# The same, for DiffusionNFT: each image trains 2 of the sampler's 3 timesteps, drawn (the draws must resume too).
+NFT = [
+    "+experiment=shapes_nft",
+    "nft.prompts=[a red circle,a blue square]",
+    "nft.prompt_file=null",
+    "nft.prompts_per_epoch=2",
+    "nft.group_size=8",
+    "nft.sample_steps=4",
+    "nft.steps_per_sample=2",
+    "nft.rollout_batch_size=16",
+    "diffusion.sample_steps=4",
+    *LOGGED,
+]
+
+
 @dataclass(frozen=True)
 class Soak:
     """What is soaked: its overrides, its checkpoint interval and how far past a resume a kill may come (in steps),
@@ -62,7 +78,7 @@ class Soak:
 
 
 SHAPES_SOAK = Soak(SHAPES, 10, 25, ("during start-up", "while training", "during a checkpoint write"))
-GRPO_MOMENTS = ("during start-up", "during rollouts", "during an update", "during a checkpoint write")
+ONLINE_MOMENTS = ("during start-up", "during rollouts", "during an update", "during a checkpoint write")
 
 
 def launch(run_dir: Path, steps: int, log, soak: Soak) -> subprocess.Popen:
@@ -150,8 +166,8 @@ def logged(run_dir: Path) -> dict[int, dict]:
 
 
 def epoch_phases(reference: Path) -> tuple[float, float]:
-    """The median seconds of a GRPO epoch's rollouts and of its update, from the uninterrupted run (0, 0 for a
-    training run)."""
+    """The median seconds of an online method's epoch's rollouts and of its update, from the uninterrupted run (0, 0
+    for a training run)."""
     records = MetricsFile(reference / "metrics.jsonl").read()
     phases = [sorted(r.get(key, 0.0) for r in records) for key in ("rollout/seconds", "policy/seconds")]
     return phases[0][len(records) // 2], phases[1][len(records) // 2]
@@ -191,7 +207,7 @@ def soak_run(out: Path, kills: int, steps: int, seed: int, soak: Soak) -> bool:
 
 
 def train_init_run(out: Path) -> Path:
-    """The finished shapes run a GRPO soak starts from (20 steps, its EMA weights checkpointed)."""
+    """The finished shapes run a GRPO or NFT soak starts from (20 steps, its EMA weights checkpointed)."""
     init = out / "init"
     if not list_checkpoints(init / CHECKPOINTS):
         command = [sys.executable, "train.py", *SHAPES, "trainer.max_steps=20", f"hydra.run.dir={init}"]
@@ -202,17 +218,20 @@ def train_init_run(out: Path) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
     parser.add_argument("--kills", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=None, help="default: 200 (GRPO: 12 epochs)")
+    parser.add_argument("--steps", type=int, default=None, help="default: 200 (GRPO, NFT: 12 epochs)")
     parser.add_argument("--seed", type=int, default=0, help="of the kill moments")
-    parser.add_argument("--grpo", action="store_true", help="soak a GRPO run started from a short shapes run")
+    online = parser.add_mutually_exclusive_group()
+    online.add_argument("--grpo", action="store_true", help="soak a GRPO run started from a short shapes run")
+    online.add_argument("--nft", action="store_true", help="soak a DiffusionNFT run started from a short shapes run")
     parser.add_argument("--out", type=Path, default=None, help="default: a new temporary folder")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="soak-"))
     out.mkdir(parents=True, exist_ok=True)
     print(f"Soak test in {out}")
     soak, steps = SHAPES_SOAK, args.steps or 200
-    if args.grpo:
-        soak = Soak([*GRPO, f"trainer.init_from={train_init_run(out)}"], 2, 3, GRPO_MOMENTS)
+    if args.grpo or args.nft:
+        overrides = GRPO if args.grpo else NFT
+        soak = Soak([*overrides, f"trainer.init_from={train_init_run(out)}"], 2, 3, ONLINE_MOMENTS)
         steps = args.steps or 12
     return 0 if soak_run(out, args.kills, steps, args.seed, soak) else 1
 

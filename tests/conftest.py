@@ -282,6 +282,29 @@ def grpo_overrides(init_dir: Path, *extra: str, epochs: int = 4) -> list[str]:
     ]
 
 
+def nft_overrides(init_dir: Path, *extra: str, epochs: int = 4) -> list[str]:
+    """A tiny DiffusionNFT run from ``init_dir``: 2 prompts x 4 images an epoch, a 4-step sampler, one update an
+    epoch on 2 of its 3 trained timesteps per image (drawn: the draws must resume too). The rest is
+    ``shapes_nft``'s."""
+    return [
+        "+experiment=shapes_nft",
+        f"trainer.init_from={init_dir}",
+        "nft.prompts=[a red circle,a blue square,a green triangle]",
+        "nft.prompt_file=null",
+        "nft.prompts_per_epoch=2",
+        "nft.group_size=4",
+        "nft.sample_steps=4",
+        "nft.steps_per_sample=2",
+        "nft.rollout_batch_size=8",
+        f"trainer.max_steps={epochs}",
+        "trainer.checkpoint_every=2",
+        "trainer.sample_prompts=[a red circle]",
+        "diffusion.sample_steps=4",
+        "monitor.grpo.enabled=false",
+        *extra,
+    ]
+
+
 def build_tiny_transformer(
     family: str = "pixart_alpha",
     *,

@@ -31,8 +31,21 @@ DIRECTIVES = ("fmt:", "noqa", "type:")  # comments for tools, not readers
 
 @functools.cache
 def field_docs(cls: type) -> dict[str, str]:
-    """``{field: description}`` of the dataclass ``cls``: its comments, then the rule its check holds it to (fields
-    with neither are left out)."""
+    """``{field: description}`` of the dataclass ``cls``: its comments (a field declared in a base dataclass, with
+    the base's), then the rule its check holds it to (fields with neither are left out)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is not object and dataclasses.is_dataclass(klass):
+            docs |= _commented_fields(klass)
+    for spec in dataclasses.fields(cls):  # the rule of a field's check (`at_least`, `one_of`, ...) follows
+        if CHECK in spec.metadata:
+            rule = spec.metadata[CHECK].accepted().removeprefix("it ")
+            docs[spec.name] = f"{docs[spec.name]}; {rule}" if spec.name in docs else rule
+    return docs
+
+
+def _commented_fields(cls: type) -> dict[str, str]:
+    """The comments beside the fields ``cls`` itself declares."""
     source = textwrap.dedent(inspect.getsource(cls))
     lines = source.splitlines()
     comments = {
@@ -52,10 +65,6 @@ def field_docs(cls: type) -> dict[str, str]:
                if n in comments]  # fmt: skip
         if above or own:
             docs[statement.target.id] = " ".join(above + own)
-    for spec in dataclasses.fields(cls):  # the rule of a field's check (`at_least`, `one_of`, ...) follows
-        if CHECK in spec.metadata:
-            rule = spec.metadata[CHECK].accepted().removeprefix("it ")
-            docs[spec.name] = f"{docs[spec.name]}; {rule}" if spec.name in docs else rule
     return docs
 
 

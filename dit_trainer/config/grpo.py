@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dit_trainer.config.choices import PROMPT_SAMPLING
-from dit_trainer.config.fields import at_least, between, one_of, positive
+from dit_trainer.config.fields import at_least, between, positive
+from dit_trainer.config.online import RolloutConfig
 
 
 @dataclass
@@ -42,7 +42,7 @@ class GRPOMonitorConfig:
 
 
 @dataclass
-class GRPOConfig:
+class GRPOConfig(RolloutConfig):
     """GRPO reward fine-tuning (Flow-GRPO for flow matching, DDPO's DDIM-eta for epsilon / v). Each training step is
     one epoch: every process rolls out ``prompts_per_epoch`` x ``group_size`` images with the current (raw) weights
     and a stochastic sampler, scores them with ``reward``, normalises the rewards within each prompt's group, and
@@ -50,20 +50,6 @@ class GRPOConfig:
     through images. ``trainer.max_steps`` counts epochs; ``optim.lr`` is the learning rate. Read by
     ``trainer.method=grpo`` only."""
 
-    # The earlier spellings of `trainer.method=grpo`, `trainer.init_from` and `trainer.init_ema`: still read (with
-    # a warning naming the new key), never written.
-    enabled: bool = False
-    init_from: str | None = None
-    init_ema: bool | None = None
-    prompts: list[str] = field(default_factory=list)  # what the policy is trained on
-    prompt_file: str | None = None  # one prompt per line; used instead of `prompts` when set
-    prompts_per_epoch: int = at_least(1, 12)  # per process, drawn without repetition within an epoch
-    # uniform: a fresh permutation each epoch | spread: prompts drawn in proportion to their recent within-group
-    # reward std (at least a tenth of the largest), so rollouts go where groups disagree, the only place GRPO learns
-    prompt_sampling: str = one_of(PROMPT_SAMPLING, "uniform")
-    group_size: int = at_least(2, 16, note="advantages compare images of one prompt")  # G: images per prompt
-    sample_steps: int = at_least(2, 10)  # steps of the rollout sampler
-    guidance_scale: float | None = at_least(0, None, note="or null for diffusion.guidance_scale")
     # Noise of the stochastic sampler: flow matching's a (std a sqrt(sigma / (1 - sigma)); null: 0.7) or DDIM's
     # eta (null: 1.0). It must be > 0: the deterministic sampler has no log-probability to train.
     noise_level: float | None = positive(None, note="or null for the family's default")
@@ -75,15 +61,14 @@ class GRPOConfig:
     # and Flow-GRPO's timestep_fraction), for cheaper updates and so more epochs. Null: every step of the window.
     steps_per_trajectory: int | None = at_least(1, None, note="or null for every step of the window")
     clip_range: float = positive(1e-4)  # PPO's clip of the ratio, on the per-dimension mean log-prob scale
-    adv_clip_max: float = positive(5.0)  # advantages are clamped to +- this
-    advantage_std: str = one_of(("group", "global"), "group")  # divide by each group's std or by all rewards'
     filter_zero_std: bool = True  # skip the samples of groups whose rewards are all equal (their advantage is 0)
     beta: float = at_least(0, 0.0, note="0 disables the KL penalty")  # KL to the starting policy
-    minibatches: int = at_least(1, 1)  # optimizer updates per pass over an epoch's rollouts
-    passes: int = at_least(1, 1)  # passes over an epoch's rollouts (after the first, updates are off-policy)
-    rollout_batch_size: int = at_least(1, 64)  # images sampled at once
     # With CFG, also train the empty-prompt prediction that every prompt's guided step shares. Off: updates reach
     # only the conditional half (the unconditional one is used as is), so prompts do not pull it in conflicting
     # directions.
     train_unconditional: bool = True
-    eps: float = positive(1e-4, note="it keeps advantages finite for zero-std groups")
+    # The earlier spellings of `trainer.method=grpo`, `trainer.init_from` and `trainer.init_ema`: still read (with
+    # a warning naming the new key), never written.
+    enabled: bool = False
+    init_from: str | None = None
+    init_ema: bool | None = None

@@ -25,6 +25,7 @@ from dit_trainer.config.choices import (
 )
 from dit_trainer.config.fields import at_least, checked, fraction, non_empty, one_of, open_unit, positive
 from dit_trainer.config.grpo import GRPOConfig, GRPOMonitorConfig, RewardConfig
+from dit_trainer.config.nft import NFTConfig
 from dit_trainer.config.optim import OptimConfig
 
 
@@ -273,7 +274,8 @@ class TrainerConfig:
     """The loop: how long, how big, in what precision, and when to log, checkpoint and sample."""
 
     # How the DiT is trained: sft (noise / velocity prediction on the data, the default) | grpo (reward
-    # fine-tuning on its own samples, section `grpo`) | `package.module:ATTRIBUTE` (a method of your own).
+    # fine-tuning on its own samples, section `grpo`) | nft (DiffusionNFT, section `nft`) |
+    # `package.module:ATTRIBUTE` (a method of your own).
     method: str = "sft"
     # A run folder (its newest checkpoint) or one of its checkpoint folders to start from: the model, VAE, text
     # encoder, data and diffusion settings come from that run, the weights from that checkpoint. Null: start from
@@ -391,3 +393,4 @@ class TrainConfig:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    nft: NFTConfig = field(default_factory=NFTConfig)

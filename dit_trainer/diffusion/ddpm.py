@@ -241,6 +241,14 @@ class DDPMSchedule(NoiseSchedule):
             return noise
         return self.scheduler.get_velocity(x0, noise, timesteps)
 
+    def predicted_x0(self, prediction: torch.Tensor, sample: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+        """x0 = (x_t - sqrt(1 - a) eps) / sqrt(a), or sqrt(a) x_t - sqrt(1 - a) v, with a = alpha-bar at t."""
+        alpha_bar = self.scheduler.alphas_cumprod.to(sample.device)[timesteps.long()]
+        alpha_bar = alpha_bar.view(-1, *([1] * (sample.ndim - 1))).to(sample.dtype)
+        if self.objective == "epsilon":
+            return (sample - (1 - alpha_bar).sqrt() * prediction) / alpha_bar.sqrt()
+        return alpha_bar.sqrt() * sample - (1 - alpha_bar).sqrt() * prediction
+
     def loss_weights(self, timesteps: torch.Tensor) -> torch.Tensor | None:
         """min-SNR-gamma (Hang et al. 2023, with diffusers' ``compute_snr``), or None without ``snr_gamma``."""
         if self.snr_gamma is None:

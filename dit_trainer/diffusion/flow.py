@@ -210,6 +210,10 @@ class FlowSchedule(NoiseSchedule):
     def target(self, x0: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
         return noise - x0
 
+    def predicted_x0(self, prediction: torch.Tensor, sample: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+        """x0 = x_sigma - sigma v."""
+        return sample - self.sigmas(timesteps, sample) * prediction
+
     def loss_weights(self, timesteps: torch.Tensor) -> torch.Tensor | None:
         """``sigma_sqrt`` / ``cosmap`` (diffusers' SD3 weighting), or None."""
         if self.weighting == "none":

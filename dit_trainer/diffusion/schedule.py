@@ -103,6 +103,11 @@ class NoiseSchedule(ABC):
         """What the DiT learns to predict from ``x_t``."""
 
     @abstractmethod
+    def predicted_x0(self, prediction: torch.Tensor, sample: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
+        """The clean latents a ``prediction`` of the objective's target at ``sample`` (x_t) implies: an affine map of
+        the prediction, so mixing predictions mixes their x0 alike (what DiffusionNFT's implicit policies need)."""
+
+    @abstractmethod
     def loss_weights(self, timesteps: torch.Tensor) -> torch.Tensor | None:
         """Per-sample weights (B,) for the (B,) loss, or None for an unweighted mean."""
 

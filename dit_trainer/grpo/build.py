@@ -12,11 +12,10 @@ from dit_trainer.config import TrainConfig
 from dit_trainer.diffusion.policy import StochasticPolicy
 from dit_trainer.diffusion.schedule import NoiseSchedule
 from dit_trainer.errors import ConfigError
-from dit_trainer.grpo.prompts import PromptSampler
-from dit_trainer.grpo.reference import ReferencePolicy, build_reference
 from dit_trainer.grpo.step import GRPOSettings, GRPOStep
+from dit_trainer.online.build import build_feedback
+from dit_trainer.online.reference import ReferencePolicy, build_reference
 from dit_trainer.prompts import load_prompts
-from dit_trainer.rewards.build import build_reward
 from dit_trainer.sharding import is_sharded
 from dit_trainer.training.step import StepParts
 
@@ -29,22 +28,14 @@ def grpo_settings(cfg: TrainConfig) -> GRPOSettings:
         group_size=g.group_size,
         guidance_scale=cfg.diffusion.guidance_scale if g.guidance_scale is None else g.guidance_scale,
         clip_range=g.clip_range,
-        adv_clip_max=g.adv_clip_max,
-        advantage_std=g.advantage_std,
         filter_zero_std=g.filter_zero_std,
         beta=g.beta,
         minibatches=g.minibatches,
         passes=g.passes,
         rollout_batch_size=g.rollout_batch_size,
-        eps=g.eps,
         steps_per_trajectory=g.steps_per_trajectory,
         train_unconditional=g.train_unconditional,
     )
-
-
-def build_prompt_sampler(cfg: TrainConfig) -> PromptSampler:
-    g = cfg.grpo
-    return PromptSampler(load_prompts(g.prompts, g.prompt_file, "grpo."), g.prompts_per_epoch, g.prompt_sampling)
 
 
 def build_kl_reference(cfg: TrainConfig, dit: DiTAdapter, accelerator: Accelerator) -> ReferencePolicy | None:
@@ -82,10 +73,8 @@ def build_grpo_step(cfg: TrainConfig, loop: StepParts, parts: Components, frozen
         loop,
         grpo=grpo_settings(cfg),
         policy=build_policy(cfg, parts.schedule.at_size(parts.latent_shape), device),
-        vae=parts.vae,
         text_encoder=parts.text_encoder,
-        reward=build_reward(cfg.reward, device, frozen_dtype),
+        feedback=build_feedback(cfg.grpo, "grpo", cfg.reward, loop.accelerator, parts.vae, frozen_dtype),
         latent_shape=parts.latent_shape,
-        prompt_sampler=build_prompt_sampler(cfg),
         reference=reference,
     )

@@ -21,13 +21,11 @@ from torch import nn
 
 from dit_trainer.diffusion.policy import StochasticPolicy
 from dit_trainer.grpo.loss import clipped_policy_loss, gaussian_kl, ratio_statistics
-from dit_trainer.grpo.prompts import PromptSampler
-from dit_trainer.grpo.reference import ReferencePolicy
 from dit_trainer.grpo.rollout import Rollout, recompute_steps, roll_out
-from dit_trainer.rewards.base import WeightedReward
-from dit_trainer.rewards.grpo import group_statistics
-from dit_trainer.training.checkpoint import SavedState
+from dit_trainer.online.feedback import GroupFeedback
+from dit_trainer.online.reference import ReferencePolicy
 from dit_trainer.training.preflight import preflight
+from dit_trainer.training.saved_state import SavedState
 from dit_trainer.training.step import StepParts
 
 
@@ -40,14 +38,11 @@ class GRPOSettings:
     group_size: int
     guidance_scale: float
     clip_range: float
-    adv_clip_max: float
-    advantage_std: str
     filter_zero_std: bool
     beta: float
     minibatches: int
     passes: int
     rollout_batch_size: int
-    eps: float
     train_unconditional: bool = True
     steps_per_trajectory: int | None = None
 
@@ -73,21 +68,18 @@ class GRPOStep:
         *,
         grpo: GRPOSettings,
         policy: StochasticPolicy,
-        vae: nn.Module,
         text_encoder: nn.Module,
-        reward: WeightedReward,
+        feedback: GroupFeedback,
         latent_shape: tuple[int, int, int],
-        prompt_sampler: PromptSampler,
         reference: ReferencePolicy | None = None,
     ) -> None:
         self.accelerator, self.dit, self.state, self.updates = parts.accelerator, parts.dit, parts.state, parts.updates
         self.grpo = grpo
-        self.prompt_sampler = prompt_sampler  # checkpointed with the run (a JSON state of the checkpointer)
+        self.feedback = feedback
+        self.prompt_sampler = feedback.prompt_sampler  # checkpointed with the run (``saved_states``)
         self.policy = policy
         self.trained_steps = torch.nonzero(policy.stochastic).flatten()
-        self.vae = vae
         self.text_encoder = text_encoder
-        self.reward = reward
         self.latent_shape = latent_shape
         self.reference = reference
         self.epoch_metrics: dict[str, float] = {}
@@ -115,48 +107,18 @@ class GRPOStep:
             self.state.generator,
             self.grpo.rollout_batch_size,
         )
-        rewards, reward_metrics = self._score(rollout)
-        advantages, zero_std, zero_std_fraction = self._advantages(rewards, prompt_indices)
+        rewards, reward_metrics = self.feedback.score(rollout.final_latents, rollout.image_prompts)
+        advantages = self.feedback.advantages(rewards, prompt_indices)
         rollout_seconds = time.perf_counter() - start
-        loss, grad_norm, update_metrics = self._update(rollout, advantages, zero_std)
+        loss, grad_norm, update_metrics = self._update(rollout, advantages.values, advantages.zero_std)
         self.epoch_metrics = {
             **reward_metrics,
-            "rollout/zero_std_frac": zero_std_fraction,
+            "rollout/zero_std_frac": advantages.zero_std_fraction,
             **update_metrics,
             "rollout/seconds": rollout_seconds,
             "policy/seconds": time.perf_counter() - start - rollout_seconds,
         }
         return loss, grad_norm
-
-    @torch.no_grad()
-    def _score(self, rollout: Rollout) -> tuple[torch.Tensor, dict[str, float]]:
-        """(N,) rewards of the decoded final latents, and their means over all processes per reward term."""
-        prompts = rollout.image_prompts
-        scores: dict[str, list[torch.Tensor]] = {}
-        for rows in torch.arange(len(prompts)).split(self.grpo.rollout_batch_size):
-            images = ((self.vae.decode(rollout.final_latents[rows.to(rollout.samples.device)]) + 1) / 2).float()
-            for name, values in self.reward.scores(images, [prompts[i] for i in rows.tolist()]).items():
-                scores.setdefault(name, []).append(values)
-        per_term = {name: torch.cat(values) for name, values in scores.items()}
-        rewards = self.reward.combine(per_term).float()
-        everywhere = self.accelerator.gather(torch.stack([rewards, *per_term.values()]))
-        metrics = {"rollout/reward_mean": everywhere[0].mean().item(), "rollout/reward_std": everywhere[0].std().item()}
-        metrics |= {f"rollout/{name}": row.mean().item() for name, row in zip(per_term, everywhere[1:])}
-        return rewards, metrics
-
-    def _advantages(self, rewards: torch.Tensor, prompt_indices: list[int]) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """This process's advantages (N,), clamped, which of its trajectories belong to a zero-std group, and the
-        share of such groups over all processes. The statistics use every process's rewards (groups never span
-        processes, so only the global std needs them); the prompt sampler learns every group's spread."""
-        everywhere = self.accelerator.gather(rewards)
-        stats = group_statistics(everywhere, self.grpo.group_size, self.grpo.eps)
-        indices = torch.tensor(prompt_indices, device=rewards.device)
-        self.prompt_sampler.observe(self.accelerator.gather(indices).cpu(), stats.std.cpu())
-        chosen = stats.advantages if self.grpo.advantage_std == "group" else stats.advantages_global_std
-        rank, count = self.accelerator.process_index, len(rewards)
-        advantages = chosen[rank * count : (rank + 1) * count].clamp(-self.grpo.adv_clip_max, self.grpo.adv_clip_max)
-        zero_std = (stats.std == 0).repeat_interleave(self.grpo.group_size)[rank * count : (rank + 1) * count]
-        return advantages, zero_std, stats.zero_std_fraction
 
     def _kept(self, zero_std: torch.Tensor) -> torch.Tensor:
         """The trajectories to train on: those of groups with a reward spread (all, without ``filter_zero_std``),

@@ -22,6 +22,7 @@ METHODS: Registry[Method] = Registry(
     {
         "sft": "dit_trainer.methods.sft:SFT",
         "grpo": "dit_trainer.grpo.method:GRPO",
+        "nft": "dit_trainer.nft.method:NFT",
     },
 )
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -61,6 +61,7 @@ from dit_trainer.training.checkpoint_manifest import (
     written_by,
 )
 from dit_trainer.training.config_changes import config_hash
+from dit_trainer.training.saved_state import SavedState, read_saved_state, write_saved_state
 
 logger = get_logger(__name__)
 EMA_STATE = "ema_state.json"
@@ -112,21 +113,16 @@ def check_run_folder(run_dir: Path, resume: str | None) -> None:
         )
 
 
-class SavedState(Protocol):
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-
 class Checkpointer:
     """Writes and restores checkpoints through accelerate's hooks (the pattern of diffusers' training examples).
 
     The EMA weights are saved in the same format as the raw ones (swapped in for the write), with the EMA's
     counters in ``ema_state.json`` beside them; a checkpoint without them (a run trained without EMA, resumed with
-    one) starts the EMA from the restored ``parameters``. ``json_states`` (e.g. the DP accountant) are saved by the
-    main process as ``<name>.json``; ``process_states`` (a stream's position) by every process as
-    ``<name>_<rank>.pt``, and restored only where the checkpoint has them (their owner knows what to do without).
-    ``lr_scheduler``'s restored state is converted when the checkpoint counted it in processes x updates.
+    one) starts the EMA from the restored ``parameters``. ``json_states`` (the DP accountant, a method's own state)
+    are saved by the main process (``saved_state``: JSON, or safetensors when they hold tensors);
+    ``process_states`` (a stream's position) by every process as ``<name>_<rank>.pt``, and restored only where the
+    checkpoint has them (their owner knows what to do without). ``lr_scheduler``'s restored state is converted
+    when the checkpoint counted it in processes x updates.
     """
 
     def __init__(
@@ -253,7 +249,7 @@ class Checkpointer:
             accelerator.wait_for_everyone()
             if accelerator.is_main_process:
                 for name, state in self.json_states.items():
-                    (partial / f"{name}.json").write_text(json.dumps(state.state_dict()), encoding="utf-8")
+                    write_saved_state(partial, name, state.state_dict())
                 self._write_manifest(partial, step)
                 fsync_tree(partial)
                 if path.exists():  # the same step saved again (resumed from an older checkpoint): set it aside
@@ -362,16 +358,16 @@ class Checkpointer:
             if file.is_file():
                 state.load_state_dict(torch.load(file, weights_only=True))
         for name, state in self.json_states.items():
-            file = path / f"{name}.json"
-            if not file.is_file():
+            saved = read_saved_state(path, name)
+            if saved is None:
                 raise ConfigError(
                     "trainer.resume",
                     str(path),
-                    f"this run needs its {name} state, and the checkpoint has no {file.name} (it was written by a "
-                    "run configured differently)",
+                    f"this run needs its {name} state, and the checkpoint has no {name}.json or {name}.safetensors "
+                    "(it was written by a run configured differently)",
                     "resume with the settings that run was trained with (its config.yaml)",
                 )
-            state.load_state_dict(json.loads(file.read_text(encoding="utf-8")))
+            state.load_state_dict(saved)
 
 
 def remove_unfinished_writes(checkpoints_dir: Path) -> None:

@@ -25,8 +25,10 @@ def test_every_experiment_composes_and_validates(experiment, tmp_path, online):
             (tmp_path / f"class{label:04d}" / "a.png").hardlink_to(tmp_path / "a.png")
     else:
         (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
-    # A GRPO recipe fine-tunes a trained model: `trainer.init_from=RUN` (tests/e2e/test_grpo.py) or model.pretrained.
-    start = ["model.pretrained=PixArt-alpha/PixArt-XL-2-256x256"] if experiment.endswith("_grpo") else []
+    # An online recipe fine-tunes a trained model: `trainer.init_from=RUN` (tests/e2e/test_grpo.py) or
+    # model.pretrained.
+    online_recipe = experiment.endswith(("_grpo", "_nft"))
+    start = ["model.pretrained=PixArt-alpha/PixArt-XL-2-256x256"] if online_recipe else []
     cfg = compose_config([f"+experiment={experiment}", f"data.path={tmp_path}", *start])
     assert cfg.trainer.max_steps >= 1
     assert cfg.diffusion.objective in OBJECTIVES

@@ -9,8 +9,8 @@ from dit_trainer.components.lora import apply_lora
 from dit_trainer.condition import Condition
 from dit_trainer.config import LoRAConfig
 from dit_trainer.grpo.loss import gaussian_kl
-from dit_trainer.grpo.reference import build_reference
 from dit_trainer.grpo.rollout import recompute_steps
+from dit_trainer.online.reference import build_reference
 
 from ..conftest import SHAPES_TRANSFORMER
 from .conftest import GUIDANCE, PROMPTS, rollout_policy, tiny_roll_out, trained_rows

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 import torch
 
-from dit_trainer.grpo.prompts import PromptSampler
+from dit_trainer.online.prompts import PromptSampler
 
 
 def _drawn(sampler: PromptSampler, draws: int = 2000) -> Counter:
