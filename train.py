@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from dit_trainer.config import register_configs
 from dit_trainer.config.command_line import check_command_line
 from dit_trainer.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PREEMPTED, USER_ERRORS, ConfigError, exit_code
-from dit_trainer.failures import FailureWatch, is_multi_process, record_failure
+from dit_trainer.failures import FailureWatch, is_multi_process, let_the_others_notice, record_failure
 from dit_trainer.process_exit import exit_without_finalizing
 from dit_trainer.run_config import continue_run, to_train_config
 from dit_trainer.run_folder import discard_refused_start
@@ -49,6 +49,7 @@ def main(cfg: DictConfig) -> None:
         if watch is not None:  # an error caused by another process's failure (a folder it removed) reports that
             watch.stop_if_failed_elsewhere(timeout=0.0)
             record_failure(run_dir, exit_code(error), str(error))
+            let_the_others_notice()
         print(f"error: {error}", file=sys.stderr)
         if exit_code(error) == EXIT_BAD_INPUT:
             discard_refused_start(run_dir)  # the folder Hydra made for this start, if nothing was trained in it

@@ -46,6 +46,13 @@ def record_failure(run_dir: Path, exit_code: int, message: str) -> None:
     write_text_atomically(run_dir / name, json.dumps(asdict(failure)))
 
 
+def let_the_others_notice() -> None:
+    """Linger after recording a failure, for two polls of the other processes' watches: they then stop with its
+    message and code before the launcher terminates them because this process exited (torchrun sends SIGTERM at
+    once, and a process that skips the interpreter's teardown exits within milliseconds)."""
+    time.sleep(2 * POLL_SECONDS)
+
+
 def first_failure(run_dir: Path, since: float) -> Failure | None:
     """The earliest failure recorded at or after ``since`` (older records are from earlier attempts)."""
     failures = []

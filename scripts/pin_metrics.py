@@ -2,7 +2,7 @@
 (epsilon), flow-matching, DP-SGD, class-conditional DiT and GRPO runs at one commit, then check them at another.
 
     python scripts/pin_metrics.py record pinned.json      # before the change
-    python scripts/pin_metrics.py check pinned.json       # after it: exit 0 when every value is bit-identical
+    python scripts/pin_metrics.py check pinned.json       # after it: exit 0 when every pinned value is bit-identical
 
 Each run is ``train.py`` in its own process with one thread (``OMP_NUM_THREADS=1``: a thread count changes float
 sums), so the file holds on the machine and torch build that wrote it; it records both and ``check`` refuses
@@ -91,17 +91,25 @@ def where() -> dict[str, str]:
 
 
 def differences(pinned: dict[str, list[dict]], now: dict[str, list[dict]]) -> list[str]:
-    """Every value that differs, as ``run step key: pinned -> now``."""
+    """Every pinned value that differs or is gone, as ``run step key: pinned -> now`` (values logged now that were
+    not then are new metrics, not changes: ``added``)."""
     found = []
     for name, records in pinned.items():
         current = now.get(name, [])
         if len(current) != len(records):
             found.append(f"{name}: {len(records)} records pinned, {len(current)} now")
         for before, after in zip(records, current):
-            for key in sorted(set(before) | set(after)):
-                if before.get(key) != after.get(key):
-                    found.append(f"{name} step {before.get('step')} {key}: {before.get(key)} -> {after.get(key)}")
+            for key in sorted(before):
+                if before[key] != after.get(key):
+                    found.append(f"{name} step {before.get('step')} {key}: {before[key]} -> {after.get(key)}")
     return found
+
+
+def added(pinned: dict[str, list[dict]], now: dict[str, list[dict]]) -> list[str]:
+    """The metrics logged now that the pin has not, as ``run: key, ...``."""
+    new = {name: sorted({key for r in now.get(name, []) for key in r} - {key for r in records for key in r})
+           for name, records in pinned.items()}  # fmt: skip
+    return [f"{name}: {', '.join(keys)}" for name, keys in new.items() if keys]
 
 
 def main(argv: list[str]) -> int:
@@ -121,6 +129,8 @@ def main(argv: list[str]) -> int:
         return 0
     found = differences(pinned["runs"], values)
     print("\n".join(found[:40]) if found else f"All {sum(map(len, values.values()))} records bit-identical.")
+    for line in added(pinned["runs"], values):
+        print(f"added since the pin: {line}")
     return 1 if found else 0
 
 

@@ -1,7 +1,7 @@
 """Between an online method's rollouts and its updates: the rewards of the epoch's final latents (decoded), their
-means over every process, and the advantages of each image within its prompt's group of ``group_size`` (statistics
-gathered over processes: groups never span processes, so only the global std needs them). The prompt sampler
-learns each group's reward spread here."""
+means over every process with the images' statistics (``image_stats``), and the advantages of each image within its
+prompt's group of ``group_size`` (statistics gathered over processes: groups never span processes, so only the
+global std needs them). The prompt sampler learns each group's reward spread here."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
+from dit_trainer.online.image_stats import brightness_and_saturation, group_diversity, thumbnails
 from dit_trainer.online.prompts import PromptSampler
 from dit_trainer.rewards.base import WeightedReward
 from dit_trainer.rewards.grpo import group_statistics
@@ -58,16 +59,25 @@ class GroupFeedback:
     def score(self, final_latents: torch.Tensor, prompts: Sequence[str]) -> tuple[torch.Tensor, dict[str, float]]:
         """(N,) rewards of the decoded ``final_latents``, and their means over all processes per reward term."""
         scores: dict[str, list[torch.Tensor]] = {}
+        looks: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         for rows in torch.arange(len(prompts)).split(self.batch_size):
             images = ((self.vae.decode(final_latents[rows.to(final_latents.device)]) + 1) / 2).float()
             for name, values in self.reward.scores(images, [prompts[i] for i in rows.tolist()]).items():
                 scores.setdefault(name, []).append(values)
+            looks.append((*brightness_and_saturation(images), thumbnails(images)))
         per_term = {name: torch.cat(values) for name, values in scores.items()}
         rewards = self.reward.combine(per_term).float()
         everywhere = self.accelerator.gather(torch.stack([rewards, *per_term.values()]))
         metrics = {"rollout/reward_mean": everywhere[0].mean().item(), "rollout/reward_std": everywhere[0].std().item()}
         metrics |= {f"rollout/{name}": row.mean().item() for name, row in zip(per_term, everywhere[1:])}
-        return rewards, metrics
+        return rewards, metrics | self._image_statistics(*(torch.cat(parts) for parts in zip(*looks)))
+
+    def _image_statistics(self, brightness: torch.Tensor, saturation: torch.Tensor, thumbs: torch.Tensor) -> dict:
+        """The rollout images' mean brightness and saturation, and the mean distance within their groups, over
+        every process (``image_stats``): what a gamed reward changes first."""
+        local = torch.stack([brightness.mean(), saturation.mean(), group_diversity(thumbs, self.group_size).mean()])
+        means = self.accelerator.reduce(local, reduction="mean")
+        return dict(zip(("rollout/brightness", "rollout/saturation", "rollout/group_diversity"), means.tolist()))
 
     def advantages(self, rewards: torch.Tensor, prompt_indices: list[int]) -> Advantages:
         """The advantages of this process's ``rewards`` (its prompts ``prompt_indices``, ``group_size`` each)."""
