@@ -64,18 +64,23 @@ def _flatten(section: Any, prefix: str) -> dict[str, Any]:
     return {f"{prefix}.{name}": value for name, value in dataclasses.asdict(section).items()}
 
 
+def _differs_from_defaults(cfg: TrainConfig) -> set[str]:
+    """Inherited keys whose value is not the schema's default."""
+    defaults = TrainConfig()
+    return {
+        key
+        for name in INHERITED_SECTIONS
+        for key, value in _flatten(getattr(cfg, name), name).items()
+        if _flatten(getattr(defaults, name), name)[key] != value
+    }
+
+
 def _set_by_hand(cfg: TrainConfig, overrides: Sequence[str] | None) -> set[str]:
     """Inherited keys the user set: named on the command line, or (from Python, no command line) differing from
     the schema's defaults."""
     inherited = {key for name in INHERITED_SECTIONS for key in _flatten(getattr(cfg, name), name)}
     if overrides is None:
-        defaults = TrainConfig()
-        return {
-            key
-            for name in INHERITED_SECTIONS
-            for key, value in _flatten(getattr(cfg, name), name).items()
-            if _flatten(getattr(defaults, name), name)[key] != value
-        }
+        return _differs_from_defaults(cfg)
     named = explicit_keys(overrides)
     return {key for key in inherited if any(key == n or key.startswith(f"{n}.") for n in named)}
 
@@ -117,7 +122,9 @@ def inherit_init_run(
             "remove those overrides (sampling settings `diffusion.sampler`, `diffusion.sample_steps` and "
             "`diffusion.guidance_scale` may differ), or start from another run",
         )
-    for key in by_hand & FREE_KEYS:  # kept as set
+    # Kept as set: by hand, or by the recipe (a value other than the schema's default: `shapes_nft` samples
+    # without CFG whatever its init run did).
+    for key in (by_hand | _differs_from_defaults(cfg)) & FREE_KEYS:
         value = ours[key]
         name, field = key.split(".")
         sections[name] = dataclasses.replace(sections[name], **{field: value})

@@ -9,7 +9,7 @@ import pytest
 from dit_trainer.errors import ConfigError, exit_code
 from dit_trainer.run_folder import MANIFEST
 
-from .conftest import TINY_SHAPES, compose_config, grpo_overrides
+from .conftest import TINY_SHAPES, compose_config, grpo_overrides, nft_overrides
 
 
 @pytest.fixture()
@@ -89,3 +89,11 @@ def test_a_method_that_trains_on_data_is_not_started_from_another_run(fake_init_
     with pytest.raises(ConfigError, match=r"`trainer\.init_from`.*`trainer\.method=sft` trains on a data set") as error:
         compose_config([*TINY_SHAPES, f"trainer.init_from={fake_init_run}"])
     assert exit_code(error.value) == 2 and "trainer.resume=RUN" in str(error.value)
+
+
+def test_a_recipe_keeps_the_sampling_settings_it_sets(fake_init_run):
+    """`shapes_nft` samples without CFG whatever its init run did: a free key the recipe sets is kept like one set
+    on the command line; one it leaves at the schema's default is the init run's."""
+    cfg = compose_config(nft_overrides(fake_init_run))
+    assert cfg.diffusion.guidance_scale == 1.0  # the recipe's (the init run: the schema's 3.0)
+    assert cfg.diffusion.sample_steps == 4 and cfg.diffusion.sampler == "ddim"
