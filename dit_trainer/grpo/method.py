@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dit_trainer.methods.base import Method
+from dit_trainer.online.method import OnlineMethod
 
 if TYPE_CHECKING:
     import torch
@@ -16,30 +16,16 @@ if TYPE_CHECKING:
     from dit_trainer.training.step import StepParts, TrainingStep
 
 
-class GRPOMethod(Method):
+class GRPOMethod(OnlineMethod):
     name = "grpo"
     section = "grpo"
-    reads_data = False
-    scores_rewards = True
+    title = "GRPO"
     card_tag = "grpo"
 
     def check(self, cfg: TrainConfig) -> None:
         from dit_trainer.grpo.checks import check_grpo
 
         check_grpo(cfg)
-
-    def updates_per_step(self, cfg: TrainConfig) -> int:
-        return cfg.grpo.passes * cfg.grpo.minibatches
-
-    def images_per_step(self, cfg: TrainConfig) -> int:
-        return cfg.grpo.prompts_per_epoch * cfg.grpo.group_size
-
-    def describe_inputs(self, cfg: TrainConfig) -> str:
-        return f"GRPO rollouts: {cfg.grpo.prompts_per_epoch} prompts x {cfg.grpo.group_size} images per process"
-
-    def describe(self, cfg: TrainConfig) -> str:
-        rewards = ", ".join(f"{name} x {weight:g}" for name, weight in cfg.reward.weights.items())
-        return f"GRPO reward fine-tuning (rewards: {rewards})"
 
     def build_step(
         self,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dit_trainer.methods.base import Method
+from dit_trainer.online.method import OnlineMethod
 
 if TYPE_CHECKING:
     import torch
@@ -17,31 +17,16 @@ if TYPE_CHECKING:
     from dit_trainer.training.step import StepParts, TrainingStep
 
 
-class NFTMethod(Method):
+class NFTMethod(OnlineMethod):
     name = "nft"
     section = "nft"
-    reads_data = False
-    scores_rewards = True
+    title = "DiffusionNFT"
     card_tag = "diffusion-nft"
 
     def check(self, cfg: TrainConfig) -> None:
         from dit_trainer.nft.checks import check_nft
 
         check_nft(cfg)
-
-    def updates_per_step(self, cfg: TrainConfig) -> int:
-        return cfg.nft.passes * cfg.nft.minibatches
-
-    def images_per_step(self, cfg: TrainConfig) -> int:
-        return cfg.nft.prompts_per_epoch * cfg.nft.group_size
-
-    def describe_inputs(self, cfg: TrainConfig) -> str:
-        n = cfg.nft
-        return f"DiffusionNFT rollouts: {n.prompts_per_epoch} prompts x {n.group_size} images per process"
-
-    def describe(self, cfg: TrainConfig) -> str:
-        rewards = ", ".join(f"{name} x {weight:g}" for name, weight in cfg.reward.weights.items())
-        return f"DiffusionNFT reward fine-tuning (rewards: {rewards})"
 
     def build_step(
         self,

@@ -1,0 +1,39 @@
+"""What the online methods answer alike: they read no data set, train on rewards, and each step of the loop is one
+epoch of ``passes`` x ``minibatches`` updates on ``prompts_per_epoch`` x ``group_size`` images per process, all
+settings of the method's own section (a ``RolloutConfig``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dit_trainer.methods.base import Method
+
+if TYPE_CHECKING:
+    from dit_trainer.config import TrainConfig
+    from dit_trainer.config.online import RolloutConfig
+
+
+class OnlineMethod(Method):
+    """A method that trains on its own rollouts; ``title`` is how the banner and the model card name it."""
+
+    reads_data = False
+    scores_rewards = True
+    title = ""
+
+    def rollouts(self, cfg: TrainConfig) -> RolloutConfig:
+        """The method's own section."""
+        return getattr(cfg, str(self.section))
+
+    def updates_per_step(self, cfg: TrainConfig) -> int:
+        return self.rollouts(cfg).passes * self.rollouts(cfg).minibatches
+
+    def images_per_step(self, cfg: TrainConfig) -> int:
+        return self.rollouts(cfg).prompts_per_epoch * self.rollouts(cfg).group_size
+
+    def describe_inputs(self, cfg: TrainConfig) -> str:
+        r = self.rollouts(cfg)
+        return f"{self.title} rollouts: {r.prompts_per_epoch} prompts x {r.group_size} images per process"
+
+    def describe(self, cfg: TrainConfig) -> str:
+        rewards = ", ".join(f"{name} x {weight:g}" for name, weight in cfg.reward.weights.items())
+        return f"{self.title} reward fine-tuning (rewards: {rewards})"
