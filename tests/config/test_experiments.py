@@ -72,3 +72,12 @@ def test_dit_lora_is_dit_with_lora(tmp_path, online):
     assert lora.lora.enabled and not dit.lora.enabled
     assert lora.trainer.sample_prompts == dit.trainer.sample_prompts and lora.logger == dit.logger
     assert (lora.data.resolution, lora.trainer.batch_size, lora.trainer.max_steps) == (512, 8, 5000)
+
+
+def test_sd35_nft_is_diffusion_nft_as_its_repository_sets_it(tmp_path, online):
+    cfg = compose_config(["+experiment=sd35_nft", f"data.path={tmp_path}"])
+    n = cfg.nft
+    assert cfg.trainer.method == "nft" and cfg.model.family == "sd3" and cfg.diffusion.objective == "flow_matching"
+    assert (cfg.lora.enabled, cfg.lora.rank, cfg.lora.alpha, cfg.optim.lr) == (True, 32, 64, 3e-4)
+    assert (n.sample_steps, n.guidance_scale, n.group_size, n.beta, n.kl_weight) == (10, 1.0, 24, 1.0, 1e-4)
+    assert (n.old_decay_rate, n.old_decay_max, n.minibatches) == (0.001, 0.5, 1) and cfg.diffusion.guidance_scale == 1

@@ -148,7 +148,7 @@ def test_a_run_that_cannot_work_is_refused_naming_the_key(overrides, key, says):
     assert says in one_paragraph(caught.value, key)
 
 
-@pytest.mark.parametrize("experiment", ["sd35_medium", "sd35_grpo"])
+@pytest.mark.parametrize("experiment", ["sd35_medium", "sd35_grpo", "sd35_nft"])
 def test_the_recipes_stop_at_once_offline_naming_the_missing_model(experiment, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
