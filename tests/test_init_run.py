@@ -97,3 +97,21 @@ def test_a_recipe_keeps_the_sampling_settings_it_sets(fake_init_run):
     cfg = compose_config(nft_overrides(fake_init_run))
     assert cfg.diffusion.guidance_scale == 1.0  # the recipe's (the init run: the schema's 3.0)
     assert cfg.diffusion.sample_steps == 4 and cfg.diffusion.sampler == "ddim"
+
+
+def test_a_run_folder_written_before_the_method_seam_is_read_without_a_word(fake_init_run, caplog):
+    """Its config.yaml spells the method and the start under `grpo` (`enabled`, `init_from`, `init_ema: true`,
+    `init_weights`) and has no `trainer.method`: it reads as today's, and only a key that says something warns."""
+    import yaml
+
+    from dit_trainer.run_config import read_run_config
+
+    path = fake_init_run / "config.yaml"
+    saved = yaml.safe_load(path.read_text())
+    for key in ("method", "init_from", "init_ema", "init_weights"):
+        del saved["trainer"][key]
+    saved["grpo"] |= {"enabled": False, "init_from": None, "init_ema": True, "init_weights": None}
+    path.write_text(yaml.safe_dump(saved))
+    with caplog.at_level("WARNING", logger="dit_trainer.config.renamed"):
+        cfg = read_run_config(fake_init_run)
+    assert cfg.trainer.method == "sft" and cfg.trainer.init_ema and "renamed" not in caplog.text

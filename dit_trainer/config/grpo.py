@@ -67,8 +67,10 @@ class GRPOConfig(RolloutConfig):
     # only the conditional half (the unconditional one is used as is), so prompts do not pull it in conflicting
     # directions.
     train_unconditional: bool = True
-    # The earlier spellings of `trainer.method=grpo`, `trainer.init_from` and `trainer.init_ema`: still read (with
-    # a warning naming the new key), never written.
+    # The earlier spellings of `trainer.method=grpo`, `trainer.init_from`, `trainer.init_ema` and
+    # `trainer.init_weights`: still read (with a warning naming the new key; every earlier config.yaml has them),
+    # written only empty.
     enabled: bool = False
     init_from: str | None = None
     init_ema: bool | None = None
+    init_weights: str | None = None

@@ -29,7 +29,9 @@ class NFTConfig(RolloutConfig):
     beta: float = positive(1.0)
     # How many of the rollout's timesteps each image trains per epoch, drawn per image (null: all but the last).
     steps_per_sample: int | None = at_least(1, None, note="or null for all but the last")
-    kl_weight: float = at_least(0, 1e-4, note="0 disables it")  # squared distance of v to the starting weights' v
+    # The weight of the squared distance of v to the starting weights' v. The reference code multiplies its policy
+    # loss by adv_clip_max (5) and this one does not: its 1e-4 is 2e-5 here.
+    kl_weight: float = at_least(0, 2e-5, note="0 disables it")
     # The old policy that rolls out: after every epoch old <- d old + (1 - d) trained, with d = min(old_decay_rate x
     # (optimizer updates - old_decay_flat), old_decay_max), and d = 0 (on-policy) for the first old_decay_flat.
     old_decay_flat: int = at_least(0, 0)

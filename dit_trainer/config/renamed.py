@@ -41,14 +41,16 @@ def move_renamed_keys(cfg: TrainConfig) -> TrainConfig:
                 "drop `grpo.init_from` and set only `trainer.init_from`",
             )
         moved["init_from"] = old.init_from
-    if old.init_ema is not None:
-        moved["init_ema"] = old.init_ema
+    if old.init_ema is False:  # an earlier config.yaml records the old default (true), which says nothing
+        moved["init_ema"] = False
+    if old.init_weights is not None:
+        moved["init_weights"] = old.init_weights
+    grpo = dataclasses.replace(old, enabled=False, init_from=None, init_ema=None, init_weights=None)
     if not moved:
-        return cfg
+        return dataclasses.replace(cfg, grpo=grpo)
     if os.environ.get("RANK", "0") == "0":
         keys = ", ".join(f"`grpo.{'enabled' if key == 'method' else key}` -> `trainer.{key}`" for key in moved)
         logger.warning(f"renamed config keys, read from their old place this time: {keys}")
-    grpo = dataclasses.replace(old, enabled=False, init_from=None, init_ema=None)
     return dataclasses.replace(cfg, trainer=dataclasses.replace(trainer, **moved), grpo=grpo)
 
 
@@ -61,6 +63,6 @@ def move_renamed_keys_in_saved(config: dict) -> dict:
     trainer["method"] = "grpo" if grpo.get("enabled") else "sft"
     trainer["init_from"] = grpo.get("init_from")
     trainer["init_ema"] = grpo.get("init_ema", True)
-    trainer["init_weights"] = grpo.pop("init_weights", None)
-    grpo.update(enabled=False, init_from=None, init_ema=None)
+    trainer["init_weights"] = grpo.get("init_weights")
+    grpo.update(enabled=False, init_from=None, init_ema=None, init_weights=None)
     return {**config, "trainer": trainer, "grpo": grpo}

@@ -1,5 +1,6 @@
 """The ``nft`` section's checks: those every online method shares (``online.checks``), a deterministic rollout
-sampler of the run's objective, trained timesteps the sampler has, and a KL term it can build."""
+sampler of the run's objective, an objective whose x0 errors weigh the timesteps alike, and trained timesteps the
+sampler has."""
 
 from __future__ import annotations
 
@@ -22,6 +23,16 @@ def check_nft(cfg: TrainConfig) -> None:
         f"GRPO's SDE, would only add noise to them); the deterministic samplers of `diffusion.objective="
         f"{cfg.diffusion.objective}` are {', '.join(samplers)}",
         f"set `nft.sampler={samplers[0]}`",
+    )
+    require(
+        cfg.diffusion.objective != "epsilon",
+        "diffusion.objective",
+        cfg.diffusion.objective,
+        "DiffusionNFT's loss is measured on the x0 a prediction implies, and for an epsilon model that x0's error is "
+        "sqrt((1 - a) / a) times the noise error: about 150 times larger at the noisiest timestep than at the "
+        "quietest, so nearly all of the gradient would go to the noisiest steps (v-prediction and flow matching "
+        "stay within a factor of 1)",
+        "fine-tune an epsilon model with `trainer.method=grpo`, or NFT a v-prediction or flow-matching model",
     )
     trained = n.sample_steps - 1
     require(

@@ -83,6 +83,6 @@ class PromptSampler:
         for index, old in kept:
             self.spread[index], self.seen[index] = state["spread"][old], state["seen"][old]
         logger.warning(
-            f"GRPO's prompt list changed since the checkpoint ({len(state['spread'])} prompts -> {self.count}): the "
+            f"The prompt list changed since the checkpoint ({len(state['spread'])} prompts -> {self.count}): the "
             f"reward spread of the {len(kept)} kept is restored, the others count as not rolled out yet"
         )

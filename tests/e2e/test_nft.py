@@ -61,10 +61,14 @@ def test_an_nft_run_with_lora_keeps_an_old_copy_of_the_adapters_alone(init_run, 
     assert len(load_file(checkpoint / "nft_old_policy.safetensors")) == len(adapters)
 
 
-def test_what_nft_cannot_train_is_refused_with_the_config(init_run):
+def test_what_nft_cannot_train_is_refused_with_the_config(init_run, tmp_path):
     with pytest.raises(ConfigError, match=r"`nft\.sampler` is 'euler'.*deterministic samplers of .* are ddim"):
         compose_config(nft_overrides(init_run, "nft.sampler=euler"))  # a flow sampler, for a v-prediction model
     with pytest.raises(ConfigError, match=r"`nft\.steps_per_sample` is 4.*3 of them"):
         compose_config(nft_overrides(init_run, "nft.steps_per_sample=4"))
+    with pytest.raises(ConfigError, match=r"`diffusion\.objective` is 'epsilon'.*150 times"):
+        (tmp_path / "trained").mkdir()
+        epsilon = ["trainer.method=nft", f"model.pretrained={tmp_path / 'trained'}", "nft.prompts=[a red circle]"]
+        compose_config([*TINY_SHAPES, *epsilon, "diffusion.objective=epsilon"])
     with pytest.raises(ConfigError, match=r"`nft\.beta` is 0\.5.*`trainer\.method=sft`, which reads no `nft\.\*`"):
         compose_config([*TINY_SHAPES, "nft.beta=0.5"])
