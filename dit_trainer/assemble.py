@@ -35,10 +35,10 @@ from dit_trainer.init_run import own_starting_weights
 from dit_trainer.methods import method_of
 from dit_trainer.methods.base import Method
 from dit_trainer.precision import allow_tf32, resolve_mixed_precision, weight_dtype
-from dit_trainer.run_folder import CHECKPOINTS, CONFIG, IMAGE_SIZES, weights_layout
+from dit_trainer.run_folder import CHECKPOINTS, CONFIG, IMAGE_SIZES, remove_unfinished_writes, weights_layout
 from dit_trainer.run_lock import RunFolderLock
 from dit_trainer.training.banner import log_start_banner
-from dit_trainer.training.checkpoint import Checkpointer, TrainingState, check_run_folder, remove_unfinished_writes
+from dit_trainer.training.checkpoint import Checkpointer, TrainingState, check_run_folder
 from dit_trainer.training.checkpoint_manifest import check_resume_launch
 from dit_trainer.training.ema import FusedEMA
 from dit_trainer.training.fsdp import (
@@ -299,8 +299,10 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     guard = NonFiniteGuard(accelerator, dit, state, cfg.trainer.max_consecutive_nonfinite, advice, update.current_lr)
     loop = StepParts(accelerator, dit, state, UpdateSequence(update, guard, ema))
     step = method.build_step(cfg, loop, parts, frozen_dtype, dataloader)
+    monitors += method.build_monitors(cfg, context, run_dir, step, frozen_dtype)
+    saved_states = step.saved_states() | {name: s for m in monitors for name, s in m.saved_states().items()}
     checkpointer = build_checkpointer(
-        cfg, accelerator, run_dir, state, update, ema, privacy, method, step.saved_states(), dataloader
+        cfg, accelerator, run_dir, state, update, ema, privacy, method, saved_states, dataloader
     )
     trainer = Trainer(
         settings=loop_settings(cfg, accelerator, method),

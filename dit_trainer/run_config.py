@@ -256,6 +256,7 @@ def saved_config(run_dir: Path) -> DictConfig:
             f"fix {config_path} (train.py wrote it; `python train.py --cfg job` prints a valid config)",
         ) from None
     refuse_interpolations(saved, config_path)
+    drop_unread_sections(saved)
     try:
         return OmegaConf.merge(OmegaConf.structured(TrainConfig), saved)
     except OmegaConfBaseException as error:  # a setting renamed, removed or retyped since the run was trained
@@ -268,6 +269,18 @@ def saved_config(run_dir: Path) -> DictConfig:
             f"edit that key in {config_path} to the current setting (`python train.py --cfg job` prints them "
             "all) or remove it, then run again",
         ) from None
+
+
+def drop_unread_sections(saved: DictConfig) -> None:
+    """Remove from a saved config the sections of methods the run did not train with: they hold the defaults of the
+    version that wrote them, which today's defaults may have changed, and no step of the run read them."""
+    method = OmegaConf.select(saved, "trainer.method", default=None) or (
+        "grpo" if OmegaConf.select(saved, "grpo.enabled", default=False) else "sft"  # before trainer.method
+    )
+    for name in METHODS:
+        section = METHODS.get(name).section
+        if section is not None and name != method and isinstance(saved, DictConfig):
+            saved.pop(section, None)
 
 
 def read_run_config(run_dir: Path) -> TrainConfig:

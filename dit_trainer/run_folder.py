@@ -13,6 +13,7 @@ folder Hydra made for a start that was then refused is removed again (``discard_
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -24,6 +25,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from dit_trainer.durable import write_text_atomically
 from dit_trainer.errors import ConfigError, exit_code, shortlist
 from dit_trainer.run_lock import RunFolderLock
 
@@ -31,9 +33,11 @@ CONFIG = "config.yaml"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_PATTERN = re.compile(r"checkpoint-(\d+)$")
 MANIFEST = "manifest.json"
+KEPT = "kept.json"  # in checkpoints/: name -> the checkpoint kept from pruning under it (`best_gold`)
 IMAGE_SIZES = "image_sizes"
 # What a run writes once it has started: a folder holding any of these is never removed as a refused start's.
 STARTED = (CONFIG, CHECKPOINTS, "metrics.jsonl")
+logger = logging.getLogger(__name__)  # not accelerate's: this module loads without torch
 # Run folders (absolute) that did not exist when this process's launch checked them, each with the topmost of its
 # folders that did not exist either (``outputs/`` on a first run): what a refused start removes again.
 _made_by_this_launch: dict[Path, Path] = {}
@@ -102,6 +106,24 @@ def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
     return sorted((p for p in found if incomplete_reason(p) is None), key=checkpoint_step)
 
 
+def kept_checkpoints(checkpoints_dir: Path) -> dict[str, Path]:
+    """The checkpoints kept from pruning by name (``{"best_gold": .../checkpoint-30}``): those of ``KEPT`` that are
+    complete."""
+    try:
+        names = json.loads((checkpoints_dir / KEPT).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    kept = {name: checkpoints_dir / folder for name, folder in names.items() if isinstance(folder, str)}
+    return {name: path for name, path in kept.items() if path.is_dir() and incomplete_reason(path) is None}
+
+
+def write_kept(checkpoints_dir: Path, kept: dict[str, int]) -> None:
+    """``KEPT`` naming the checkpoint of each kept step (none written while nothing is kept)."""
+    if kept or (checkpoints_dir / KEPT).exists():
+        names = {name: f"checkpoint-{step}" for name, step in kept.items()}
+        write_text_atomically(checkpoints_dir / KEPT, json.dumps(names, indent=1))
+
+
 def resolve_checkpoint(spec: str | None, checkpoints_dir: Path) -> Path | None:
     """``latest`` -> the newest complete checkpoint in ``checkpoints_dir`` (None if there is none); a path -> that
     folder, refused unless it is a complete checkpoint (``trainer.resume``: training continues from all of it)."""
@@ -127,15 +149,21 @@ def resolve_checkpoint(spec: str | None, checkpoints_dir: Path) -> Path | None:
 
 
 def find_checkpoint(run_dir: Path, spec: str) -> Path:
-    """``latest`` (the run's newest complete checkpoint) or the path of a checkpoint folder (one written before
-    checkpoints had a manifest too: reading weights needs no more)."""
+    """``latest`` (the run's newest complete checkpoint), the name of one the run kept (``best_gold``:
+    ``kept_checkpoints``) or the path of a checkpoint folder (one written before checkpoints had a manifest too:
+    reading weights needs no more)."""
+    kept = kept_checkpoints(run_dir / CHECKPOINTS)
+    if spec in kept:
+        return kept[spec]
     path = Path(spec).expanduser() if spec != "latest" else None
     if path is not None and not is_checkpoint(path):
+        names = "".join(f", `checkpoint={name}`" for name in kept)
         raise ConfigError(
             "checkpoint",
             spec,
-            "it is not a checkpoint folder (one with a `transformer/` or `transformer_lora/` inside)",
-            f"use `checkpoint=latest` or a folder such as {run_dir / CHECKPOINTS}/checkpoint-1000",
+            "it is neither a checkpoint folder (one with a `transformer/` or `transformer_lora/` inside) nor the name "
+            "of a checkpoint this run kept",
+            f"use `checkpoint=latest`{names} or a folder such as {run_dir / CHECKPOINTS}/checkpoint-1000",
         )
     path = path or resolve_checkpoint(spec, run_dir / CHECKPOINTS)
     if path is None:
@@ -147,6 +175,27 @@ def find_checkpoint(run_dir: Path, spec: str) -> Path:
             "or pass `checkpoint=PATH`",
         )
     return path
+
+
+def remove_unfinished_writes(checkpoints_dir: Path) -> None:
+    """What writes that did not finish left (a kill, a failed process), at the start of a run, by the main process.
+    A ``.partial`` folder is never a checkpoint: only disk space. A ``.replaced`` one is the previous copy of a
+    checkpoint saved again (a run resumed from an older one): removed once the new ``checkpoint-N`` is complete, and
+    renamed back when a kill between the two renames left it alone."""
+    for leftover in checkpoints_dir.glob(".checkpoint-*.partial"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    for replaced in checkpoints_dir.glob(".checkpoint-*.replaced"):
+        path = checkpoints_dir / replaced.name.removeprefix(".").removesuffix(".replaced")
+        if path.is_dir() and incomplete_reason(path) is None:
+            shutil.rmtree(replaced, ignore_errors=True)
+        elif not path.exists() and incomplete_reason(replaced) is None:
+            replaced.rename(path)
+            logger.warning(f"{path.name} was being saved again when the run stopped: its previous copy is restored")
+        else:
+            logger.warning(
+                f"Neither {path.name} nor its previous copy {replaced.name} is complete ({incomplete_reason(path)}; "
+                f"{incomplete_reason(replaced)}): both are left as they are, and neither is resumed from"
+            )
 
 
 def check_writable_folder(path: Path, key: str) -> None:

@@ -1,7 +1,7 @@
 """Score a trained run: N prompts x G images with the run's configured rewards (shapes: colour/shape accuracy).
 
     python scripts/evaluate.py outputs/RUN [out_dir=RUN/eval/CHECKPOINT] [images_per_prompt=4] [prompt_file=FILE]
-        [seed=0] [steps=..] [guidance_scale=..] [sampler=ddim|dpmsolver++] [checkpoint=latest|PATH] [ema=true]
+        [seed=0] [steps=..] [guidance_scale=..] [sampler=ddim|dpmsolver++] [checkpoint=latest|best_gold|PATH] [ema=true]
         [weights.clip_score=1.0 weights.jpeg_compressibility=0.05 ...] [clip_model=ID_OR_PATH]
         [metrics=[rewards,fid]] [fid_features=inception|vae] [fid_weights=FILE] [fid_images=N] [fid_cache_dir=DIR]
 

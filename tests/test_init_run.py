@@ -115,3 +115,13 @@ def test_a_run_folder_written_before_the_method_seam_is_read_without_a_word(fake
     with caplog.at_level("WARNING", logger="dit_trainer.config.renamed"):
         cfg = read_run_config(fake_init_run)
     assert cfg.trainer.method == "sft" and cfg.trainer.init_ema and "renamed" not in caplog.text
+
+
+def test_a_run_saved_when_another_methods_defaults_differed_is_started_from(fake_init_run):
+    """config.yaml records every section, the unread methods' with the defaults of the version that wrote it (the
+    nft section's kl_weight was 1e-4 then): they are not this run's settings, and are not judged as such."""
+    path = fake_init_run / "config.yaml"
+    path.write_text(path.read_text().replace("kl_weight: 2.0e-05", "kl_weight: 0.0001"))
+    assert "kl_weight: 0.0001" in path.read_text()
+    assert _grpo_config(fake_init_run).trainer.method == "grpo"
+    assert compose_config(nft_overrides(fake_init_run)).nft.kl_weight == 0.01  # shapes_nft's own

@@ -31,3 +31,16 @@ class RolloutConfig:
     eps: float = positive(1e-4, note="it keeps advantages finite for zero-std groups")
     minibatches: int = at_least(1, 1)  # optimizer updates per pass over an epoch's rollouts
     passes: int = at_least(1, 1)  # passes over an epoch's rollouts (after the first, updates are off-policy)
+    # The watch on reward hacking (``online.gold``): a reward never trained on, scored every `gold_every` epochs on
+    # held-out prompts (none of them a training prompt), `gold_images` per prompt with seeds gold_seed + j, sampled
+    # with the EMA weights as users sample (diffusion.*); logged as gold/* beside the training reward on the same
+    # images. The best-gold checkpoint is kept from pruning (`checkpoint=best_gold` reads it). With
+    # `gold_stop_margin`, the run stops (with a checkpoint) when the gold reward falls that far below its best while
+    # the training reward on the same images stands above its value then: the training reward is being gamed.
+    gold_reward: str | None = None  # a reward name (`reward.weights`' names) or `package.module:REWARD`
+    gold_prompts: list[str] = field(default_factory=list)
+    gold_prompt_file: str | None = None  # one prompt per line; used instead of `gold_prompts` when set
+    gold_every: int = at_least(1, 10)
+    gold_images: int = at_least(1, 4)
+    gold_seed: int = 0
+    gold_stop_margin: float | None = positive(None, note="or null: never stop")

@@ -20,7 +20,7 @@ class RunCheckpointArgs:
     """Which weights of which run: a run folder (train.py's ``hydra.run.dir``) and one of its checkpoints."""
 
     run_dir: str = MISSING
-    checkpoint: str = "latest"  # latest | path to a checkpoint folder
+    checkpoint: str = "latest"  # latest | a name the run kept one under (best_gold) | path to a checkpoint folder
     ema: bool = True  # use the EMA weights when the checkpoint has them
     # ddim | dpmsolver++ (epsilon / v runs) | euler (flow matching), checked against the run's objective; default:
     # the run's diffusion.sampler

@@ -10,11 +10,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
     from torch.utils.data import DataLoader
 
     from dit_trainer.components.build import Components
     from dit_trainer.config import TrainConfig
+    from dit_trainer.training.monitors import Monitor, MonitorContext
     from dit_trainer.training.step import StepParts, TrainingStep
 
 
@@ -62,3 +65,10 @@ class Method:
         ``dataloader`` is the prepared loader of the data set when ``reads_data``, else None. Called after
         ``accelerator.prepare`` and before a resume loads a checkpoint."""
         raise NotImplementedError(f"the method {self.name!r} defines no build_step")
+
+    def build_monitors(
+        self, cfg: TrainConfig, context: MonitorContext, run_dir: Path, step: TrainingStep, frozen_dtype: torch.dtype
+    ) -> list[Monitor]:
+        """The method's own monitors (the online methods' gold-reward watch), run after the run's; built once the
+        ``step`` is, so they may share its models."""
+        return []

@@ -1,7 +1,8 @@
 """The checks every online method shares, of its section (a ``RolloutConfig``) and of what it needs of the rest: a
 trained DiT to start from, prompts (class names or ids for a class-conditional model), updates that an epoch's
 images can fill, and none of the settings that only data-set training has (DP-SGD, noise offset, validation
-images, gradient accumulation)."""
+images, gradient accumulation); and the gold-reward watch's settings: a gold reward that is not trained on, held-out
+prompts that are not trained on, a stop rule only with a gold reward to stop by."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from dit_trainer.config import TrainConfig
 from dit_trainer.config.choices import CLASS_LABELS
 from dit_trainer.config.online import RolloutConfig
 from dit_trainer.errors import require
+from dit_trainer.hub import require_offline_copy
 from dit_trainer.prompts import load_prompts
+from dit_trainer.rewards import REWARDS
 
 
 def check_online(cfg: TrainConfig, method: str, rollouts: RolloutConfig) -> None:
@@ -24,6 +27,7 @@ def check_online(cfg: TrainConfig, method: str, rollouts: RolloutConfig) -> None
         "set `trainer.init_from=RUN_DIR` (a run train.py wrote) or `model.pretrained=<hub id or path>`",
     )
     prompts = load_prompts(rollouts.prompts, rollouts.prompt_file, f"{method}.")
+    check_gold(cfg, method, rollouts, prompts)
     if cfg.text_encoder.kind == CLASS_LABELS:
         key = f"{method}.prompt_file" if rollouts.prompt_file else f"{method}.prompts"
         check_prompts_are_classes(cfg.text_encoder, key, prompts)
@@ -55,3 +59,47 @@ def check_online(cfg: TrainConfig, method: str, rollouts: RolloutConfig) -> None
         f"a `trainer.method={method}` update takes one minibatch of its images in one backward",
         f"set `trainer.gradient_accumulation_steps=1`; for less memory per update raise `{method}.minibatches`",
     )
+
+
+def check_gold(cfg: TrainConfig, method: str, rollouts: RolloutConfig, prompts: list[str]) -> None:
+    """The watch's settings: a gold reward that exists, is on this machine and is not one the run trains on; held-out
+    prompts, none of them among the training ``prompts``; a stop margin or held-out prompts only with a gold reward."""
+    gold = rollouts.gold_reward
+    if not gold:
+        for key, value in (("gold_stop_margin", rollouts.gold_stop_margin), ("gold_prompts", rollouts.gold_prompts),
+                           ("gold_prompt_file", rollouts.gold_prompt_file)):  # fmt: skip
+            require(
+                not value,
+                f"{method}.{key}",
+                value,
+                f"it belongs to the gold-reward watch, and `{method}.gold_reward` is not set: there is no gold reward "
+                "to read (and the stop rule none to stop by)",
+                f"name a reward the run does not train on, e.g. `{method}.gold_reward=shapes_alignment`, or remove "
+                f"`{method}.{key}`",
+            )
+        return
+    REWARDS.check(gold, f"{method}.gold_reward")
+    require(
+        not cfg.reward.weights.get(gold),
+        f"{method}.gold_reward",
+        gold,
+        f"it is also a training reward (`reward.weights.{gold}`): a gold reward must be one the run is never "
+        "trained on, or it rises with the training reward however the images are gamed",
+        f"pick another reward as gold, or train without it (`reward.weights={{...}}` without `{gold}`)",
+    )
+    for key, name_or_path in REWARDS.get(gold, f"{method}.gold_reward").models(cfg.reward).items():
+        if name_or_path:
+            require_offline_copy(str(name_or_path), key)
+    held_out = load_prompts(rollouts.gold_prompts, rollouts.gold_prompt_file, f"{method}.gold_")
+    trained = sorted(set(held_out) & set(prompts))
+    key = f"{method}.gold_prompt_file" if rollouts.gold_prompt_file else f"{method}.gold_prompts"
+    require(
+        not trained,
+        key,
+        rollouts.gold_prompt_file or held_out,
+        f"{len(trained)} of its prompts are training prompts too ({', '.join(map(repr, trained[:3]))}"
+        f"{', ...' if len(trained) > 3 else ''}): the gold reward must be read on prompts the run never trains on",
+        f"hold those prompts out of `{method}.prompts` / `{method}.prompt_file`, or choose other gold prompts",
+    )
+    if cfg.text_encoder.kind == CLASS_LABELS:
+        check_prompts_are_classes(cfg.text_encoder, key, held_out)

@@ -9,8 +9,14 @@ from typing import TYPE_CHECKING
 from dit_trainer.methods.base import Method
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
     from dit_trainer.config import TrainConfig
     from dit_trainer.config.online import RolloutConfig
+    from dit_trainer.training.monitors import Monitor, MonitorContext
+    from dit_trainer.training.step import TrainingStep
 
 
 class OnlineMethod(Method):
@@ -33,6 +39,22 @@ class OnlineMethod(Method):
     def describe_inputs(self, cfg: TrainConfig) -> str:
         r = self.rollouts(cfg)
         return f"{self.title} rollouts: {r.prompts_per_epoch} prompts x {r.group_size} images per process"
+
+    def build_monitors(
+        self, cfg: TrainConfig, context: MonitorContext, run_dir: Path, step: TrainingStep, frozen_dtype: torch.dtype
+    ) -> list[Monitor]:
+        """The gold-reward watch when the section names a gold reward; it compares the gold with the training
+        reward (the step's ``feedback.reward``, every online step's) on the same images."""
+        rollouts = self.rollouts(cfg)
+        if not rollouts.gold_reward:
+            return []
+        from dit_trainer.online.build import build_gold_watch
+
+        training_reward = step.feedback.reward  # type: ignore[attr-defined]
+        return [
+            build_gold_watch(rollouts, str(self.section), cfg.reward, cfg.diffusion, context, run_dir / "gold",
+                             training_reward, frozen_dtype)
+        ]  # fmt: skip
 
     def describe(self, cfg: TrainConfig) -> str:
         rewards = ", ".join(f"{name} x {weight:g}" for name, weight in cfg.reward.weights.items())

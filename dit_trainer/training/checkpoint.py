@@ -46,9 +46,10 @@ from dit_trainer.run_folder import (
     FULL_WEIGHTS,
     MANIFEST,
     WeightsLayout,
-    incomplete_reason,
+    checkpoint_step,
     list_checkpoints,
     resolve_checkpoint,
+    write_kept,
 )
 from dit_trainer.sharding import reshard
 from dit_trainer.training.checkpoint_errors import LOAD_ERRORS, dcp_tracebacks_dropped, load_failure
@@ -158,6 +159,7 @@ class Checkpointer:
         self.same_processes_because = same_processes_because
         # The config sections the run's method trains by: a resume that changes them changes what is trained.
         self.method_sections = method_sections
+        self.kept: dict[str, int] = {}  # name -> step of a checkpoint kept from pruning (``keep``)
         accelerator.register_save_state_pre_hook(self._save_models)
         accelerator.register_load_state_pre_hook(self._load_models)
 
@@ -260,11 +262,20 @@ class Checkpointer:
             if accelerator.is_main_process:
                 shutil.rmtree(partial, ignore_errors=True)  # give back the space a full disk needs most
             raise CheckpointWriteError(step, partial, error, list_checkpoints(self.checkpoints_dir)) from error
-        if accelerator.is_main_process and self.total_limit:
-            for old in list_checkpoints(self.checkpoints_dir)[: -self.total_limit]:
+        if accelerator.is_main_process:
+            write_kept(self.checkpoints_dir, self.kept)
+            kept = set(self.kept.values())
+            prunable = [old for old in list_checkpoints(self.checkpoints_dir) if checkpoint_step(old) not in kept]
+            for old in prunable[: -self.total_limit] if self.total_limit else []:
                 shutil.rmtree(old)
         accelerator.wait_for_everyone()
         return path
+
+    def keep(self, name: str, step: int) -> None:
+        """Keep the checkpoint of ``step`` (written next) from pruning under ``name``, in place of the one kept so
+        under it before; ``checkpoints/kept.json`` names it for ``checkpoint=<name>``, and the checkpoint's manifest
+        records what was kept, so a resume restores the names with the rest."""
+        self.kept[name] = step
 
     def _write_manifest(self, folder: Path, step: int) -> None:
         files = {str(f.relative_to(folder)): f.stat().st_size for f in sorted(folder.rglob("*")) if f.is_file()}
@@ -273,6 +284,7 @@ class Checkpointer:
             **how_written(self.accelerator),
             "config_hash": config_hash(self.config),
             "config": self.config,
+            "kept": self.kept,
             "files": files,
         }
         (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, default=str), encoding="utf-8")
@@ -298,6 +310,7 @@ class Checkpointer:
                              self.same_processes_because, self.method_sections)  # fmt: skip
             failure = self._try_load(path, written)
             if failure is None:
+                self.kept = dict(manifest.get("kept", {}))
                 return path
             failures.append(failure)
         if failures:
@@ -368,24 +381,3 @@ class Checkpointer:
                     "resume with the settings that run was trained with (its config.yaml)",
                 )
             state.load_state_dict(saved)
-
-
-def remove_unfinished_writes(checkpoints_dir: Path) -> None:
-    """What writes that did not finish left (a kill, a failed process), at the start of a run, by the main process.
-    A ``.partial`` folder is never a checkpoint: only disk space. A ``.replaced`` one is the previous copy of a
-    checkpoint saved again (a run resumed from an older one): removed once the new ``checkpoint-N`` is complete, and
-    renamed back when a kill between the two renames left it alone."""
-    for leftover in checkpoints_dir.glob(".checkpoint-*.partial"):
-        shutil.rmtree(leftover, ignore_errors=True)
-    for replaced in checkpoints_dir.glob(".checkpoint-*.replaced"):
-        path = checkpoints_dir / replaced.name.removeprefix(".").removesuffix(".replaced")
-        if path.is_dir() and incomplete_reason(path) is None:
-            shutil.rmtree(replaced, ignore_errors=True)
-        elif not path.exists() and incomplete_reason(replaced) is None:
-            replaced.rename(path)
-            logger.warning(f"{path.name} was being saved again when the run stopped: its previous copy is restored")
-        else:
-            logger.warning(
-                f"Neither {path.name} nor its previous copy {replaced.name} is complete ({incomplete_reason(path)}; "
-                f"{incomplete_reason(replaced)}): both are left as they are, and neither is resumed from"
-            )

@@ -25,6 +25,7 @@ from dit_trainer.images import image_grid
 from dit_trainer.rewards.base import WeightedReward
 from dit_trainer.rewards.grpo import reward_metrics
 from dit_trainer.sharding import reshard
+from dit_trainer.training.saved_state import SavedState
 from dit_trainer.training.tracker_media import MonitorImages, Trackers
 
 
@@ -53,6 +54,16 @@ def sampling_weights(accelerator: Accelerator, dit: nn.Module, ema: EMAModel | N
             reshard(model)
             if ema is not None:
                 ema.restore(parameters)
+
+
+@dataclass(frozen=True)
+class MonitorVerdict:
+    """What a monitor asks of the run after it ran: keep this step's checkpoint from pruning under the name
+    ``keep`` (``checkpoint=<keep>`` then reads it), and/or stop the run after this step's checkpoint because of
+    ``stop``. Decided on the main process; the loop hands it to every process."""
+
+    keep: str | None = None
+    stop: str | None = None
 
 
 @dataclass
@@ -105,6 +116,14 @@ class Monitor:
 
     def run(self, dit: nn.Module, step: int) -> dict[str, float]:
         raise NotImplementedError
+
+    def verdict(self) -> MonitorVerdict:
+        """What the last ``run`` asks of the run (on the main process); most monitors only watch."""
+        return MonitorVerdict()
+
+    def saved_states(self) -> dict[str, SavedState]:
+        """What a monitor that remembers earlier runs (a best value so far) saves in checkpoints, by name."""
+        return {}
 
 
 class SamplingMonitor(Monitor):

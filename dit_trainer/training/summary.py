@@ -20,13 +20,15 @@ REWARD_KEYS = ("reward/mean", "rollout/reward_mean")  # the reward monitor's, el
 class RunEnd:
     """How a launch of the run ended: what ``metrics.jsonl`` cannot say."""
 
-    status: str  # completed | preempted | stopped: <error type>
+    status: str  # completed | stopped early (a monitor's verdict) | preempted | stopped: <error type>
     steps: int  # the run's step now
     max_steps: int
     start_step: int  # the step this launch resumed at (0: a fresh run)
     seconds: float  # of this launch
     monitor_seconds: float
     weights: Path | None  # the newest checkpoint's weights (the EMA ones when kept)
+    stop_reason: str | None = None  # why a monitor stopped the run early (status "stopped early")
+    kept: dict[str, Path] | None = None  # checkpoints kept from pruning by name (``best_gold``)
 
 
 def _last(records: list[dict], key: str) -> tuple[int, float] | None:
@@ -55,6 +57,8 @@ def summarize(records: list[dict], end: RunEnd, run_dir: Path) -> dict:
         "best_val_loss": {"step": best[0], "value": best[1]} if best else None,
         "final_reward": {"step": reward[0], "value": reward[1]} if reward else None,
         "weights": str(end.weights.relative_to(run_dir)) if end.weights else None,
+        "stop_reason": end.stop_reason,
+        "kept_checkpoints": {name: str(path.relative_to(run_dir)) for name, path in (end.kept or {}).items()},
     }
 
 
@@ -76,6 +80,9 @@ def summary_line(summary: dict, run_dir: Path) -> str:
         parts.append(f"val loss {summary['final_val_loss']:.4f} (best {best['value']:.4f} at step {best['step']})")
     if summary["final_reward"] is not None:
         parts.append(f"reward {summary['final_reward']['value']:.3f}")
+    if summary.get("stop_reason"):
+        parts.append(f"stopped because {summary['stop_reason']}")
+    parts += [f"kept {path} as `{name}`" for name, path in (summary.get("kept_checkpoints") or {}).items()]
     share = 100 * summary["monitor_seconds"] / max(seconds, 1e-9)
     monitors = f"monitors took {summary['monitor_seconds']:.1f} s ({share:.1f}% of it)"
     return f"{', '.join(parts)}; {monitors}. Run folder: {run_dir} ({SUMMARY})"

@@ -16,11 +16,12 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
+from accelerate.utils import broadcast_object_list
 from diffusers.training_utils import EMAModel
 from torch import nn
 from tqdm.auto import tqdm
 
-from dit_trainer.run_folder import list_checkpoints
+from dit_trainer.run_folder import kept_checkpoints, list_checkpoints
 from dit_trainer.run_lock import RunFolderLock
 from dit_trainer.run_summary import write_summary
 from dit_trainer.training.checkpoint import Checkpointer
@@ -31,7 +32,7 @@ from dit_trainer.training.metrics import (
     metric_line,
     save_loss_curve,
 )
-from dit_trainer.training.monitors import Monitor
+from dit_trainer.training.monitors import Monitor, MonitorVerdict
 from dit_trainer.training.nonfinite import NonFiniteGuard
 from dit_trainer.training.preemption import PreemptionHandler
 from dit_trainer.training.step import TrainingStep
@@ -99,6 +100,7 @@ class Trainer:
         self.trackers = trackers  # the monitors' images and the checkpoints' weights go there too
         self.metrics = MetricsFile(run_dir / "metrics.jsonl")
         self._start_step, self._started, self.monitor_seconds = 0, time.perf_counter(), 0.0
+        self.stop_reason: str | None = None  # why a monitor stopped the run before max_steps
 
     def resume(self, spec: str | None) -> None:
         """Continue from ``spec`` (``latest`` or a path) if set; metrics logged after that step (by an interrupted
@@ -135,13 +137,17 @@ class Trainer:
             "seconds_per_step": seconds / len(losses),
         }
 
-    def _run_monitors(self) -> tuple[dict[str, float], float]:
-        """The monitors due at this step: their metrics and the seconds they took."""
-        metrics, start = {}, time.perf_counter()
+    def _run_monitors(self) -> tuple[dict[str, float], list[MonitorVerdict], float]:
+        """The monitors due at this step: their metrics, what they ask of the run (decided on the main process,
+        the same on every process) and the seconds they took."""
+        metrics, verdicts, start = {}, [], time.perf_counter()
         for monitor in self.monitors:
             if self._is_due(monitor.every_n_steps):
                 metrics.update(monitor(self.dit, self.state.step))
-        return metrics, time.perf_counter() - start
+                verdicts.append(monitor.verdict())
+        if verdicts and self.accelerator.num_processes > 1:
+            verdicts = broadcast_object_list([verdicts])[0]
+        return metrics, verdicts, time.perf_counter() - start
 
     def _write(self, metrics: dict[str, float]) -> None:
         """One line of metrics.jsonl and one tracker log for this step. Training metrics go to trackers as
@@ -192,17 +198,27 @@ class Trainer:
                 checkpoint_start = time.perf_counter()
                 # A pending stop skips the monitors: the grace period before the kill is for the checkpoint.
                 preempted = self.state.step < settings.max_steps and self._stop_requested(preemption)
-                monitor_metrics, seconds = ({}, 0.0) if preempted else self._run_monitors()
+                monitor_metrics, verdicts, seconds = ({}, [], 0.0) if preempted else self._run_monitors()
                 self.monitor_seconds += seconds
                 if metrics or monitor_metrics:
                     self._write(metrics | monitor_metrics)
+                for verdict in verdicts:
+                    if verdict.keep:
+                        self.checkpointer.keep(verdict.keep, self.state.step)
+                stop_reason = next((v.stop for v in verdicts if v.stop), None)
+                stop_reason = stop_reason if self.state.step < settings.max_steps else None
                 # Last: a run killed before the checkpoint is complete resumes from the one before, and rewrites the
                 # metrics logged since; one killed after it has already logged this step.
-                if preempted or self._is_due(settings.checkpoint_every):
+                kept_now = any(verdict.keep for verdict in verdicts)
+                if preempted or stop_reason or kept_now or self._is_due(settings.checkpoint_every):
                     path = self.checkpointer.save(self.state.step)
                     if self.trackers is not None:
                         self.trackers.log_checkpoint(path, self.state.step, self.state.step == settings.max_steps)
                 window_start += time.perf_counter() - checkpoint_start  # checkpoints and monitors are not training
+                if stop_reason:
+                    logger.warning(f"Stopped at step {self.state.step}: {stop_reason}", main_process_only=True)
+                    self.stop_reason = stop_reason
+                    break
                 if preempted:
                     interrupted = self._interrupted_anywhere(preemption)
                     signal = preemption.requested.name if preemption.requested else "another process's signal"
@@ -216,7 +232,7 @@ class Trainer:
         seconds = time.perf_counter() - start
         if self.accelerator.is_main_process:
             save_loss_curve(self.metrics.read(), self.run_dir / "loss_curve.png")
-        self._summarize("preempted" if preempted else "completed", seconds)
+        self._summarize("preempted" if preempted else "stopped early" if self.stop_reason else "completed", seconds)
         self.accelerator.wait_for_everyone()  # every rank done before the process group goes away
         self.accelerator.end_training()
         return TrainResult(self.state.step, loss, seconds, self.run_dir, self.monitor_seconds, preempted, interrupted)
@@ -230,7 +246,8 @@ class Trainer:
             checkpoints = list_checkpoints(self.checkpointer.checkpoints_dir)
             weights = self.checkpointer.weights.weights_dir(checkpoints[-1], ema=True) if checkpoints else None
             end = RunEnd(status, self.state.step, self.settings.max_steps, self._start_step, seconds,
-                         self.monitor_seconds, weights)  # fmt: skip
+                         self.monitor_seconds, weights, self.stop_reason,
+                         kept_checkpoints(self.checkpointer.checkpoints_dir))  # fmt: skip
             summary = summarize(self.metrics.read(), end, self.run_dir)
             write_summary(summary, self.run_dir)
         except Exception as error:  # after an error too: never the run's error in its place

@@ -17,8 +17,8 @@ from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.config import TrainConfig
 from dit_trainer.config.schema import OptimConfig, TrainerConfig
 from dit_trainer.errors import ConfigError
-from dit_trainer.run_folder import MANIFEST, list_checkpoints
-from dit_trainer.training.checkpoint import Checkpointer, TrainingState, remove_unfinished_writes
+from dit_trainer.run_folder import MANIFEST, list_checkpoints, remove_unfinished_writes
+from dit_trainer.training.checkpoint import Checkpointer, TrainingState
 from dit_trainer.training.checkpoint_manifest import WrittenBy, check_launch, schedule_in_updates, written_by
 from dit_trainer.training.ema import FusedEMA
 from dit_trainer.training.optim import build_lr_scheduler

@@ -33,6 +33,8 @@ def test_a_finished_run_summarizes_the_whole_run(tmp_path):
         "best_val_loss": {"step": 20, "value": 0.6},  # an earlier launch's, from metrics.jsonl
         "final_reward": {"step": 30, "value": 0.5},
         "weights": str(Path("checkpoints/checkpoint-30/transformer_ema")),
+        "stop_reason": None,
+        "kept_checkpoints": {},
     }
     assert json.loads(write_summary(summary, tmp_path).read_text()) == summary
     line = summary_line(summary, tmp_path)
@@ -46,3 +48,14 @@ def test_a_preempted_run_says_where_it_stopped_with_what_it_has(tmp_path):
     assert summary["status"] == "preempted" and summary["final_reward"] == {"step": 4, "value": 0.75}
     assert summary["best_val_loss"] is None and summary["weights"] is None and summary["resumed_at_step"] is None
     assert summary_line(summary, tmp_path).startswith("Stopped at step 4 of 100 (preempted) after 8 s")
+
+
+def test_a_run_a_monitor_stopped_says_why_and_which_checkpoint_it_kept(tmp_path):
+    kept = {"best_gold": tmp_path / "checkpoints" / "checkpoint-20"}
+    end = RunEnd("stopped early", 30, 100, 0, 8.0, 1.0, None, "the gold reward fell", kept)
+    summary = summarize(RECORDS, end, tmp_path)
+    assert summary["stop_reason"] == "the gold reward fell"
+    assert summary["kept_checkpoints"] == {"best_gold": str(Path("checkpoints/checkpoint-20"))}
+    line = summary_line(summary, tmp_path)
+    assert line.startswith("Stopped at step 30 of 100 (stopped early) after 8 s")
+    assert f"stopped because the gold reward fell, kept {Path('checkpoints/checkpoint-20')} as `best_gold`" in line
