@@ -27,10 +27,10 @@ def test_every_experiment_composes_and_validates(experiment, tmp_path, online):
         (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
     # An online recipe fine-tunes a trained model: `trainer.init_from=RUN` (tests/e2e/test_grpo.py) or
     # model.pretrained.
-    online_recipe = experiment.endswith(("_grpo", "_nft"))
+    online_recipe = experiment.endswith(("_grpo", "_nft", "_grpo_fast"))
     start = ["model.pretrained=PixArt-alpha/PixArt-XL-2-256x256"] if online_recipe else []
-    if experiment == "shapes_nft":  # its objective is its init run's (v); the schema's epsilon is refused for NFT
-        start.append("diffusion.objective=v_prediction")
+    if experiment.startswith("shapes_") and experiment.endswith("_nft"):
+        start.append("diffusion.objective=v_prediction")  # the init run's (v or flow): the schema's epsilon is refused
     cfg = compose_config([f"+experiment={experiment}", f"data.path={tmp_path}", *start])
     assert cfg.trainer.max_steps >= 1
     assert cfg.diffusion.objective in OBJECTIVES
