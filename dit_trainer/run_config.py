@@ -274,12 +274,15 @@ def saved_config(run_dir: Path) -> DictConfig:
 def drop_unread_sections(saved: DictConfig) -> None:
     """Remove from a saved config the sections of methods the run did not train with: they hold the defaults of the
     version that wrote them, which today's defaults may have changed, and no step of the run read them."""
-    method = OmegaConf.select(saved, "trainer.method", default=None) or (
-        "grpo" if OmegaConf.select(saved, "grpo.enabled", default=False) else "sft"  # before trainer.method
-    )
+    if not isinstance(saved, DictConfig):  # not a mapping: the merge with the schema says so in one paragraph
+        return
+    trainer, grpo = saved.get("trainer"), saved.get("grpo")  # either may be anything a hand edit left
+    method = trainer.get("method") if isinstance(trainer, DictConfig) else None
+    if not method:  # written before trainer.method
+        method = "grpo" if isinstance(grpo, DictConfig) and grpo.get("enabled") is True else "sft"
     for name in METHODS:
         section = METHODS.get(name).section
-        if section is not None and name != method and isinstance(saved, DictConfig):
+        if section is not None and name != method:
             saved.pop(section, None)
 
 

@@ -13,6 +13,8 @@ TIMESTEP_DENSITIES = ("uniform", "logit_normal", "mode", "cosmap")  # diffusion.
 FLOW_WEIGHTINGS = ("none", "sigma_sqrt", "cosmap")  # diffusion.flow_weighting
 FID_FEATURES = ("inception", "vae")  # monitor.fid.features, evaluate.py's fid_features
 PROMPT_SAMPLING = ("uniform", "spread")  # grpo.prompt_sampling
+SDE_WINDOWS = ("fixed", "random", "sliding")  # grpo.sde_window: where the noisy, trained steps sit each epoch
+SDE_TYPES = ("sde", "cps")  # grpo.sde_type: flow matching's stochastic step, Flow-GRPO's SDE or its CPS
 # text_encoder.pooling: no pooled vector | the mean over real tokens (a sentence embedding) | the model's pooler output
 POOLINGS = ("none", "mean", "pooler")
 # optim.name: fused AdamW (torch) | 8-bit AdamW (bitsandbytes) | Adafactor (torch) | Prodigy (prodigyopt)

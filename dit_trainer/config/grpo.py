@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dit_trainer.config.fields import at_least, between, positive
+from dit_trainer.config.choices import SDE_TYPES, SDE_WINDOWS
+from dit_trainer.config.fields import at_least, between, one_of, positive
 from dit_trainer.config.online import RolloutConfig
 
 
@@ -53,10 +54,27 @@ class GRPOConfig(RolloutConfig):
     # Noise of the stochastic sampler: flow matching's a (std a sqrt(sigma / (1 - sigma)); null: 0.7) or DDIM's
     # eta (null: 1.0). It must be > 0: the deterministic sampler has no log-probability to train.
     noise_level: float | None = positive(None, note="or null for the family's default")
+    # Flow matching's stochastic step: sde (Flow-GRPO's SDE, std a sqrt(sigma / (1 - sigma))) | cps (its
+    # coefficients-preserving sampler, std sigma' sin(a pi / 2), Flow-GRPO-Fast's; a = 0.8 is its usual level).
+    # Epsilon / v models have DDIM-eta only.
+    sde_type: str = one_of(SDE_TYPES, "sde")
     # The window of steps that draw noise and are trained (the others are the deterministic sampler's): from step
     # `sde_start`, `sde_steps` of them (null: every step that can; the last is always deterministic).
     sde_start: int = at_least(0, 0)
     sde_steps: int | None = at_least(1, None, note="or null for all")
+    # Where the window sits each epoch. fixed: always at `sde_start`. random: Flow-GRPO-Fast's, a start drawn each
+    # epoch (from the run's checkpointed generator) so that the window lies within the `window_range` steps from
+    # `sde_start`. sliding: MixGRPO's, from `sde_start` one step later every `slide_every` epochs, back to
+    # `sde_start` once it has reached the range's end. A moving window needs its size, `sde_steps`. Its epoch count
+    # and position are in the checkpoint (grpo_window.json).
+    sde_window: str = one_of(SDE_WINDOWS, "fixed")
+    # random / sliding: the window lies within this many steps from `sde_start` (null: half of the sampler's, as
+    # Flow-GRPO-Fast: the early steps, where the image's layout is decided).
+    window_range: int | None = at_least(1, None, note="or null for half of grpo.sample_steps")
+    slide_every: int = at_least(1, 1)  # sliding: the epochs the window stays at one position
+    # Roll the deterministic steps before the window out once per prompt and branch into the group's images at the
+    # window (Flow-GRPO-Fast): a group's images then share their initial noise and differ only by the window's.
+    shared_prefix: bool = False
     # Of the window's steps, how many each trajectory trains per epoch: a random subset per trajectory (DanceGRPO's
     # and Flow-GRPO's timestep_fraction), for cheaper updates and so more epochs. Null: every step of the window.
     steps_per_trajectory: int | None = at_least(1, None, note="or null for every step of the window")

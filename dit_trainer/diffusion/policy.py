@@ -6,6 +6,8 @@ next latent is drawn from N(mean, std^2 I). With zero noise the mean is exactly 
 
 - ``FlowSDEPolicy``: Flow-GRPO's ODE-to-SDE conversion of the rectified-flow Euler step, std a * sqrt(sigma /
   (1 - sigma)) with the drift correction that keeps the marginals.
+- ``FlowCPSPolicy``: Flow-GRPO's coefficients-preserving sampler (its ``sde_type="cps"``, Flow-GRPO-Fast's), std
+  sigma' sin(a pi / 2): the noise replaces part of the Euler step's noise component rather than adding to it.
 - ``DDIMPolicy``: DDIM with eta > 0 (DDPO's ``ddim_with_logprob``), for epsilon and v prediction.
 
 All step math is float32. Log-probabilities are the Gaussian log-density averaged over the latent's dimensions
@@ -32,13 +34,20 @@ def gaussian_log_prob(sample: torch.Tensor, mean: torch.Tensor, std: torch.Tenso
 
 class StochasticPolicy(ABC):
     """``num_steps`` Gaussian steps over a sampler's grid. ``timesteps[i]`` is what the DiT is conditioned on at step
-    ``i``; ``stochastic[i]`` whether step ``i`` draws noise (a step with std 0, such as the last one, never does)."""
+    ``i``; ``can_draw[i]`` whether step ``i`` has noise to draw at all (a step with std 0, such as the last one, has
+    none); ``stochastic[i]`` whether it draws noise now: the window's steps that can (``set_window``)."""
 
-    def __init__(self, timesteps: torch.Tensor, stochastic: torch.Tensor) -> None:
+    def __init__(self, timesteps: torch.Tensor, window: torch.Tensor, can_draw: torch.Tensor) -> None:
         self.timesteps = timesteps
-        self.stochastic = stochastic
+        self.can_draw = can_draw
+        self.set_window(window)
+
+    def set_window(self, window: torch.Tensor) -> None:
+        """Draw noise at the steps of ``window`` (K,) bools that can, deterministic steps elsewhere: GRPO moves its
+        window of trained steps between epochs (``grpo.sde_window``)."""
+        self.stochastic = window.to(self.can_draw.device) & self.can_draw
         # Read on the host once: ``step`` asks at every denoising step, and a GPU bool read there is a sync.
-        self.stochastic_steps: list[bool] = stochastic.tolist()
+        self.stochastic_steps: list[bool] = self.stochastic.tolist()
 
     @property
     def num_steps(self) -> int:
@@ -69,19 +78,24 @@ def _rows(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return values.to(index.device)[index].float().view(-1, 1, 1, 1)
 
 
-class FlowSDEPolicy(StochasticPolicy):
-    """Flow-GRPO's SDE for rectified flow (x_sigma = (1 - sigma) x0 + sigma eps, prediction v = eps - x0).
+class FlowPolicy(StochasticPolicy):
+    """A Gaussian step of rectified flow (x_sigma = (1 - sigma) x0 + sigma eps, prediction v = eps - x0) over the
+    Euler sampler's ``sigmas`` with noise level a. The last step (to sigma = 0) is plain Euler: noise there would
+    land in the image itself."""
+
+    def __init__(self, sigmas: torch.Tensor, timesteps: torch.Tensor, noise_level: float, stochastic: torch.Tensor):
+        super().__init__(timesteps, stochastic, (sigmas[1:] > 0) & (noise_level > 0))
+        self.sigmas = sigmas.float()
+        self.noise_level = noise_level
+
+
+class FlowSDEPolicy(FlowPolicy):
+    """Flow-GRPO's SDE for rectified flow.
 
     With dt = sigma' - sigma < 0 and s = a * sqrt(sigma / (1 - sigma)):
     mean = x (1 + s^2 dt / (2 sigma)) + v (1 + s^2 (1 - sigma) / (2 sigma)) dt, std = s * sqrt(-dt).
-    At sigma = 1, s would be infinite: it is taken at the grid's second sigma instead (as Flow-GRPO does). The last
-    step (to sigma = 0) is plain Euler: noise there would land in the image itself.
+    At sigma = 1, s would be infinite: it is taken at the grid's second sigma instead (as Flow-GRPO does).
     """
-
-    def __init__(self, sigmas: torch.Tensor, timesteps: torch.Tensor, noise_level: float, stochastic: torch.Tensor):
-        super().__init__(timesteps, stochastic & (sigmas[1:] > 0) & (noise_level > 0))
-        self.sigmas = sigmas.float()
-        self.noise_level = noise_level
 
     def distribution(
         self, sample: torch.Tensor, prediction: torch.Tensor, index: torch.Tensor
@@ -94,6 +108,28 @@ class FlowSDEPolicy(StochasticPolicy):
         s = self.noise_level * torch.sqrt(bounded / (1 - bounded)) * stochastic
         mean = sample * (1 + s**2 / (2 * sigma) * dt) + prediction * (1 + s**2 * (1 - sigma) / (2 * sigma)) * dt
         return mean, s * torch.sqrt(-dt)
+
+
+class FlowCPSPolicy(FlowPolicy):
+    """Flow-GRPO's coefficients-preserving sampler (``sd3_sde_with_logprob``, ``sde_type="cps"``). From the
+    prediction's x0 = x - sigma v and noise x1 = x + (1 - sigma) v, the next latent keeps x_sigma's form:
+    std = sigma' sin(a pi / 2), mean = x0 (1 - sigma') + x1 sqrt(sigma'^2 - std^2), so the noise it draws takes the
+    place of part of x1 instead of being added on top. With std 0 the mean is the Euler step; there is no
+    singularity at sigma = 1. It does not keep the data marginal as the SDE does: a different sampler.
+
+    Its log-probability is the Gaussian density (``gaussian_log_prob``) like every policy's here, so the clip range
+    and the KL mean the same for all of them; Flow-GRPO's CPS code drops the 1 / (2 std^2) and the normaliser."""
+
+    def distribution(
+        self, sample: torch.Tensor, prediction: torch.Tensor, index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        sample, prediction = sample.float(), prediction.float()
+        sigma, sigma_next = _rows(self.sigmas, index), _rows(self.sigmas, index + 1)
+        stochastic = _rows(self.stochastic.float(), index)
+        std = sigma_next * math.sin(self.noise_level * math.pi / 2) * stochastic
+        x0, x1 = sample - sigma * prediction, sample + (1 - sigma) * prediction
+        mean = x0 * (1 - sigma_next) + x1 * torch.sqrt(sigma_next**2 - std**2)
+        return mean, std
 
 
 class DDIMPolicy(StochasticPolicy):
@@ -113,7 +149,7 @@ class DDIMPolicy(StochasticPolicy):
     ) -> None:
         a, a_next = alpha_bars.double(), alpha_bars_next.double()
         variance = eta**2 * (1 - a_next) / (1 - a) * (1 - a / a_next)
-        super().__init__(timesteps, stochastic & (variance > 0))
+        super().__init__(timesteps, stochastic, variance > 0)
         self.alpha_bars = alpha_bars.float()
         self.alpha_bars_next = alpha_bars_next.float()
         self.objective = objective

@@ -1,5 +1,5 @@
-"""A GRPO run's parts from its config: the epoch settings, the stochastic policy with its window of trained steps,
-the reference policy of the KL penalty, and the ``GRPOStep`` the training loop runs."""
+"""A GRPO run's parts from its config: the epoch settings, the stochastic policy, the window of trained steps
+and where it sits each epoch, the reference policy of the KL penalty, and the ``GRPOStep`` the training loop runs."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from accelerate import Accelerator
 from dit_trainer.components.build import Components
 from dit_trainer.components.dit import DiTAdapter
 from dit_trainer.config import TrainConfig
-from dit_trainer.diffusion.policy import StochasticPolicy
+from dit_trainer.diffusion.policy import FlowCPSPolicy, FlowSDEPolicy, StochasticPolicy
 from dit_trainer.diffusion.schedule import NoiseSchedule
 from dit_trainer.errors import ConfigError
 from dit_trainer.grpo.step import GRPOSettings, GRPOStep
+from dit_trainer.grpo.window import SDEWindow, window_plan
 from dit_trainer.online.build import build_feedback
 from dit_trainer.online.reference import ReferencePolicy, build_reference
 from dit_trainer.prompts import load_prompts
@@ -35,6 +36,7 @@ def grpo_settings(cfg: TrainConfig) -> GRPOSettings:
         rollout_batch_size=g.rollout_batch_size,
         steps_per_trajectory=g.steps_per_trajectory,
         train_unconditional=g.train_unconditional,
+        shared_prefix=g.shared_prefix,
     )
 
 
@@ -55,12 +57,16 @@ def build_kl_reference(cfg: TrainConfig, dit: DiTAdapter, accelerator: Accelerat
 
 
 def build_policy(cfg: TrainConfig, schedule: NoiseSchedule, device: torch.device) -> StochasticPolicy:
-    """The schedule family's stochastic sampler over ``grpo.sample_steps``, noise only in the configured window and
-    never in the last step (its noise would stay in the image; DDIM's has no variance when K divides T)."""
+    """The schedule family's stochastic sampler over ``grpo.sample_steps`` (flow matching's ``grpo.sde_type``),
+    noise only in the window's first position and never in the last step (its noise would stay in the image; DDIM's
+    has no variance when K divides T). A moving window is placed anew at every epoch (``GRPOStep``)."""
     g = cfg.grpo
-    window = torch.zeros(g.sample_steps, dtype=torch.bool)
-    window[g.sde_start : g.sample_steps - 1 if g.sde_steps is None else g.sde_start + g.sde_steps] = True
-    return schedule.policy(g.sample_steps, device, g.noise_level, window.to(device))
+    plan = window_plan(g)
+    policy = schedule.policy(g.sample_steps, device, g.noise_level, plan.mask(plan.start).to(device))
+    if g.sde_type == "cps":  # the checks allow it for flow matching only, whose policy is the SDE's
+        assert isinstance(policy, FlowSDEPolicy)
+        return FlowCPSPolicy(policy.sigmas, policy.timesteps, policy.noise_level, policy.stochastic)
+    return policy
 
 
 def build_grpo_step(cfg: TrainConfig, loop: StepParts, parts: Components, frozen_dtype: torch.dtype) -> GRPOStep:
@@ -73,6 +79,7 @@ def build_grpo_step(cfg: TrainConfig, loop: StepParts, parts: Components, frozen
         loop,
         grpo=grpo_settings(cfg),
         policy=build_policy(cfg, parts.schedule.at_size(parts.latent_shape), device),
+        window=SDEWindow(window_plan(cfg.grpo)),
         text_encoder=parts.text_encoder,
         feedback=build_feedback(cfg.grpo, "grpo", cfg.reward, loop.accelerator, parts.vae, frozen_dtype),
         latent_shape=parts.latent_shape,

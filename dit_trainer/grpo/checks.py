@@ -1,16 +1,41 @@
 """The ``grpo`` section's checks: those every online method shares (``online.checks``), then a window of trained
-steps inside the sampler that each trajectory's draw fits in."""
+steps inside the sampler that each trajectory's draw fits in, and a stochastic step the objective has."""
 
 from __future__ import annotations
 
 from dit_trainer.config import TrainConfig
+from dit_trainer.config.grpo import GRPOConfig
 from dit_trainer.errors import require
+from dit_trainer.grpo.window import window_plan
 from dit_trainer.online.checks import check_online
 
 
 def check_grpo(cfg: TrainConfig) -> None:
     g = cfg.grpo
     check_online(cfg, "grpo", g)
+    if g.sde_window == "fixed":
+        check_fixed_window(g)
+    else:
+        check_moving_window(g)
+    window_size = window_plan(g).size
+    require(
+        g.steps_per_trajectory is None or g.steps_per_trajectory <= window_size,
+        "grpo.steps_per_trajectory",
+        g.steps_per_trajectory,
+        f"a trajectory has only {window_size} trained steps (the `grpo.sde_start`/`sde_steps` window) to draw from",
+        f"set `grpo.steps_per_trajectory={window_size}` or lower, or null for all of them",
+    )
+    require(
+        g.sde_type == "sde" or cfg.diffusion.objective == "flow_matching",
+        "grpo.sde_type",
+        g.sde_type,
+        f"the coefficients-preserving sampler is a flow-matching step, and this model's objective is "
+        f"`{cfg.diffusion.objective}` (its stochastic step is DDIM with eta = `grpo.noise_level`)",
+        "set `grpo.sde_type=sde` (the only step an epsilon or v-prediction model has)",
+    )
+
+
+def check_fixed_window(g: GRPOConfig) -> None:
     window_end = g.sde_start + (g.sde_steps or 1)
     require(
         window_end < g.sample_steps,
@@ -20,11 +45,32 @@ def check_grpo(cfg: TrainConfig) -> None:
         f"{g.sample_steps}` sampler steps (the last step is deterministic)",
         "lower `grpo.sde_start` or `grpo.sde_steps`, or raise `grpo.sample_steps`",
     )
-    window_size = g.sde_steps or g.sample_steps - 1 - g.sde_start
+
+
+def check_moving_window(g: GRPOConfig) -> None:
+    """A window that moves needs its size, a range at least that wide, and a range the sampler has."""
     require(
-        g.steps_per_trajectory is None or g.steps_per_trajectory <= window_size,
-        "grpo.steps_per_trajectory",
-        g.steps_per_trajectory,
-        f"a trajectory has only {window_size} trained steps (the `grpo.sde_start`/`sde_steps` window) to draw from",
-        f"set `grpo.steps_per_trajectory={window_size}` or lower, or null for all of them",
+        g.sde_steps is not None,
+        "grpo.sde_steps",
+        g.sde_steps,
+        f"a `grpo.sde_window={g.sde_window}` window moves within its range and needs a size",
+        "set `grpo.sde_steps` to the window's size, e.g. `grpo.sde_steps=2`",
+    )
+    plan = window_plan(g)
+    require(
+        plan.size <= plan.span,
+        "grpo.sde_steps",
+        g.sde_steps,
+        f"the window does not fit its range of {plan.span} steps (`grpo.window_range={g.window_range}`; null is "
+        f"half of `grpo.sample_steps={g.sample_steps}`)",
+        f"set `grpo.sde_steps={plan.span}` or lower, or raise `grpo.window_range`",
+    )
+    require(
+        plan.start + plan.span < g.sample_steps,
+        "grpo.window_range",
+        g.window_range,
+        f"the range from `grpo.sde_start={g.sde_start}` ({plan.span} steps) must lie within the first "
+        f"{g.sample_steps - 1} of the `grpo.sample_steps={g.sample_steps}` sampler steps (the last step is "
+        "deterministic)",
+        f"set `grpo.window_range={g.sample_steps - 1 - g.sde_start}` or lower, or lower `grpo.sde_start`",
     )

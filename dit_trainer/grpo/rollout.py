@@ -43,6 +43,36 @@ class Rollout:
         return Condition.cat([condition, self.null_condition.expand(len(prompt_rows))])
 
 
+@dataclass(frozen=True)
+class _Denoiser:
+    """What every batch of a rollout is sampled with: the weights, the policy, CFG and the generator."""
+
+    dit: nn.Module
+    policy: StochasticPolicy
+    rollout: Rollout  # the trajectories' condition
+    guidance_scale: float
+    generator: torch.Generator
+    batch_size: int
+
+    def __call__(self, latents: torch.Tensor, rows: torch.Tensor, steps: range) -> tuple[torch.Tensor, torch.Tensor]:
+        """``latents`` of trajectories ``rows`` through ``steps``, ``batch_size`` at a time: the trajectory
+        (B, len(steps) + 1, C, H, W), from ``latents`` on, and the (B, len(steps)) log-probs (0 where a step was
+        deterministic)."""
+        samples, log_probs = [], []
+        for batch in torch.arange(len(rows), device=rows.device).split(self.batch_size):
+            condition = self.rollout.condition(rows[batch], self.guidance_scale)
+            x, trajectory, step_log_probs = latents[batch], [latents[batch]], []
+            for index in steps:
+                t = self.policy.timesteps[index].reshape(1)
+                prediction = guided_prediction(self.dit, x, t, condition, self.guidance_scale)
+                x, log_prob = self.policy.step(x, prediction, index, self.generator)
+                trajectory.append(x)
+                step_log_probs.append(torch.zeros(len(batch), device=rows.device) if log_prob is None else log_prob)
+            samples.append(torch.stack(trajectory, dim=1))
+            log_probs.append(torch.stack(step_log_probs, dim=1))
+        return torch.cat(samples), torch.cat(log_probs)
+
+
 @torch.no_grad()
 def roll_out(
     dit: nn.Module,
@@ -54,26 +84,29 @@ def roll_out(
     guidance_scale: float,
     generator: torch.Generator,
     batch_size: int,
+    prefix_steps: int | None = None,
 ) -> Rollout:
     """Sample ``group_size`` trajectories per prompt with ``policy`` (all randomness from ``generator``),
-    ``batch_size`` trajectories at a time."""
+    ``batch_size`` trajectories at a time, each from its own noise; or, with ``prefix_steps`` (Flow-GRPO-Fast's
+    shared prefix), each group from one noise and through its first ``prefix_steps`` steps (deterministic ones) once:
+    a group branches where its window starts, and its latents before that are the same."""
+    shared = prefix_steps or 0
+    assert not any(policy.stochastic_steps[:shared]), "a shared prefix has no noise to draw"
     prompt_condition, null_condition = text_encoder.encode(list(prompts)), text_encoder.encode([""])
-    count = len(prompts) * group_size
-    device = generator.device
-    noise = torch.randn((count, *latent_shape), generator=generator, device=device)
-    rollout = Rollout(list(prompts), group_size, noise, noise, prompt_condition, null_condition)
-    samples, log_probs = [], []
-    for rows in torch.arange(count, device=device).split(batch_size):
-        condition = rollout.condition(rows, guidance_scale)
-        latents, trajectory, step_log_probs = noise[rows], [noise[rows]], []
-        for index, t in enumerate(policy.timesteps):
-            prediction = guided_prediction(dit, latents, t.reshape(1), condition, guidance_scale)
-            latents, log_prob = policy.step(latents, prediction, index, generator)
-            trajectory.append(latents)
-            step_log_probs.append(torch.zeros(len(rows), device=device) if log_prob is None else log_prob)
-        samples.append(torch.stack(trajectory, dim=1))
-        log_probs.append(torch.stack(step_log_probs, dim=1))
-    rollout.samples, rollout.log_probs = torch.cat(samples), torch.cat(log_probs)
+    count, device = len(prompts) * group_size, generator.device
+    rollout = Rollout(list(prompts), group_size, torch.empty(0), torch.empty(0), prompt_condition, null_condition)
+    denoise = _Denoiser(dit, policy, rollout, guidance_scale, generator, batch_size)
+    if prefix_steps is None:
+        head = torch.randn((count, *latent_shape), generator=generator, device=device)[:, None]
+    else:
+        firsts = torch.arange(len(prompts), device=device) * group_size  # each group's first trajectory
+        noise = torch.randn((len(prompts), *latent_shape), generator=generator, device=device)
+        head = noise[:, None] if shared == 0 else denoise(noise, firsts, range(shared))[0]
+        head = head.repeat_interleave(group_size, dim=0)
+    rows = torch.arange(count, device=device)
+    samples, log_probs = denoise(head[:, -1], rows, range(shared, policy.num_steps))
+    rollout.samples = torch.cat([head[:, :-1], samples], dim=1)
+    rollout.log_probs = torch.cat([torch.zeros(count, shared, device=device), log_probs], dim=1)
     return rollout
 
 

@@ -2,9 +2,10 @@
 rewards, group advantages and policy updates, each update through the ``UpdateSequence`` every method shares.
 Everything else (checkpoints, exact resume, monitors, metrics, preemption) is the ``Trainer``'s.
 
-An epoch on each process: draw ``prompts_per_epoch`` prompts, roll out ``group_size`` trajectories each with the
-raw weights (``roll_out``), decode and score the final latents, turn rewards into advantages within each prompt's
-group (statistics gathered over processes), then ``passes`` x ``minibatches`` optimizer updates of the clipped
+An epoch on each process: draw ``prompts_per_epoch`` prompts, place the window of noisy steps (``grpo.sde_window``),
+roll out ``group_size`` trajectories each with the raw weights (``roll_out``; with ``shared_prefix`` the steps
+before the window once per prompt), decode and score the final latents, turn rewards into advantages within each
+prompt's group (statistics gathered over processes), then ``passes`` x ``minibatches`` optimizer updates of the clipped
 policy loss over the trained steps of the kept trajectories (every step of the noisy window, or a random
 ``steps_per_trajectory`` of them per trajectory). The model stays in eval mode throughout (no dropout):
 the policy that rolls out is exactly the one that is updated, so the first update's ratio is 1.
@@ -22,6 +23,7 @@ from torch import nn
 from dit_trainer.diffusion.policy import StochasticPolicy
 from dit_trainer.grpo.loss import clipped_policy_loss, gaussian_kl, ratio_statistics
 from dit_trainer.grpo.rollout import Rollout, recompute_steps, roll_out
+from dit_trainer.grpo.window import SDEWindow
 from dit_trainer.online.feedback import GroupFeedback
 from dit_trainer.online.reference import ReferencePolicy
 from dit_trainer.training.preflight import preflight
@@ -45,6 +47,7 @@ class GRPOSettings:
     rollout_batch_size: int
     train_unconditional: bool = True
     steps_per_trajectory: int | None = None
+    shared_prefix: bool = False
 
 
 def steps_to_train(window: torch.Tensor, count: int, k: int | None, generator: torch.Generator) -> torch.Tensor:
@@ -59,8 +62,8 @@ def steps_to_train(window: torch.Tensor, count: int, k: int | None, generator: t
 
 class GRPOStep:
     """A GRPO epoch as the training loop's step. ``policy`` is the stochastic sampler (its ``stochastic`` steps are
-    the trained ones); ``reference`` is needed only with ``beta`` > 0; every random draw comes from ``state``'s
-    generator, so a resumed run draws what the uninterrupted one did."""
+    the trained ones), which ``window`` places each epoch; ``reference`` is needed only with ``beta`` > 0; every
+    random draw comes from ``state``'s generator, so a resumed run draws what the uninterrupted one did."""
 
     def __init__(
         self,
@@ -71,6 +74,7 @@ class GRPOStep:
         text_encoder: nn.Module,
         feedback: GroupFeedback,
         latent_shape: tuple[int, int, int],
+        window: SDEWindow,
         reference: ReferencePolicy | None = None,
     ) -> None:
         self.accelerator, self.dit, self.state, self.updates = parts.accelerator, parts.dit, parts.state, parts.updates
@@ -78,6 +82,7 @@ class GRPOStep:
         self.feedback = feedback
         self.prompt_sampler = feedback.prompt_sampler  # checkpointed with the run (``saved_states``)
         self.policy = policy
+        self.window = window
         self.trained_steps = torch.nonzero(policy.stochastic).flatten()
         self.text_encoder = text_encoder
         self.latent_shape = latent_shape
@@ -96,6 +101,7 @@ class GRPOStep:
         """One epoch: roll out, score, advantages, updates. Returns (mean policy loss, last gradient norm)."""
         start = time.perf_counter()
         prompt_indices = next(batches)
+        self._place_window()
         rollout = roll_out(
             self.dit,
             self.policy,
@@ -106,6 +112,7 @@ class GRPOStep:
             self.grpo.guidance_scale,
             self.state.generator,
             self.grpo.rollout_batch_size,
+            prefix_steps=self.window.start if self.grpo.shared_prefix else None,
         )
         rewards, reward_metrics = self.feedback.score(rollout.final_latents, rollout.image_prompts)
         advantages = self.feedback.advantages(rewards, prompt_indices)
@@ -118,7 +125,14 @@ class GRPOStep:
             "rollout/seconds": rollout_seconds,
             "policy/seconds": time.perf_counter() - start - rollout_seconds,
         }
+        if self.window.moves:
+            self.epoch_metrics["rollout/window_start"] = self.window.start
         return loss, grad_norm
+
+    def _place_window(self) -> None:
+        """This epoch's noisy, trained steps: the policy draws noise there, and the updates train them."""
+        self.policy.set_window(self.window.place(self.state.generator))
+        self.trained_steps = torch.nonzero(self.policy.stochastic).flatten()
 
     def _kept(self, zero_std: torch.Tensor) -> torch.Tensor:
         """The trajectories to train on: those of groups with a reward spread (all, without ``filter_zero_std``),
@@ -213,5 +227,9 @@ class GRPOStep:
         return self.epoch_metrics
 
     def saved_states(self) -> dict[str, SavedState]:
-        """The prompt sampler's per-prompt reward statistics (``grpo.prompt_sampling=spread`` draws by them)."""
-        return {"grpo_prompts": self.prompt_sampler}
+        """The prompt sampler's per-prompt reward statistics (``grpo.prompt_sampling=spread`` draws by them), and a
+        moving window's epoch count and position (a fixed one has none: its checkpoints stay as they were)."""
+        states: dict[str, SavedState] = {"grpo_prompts": self.prompt_sampler}
+        if self.window.moves:
+            states["grpo_window"] = self.window
+        return states
