@@ -149,6 +149,15 @@ class Trainer:
             verdicts = broadcast_object_list([verdicts])[0]
         return metrics, verdicts, time.perf_counter() - start
 
+    def _apply(self, verdicts: list[MonitorVerdict]) -> str | None:
+        """Keep this step's checkpoint under the names the monitors gave; the reason to stop early, if a monitor
+        gave one (at ``max_steps`` the run ends anyway)."""
+        for verdict in verdicts:
+            if verdict.keep:
+                self.checkpointer.keep(verdict.keep, self.state.step)
+        reason = next((verdict.stop for verdict in verdicts if verdict.stop), None)
+        return reason if self.state.step < self.settings.max_steps else None
+
     def _write(self, metrics: dict[str, float]) -> None:
         """One line of metrics.jsonl and one tracker log for this step. Training metrics go to trackers as
         ``train/<name>``; monitor metrics already carry their section (``reward/mean``)."""
@@ -202,11 +211,7 @@ class Trainer:
                 self.monitor_seconds += seconds
                 if metrics or monitor_metrics:
                     self._write(metrics | monitor_metrics)
-                for verdict in verdicts:
-                    if verdict.keep:
-                        self.checkpointer.keep(verdict.keep, self.state.step)
-                stop_reason = next((v.stop for v in verdicts if v.stop), None)
-                stop_reason = stop_reason if self.state.step < settings.max_steps else None
+                stop_reason = self._apply(verdicts)
                 # Last: a run killed before the checkpoint is complete resumes from the one before, and rewrites the
                 # metrics logged since; one killed after it has already logged this step.
                 kept_now = any(verdict.keep for verdict in verdicts)
