@@ -1,15 +1,17 @@
-"""The GPU check: correctness, throughput (img/s, peak memory, MFU) and FSDP2 of this machine in one command.
+"""The GPU check: correctness, throughput (img/s, peak memory, MFU) and FSDP2 of this machine, in calls that each
+fit a time budget; a second call into the same --out runs only the rows the first did not finish.
 
-    scripts/gpu_check.sh                                  # everything this machine can run
-    scripts/gpu_check.sh --out outputs/gpu_check/h100 --models pixart_xl_2 --batches 64,128,256
+    scripts/gpu_check.sh --out outputs/gpu_check/h100 --budget 540     # again, until it says every row is measured
+    scripts/gpu_check.sh --plan --plan-for "NVIDIA H100 80GB HBM3"      # the rows, estimates and calls; runs nothing
 
-Options: --out (default outputs/gpu_check/<date>/<time>), --models (pixart_xl_2,dit_xl_2), --batches (per process;
-32,64,128 on a GPU, 4,8 on a CPU), --variants (eager,compile,checkpointing on a GPU; eager on a CPU), --steps and
---warmup (timed and warm-up steps per batch, 20 and 5), --train-steps (the tiny runs' steps, 50; 10 on a CPU),
---tiny (tiny models on a GPU too: a quick smoke run), --fsdp (the FSDP rows on a CPU too), --fsdp-config (an
-accelerate config; accelerate_configs/fsdp.yaml on GPUs, fsdp_cpu.yaml on a CPU), --row-timeout (seconds, 1800).
-Writes OUT/gpu_check.json and OUT/gpu_check.md (README: "The GPU check"); an OUT holding files no check wrote is
-refused (exit 2), an earlier check's OUT is written again (its training runs kept, the new ones beside them). The
+Options: --out (default outputs/gpu_check/<date>/<time>), --budget (seconds this call may take; a row whose estimate
+no longer fits ends the call), --rows and --skip (comma-separated row ids or shell patterns, e.g. 'trainer-*'),
+--redo (measured rows to measure again), --plan (print the plan and exit), --plan-for (plan for that GPU from
+another machine), --models (pixart_xl_2,dit_xl_2), --batches (per process; default on a GPU: 64,128 eager, 128
+compiled, 256 checkpointed; 4,8 on a CPU), --variants (eager,compile,checkpointing on a GPU; eager on a CPU),
+--steps and --warmup (timed and warm-up steps, 20 and 5), --train-steps (the tiny runs' steps, 50; 10 on a CPU),
+--tiny (tiny models on a GPU too), --fsdp (the FSDP rows on a CPU too), --fsdp-config (an accelerate config),
+--row-timeout (seconds, 540). Writes OUT/gpu_check.json and OUT/gpu_check.md (README: "The GPU check"). The
 subcommands `throughput` and `train` are the rows' subprocesses.
 """
 
@@ -17,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import runpy
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -35,38 +39,79 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(name for name in text.split(",") if name)
 
 
-def check(argv: list[str]) -> int:
-    from dit_trainer.errors import ConfigError, exit_code
-    from dit_trainer.gpu_check.plan import Options, run_check
-    from dit_trainer.gpu_check.throughput import RECIPES, VARIANTS
+def _parser() -> argparse.ArgumentParser:
+    from dit_trainer.gpu_check.throughput import RECIPES
 
-    cuda = torch.cuda.is_available()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
         "--out", type=Path, default=REPO / "outputs" / "gpu_check" / f"{datetime.now():%Y-%m-%d/%H-%M-%S}"
     )
+    parser.add_argument("--budget", type=float)
+    parser.add_argument("--rows", type=_names, default=())
+    parser.add_argument("--skip", type=_names, default=())
+    parser.add_argument("--redo", type=_names, default=())
+    parser.add_argument("--plan", action="store_true")
+    parser.add_argument("--plan-for")
     parser.add_argument("--models", type=_names, default=tuple(RECIPES))
-    parser.add_argument("--batches", type=_sizes, default=(32, 64, 128) if cuda else (4, 8))
-    parser.add_argument("--variants", type=_names, default=VARIANTS if cuda else ("eager",))
+    parser.add_argument("--batches", type=_sizes)
+    parser.add_argument("--variants", type=_names, default=None)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--train-steps", type=int, default=50 if cuda else 10)
+    parser.add_argument("--train-steps", type=int)
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--fsdp", action="store_true")
     parser.add_argument("--fsdp-config", type=Path)
-    parser.add_argument("--row-timeout", type=float, default=1800)
+    parser.add_argument("--row-timeout", type=float, default=540)
+    return parser
+
+
+def check(argv: list[str]) -> int:
+    from dit_trainer.errors import ConfigError, exit_code
+    from dit_trainer.gpu_check.assets import write_assets
+    from dit_trainer.gpu_check.device import UnusableGPUError, machine, nvidia_driver, require_usable_gpu
+    from dit_trainer.gpu_check.peak import peak_flops
+    from dit_trainer.gpu_check.plan import Options, plan_rows
+    from dit_trainer.gpu_check.runner import describe, header_of, run_plan, select
+    from dit_trainer.gpu_check.throughput import RECIPES, VARIANTS
+
+    # the call began when scripts/gpu_check.sh did (its install counts against --budget), else now
+    started = time.monotonic() - max(0.0, time.time() - float(os.environ.get("GPU_CHECK_STARTED", time.time())))
+    driver = nvidia_driver()
+    try:
+        require_usable_gpu(driver)
+    except UnusableGPUError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    parser = _parser()
     args = parser.parse_args(argv)
-    unknown = [name for name in args.models if name not in RECIPES] + [v for v in args.variants if v not in VARIANTS]
-    if unknown or args.train_steps < 2:
+    cuda = torch.cuda.is_available() or args.plan_for is not None
+    variants = args.variants or (VARIANTS if cuda else ("eager",))
+    train_steps = args.train_steps or (50 if cuda else 10)
+    unknown = [name for name in args.models if name not in RECIPES] + [v for v in variants if v not in VARIANTS]
+    if unknown or train_steps < 2:
         parser.error(f"unknown models or variants {unknown} (models: {list(RECIPES)}, variants: {list(VARIANTS)})"
                      if unknown else "--train-steps must be at least 2 (half of them are resumed)")  # fmt: skip
     options = Options(
-        REPO, args.out.resolve(), args.tiny or not cuda, args.models, args.batches, args.variants, args.warmup,
-        args.steps, args.train_steps, args.fsdp, args.fsdp_config, args.row_timeout,
+        REPO, args.out.resolve(), args.tiny or not cuda, args.models, args.batches, variants, args.warmup,
+        args.steps, train_steps, args.fsdp, args.fsdp_config, args.row_timeout, args.budget, args.rows,
+        args.skip, args.redo, args.plan_for,
     )  # fmt: skip
+    here = machine(driver)
+    if args.plan_for:
+        here = {**here, "device": args.plan_for, "gpus": 1, "peak_bf16_flops": peak_flops(args.plan_for)}
+    assets = {}
+
+    def tiny_assets():
+        assets.setdefault("written", write_assets(options.out / "assets"))
+        return assets["written"]
+
     try:
-        json_path, markdown_path = run_check(options)
-    except ConfigError as error:  # an --out holding files the check did not write: refused, nothing written
+        planned = select(plan_rows(options, cuda, tiny_assets, here["peak_bf16_flops"]), args.rows, args.skip)
+        if args.plan:
+            print(f"The GPU check's plan for {here['device']}:\n{describe(planned, set(), args.budget)}")
+            return 0
+        json_path, markdown_path = run_plan(options, planned, header_of(options, here), started)
+    except ConfigError as error:  # a bad --rows, or an --out holding files the check did not write: nothing written
         print(f"error: {error}", file=sys.stderr)
         return exit_code(error)
     print(markdown_path.read_text(encoding="utf-8"))

@@ -5,6 +5,7 @@ CPU hides inside a fused kernel that torch's FLOP counter does not know)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode, conv_flop_count
 
+from dit_trainer.components.autocast_policy import AutocastPolicy
 from dit_trainer.components.build import Components
 from dit_trainer.components.dit import DiTAdapter
 from dit_trainer.condition import Condition
@@ -116,12 +118,14 @@ class Activations:
     checkpointed: int
 
 
-def saved_activations(dit: DiTAdapter, inputs: tuple) -> Activations:
+def saved_activations(dit: DiTAdapter, inputs: tuple, autocast: tuple[str, torch.dtype] | None = None) -> Activations:
     """What one forward of ``dit`` (a meta copy, which this changes) on ``inputs`` keeps for backward, counted by
-    ``saved_tensors_hooks``: each storage once, parameters (counted as weights) never. The forward runs without
-    checkpointing (its recomputation would hide the saves from the hooks); ``checkpointed`` is derived from where
-    each save happened and what each block was given."""
+    ``saved_tensors_hooks``: each storage once, parameters (counted as weights) never. ``autocast``: (device type,
+    dtype) of the run's mixed precision, whose casts the forward replays (``AutocastPolicy``). The forward runs
+    without checkpointing (its recomputation would hide the saves from the hooks); ``checkpointed`` is derived from
+    where each save happened and what each block was given."""
     blocks = dit.blocks()
+    policy = AutocastPolicy(*autocast) if autocast else contextlib.nullcontext()
     parameters = {tensor.untyped_storage()._cdata for tensor in dit.parameters()}
     saved, given = set(parameters), set(parameters)
     inside = [0] * len(blocks)
@@ -130,7 +134,7 @@ def saved_activations(dit: DiTAdapter, inputs: tuple) -> Activations:
 
     def new_bytes(tensor: torch.Tensor, seen: set[int]) -> int:
         storage = tensor.untyped_storage()
-        if storage._cdata in seen:
+        if storage._cdata in seen or (autocast and storage._cdata in policy.weight_casts):
             return 0
         seen.add(storage._cdata)
         return storage.nbytes()
@@ -161,7 +165,7 @@ def saved_activations(dit: DiTAdapter, inputs: tuple) -> Activations:
     if getattr(dit.transformer, "is_gradient_checkpointing", False):
         dit.transformer.disable_gradient_checkpointing()
     try:
-        with _FusedAttention(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        with _FusedAttention(), policy, torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             dit(*inputs)
     finally:
         for handle in handles:

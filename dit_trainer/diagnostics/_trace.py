@@ -78,6 +78,7 @@ class Recorder:
         self.calls: list[Call] = []
         self._stack: list[Call] = []
         self._handles: list[Any] = []
+        self._tensor_hooks: list[Any] = []  # on the outputs' graph: removed by ``release``
         self._clock = 0
         self._busy = False  # inside a module's hooks: their tensor calls are not the module's ops
         self._rerun_probes: dict[Call, _GradModeProbe] = {}
@@ -102,6 +103,21 @@ class Recorder:
             handle.remove()
         self._handles.clear()
         self._busy = False
+
+    def release(self) -> None:
+        """Drop what the recording holds once it has been read. A call's tensor hook lives on a graph node and
+        holds the call, and the call holds that node and its module: a cycle through autograd's C++ nodes, which
+        the garbage collector cannot see, so without this the diagnosed model (a whole DiT on the GPU) outlived
+        the trainer that ran the check."""
+        for handle in self._tensor_hooks:
+            handle.remove()
+        self._tensor_hooks.clear()
+        for call in self.calls:
+            call.graph_roots.clear()
+        self.calls.clear()
+        self._stack.clear()
+        self._forward_params.clear()
+        self._rerun_probes.clear()
 
     def saw_op(self, func: Any, args: tuple, kwargs: dict | None) -> None:
         """Called for every torch function during the forward: note grad mode and which parameters it touched."""
@@ -209,7 +225,7 @@ class Recorder:
                 call.out_requires_grad = True
                 call.graph_roots.append(tensor.grad_fn if tensor.grad_fn is not None else tensor)
                 with suppress(RuntimeError):  # e.g. a tensor some custom Function marked non-differentiable
-                    tensor.register_hook(partial(_mark_reached, call))
+                    self._tensor_hooks.append(tensor.register_hook(partial(_mark_reached, call)))
 
 
 def _mark_reached(call: Call, grad: torch.Tensor | None) -> None:

@@ -42,8 +42,22 @@ def diagnose_gradient_flow(module: nn.Module, compute_loss: Callable[[], torch.T
     if not trainable:
         return GradientReport(root, [say.no_trainable_params(root)])
 
-    report = GradientReport(root, num_trainable=len(trainable))
     recorder = Recorder(module, names, {id(p): name for name, p in trainable.items()})
+    try:
+        return _diagnose(module, compute_loss, trainable, recorder, GradientReport(root, num_trainable=len(trainable)))
+    finally:
+        recorder.release()
+
+
+def _diagnose(
+    module: nn.Module,
+    compute_loss: Callable[[], torch.Tensor],
+    trainable: dict[str, nn.Parameter],
+    recorder: Recorder,
+    report: GradientReport,
+) -> GradientReport:
+    """The recorded forward and backward, and the report on them."""
+    root = report.module_name
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with preserved_state(module), recorder, torch.enable_grad():

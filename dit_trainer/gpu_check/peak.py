@@ -6,12 +6,14 @@ from __future__ import annotations
 # "H100"). H100 SXM reports itself as e.g. "NVIDIA H100 80GB HBM3"; the 40/80 GB A100s have the same peak.
 PEAK_BF16_TFLOPS = {
     "B200": 2250.0,
-    "H200": 989.4,
+    "H200": 989.4,  # SXM
+    "H200 NVL": 835.5,  # the 600 W PCIe card
     "GH200": 989.4,
     "H100 PCIe": 756.5,
     "H100 NVL": 835.5,
     "H100": 989.4,  # SXM
-    "H800": 989.4,
+    "H800": 989.4,  # SXM
+    "H800 PCIe": 756.5,
     "A100": 312.0,
     "A800": 312.0,
     "L40S": 362.1,

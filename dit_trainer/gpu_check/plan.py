@@ -1,8 +1,10 @@
-"""Which rows the GPU check runs on this machine, and how each is judged. On a CUDA machine: the CUDA tests, the
-50-step tiny ``experiment=dit`` runs in bf16 and fp16, the throughput sweeps of DiT-XL/2 and PixArt-XL/2 (one
-subprocess per model, step kind and variant) and FSDP2 on one and on all GPUs. On a CPU the same rows at tiny sizes
-(the throughput jobs share one subprocess there, to keep the check within a CI budget), with the CUDA-only rows
-recorded as skipped and why."""
+"""Which rows the GPU check runs on this machine, what each is estimated to cost, and how each is measured. On a
+CUDA machine: the CUDA tests, tiny ``experiment=dit`` runs in bf16 and fp16 (trained, resumed in a new process,
+sampled), the throughput of DiT-XL/2 and PixArt-XL/2 (one subprocess per model, step, variant and batch size: each
+peak memory its own, each compile static at one shape, a refused or out-of-memory batch leaving the others' rows)
+and FSDP2 on one and on all GPUs. On a CPU the same rows at tiny sizes (a throughput row sweeps its batch sizes in
+one subprocess there, to keep the check within a CI budget), with the CUDA-only rows recorded as skipped and why.
+Every row has an id (``trainer-dit_xl_2-compile-b128``) by which a second call skips it or ``--rows`` picks it."""
 
 from __future__ import annotations
 
@@ -10,35 +12,28 @@ import json
 import math
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
-from dit_trainer.errors import ConfigError, shortlist
-from dit_trainer.gpu_check.assets import SHIPPED_VAE, Assets, write_assets
-from dit_trainer.gpu_check.rows import (
-    JSON_NAME,
-    MARKDOWN_NAME,
-    Command,
-    Row,
-    guarded,
-    machine,
-    run_command,
-    with_mfu,
-    write_report,
-)
+from dit_trainer.gpu_check.assets import SHIPPED_VAE, Assets
+from dit_trainer.gpu_check.device import compiler_missing
+from dit_trainer.gpu_check.rows import Command, Row, run_command, with_mfu
 from dit_trainer.gpu_check.throughput import Job
 
-CUDA_TEST_SELECTION = "cuda"  # pytest -k: the tests named for CUDA (each skips itself without a GPU)
+CUDA_TESTS = ["-m", "cuda"]  # pytest's selection: the tests marked for CUDA (each skips itself without a GPU)
 # The training rows' tiny experiment=dit: 2 PixArt blocks on the shipped 32 px VAE's 4 x 16 x 16 latents and a random
 # 2-layer T5, from a folder of shapes images; every recipe setting but the sizes is experiment=dit's.
 TINY_TRAINING = ["+experiment=dit", "data.resolution=32", "data.num_workers=0", f"vae.pretrained={SHIPPED_VAE}",
                  "text_encoder.max_length=8", "model.num_layers=2", "model.num_attention_heads=2",
                  "model.attention_head_dim=16", "logger=none", "trainer.batch_size=8", "trainer.log_every=1",
                  "optim.warmup_steps=5"]  # fmt: skip
-# What the check writes into --out: the report, and the folders of its rows' assets, runs, results and work.
-OWN_NAMES = (JSON_NAME, MARKDOWN_NAME, "assets", "runs", "results", "work")
+# Batch sizes per process on a GPU, per variant: the eager sweep, compile where eager is fastest, and checkpointing
+# at the batch (DiT's 256) that does not fit without it.
+GPU_BATCHES = {"eager": (64, 128), "compile": (128,), "checkpointing": (256,)}
+CPU_BATCHES = (4, 8)
 
 
 @dataclass(frozen=True)
@@ -47,7 +42,7 @@ class Options:
     out: Path
     tiny: bool  # tiny models instead of the XL ones (always on a CPU)
     models: tuple[str, ...]
-    batches: tuple[int, ...]
+    batches: tuple[int, ...] | None  # None: GPU_BATCHES per variant (CPU_BATCHES on a CPU)
     variants: tuple[str, ...]
     warmup: int
     steps: int
@@ -55,17 +50,52 @@ class Options:
     fsdp: bool  # FSDP rows on a CPU too
     fsdp_config: Path | None  # None: accelerate_configs/fsdp.yaml on GPUs, fsdp_cpu.yaml on a CPU
     row_timeout: float
+    budget: float | None = None  # seconds this call may take (None: no limit)
+    rows: tuple[str, ...] = ()  # patterns of the row ids to run (none: every row)
+    skip: tuple[str, ...] = ()  # patterns of row ids not to run
+    redo: tuple[str, ...] = ()  # patterns of measured row ids to measure again
+    plan_for: str | None = None  # the GPU to plan for (--plan on another machine): its name, as the driver says
+
+
+@dataclass(frozen=True)
+class PlannedRow:
+    """A row of the plan: ``measure`` runs it within a time-out (seconds) and returns what it measured."""
+
+    id: str
+    kind: str  # cuda_tests | train | throughput | fsdp
+    seconds: float  # the estimate on this kind of machine (H100 measurements on a GPU)
+    measure: Callable[[float], list[Row]]
+    skipped: str = ""  # why this machine cannot run it (its row is recorded as skipped, at no cost)
+
+
+# Estimated seconds, from one H100 (2026-11-26: a DiT-XL/2 trainer row at batch 128 took 59 s, its bare row 39 s,
+# PixArt-XL/2's trainer at 64 90 s) and this project's 2-core CI machine: a row's start-up, model build, cache and
+# first step, plus its timed steps at the images per second measured.
+GPU_START_SECONDS = {("dit_xl_2", "bare"): 31, ("dit_xl_2", "trainer"): 50,
+                     ("pixart_xl_2", "bare"): 40, ("pixart_xl_2", "trainer"): 85}  # fmt: skip
+GPU_IMAGES_PER_SECOND = {"dit_xl_2": 350.0, "pixart_xl_2": 220.0}
+VARIANT_SECONDS = {"eager": 0, "compile": 30, "checkpointing": 10}  # the compile; the recomputation's time
+FIXED_SECONDS = {  # (on a GPU, on a CPU)
+    "cuda_tests": (240, 0), "train": (60, 20), "fsdp": (40, 30), "throughput_tiny": (25, 8), "tiny_batch": (3, 3)
+}  # fmt: skip
+
+
+def estimate(job: Job, cuda: bool) -> float:
+    """Seconds a throughput row of ``job`` is expected to take."""
+    if job.tiny:
+        return FIXED_SECONDS["throughput_tiny"][not cuda] + FIXED_SECONDS["tiny_batch"][not cuda] * len(job.batches)
+    start = GPU_START_SECONDS[job.model, job.what] + VARIANT_SECONDS[job.variant]
+    return start + sum((job.warmup + job.steps) * b / GPU_IMAGES_PER_SECOND[job.model] for b in job.batches)
 
 
 def _python(options: Options, *args: str) -> list[str]:
     return [sys.executable, str(options.repo / "scripts" / "gpu_check.py"), *args]
 
 
-def cuda_tests(options: Options, cuda: bool) -> list[Row]:
-    if not cuda:
-        return [Row("cuda tests", "cuda_tests", "skipped", error="no CUDA device: the CUDA tests run only on a GPU")]
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-k", CUDA_TEST_SELECTION, "tests"]
-    outcome = run_command(Command(argv, options.repo, {"HF_HUB_OFFLINE": "1"}, options.row_timeout))
+def cuda_tests(options: Options, timeout: float) -> list[Row]:
+    """Every test marked ``cuda`` (the GPU paths of training, precision, compile, FSDP, GRPO, DP and resume)."""
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *CUDA_TESTS, "tests"]
+    outcome = run_command(Command(argv, options.repo, {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}, timeout))
     summary = (outcome.output.strip().splitlines() or [""])[-1]
     status = "ok" if outcome.returncode == 0 else "failed"
     return [Row("cuda tests", "cuda_tests", status, outcome.seconds, detail=summary, error=outcome.failure)]
@@ -92,12 +122,10 @@ def _check_training(run_dir: Path, half: int, steps: int) -> tuple[list[dict], s
     return records, "; ".join(problems)
 
 
-def training(options: Options, assets: Assets, precision: str, cuda: bool) -> list[Row]:
+def training(options: Options, assets: Assets, precision: str, cuda: bool, timeout: float) -> list[Row]:
     """``train_steps`` of the tiny recipe in ``precision``: the first half, then ``trainer.resume=latest`` to the
     end in a new process, with a checkpoint at each and the sample grid at the end."""
     name = f"train {precision}, checkpoint, resume, sample grid"
-    if precision == "fp16" and not cuda:
-        return [Row(name, "train", "skipped", error="fp16 autocast with its grad scaler is a CUDA path")]
     half, steps = options.train_steps // 2, options.train_steps
     run_dir = fresh_folder(options.out / "runs", f"train-{precision}")
     overrides = [*TINY_TRAINING, f"data.path={assets.images}", f"text_encoder.pretrained={assets.t5}",
@@ -110,7 +138,7 @@ def training(options: Options, assets: Assets, precision: str, cuda: bool) -> li
     ):
         peak_file = run_dir.with_name(f"{run_dir.name}-{part.replace(' ', '-')}-peak.json")
         argv = _python(options, "train", str(peak_file), *overrides, *extra)
-        outcome = run_command(Command(argv, options.repo, {"HF_HUB_OFFLINE": "1"}, options.row_timeout))
+        outcome = run_command(Command(argv, options.repo, {"HF_HUB_OFFLINE": "1"}, timeout - seconds))
         seconds += outcome.seconds
         if outcome.failure:
             return [Row(name, "train", "failed", seconds, error=f"{part}: {outcome.failure}")]
@@ -150,50 +178,25 @@ def _rows_of(result: dict, job: Job, seconds: float, peak: float | None) -> list
     return rows
 
 
-def measure_jobs(options: Options, jobs: list[Job], peak: float | None, launch: list[str] | None = None) -> list[Row]:
-    """``jobs`` in one subprocess (under ``launch``, e.g. ``accelerate launch ...``, when given)."""
-    tag = f"{jobs[0].what}-{jobs[0].model}-{jobs[0].variant}-{len(jobs)}-{launch[-1] if launch else 1}"
-    result_file = options.out / "results" / f"{tag}.json"
-    script = _python(
-        options, "throughput", str(result_file), str(options.out / "work"), json.dumps([asdict(j) for j in jobs])
-    )
+def measure_job(options: Options, row_id: str, job: Job, peak: float | None, timeout: float,
+                launch: list[str] | None = None) -> list[Row]:  # fmt: skip
+    """``job`` in a subprocess of its own (under ``launch``, e.g. ``accelerate launch ...``, when given)."""
+    result_file = options.out / "results" / f"{row_id}.json"
+    script = _python(options, "throughput", str(result_file), str(options.out / "work"), json.dumps([asdict(job)]))
     argv = [*launch, *script[1:]] if launch else script
-    result_file.unlink(missing_ok=True)  # an earlier check's: never read as this one's
+    result_file.unlink(missing_ok=True)  # an earlier call's: never read as this one's
     env = {"HF_HUB_OFFLINE": "1"} | ({"OMP_NUM_THREADS": "1"} if launch and not torch.cuda.is_available() else {})
-    outcome = run_command(Command(argv, options.repo, env, options.row_timeout))
+    outcome = run_command(Command(argv, options.repo, env, timeout))
     results = _read_json(result_file).get("jobs")
     if outcome.failure or results is None:
         failure = outcome.failure or "the subprocess wrote no result"
-        return [
-            Row(f"{j.what} {j.model} {j.variant}", "throughput", "failed", outcome.seconds, error=failure) for j in jobs
-        ]
-    return [row for job, result in zip(jobs, results) for row in _rows_of(result, job, outcome.seconds, peak)]
+        return [Row(f"{job.what} {job.model} {job.variant}", "throughput", "failed", outcome.seconds, error=failure)]
+    return _rows_of(results[0], job, outcome.seconds, peak)
 
 
-def throughput(options: Options, cuda: bool, peak: float | None) -> list[Row]:
-    """The bare step and the trainer, per model and variant, over the batch sweep; on a CPU in one subprocess."""
-    jobs = [
-        Job(model, what, variant, options.batches, options.tiny, options.warmup, options.steps, cache_items(options))
-        for model in options.models
-        for what in ("bare", "trainer")
-        for variant in options.variants
-    ]
-    skipped = []
-    if not cuda and "compile" not in options.variants:
-        reason = (
-            "the first compile takes ~50 s on 2 CPU cores and gains nothing there; --variants eager,compile runs it"
-        )
-        skipped = [Row(f"{what} compile", "throughput", "skipped", error=reason) for what in ("bare", "trainer")]
-    if cuda:  # one subprocess per job: each peak memory its own
-        rows = [row for job in jobs for row in measure_jobs(options, [job], peak)]
-    else:
-        rows = measure_jobs(options, jobs, peak)
-    return rows + skipped
-
-
-def cache_items(options: Options) -> int:
+def cache_items(batches: tuple[int, ...]) -> int:
     """Items of the synthetic cache: two batches of the largest size per process, on every process of a launch."""
-    return 2 * max(options.batches) * max(2, torch.cuda.device_count())
+    return 2 * max(batches) * max(2, torch.cuda.device_count())
 
 
 def _free_port() -> int:
@@ -202,59 +205,70 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def fsdp(options: Options, cuda: bool, peak: float | None) -> list[Row]:
-    """The trainer's step of the first model under FSDP2 at the sweep's middle batch, on one process and on every
-    GPU (two processes on a CPU, with ``--fsdp``)."""
-    if not (cuda or options.fsdp):
-        return [Row("fsdp", "fsdp", "skipped", error="FSDP on CPU processes runs only with --fsdp")]
+def fsdp(options: Options, job: Job, count: int, cuda: bool, peak: float | None, timeout: float) -> list[Row]:
+    """The trainer's step of ``job`` under FSDP2 on ``count`` processes (GPUs; CPU processes with ``--fsdp``)."""
     config = options.fsdp_config or options.repo / "accelerate_configs" / ("fsdp.yaml" if cuda else "fsdp_cpu.yaml")
-    processes = sorted({1, torch.cuda.device_count()}) if cuda else [2]
-    batch = sorted(options.batches)[len(options.batches) // 2]
-    job = Job(options.models[0], "trainer", "eager", (batch,), options.tiny, options.warmup, options.steps,
-              cache_items(options))  # fmt: skip
-    rows = []
-    for count in processes:
-        name = f"fsdp2 {count} process{'es' if count > 1 else ''}"
-        if not config.is_file():
-            rows.append(Row(name, "fsdp", "failed", error=f"no accelerate config {config}"))
+    name = f"fsdp2 {count} process{'es' if count > 1 else ''}"
+    if not config.is_file():
+        return [Row(name, "fsdp", "failed", error=f"no accelerate config {config}")]
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+              "--num_processes", str(count), "--main_process_port", str(_free_port())]  # fmt: skip
+    measured = measure_job(options, f"fsdp2-{count}p", job, peak, timeout, launch)
+    return [replace(row, name=f"{name}: {row.name}", kind="fsdp") for row in measured]
+
+
+def _skipped(row_id: str, name: str, kind: str, why: str) -> PlannedRow:
+    return PlannedRow(row_id, kind, 0.0, lambda timeout: [Row(name, kind, "skipped", error=why)], skipped=why)
+
+
+def _throughput_jobs(options: Options, cuda: bool) -> list[Job]:
+    """One job per model, step, variant and batch size on a GPU; on a CPU one per model, step and variant (its
+    batches in one process), but a compiled one per batch size: each compile static at one shape."""
+    jobs = []
+    for model in options.models:
+        for variant in options.variants:
+            batches = options.batches or (GPU_BATCHES[variant] if cuda else CPU_BATCHES)
+            sweeps = [(b,) for b in batches] if cuda or variant == "compile" else [tuple(batches)]
+            for what in ("bare", "trainer"):
+                jobs += [Job(model, what, variant, sweep, options.tiny, options.warmup, options.steps,
+                             cache_items(sweep)) for sweep in sweeps]  # fmt: skip
+    return jobs
+
+
+def plan_rows(options: Options, cuda: bool, assets: Callable[[], Assets], peak: float | None) -> list[PlannedRow]:
+    """Every row this machine (or ``options.plan_for``'s) would run, in order; ``assets`` writes the tiny models on
+    first use."""
+    fixed = {kind: seconds[not cuda] for kind, seconds in FIXED_SECONDS.items()}
+    no_gpu = "no CUDA device: a CUDA path"
+    rows = [
+        PlannedRow("cuda-tests", "cuda_tests", fixed["cuda_tests"], lambda timeout: cuda_tests(options, timeout))
+        if cuda else _skipped("cuda-tests", "cuda tests", "cuda_tests", f"{no_gpu}; the CUDA tests run on a GPU")
+    ]  # fmt: skip
+    for precision in ("bf16", "fp16"):
+        row_id, name = f"train-{precision}", f"train {precision}, checkpoint, resume, sample grid"
+        if precision == "fp16" and not cuda:
+            rows.append(_skipped(row_id, name, "train", f"{no_gpu}: fp16 autocast with its grad scaler"))
             continue
-        launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-                  "--num_processes", str(count), "--main_process_port", str(_free_port())]  # fmt: skip
-        measured = guarded(name, "fsdp", lambda launch=launch: measure_jobs(options, [job], peak, launch))
-        rows += [replace(row, name=f"{name}: {row.name}", kind="fsdp") for row in measured]
+        measure = lambda timeout, p=precision: training(options, assets(), p, cuda, timeout)  # noqa: E731
+        rows.append(PlannedRow(row_id, "train", fixed["train"], measure))
+    compiler = "" if options.plan_for else compiler_missing()
+    for job in _throughput_jobs(options, cuda):
+        row_id = f"{job.what}-{job.model}-{job.variant}-b{'+'.join(map(str, job.batches))}"
+        if job.variant == "compile" and compiler:
+            rows.append(_skipped(row_id, f"{job.what} {job.model} compile", "throughput", compiler))
+            continue
+        measure = lambda timeout, job=job, row_id=row_id: measure_job(options, row_id, job, peak, timeout)  # noqa: E731
+        rows.append(PlannedRow(row_id, "throughput", estimate(job, cuda), measure))
+    if not (cuda or options.fsdp):
+        return rows + [_skipped("fsdp2", "fsdp", "fsdp", "FSDP on CPU processes runs only with --fsdp")]
+    batches = options.batches or (GPU_BATCHES["eager"] if cuda else CPU_BATCHES)
+    batch = sorted(batches)[len(batches) // 2]
+    job = Job(options.models[0], "trainer", "eager", (batch,), options.tiny, options.warmup, options.steps,
+              cache_items((batch,)))  # fmt: skip
+    for count in sorted({1, max(1, torch.cuda.device_count())}) if cuda else [2]:
+        measure = lambda timeout, count=count: fsdp(options, job, count, cuda, peak, timeout)  # noqa: E731
+        rows.append(PlannedRow(f"fsdp2-{count}p", "fsdp", fixed["fsdp"] + estimate(job, cuda), measure))
     return rows
-
-
-def _is_report(path: Path) -> bool:
-    """Whether ``path`` is a report this check wrote (``write_report``'s JSON)."""
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    return isinstance(report, dict) and {"machine", "options", "rows"} <= report.keys()
-
-
-def require_own_folder(out: Path) -> None:
-    """``--out`` is new, empty, or a folder an earlier check wrote (its report, and nothing but the check's own
-    names): the check rewrites its report and assets there, so a user's files (their own ``gpu_check.json``, notes,
-    another tool's output) are refused, never overwritten. A training row's run folder is new in every check
-    (``fresh_folder``), so a second check into the same folder trains afresh instead of finding the first one's
-    checkpoints."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError("--out", str(out), "it is a file, not a folder", "pass a new folder")
-    entries = sorted(out.iterdir()) if out.is_dir() else []
-    names = [entry.name + ("/" if entry.is_dir() else "") for entry in entries]
-    foreign = [name for entry, name in zip(entries, names) if entry.name not in OWN_NAMES]
-    if foreign or (entries and not _is_report(out / JSON_NAME)):
-        foreign = foreign or names  # no report: none of it is an earlier check's
-        raise ConfigError(
-            "--out",
-            str(out),
-            f"it holds {shortlist(foreign, 4)}, which no GPU check wrote (an earlier check's folder holds its "
-            f"{JSON_NAME} report), and the check writes {', '.join(OWN_NAMES)} there",
-            "pass a new folder, e.g. `--out outputs/gpu_check/h100-2` (the default is a new dated one), or move "
-            "those files away",
-        )
 
 
 def fresh_folder(parent: Path, name: str) -> Path:
@@ -269,28 +283,3 @@ def fresh_folder(parent: Path, name: str) -> Path:
         except FileExistsError:
             number += 1
             folder = parent / f"{name}-{number}"
-
-
-def run_check(options: Options) -> tuple[Path, Path]:
-    """Every row, in order, the report rewritten after each (first with no rows, so that a check cut short leaves
-    a folder the next one recognises as its own); returns the JSON and Markdown paths."""
-    require_own_folder(options.out)
-    options.out.mkdir(parents=True, exist_ok=True)
-    cuda = torch.cuda.is_available()
-    header = {"machine": machine(), "options": {k: str(v) for k, v in asdict(options).items()}}
-    peak = header["machine"]["peak_bf16_flops"]
-    rows: list[Row] = []
-    write_report(options.out, rows, header)
-    assets = write_assets(options.out / "assets")
-    steps = [
-        lambda: cuda_tests(options, cuda),
-        lambda: training(options, assets, "bf16", cuda),
-        lambda: training(options, assets, "fp16", cuda),
-        lambda: throughput(options, cuda, peak),
-        lambda: fsdp(options, cuda, peak),
-    ]
-    for step in steps:
-        rows += guarded("row", "check", step)
-        paths = write_report(options.out, rows, header)
-        print(f"{len(rows)} rows; report: {paths[0]}", flush=True)
-    return paths

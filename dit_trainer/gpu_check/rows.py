@@ -9,19 +9,19 @@ import contextlib
 import json
 import math
 import os
-import platform
 import resource
 import signal
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import psutil
 import torch
 
-from dit_trainer.gpu_check.peak import mfu, peak_flops
+from dit_trainer.durable import write_text_atomically
+from dit_trainer.gpu_check.peak import mfu
 
 JSON_NAME, MARKDOWN_NAME = "gpu_check.json", "gpu_check.md"
 TAIL = 3000  # characters of a failed row's output kept in the report
@@ -29,7 +29,7 @@ TAIL = 3000  # characters of a failed row's output kept in the report
 
 @dataclass
 class Row:
-    """One line of the report. ``status``: ok | failed | skipped | oom."""
+    """One line of the report. ``status``: ok | failed | skipped | oom | refused (the memory check's verdict)."""
 
     name: str
     kind: str  # cuda_tests | train | throughput | fsdp
@@ -46,6 +46,7 @@ class Row:
     sdpa_kernels: list[str] = field(default_factory=list)
     detail: str = ""  # what the row checked or measured, in words
     error: str = ""  # why it failed or was skipped
+    id: str = ""  # the planned row it belongs to (``plan.PlannedRow.id``): what a second call skips
 
 
 @dataclass
@@ -55,7 +56,7 @@ class Command:
     argv: list[str]
     cwd: Path
     env: dict[str, str] = field(default_factory=dict)
-    timeout: float = 1800
+    timeout: float = 540
 
 
 @dataclass
@@ -88,7 +89,7 @@ def run_command(command: Command) -> Outcome:
     except subprocess.TimeoutExpired:
         stop_tree(process.pid)
         output, _ = process.communicate()
-        stopped = f"stopped after --row-timeout {command.timeout:g} s, with every process it started"
+        stopped = f"stopped after its time-out of {command.timeout:g} s, with every process it started"
         return Outcome(None, f"{output}\n{stopped}", time.perf_counter() - start)  # the last line: the report's note
     except BaseException:
         stop_tree(process.pid)
@@ -147,20 +148,6 @@ def record_peak_memory_at_exit(path: Path) -> None:
     atexit.register(write)
 
 
-def machine() -> dict:
-    """What the numbers were measured on."""
-    cuda = torch.cuda.is_available()
-    name = torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu"
-    return {
-        "device": name if cuda else f"cpu ({name})",
-        "gpus": torch.cuda.device_count() if cuda else 0,
-        "peak_bf16_flops": peak_flops(name) if cuda else None,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cpu_count": os.cpu_count(),
-    }
-
-
 def with_mfu(row: Row, peak: float | None) -> Row:
     """``row`` with its MFU per device (the processes' img/s over as many devices' peak)."""
     if row.img_s and row.train_flops_per_image:
@@ -198,9 +185,15 @@ def markdown(report: dict) -> str:
 
 
 def write_report(out: Path, rows: list[Row], header: dict) -> tuple[Path, Path]:
-    """``gpu_check.json`` and ``gpu_check.md`` in ``out`` (rewritten after every row, so a check cut short still
-    leaves what it measured)."""
+    """``gpu_check.json`` and ``gpu_check.md`` in ``out``, each replaced whole (rewritten after every row, so that a
+    check cut short, even while writing, leaves every row it measured)."""
     report = {**header, "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "rows": [asdict(row) for row in rows]}
-    (out / JSON_NAME).write_text(json.dumps(report, indent=1), encoding="utf-8")
-    (out / MARKDOWN_NAME).write_text(markdown(report), encoding="utf-8")
+    write_text_atomically(out / JSON_NAME, json.dumps(report, indent=1))
+    write_text_atomically(out / MARKDOWN_NAME, markdown(report))
     return out / JSON_NAME, out / MARKDOWN_NAME
+
+
+def read_rows(report: dict) -> list[Row]:
+    """The rows of an earlier report (fields a newer check added get their defaults)."""
+    names = {field.name for field in fields(Row)}
+    return [Row(**{key: value for key, value in row.items() if key in names}) for row in report.get("rows", [])]

@@ -70,23 +70,24 @@ def estimate_memory(
     ddp: bool = False,
     shards: int = 1,
     optimizer: str = "adamw",
+    device_type: str = "cuda",
 ) -> MemoryEstimate:
     """The estimate for ``parts`` trained with ``optimizer`` (an ``optim.name``; ``ema``: with an EMA) in
-    ``compute_dtype`` (bf16/fp16 under mixed precision; the activations are measured with the DiT cast to it).
+    ``compute_dtype`` (bf16/fp16 under mixed precision: the activations are measured under the casts ``device_type``'s
+    autocast makes, float32 master weights and all).
     ``ddp``: several processes each keep a copy of the gradients in DDP's buckets; ``shards``: FSDP's processes, over
     which the DiT's weights, gradients, optimizer state and EMA are split."""
     trained = sum(parameter.nbytes for parameter in trainable_parameters(parts.dit.transformer))
     dit = tensor_bytes(parts.dit)
     casts = sum(parameter.numel() for parameter in parts.dit.parameters()) * compute_dtype.itemsize
-    autocast = casts if compute_dtype != torch.float32 else 0
-    model = meta_copy(parts.dit).to(compute_dtype)
+    autocast = (device_type, compute_dtype) if compute_dtype != torch.float32 else None
     return MemoryEstimate(
         weights=dit // shards + tensor_bytes(parts.vae) + tensor_bytes(parts.text_encoder),
         gradients=trained // shards,
         optimizer=int(OPTIMIZER_CHOICES[optimizer].state_per_parameter_byte * trained) // shards,
         ema=trained // shards if ema else 0,
-        copies=(trained if ddp else 0) + autocast,
-        activations=saved_activations(model, meta_inputs(parts, 1)),
+        copies=(trained if ddp else 0) + (casts if autocast else 0),
+        activations=saved_activations(meta_copy(parts.dit), meta_inputs(parts, 1), autocast),
     )
 
 
@@ -152,6 +153,7 @@ def report_memory(
         ddp=accelerator.num_processes > 1 and not sharded,
         shards=accelerator.num_processes if sharded else 1,
         optimizer=cfg.optim.name,
+        device_type=accelerator.device.type,
     )
     t = cfg.trainer
     total = estimate.total(t.batch_size, t.gradient_checkpointing) / GiB

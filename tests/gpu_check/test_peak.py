@@ -11,6 +11,9 @@ from dit_trainer.gpu_check.peak import mfu, peak_flops
         ("NVIDIA H100 80GB HBM3", 989.4),  # SXM
         ("NVIDIA H100 PCIe", 756.5),
         ("NVIDIA H200", 989.4),
+        ("NVIDIA H200 NVL", 835.5),  # not the SXM card's
+        ("NVIDIA H800 PCIe", 756.5),
+        ("NVIDIA GH200 480GB", 989.4),
         ("NVIDIA A100-SXM4-80GB", 312.0),
         ("NVIDIA A10", 125.0),  # not the A100's
         ("NVIDIA L40S", 362.1),

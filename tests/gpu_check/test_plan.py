@@ -1,4 +1,4 @@
-"""Where the GPU check writes (``gpu_check/plan.py``): an ``--out`` holding files no check wrote is refused with one
+"""Where the GPU check writes (``gpu_check/runner.py``): an ``--out`` holding files no check wrote is refused with one
 paragraph and exit 2, nothing in it changed; an earlier check's folder is taken, and each check trains in a run
 folder of its own."""
 
@@ -8,8 +8,9 @@ import runpy
 import pytest
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.gpu_check.plan import fresh_folder, require_own_folder
+from dit_trainer.gpu_check.plan import fresh_folder
 from dit_trainer.gpu_check.rows import write_report
+from dit_trainer.gpu_check.runner import require_own_folder
 
 from ..conftest import REPO, digest, one_paragraph
 

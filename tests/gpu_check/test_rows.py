@@ -45,7 +45,7 @@ def test_a_row_that_times_out_leaves_none_of_its_processes_running(tmp_path):
     started = [int(pid) for pid in pids.read_text().split()]
     try:
         assert outcome.returncode is None and outcome.seconds < 20
-        assert outcome.failure.endswith("stopped after --row-timeout 3 s, with every process it started")
+        assert outcome.failure.endswith("stopped after its time-out of 3 s, with every process it started")
         assert not any(_running(pid) for pid in started)
     finally:
         for pid in started:  # the test's own processes, should the check above fail

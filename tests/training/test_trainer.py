@@ -1,5 +1,8 @@
 """The training loop (``training/trainer.py``): a step's optimizer update sees the gradients clipped to
-``optim.max_grad_norm`` by the trainer's own update path."""
+``optim.max_grad_norm`` by the trainer's own update path, and a dropped trainer leaves nothing alive."""
+
+import gc
+import weakref
 
 import pytest
 import torch
@@ -24,3 +27,16 @@ def test_the_optimizer_steps_on_gradients_clipped_to_max_grad_norm(tmp_path, max
     _, grad_norm = trainer.step(trainer.step.batches())
     expected = min(grad_norm.item(), max_grad_norm or float("inf"))
     assert grad_norm.item() > 1e-3 and seen[0].item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_dropped_trainer_frees_its_model_after_the_gradient_check(tmp_path):
+    """The check before the first step hooked the DiT's outputs, and each hook held its call, which held the graph
+    node that held the hook: a cycle through autograd's C++ nodes that the garbage collector cannot see, so every
+    trainer built after another (the GPU check's rows, sweeps, tests) carried the earlier ones' models."""
+    cfg = compose_config([*TINY_SHAPES, "monitor.grpo.enabled=false"])
+    trainer = build_trainer(cfg, tmp_path)
+    trainer.step(trainer.step.batches())  # the first step runs the gradient check
+    model = weakref.ref(trainer.dit)
+    del trainer
+    gc.collect()
+    assert model() is None
