@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from dit_trainer.components.build import Components, build_components
 from dit_trainer.components.compile import apply_compile
+from dit_trainer.components.fp8 import apply_fp8
 from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.config import TrainConfig
 from dit_trainer.data.loading import build_dataloader, build_source, build_training_data, loader_options
@@ -271,6 +272,7 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     if reads_data:
         warn_live_text_encoding(cfg, parts)  # when encoding captions every step costs much of the DiT's step
         warn_shapes_vae_on_other_data(cfg)  # the shipped VAE knows only the shapes
+    apply_fp8(cfg.precision, parts.dit, accelerator.device)  # precision.fp8: before compile fuses its casts
     apply_compile(cfg, parts.dit)  # trainer.compile: after the meta-device counts above, before prepare wraps
     optimizer = build_optimizer(cfg, parts.dit)
     lr_scheduler = build_lr_scheduler(cfg, optimizer, updates_per_step)

@@ -19,6 +19,7 @@ SDE_TYPES = ("sde", "cps")  # grpo.sde_type: flow matching's stochastic step, Fl
 POOLINGS = ("none", "mean", "pooler")
 # optim.name: fused AdamW (torch) | 8-bit AdamW (bitsandbytes) | Adafactor (torch) | Prodigy (prodigyopt)
 OPTIMIZERS = ("adamw", "adamw8bit", "adafactor", "prodigy")
+FP8_RECIPES = ("tensorwise", "rowwise")  # precision.fp8_recipe: torchao's float8 scaling, per tensor or per row
 CLASS_LABELS = "class_labels"  # the text_encoder.kind of class-conditional runs: prompts are class names or ids
 
 

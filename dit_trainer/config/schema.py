@@ -27,6 +27,7 @@ from dit_trainer.config.fields import at_least, checked, fraction, non_empty, on
 from dit_trainer.config.grpo import GRPOConfig, GRPOMonitorConfig, RewardConfig
 from dit_trainer.config.nft import NFTConfig
 from dit_trainer.config.optim import OptimConfig
+from dit_trainer.config.precision import PrecisionConfig
 
 
 @dataclass
@@ -387,6 +388,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)

@@ -5,7 +5,8 @@ The cache holds random posteriors and text embeddings of the real shapes (SD-VAE
 T5-XXL's 120 x 4096; class ids for DiT), written in the cache's own format so that the trainer reads it exactly as
 a precomputed one: no VAE or text encoder runs, and none has to be downloaded (the VAE is a small random stand-in
 with the SD VAE's 8x downsampling, which a cached run only loads). Within the process the batches run smallest
-first; the peak memory of each is reset before it starts, and the first that runs out of memory ends the sweep.
+first; the peak memory of each is reset before it starts, and the first that runs out of memory (or that the memory
+check refuses: "refused") ends the sweep, the smaller batches' results kept.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dit_trainer.condition import Condition
 from dit_trainer.config import TrainConfig
 from dit_trainer.data.cache import INDEX, PROMPTS, cache_fingerprint, cache_prompts, open_cache, save_shard, shard_name
 from dit_trainer.data.shapes import CAPTIONS
+from dit_trainer.errors import ConfigError
 from dit_trainer.gpu_check.assets import Assets
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
 from dit_trainer.run_config import compose_train_config
@@ -266,7 +268,7 @@ def run_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> dict:
     results, oom = [], None
     for batch in sorted(job.batches):
         if oom is not None:
-            results.append({"batch": batch, "status": "skipped", "error": f"batch {oom} ran out of memory"})
+            results.append({"batch": batch, "status": "skipped", "error": f"batch {oom} did not fit"})
             continue
         _free(device)
         step = None
@@ -276,6 +278,9 @@ def run_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> dict:
         except torch.OutOfMemoryError as error:
             oom = batch
             results.append({"batch": batch, "status": "oom", "error": str(error).splitlines()[0]})
+        except ConfigError as error:  # the memory check's refusal: the smaller batches' rows stand
+            oom = batch
+            results.append({"batch": batch, "status": "refused", "error": str(error)})
         finally:
             step = None
     return {

@@ -470,6 +470,7 @@ def test_other_warnings_are_passed_on():
         assert diagnose(net, loss).ok
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_state_is_restored_on_cuda():
     net = Normed().cuda().train()

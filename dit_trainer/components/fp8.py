@@ -1,0 +1,95 @@
+"""``precision.fp8``: the DiT's block linear layers trained in FP8 through torchao's float8 training
+(``convert_to_float8_training``), as torchtitan does: each ``nn.Linear`` becomes a ``Float8Linear`` that keeps its
+float32 weight (the state-dict keys and the checkpoints are unchanged) and casts input, weight and output gradient
+to FP8 with dynamic scales for its three matmuls. Only the blocks are converted, where the FLOPs are; the embeddings
+and the final layer, which are small and sensitive, stay in autocast's precision. The conversion happens before
+``trainer.compile`` (its casts then fuse into the compiled blocks) and before ``accelerate.prepare``."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from dit_trainer.components.dit import DiTAdapter
+from dit_trainer.config import TrainConfig
+from dit_trainer.config.precision import PrecisionConfig
+from dit_trainer.errors import ConfigError, require
+
+FP8_CAPABILITY = (8, 9)  # Ada (L4, L40S, RTX 4090), Hopper (H100, H200), Blackwell (B200)
+FP8_ALIGNMENT = 16  # FP8 GEMMs need both sizes of the weight to be multiples of 16
+
+
+def fp8_unsupported(device: torch.device) -> str:
+    """Why ``device`` cannot run FP8 matmuls ('' when it can)."""
+    if device.type != "cuda":
+        return f"this run's device is {device.type}, which has no FP8 matmuls"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < FP8_CAPABILITY:
+        name = torch.cuda.get_device_name(device)
+        return f"this run's GPU ({name}) has compute capability {capability[0]}.{capability[1]}"
+    return ""
+
+
+def _expected_device() -> torch.device:
+    """The device a run launched here trains on (before accelerate picks it): the first GPU, else the CPU."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def check_fp8(cfg: TrainConfig) -> None:
+    """Refuse ``precision.fp8`` where it cannot train, before any model loads."""
+    p = cfg.precision
+    require(not p.fp8_emulate or p.fp8, "precision.fp8_emulate", p.fp8_emulate,
+            "it emulates FP8 training, and `precision.fp8` is false", "set `precision.fp8=true` too")  # fmt: skip
+    if not p.fp8:
+        return
+    require(importlib.util.find_spec("torchao") is not None, "precision.fp8", True,
+            "FP8 training runs through torchao, which is not installed",
+            "`pip install torchao --no-deps` (which keeps your torch), or set `precision.fp8=false`")  # fmt: skip
+    require(not cfg.lora.enabled, "precision.fp8", True,
+            "it trains the blocks' linear layers in FP8, and under `lora.enabled=true` those are frozen (only the "
+            "adapters train)", "set `precision.fp8=false` for LoRA runs")  # fmt: skip
+    require(not cfg.privacy.enabled, "precision.fp8", True,
+            "Opacus computes per-sample gradients of nn.Linear layers from their own hooks, which FP8's matmuls "
+            "bypass", "set `precision.fp8=false` for DP runs")  # fmt: skip
+    if not p.fp8_emulate:
+        _require_fp8_device(_expected_device())
+
+
+def _require_fp8_device(device: torch.device) -> None:
+    why = fp8_unsupported(device)
+    if why:
+        raise ConfigError(
+            "precision.fp8",
+            True,
+            f"FP8 matmuls need an NVIDIA GPU of compute capability {FP8_CAPABILITY[0]}.{FP8_CAPABILITY[1]} or newer "
+            f"(L4, L40S, RTX 4090, H100, H200, B200) and {why}",
+            "set `precision.fp8=false`, or `precision.fp8_emulate=true` to check FP8's numerics slowly on any device",
+        )
+
+
+def _is_block_linear(blocks: set[int]) -> Callable[[nn.Module, str], bool]:
+    def convert(module: nn.Module, name: str) -> bool:
+        sizes = (module.in_features, module.out_features) if isinstance(module, nn.Linear) else ()
+        return bool(sizes) and id(module) in blocks and all(size % FP8_ALIGNMENT == 0 for size in sizes)
+
+    return convert
+
+
+def apply_fp8(precision: PrecisionConfig, dit: DiTAdapter, device: torch.device) -> int:
+    """Convert the linear layers of ``dit``'s blocks to FP8 training in place (``precision.fp8``); returns how many."""
+    if not precision.fp8:
+        return 0
+    if not precision.fp8_emulate:
+        _require_fp8_device(device)  # the device accelerate chose (e.g. a CPU launch on a GPU machine)
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    config = replace(Float8LinearConfig.from_recipe_name(precision.fp8_recipe), emulate=precision.fp8_emulate)
+    linears = {id(module) for block in dit.blocks() for module in block.modules() if isinstance(module, nn.Linear)}
+    convert = _is_block_linear(linears)
+    count = sum(convert(module, name) for name, module in dit.transformer.named_modules())
+    convert_to_float8_training(dit.transformer, config=config, module_filter_fn=convert)
+    return count

@@ -1,0 +1,96 @@
+"""The GPU paths, on a GPU: bf16 and fp16 (with its grad scaler) steps that checkpoint and resume, the frozen
+encoders in the weight dtype, a fused attention kernel, ``trainer.compile``, FSDP2 on NCCL with one process, GRPO's
+frozen reference on the GPU, DP under bf16. Marked ``cuda``: each skips on a machine without one, and the GPU
+check's first row runs them all (``pytest -m cuda``)."""
+
+import pytest
+import torch
+
+from dit_trainer.components.build import build_components
+from dit_trainer.gpu_check.device import compiler_missing
+from dit_trainer.gpu_check.throughput import sdpa_kernels, synthetic_inputs
+
+from ..conftest import (
+    REPO,
+    TINY_SHAPES,
+    compose_config,
+    free_port,
+    grpo_overrides,
+    read_metrics,
+    run_script,
+    train_here,
+)
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+CUDA = torch.device("cuda")
+STEPS = ("trainer.log_every=1", "trainer.sample_every=0", "optim.warmup_steps=0")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains_checkpoints_and_resumes_on_the_gpu(tmp_path, precision):
+    """fp16 steps through the grad scaler (its state in the checkpoint); a resumed run repeats the uninterrupted
+    one's losses (within the float noise of GPU kernels whose sums are not ordered)."""
+    common = (f"trainer.mixed_precision={precision}", "trainer.checkpoint_every=4", "trainer.max_steps=8", *STEPS)
+    train_here(tmp_path / "straight", *common)
+    checkpoint = tmp_path / "straight" / "checkpoints" / "checkpoint-4"
+    train_here(tmp_path / "resumed", *common, f"trainer.resume={checkpoint}")
+    straight = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "straight")}
+    resumed = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "resumed")}
+    assert sorted(resumed) == list(range(5, 9))
+    assert [resumed[s] for s in range(5, 9)] == pytest.approx([straight[s] for s in range(5, 9)], rel=1e-3)
+    assert all(torch.isfinite(torch.tensor(loss)) for loss in straight.values())
+    assert (checkpoint / "scaler.pt").is_file() == (precision == "fp16")
+
+
+def test_the_frozen_encoders_take_the_weight_dtype_and_the_dit_trains_in_float32():
+    parts = build_components(compose_config(TINY_SHAPES), CUDA, torch.bfloat16)
+    for frozen in (parts.vae, parts.text_encoder):
+        parameters = list(frozen.parameters()) if isinstance(frozen, torch.nn.Module) else []
+        assert all(p.dtype == torch.bfloat16 and p.device.type == "cuda" and not p.requires_grad for p in parameters)
+    assert all(p.dtype == torch.float32 for p in parts.dit.parameters() if p.requires_grad)
+
+
+def test_attention_runs_a_fused_kernel_under_bf16_autocast():
+    parts = build_components(compose_config(TINY_SHAPES), CUDA, torch.bfloat16)
+    dit = parts.dit.to(CUDA)
+    inputs = synthetic_inputs(parts, 2, CUDA)
+
+    def forward() -> None:
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            dit(*inputs)
+
+    kernels = sdpa_kernels(forward)
+    assert kernels and "math" not in " ".join(kernels), kernels  # flash, efficient or cudnn attention
+
+
+@pytest.mark.skipif(bool(compiler_missing()), reason=compiler_missing() or "a C compiler is there")
+def test_compiled_blocks_train_on_the_gpu(tmp_path):
+    train_here(tmp_path, "trainer.compile=true", "trainer.mixed_precision=bf16", "trainer.max_steps=4", *STEPS)
+    losses = [r["loss"] for r in read_metrics(tmp_path)]
+    assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_fsdp2_runs_on_nccl_with_one_process(tmp_path):
+    launch = ["-m", "accelerate.commands.launch", "--config_file", str(REPO / "accelerate_configs" / "fsdp.yaml"),
+              "--num_processes", "1", "--main_process_port", str(free_port())]  # fmt: skip
+    overrides = [*TINY_SHAPES, f"hydra.run.dir={tmp_path}", "trainer.max_steps=4", "trainer.checkpoint_every=2", *STEPS]
+    result = run_script([*launch, "train.py", *overrides], timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert (tmp_path / "checkpoints" / "checkpoint-4").is_dir() and len(read_metrics(tmp_path)) == 4
+
+
+def test_grpo_keeps_its_frozen_reference_on_the_gpu(tmp_path):
+    """Full fine-tuning with the KL anchor (beta > 0): the reference is a frozen copy on the policy's device."""
+    train_here(tmp_path / "base", "trainer.max_steps=2", *STEPS)
+    train_here(tmp_path / "grpo", *grpo_overrides(tmp_path / "base", "grpo.beta=0.04", "trainer.log_every=1"))
+    kls = [r["policy/kl"] for r in read_metrics(tmp_path / "grpo") if "policy/kl" in r]
+    assert len(kls) == 4 and all(kl >= 0 for kl in kls)
+
+
+def test_dp_trains_under_bf16(tmp_path):
+    tiny = [o for o in TINY_SHAPES if not o.startswith("+experiment=")]
+    overrides = ["trainer.mixed_precision=bf16", "trainer.max_steps=4", "trainer.checkpoint_every=0", *STEPS]
+    result = run_script(["train.py", "+experiment=shapes_dp", *tiny, *overrides, f"hydra.run.dir={tmp_path}"])
+    assert result.returncode == 0, result.stderr[-4000:]
+    epsilons = [r["privacy/epsilon"] for r in read_metrics(tmp_path)]
+    assert len(epsilons) == 4 and epsilons[-1] > 0
