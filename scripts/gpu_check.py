@@ -98,7 +98,8 @@ def check(argv: list[str]) -> int:
     )  # fmt: skip
     here = machine(driver)
     if args.plan_for:
-        here = {**here, "device": args.plan_for, "gpus": 1, "peak_bf16_flops": peak_flops(args.plan_for)}
+        planned_for = {"device": args.plan_for, "gpus": 1, "peak_bf16_flops": peak_flops(args.plan_for)}
+        here = {**here, **planned_for, "compute_capability": None}
     assets = {}
 
     def tiny_assets():
@@ -106,7 +107,7 @@ def check(argv: list[str]) -> int:
         return assets["written"]
 
     try:
-        planned = select(plan_rows(options, cuda, tiny_assets, here["peak_bf16_flops"]), args.rows, args.skip)
+        planned = select(plan_rows(options, here, tiny_assets), args.rows, args.skip)
         if args.plan:
             print(f"The GPU check's plan for {here['device']}:\n{describe(planned, set(), args.budget)}")
             return 0

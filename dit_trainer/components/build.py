@@ -95,6 +95,8 @@ def build_components(
     if cfg.privacy.enabled and dit.family.prepare_private is not None:
         dit.family.prepare_private(dit.transformer)  # before the optimizer and EMA collect the parameters
     if cfg.trainer.gradient_checkpointing:
-        enable_gradient_checkpointing(dit, cfg.trainer.reentrant_checkpointing)
+        enable_gradient_checkpointing(
+            dit, cfg.trainer.reentrant_checkpointing, cfg.trainer.gradient_checkpointing_every
+        )
     schedule = build_noise_schedule(cfg.diffusion)
     return Components(vae, text_encoder, dit, schedule, (vae.latent_channels, latent_size, latent_size))

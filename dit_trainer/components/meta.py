@@ -110,26 +110,39 @@ def _efficient_attention(
 
 @dataclass(frozen=True)
 class Activations:
-    """Bytes autograd keeps from one forward until its backward: ``whole`` without gradient checkpointing,
-    ``checkpointed`` with every block checkpointed (the saves outside the blocks, each block's inputs, and one
-    block's own saves while it is recomputed in backward)."""
+    """Bytes autograd keeps from one forward until its backward: the saves ``outside`` the blocks, each block's own
+    (``inside``) and the floating inputs each block was the first to be given (``inputs``: a tensor every block
+    takes, such as the timestep embedding, is the first block's)."""
 
-    whole: int
-    checkpointed: int
+    outside: int
+    inside: tuple[int, ...]
+    inputs: tuple[int, ...]
+
+    @property
+    def whole(self) -> int:
+        """Without gradient checkpointing."""
+        return self.outside + sum(self.inside)
+
+    def checkpointed(self, every: int = 1) -> int:
+        """With every ``every``-th block checkpointed: those keep only their inputs, the others their saves, and
+        backward adds one checkpointed block's saves while it recomputes it."""
+        recomputed = range(0, len(self.inside), every)
+        kept = self.whole - sum(self.inside[i] for i in recomputed) + sum(self.inputs[i] for i in recomputed)
+        return kept + max((self.inside[i] for i in recomputed), default=0)
 
 
 def saved_activations(dit: DiTAdapter, inputs: tuple, autocast: tuple[str, torch.dtype] | None = None) -> Activations:
     """What one forward of ``dit`` (a meta copy, which this changes) on ``inputs`` keeps for backward, counted by
     ``saved_tensors_hooks``: each storage once, parameters (counted as weights) never. ``autocast``: (device type,
     dtype) of the run's mixed precision, whose casts the forward replays (``AutocastPolicy``). The forward runs
-    without checkpointing (its recomputation would hide the saves from the hooks); ``checkpointed`` is derived from
-    where each save happened and what each block was given."""
+    without checkpointing (its recomputation would hide the saves from the hooks); what checkpointing keeps is derived
+    from where each save happened and what each block was given."""
     blocks = dit.blocks()
     policy = AutocastPolicy(*autocast) if autocast else contextlib.nullcontext()
     parameters = {tensor.untyped_storage()._cdata for tensor in dit.parameters()}
     saved, given = set(parameters), set(parameters)
-    inside = [0] * len(blocks)
-    outside = block_inputs = 0
+    inside, given_first = [0] * len(blocks), [0] * len(blocks)
+    outside = 0
     current: list[int] = []
 
     def new_bytes(tensor: torch.Tensor, seen: set[int]) -> int:
@@ -150,9 +163,8 @@ def saved_activations(dit: DiTAdapter, inputs: tuple, autocast: tuple[str, torch
 
     def enter(index: int):
         def hook(module, args, kwargs) -> None:
-            nonlocal block_inputs
             tensors = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
-            block_inputs += sum(new_bytes(tensor, given) for tensor in tensors if tensor.is_floating_point())
+            given_first[index] += sum(new_bytes(tensor, given) for tensor in tensors if tensor.is_floating_point())
             current.append(index)
 
         return hook
@@ -170,4 +182,4 @@ def saved_activations(dit: DiTAdapter, inputs: tuple, autocast: tuple[str, torch
     finally:
         for handle in handles:
             handle.remove()
-    return Activations(outside + sum(inside), outside + block_inputs + max(inside, default=0))
+    return Activations(outside, tuple(inside), tuple(given_first))

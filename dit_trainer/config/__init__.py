@@ -9,18 +9,17 @@ Hydra composes YAML onto the schema (so a mistyped key or a non-integer batch si
 """
 
 from dit_trainer.config.fields import check_fields
+from dit_trainer.config.grpo import GRPOMonitorConfig
+from dit_trainer.config.monitors import FIDMonitorConfig, MonitorConfig, ValidationConfig
 from dit_trainer.config.resolvers import ASSETS_DIR, register_configs, register_resolvers
 from dit_trainer.config.schema import (
     DataConfig,
     DiffusionConfig,
-    FIDMonitorConfig,
     GRPOConfig,
-    GRPOMonitorConfig,
     LoggerConfig,
     LoRAConfig,
     MixtureSource,
     ModelConfig,
-    MonitorConfig,
     NFTConfig,
     OptimConfig,
     PrivacyConfig,
@@ -29,7 +28,6 @@ from dit_trainer.config.schema import (
     TrainConfig,
     TrainerConfig,
     VAEConfig,
-    ValidationConfig,
 )
 from dit_trainer.config.scripts import EXPORT_DTYPES, EvaluateConfig, ExportConfig, PreviewConfig, SampleConfig
 

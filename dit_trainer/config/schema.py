@@ -17,14 +17,14 @@ from typing import Any
 from dit_trainer.config.choices import (
     CACHE_DTYPES,
     CROPS,
-    FID_FEATURES,
     FLOW_WEIGHTINGS,
     POOLINGS,
     TIMESTEP_DENSITIES,
     is_bucket_spec,
 )
 from dit_trainer.config.fields import at_least, checked, fraction, non_empty, one_of, open_unit, positive
-from dit_trainer.config.grpo import GRPOConfig, GRPOMonitorConfig, RewardConfig
+from dit_trainer.config.grpo import GRPOConfig, RewardConfig
+from dit_trainer.config.monitors import MonitorConfig, ValidationConfig
 from dit_trainer.config.nft import NFTConfig
 from dit_trainer.config.optim import OptimConfig
 from dit_trainer.config.precision import PrecisionConfig
@@ -289,6 +289,9 @@ class TrainerConfig:
     batch_size: int = at_least(1, 32)  # per process
     gradient_accumulation_steps: int = at_least(1, 1)
     gradient_checkpointing: bool = False  # recompute each DiT block's activations in backward: less memory
+    # Selective checkpointing: with gradient_checkpointing, only every k-th block is recomputed (2: half of them), the
+    # others keep their activations; the memory estimate says what each k needs
+    gradient_checkpointing_every: int = at_least(1, 1)
     # torch's re-entrant variant (use_reentrant=True): it gives no gradient to a block whose inputs do not require
     # grad, e.g. LoRA on a frozen patch embedding; the step-0 preflight says so. Off: the non-re-entrant variant.
     reentrant_checkpointing: bool = False
@@ -335,47 +338,6 @@ class LoggerConfig:
     notes: str | None = None
     log_model: bool = True  # the final weights (EMA when kept) as the W&B model artifact `model-<run id>`
     log_checkpoints: bool = False  # every checkpoint's weights as a version of that artifact too
-
-
-@dataclass
-class ValidationConfig:
-    """The loss on held-out images, comparable across steps and runs: a fixed image set, each image at the same
-    ``timesteps`` stratified noise levels with the same noise (seeded per image), the posterior's mode, no caption
-    dropout, the EMA weights, on the main process. Logs val/loss (the unweighted MSE to the objective's target),
-    val/loss/t_<timestep> per stratum and val/seconds. The held-out images are never trained on."""
-
-    # 0 disables validation (and holds nothing out); it also runs at the last step
-    every_n_steps: int = at_least(0, 0, note="0 disables validation")
-    # The fraction of the data set held out (a seeded choice of items), or 0 when `path` holds the validation data.
-    split: float = fraction(0.0, note="0 holds nothing out")
-    path: str | None = None  # held-out data of the same `data.source` kind (an image folder, a dataset, shards)
-    timesteps: int = at_least(1, 8)  # strata of the noise range, one fixed timestep at each centre
-    batch_size: int = at_least(1, 64)
-    seed: int = 0  # the noise of held-out image i is drawn from seed + i
-
-
-@dataclass
-class FIDMonitorConfig:
-    """Periodic FID and KID of samples from the EMA weights against the validation images (so it needs
-    `validation`): sample i for validation caption i (cycled) with seed `seed + i`, on the main process. Logs
-    fid/fid, fid/kid_mean, fid/images (the samples it used: FIDs of different counts differ) and fid/seconds."""
-
-    enabled: bool = False
-    every_n_steps: int = at_least(1, 5000)  # also runs at the last step
-    num_images: int | None = at_least(2, None, note="null: one per validation image")
-    # inception: the standard features (needs torch-fidelity); vae: the run's own VAE encoder (offline)
-    features: str = one_of(FID_FEATURES, "inception")
-    weights: str | None = None  # a local copy of torch-fidelity's Inception weights file, for offline machines
-    # where the validation images' features are cached: null is data.cache_dir/fid_reference, else RUN/fid_reference
-    cache_dir: str | None = None
-    seed: int = 0
-    batch_size: int = at_least(1, 32)  # images sampled at once
-
-
-@dataclass
-class MonitorConfig:
-    grpo: GRPOMonitorConfig = field(default_factory=GRPOMonitorConfig)
-    fid: FIDMonitorConfig = field(default_factory=FIDMonitorConfig)
 
 
 @dataclass

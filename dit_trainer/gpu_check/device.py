@@ -33,6 +33,7 @@ class Driver:
     gpus: tuple[str, ...]
     version: str
     cuda: str  # e.g. "13.0"; "" when nvidia-smi does not say
+    capability: str = ""  # the first GPU's compute capability, e.g. "9.0"
 
 
 def nvidia_driver() -> Driver | None:
@@ -40,14 +41,15 @@ def nvidia_driver() -> Driver | None:
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        query = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+        query = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"],
                                capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
         banner = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     rows = [[cell.strip() for cell in line.split(",")] for line in query.splitlines() if line.strip()]
     cuda = re.search(r"CUDA Version:\s*([0-9.]+)", banner)
-    return Driver(tuple(row[0] for row in rows), rows[0][1] if rows else "", cuda.group(1) if cuda else "")
+    first = rows[0] + ["", ""] if rows else ["", "", ""]
+    return Driver(tuple(row[0] for row in rows), first[1], cuda.group(1) if cuda else "", first[2])
 
 
 def _hidden_on_purpose() -> bool:
@@ -106,6 +108,7 @@ def machine(driver: Driver | None) -> dict:
         "gpus": torch.cuda.device_count() if cuda else 0,
         "peak_bf16_flops": peak_flops(name) if name else None,
         "driver": driver.version if driver else None,
+        "compute_capability": driver.capability if cuda and driver else None,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cpu_count": os.cpu_count(),

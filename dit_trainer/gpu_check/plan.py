@@ -18,10 +18,11 @@ from pathlib import Path
 
 import torch
 
+from dit_trainer.components.fp8 import FP8_CAPABILITY
 from dit_trainer.gpu_check.assets import SHIPPED_VAE, Assets
 from dit_trainer.gpu_check.device import compiler_missing
 from dit_trainer.gpu_check.rows import Command, Row, run_command, with_mfu
-from dit_trainer.gpu_check.throughput import Job
+from dit_trainer.gpu_check.throughput import BARE_VARIANTS, Job, job_micro_batches
 
 CUDA_TESTS = ["-m", "cuda"]  # pytest's selection: the tests marked for CUDA (each skips itself without a GPU)
 # The training rows' tiny experiment=dit: 2 PixArt blocks on the shipped 32 px VAE's 4 x 16 x 16 latents and a random
@@ -30,9 +31,10 @@ TINY_TRAINING = ["+experiment=dit", "data.resolution=32", "data.num_workers=0", 
                  "text_encoder.max_length=8", "model.num_layers=2", "model.num_attention_heads=2",
                  "model.attention_head_dim=16", "logger=none", "trainer.batch_size=8", "trainer.log_every=1",
                  "optim.warmup_steps=5"]  # fmt: skip
-# Batch sizes per process on a GPU, per variant: the eager sweep, compile where eager is fastest, and checkpointing
-# at the batch (DiT's 256) that does not fit without it.
-GPU_BATCHES = {"eager": (64, 128), "compile": (128,), "checkpointing": (256,)}
+# Batch sizes per process on a GPU, per variant: the eager sweep, compile and FP8 where eager is fastest, and 256
+# images per update (which do not fit without a lever) by checkpointing, selective checkpointing or 2 x 128.
+GPU_BATCHES = {"eager": (64, 128), "compile": (128,), "checkpointing": (256,), "selective": (256,),
+               "accumulation": (128,), "fp8": (128,)}  # fmt: skip
 CPU_BATCHES = (4, 8)
 
 
@@ -74,9 +76,10 @@ class PlannedRow:
 GPU_START_SECONDS = {("dit_xl_2", "bare"): 31, ("dit_xl_2", "trainer"): 50,
                      ("pixart_xl_2", "bare"): 40, ("pixart_xl_2", "trainer"): 85}  # fmt: skip
 GPU_IMAGES_PER_SECOND = {"dit_xl_2": 350.0, "pixart_xl_2": 220.0}
-VARIANT_SECONDS = {"eager": 0, "compile": 30, "checkpointing": 10}  # the compile; the recomputation's time
+# the compile, the recomputation's time
+VARIANT_SECONDS = {"eager": 0, "compile": 30, "checkpointing": 10, "selective": 5, "accumulation": 0, "fp8": 40}
 FIXED_SECONDS = {  # (on a GPU, on a CPU)
-    "cuda_tests": (240, 0), "train": (60, 20), "fsdp": (40, 30), "throughput_tiny": (25, 8), "tiny_batch": (3, 3)
+    "cuda_tests": (180, 0), "train": (60, 20), "fsdp": (40, 30), "throughput_tiny": (25, 8), "tiny_batch": (3, 3)
 }  # fmt: skip
 
 
@@ -85,7 +88,8 @@ def estimate(job: Job, cuda: bool) -> float:
     if job.tiny:
         return FIXED_SECONDS["throughput_tiny"][not cuda] + FIXED_SECONDS["tiny_batch"][not cuda] * len(job.batches)
     start = GPU_START_SECONDS[job.model, job.what] + VARIANT_SECONDS[job.variant]
-    return start + sum((job.warmup + job.steps) * b / GPU_IMAGES_PER_SECOND[job.model] for b in job.batches)
+    images = sum((job.warmup + job.steps) * batch * job_micro_batches(job) for batch in job.batches)
+    return start + images / GPU_IMAGES_PER_SECOND[job.model]
 
 
 def _python(options: Options, *args: str) -> list[str]:
@@ -228,16 +232,32 @@ def _throughput_jobs(options: Options, cuda: bool) -> list[Job]:
     for model in options.models:
         for variant in options.variants:
             batches = options.batches or (GPU_BATCHES[variant] if cuda else CPU_BATCHES)
-            sweeps = [(b,) for b in batches] if cuda or variant == "compile" else [tuple(batches)]
-            for what in ("bare", "trainer"):
-                jobs += [Job(model, what, variant, sweep, options.tiny, options.warmup, options.steps,
-                             cache_items(sweep)) for sweep in sweeps]  # fmt: skip
+            sweeps = [(b,) for b in batches] if cuda or variant in ("compile", "fp8") else [tuple(batches)]
+            jobs += [Job(model, "trainer", variant, sweep, options.tiny, options.warmup, options.steps,
+                         cache_items(sweep)) for sweep in sweeps]  # fmt: skip
+            if variant in BARE_VARIANTS:  # the step's ceiling, at the largest batch on a GPU
+                bare = sweeps[-1:] if cuda else sweeps
+                jobs += [Job(model, "bare", variant, sweep, options.tiny, options.warmup, options.steps,
+                             cache_items(sweep)) for sweep in bare]  # fmt: skip
     return jobs
 
 
-def plan_rows(options: Options, cuda: bool, assets: Callable[[], Assets], peak: float | None) -> list[PlannedRow]:
-    """Every row this machine (or ``options.plan_for``'s) would run, in order; ``assets`` writes the tiny models on
-    first use."""
+def _cannot_run(variant: str, compiler: str, machine: dict) -> str:
+    """Why ``machine`` cannot run a row of ``variant`` ('' when it can)."""
+    if variant in ("compile", "fp8") and compiler:
+        return compiler
+    capability = machine.get("compute_capability") or ""
+    if variant == "fp8" and capability and tuple(map(int, capability.split("."))) < FP8_CAPABILITY:
+        return f"FP8 matmuls need compute capability 8.9 or newer; this GPU's is {capability}"
+    if variant == "fp8" and not machine["gpus"]:
+        return "FP8 matmuls need a GPU (precision.fp8_emulate=true checks the numerics on a CPU, slowly)"
+    return ""
+
+
+def plan_rows(options: Options, machine: dict, assets: Callable[[], Assets]) -> list[PlannedRow]:
+    """Every row ``machine`` (this one, or ``options.plan_for``'s) would run, in order; ``assets`` writes the tiny
+    models on first use."""
+    cuda, peak = machine["gpus"] > 0, machine["peak_bf16_flops"]
     fixed = {kind: seconds[not cuda] for kind, seconds in FIXED_SECONDS.items()}
     no_gpu = "no CUDA device: a CUDA path"
     rows = [
@@ -254,8 +274,9 @@ def plan_rows(options: Options, cuda: bool, assets: Callable[[], Assets], peak: 
     compiler = "" if options.plan_for else compiler_missing()
     for job in _throughput_jobs(options, cuda):
         row_id = f"{job.what}-{job.model}-{job.variant}-b{'+'.join(map(str, job.batches))}"
-        if job.variant == "compile" and compiler:
-            rows.append(_skipped(row_id, f"{job.what} {job.model} compile", "throughput", compiler))
+        why = _cannot_run(job.variant, compiler, machine)
+        if why:
+            rows.append(_skipped(row_id, f"{job.what} {job.model} {job.variant}", "throughput", why))
             continue
         measure = lambda timeout, job=job, row_id=row_id: measure_job(options, row_id, job, peak, timeout)  # noqa: E731
         rows.append(PlannedRow(row_id, "throughput", estimate(job, cuda), measure))

@@ -19,7 +19,7 @@ from torch import nn
 from dit_trainer.components.build import Components
 from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.components.meta import Activations, meta_copy, meta_inputs, saved_activations
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import TrainConfig, TrainerConfig
 from dit_trainer.errors import ConfigError
 from dit_trainer.precision import weight_dtype
 from dit_trainer.training.optimizers import OPTIMIZER_CHOICES
@@ -27,12 +27,14 @@ from dit_trainer.training.optimizers import OPTIMIZER_CHOICES
 logger = get_logger(__name__)
 
 GiB, MiB = 2**30, 2**20
+SELECTIVE = 2  # the selective checkpointing a refusal suggests: every 2nd block recomputed
 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes per process. ``activations``: per image of the batch (``Activations.whole``, or ``.checkpointed``
-    with ``trainer.gradient_checkpointing``); the rest does not depend on the batch."""
+    """Bytes per process. ``activations``: per image of the batch (``Activations.whole``, or ``.checkpointed(k)``
+    with ``trainer.gradient_checkpointing``, every k-th block); the rest does not depend on the batch. Where a
+    method takes ``checkpointing``, it is 0 for none and k for every k-th block."""
 
     weights: int  # the DiT (float32 master weights) and the frozen VAE and text encoder, as loaded
     gradients: int  # one per trained parameter
@@ -45,13 +47,13 @@ class MemoryEstimate:
     def static(self) -> int:
         return self.weights + self.gradients + self.optimizer + self.ema + self.copies
 
-    def per_image(self, checkpointing: bool) -> int:
-        return self.activations.checkpointed if checkpointing else self.activations.whole
+    def per_image(self, checkpointing: int) -> int:
+        return self.activations.checkpointed(checkpointing) if checkpointing else self.activations.whole
 
-    def total(self, batch_size: int, checkpointing: bool) -> int:
+    def total(self, batch_size: int, checkpointing: int) -> int:
         return self.static + batch_size * self.per_image(checkpointing)
 
-    def largest_batch(self, device_bytes: int, checkpointing: bool) -> int:
+    def largest_batch(self, device_bytes: int, checkpointing: int) -> int:
         """The largest per-process batch that fits ``device_bytes`` (0: not even one image)."""
         return max(0, (device_bytes - self.static) // max(1, self.per_image(checkpointing)))
 
@@ -91,13 +93,20 @@ def estimate_memory(
     )
 
 
-def check_fits(estimate: MemoryEstimate, batch_size: int, checkpointing: bool, device_bytes: int) -> None:
+def checkpointing_of(trainer: TrainerConfig) -> int:
+    """0 without gradient checkpointing, else k: every k-th block recomputed."""
+    return trainer.gradient_checkpointing_every if trainer.gradient_checkpointing else 0
+
+
+def check_fits(estimate: MemoryEstimate, batch_size: int, checkpointing: int, device_bytes: int) -> None:
     """Refuse a run whose estimate exceeds ``device_bytes`` (a GPU's whole memory: the estimate leaves out the CUDA
-    context and the allocator's slack, so what it refuses cannot fit), naming what would fit."""
+    context and the allocator's slack, so what it refuses cannot fit), naming what would fit: fewer images with
+    gradient accumulation (no recomputation), then selective checkpointing, then checkpointing every block.
+    ``checkpointing``: 0, or every k-th block."""
     need = estimate.total(batch_size, checkpointing)
     if need <= device_bytes:
         return
-    fits, fits_checkpointed = (estimate.largest_batch(device_bytes, c) for c in (checkpointing, True))
+    fits, fits_checkpointed = (estimate.largest_batch(device_bytes, c) for c in (checkpointing, 1))
     if fits_checkpointed == 0:
         fix = (
             f"the weights, gradients, optimizer state and EMA alone need {estimate.static / GiB:.1f} GiB: train LoRA "
@@ -105,13 +114,19 @@ def check_fits(estimate: MemoryEstimate, batch_size: int, checkpointing: bool, d
             "accelerate_configs/fsdp.yaml`), turn the EMA off (`trainer.ema_decay=0`) or use a larger GPU"
         )
     else:
-        options = [] if checkpointing else [f"`trainer.gradient_checkpointing=true` (fits {fits_checkpointed} images)"]
+        options = []
         if fits:
             steps = -(-batch_size // fits)
             keep = (
                 f" with `trainer.gradient_accumulation_steps={steps}` to keep the images per step" if steps > 1 else ""
             )
             options.append(f"`trainer.batch_size={fits}`{keep}")
+        fits_selective = estimate.largest_batch(device_bytes, SELECTIVE)
+        if fits_selective >= batch_size and checkpointing not in (1, SELECTIVE):
+            options.append(f"`trainer.gradient_checkpointing=true trainer.gradient_checkpointing_every={SELECTIVE}` "
+                           f"(fits {fits_selective} images)")  # fmt: skip
+        if checkpointing != 1:
+            options.append(f"`trainer.gradient_checkpointing=true` (fits {fits_checkpointed} images)")
         fix = "set " + " or ".join(options)
     raise ConfigError(
         "trainer.batch_size",
@@ -136,7 +151,8 @@ def describe(estimate: MemoryEstimate) -> str:
     activations = estimate.activations
     return (
         f"{fixed}; activations {activations.whole / MiB:.1f} MiB per image "
-        f"({activations.checkpointed / MiB:.1f} MiB with gradient checkpointing)"
+        f"({activations.checkpointed(1) / MiB:.1f} MiB with gradient checkpointing, "
+        f"{activations.checkpointed(SELECTIVE) / MiB:.1f} MiB with every {SELECTIVE}nd block checkpointed)"
     )
 
 
@@ -156,11 +172,11 @@ def report_memory(
         device_type=accelerator.device.type,
     )
     t = cfg.trainer
-    total = estimate.total(t.batch_size, t.gradient_checkpointing) / GiB
+    total = estimate.total(t.batch_size, checkpointing_of(t)) / GiB
     logger.info(
         f"Memory per process (estimate): {describe(estimate)}; at trainer.batch_size={t.batch_size}: {total:.2f} GiB",
         main_process_only=True,
     )
     if accelerator.device.type == "cuda" and refuse_unfit:
-        check_fits(estimate, t.batch_size, t.gradient_checkpointing, torch.cuda.mem_get_info(accelerator.device)[1])
+        check_fits(estimate, t.batch_size, checkpointing_of(t), torch.cuda.mem_get_info(accelerator.device)[1])
     return estimate

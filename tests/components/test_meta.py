@@ -94,8 +94,12 @@ def test_activations_on_meta_are_what_a_real_forward_keeps(tiny_transformer):
     enable_gradient_checkpointing(dit)
     checkpointed = _retained_by_forward(dit, inputs)
     one_block = whole / 3
-    assert checkpointed < estimate.checkpointed < checkpointed + 1.2 * one_block
-    assert estimate.checkpointed < 0.7 * estimate.whole
+    assert checkpointed < estimate.checkpointed() < checkpointed + 1.2 * one_block
+    assert estimate.checkpointed() < 0.7 * estimate.whole
+    enable_gradient_checkpointing(dit, every=2)  # blocks 0 and 2 recomputed, block 1 keeps its saves
+    selective = _retained_by_forward(dit, inputs)
+    assert checkpointed < selective < whole
+    assert selective < estimate.checkpointed(2) < selective + 1.2 * one_block
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -104,7 +108,7 @@ def test_every_family_keeps_activations_on_meta(family, tiny_transformer):
     width, pooled = FAMILIES[family]
     dit = tiny_transformer(family, condition_dim=width, pooled_dim=pooled)
     estimate = saved_activations(meta_copy(dit), _on_meta(_inputs(family, batch=1)))
-    assert 0 < estimate.checkpointed < estimate.whole
+    assert 0 < estimate.checkpointed() < estimate.whole
 
 
 @pytest.mark.parametrize("family", ["pixart_alpha", "dit"])

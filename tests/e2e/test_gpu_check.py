@@ -33,7 +33,7 @@ def test_two_calls_with_a_budget_finish_the_plan_and_the_report_lists_every_row_
     ids = [row["id"] for row in report["rows"]]
     assert [row for row in report["rows"] if row["id"] in measured] == first["rows"]  # kept as the first call wrote
     assert len(report["calls"]) == 2
-    throughput = [f"{what}-{model}-eager-b4+8" for model in ("pixart_xl_2", "dit_xl_2") for what in ("bare", "trainer")]
+    throughput = [f"{what}-{model}-eager-b4+8" for model in ("pixart_xl_2", "dit_xl_2") for what in ("trainer", "bare")]
     assert ids == ["cuda-tests", "train-bf16", "train-fp16", *[i for i in throughput for _ in (4, 8)], "fsdp2-2p"]
     rows = {(row["name"], row["batch"]): row for row in report["rows"]}
     assert rows[("cuda tests", None)]["status"] == "skipped" and "no CUDA" in rows[("cuda tests", None)]["error"]

@@ -31,7 +31,9 @@ def driver_with_a_gpu(tmp_path, monkeypatch):
     script = tmp_path / "bin" / "nvidia-smi"
     script.parent.mkdir()
     script.write_text(f"""#!/bin/sh
-if [ "$1" = "--query-gpu=name,driver_version" ]; then echo "NVIDIA H100 80GB HBM3, 580.159.04"; exit 0; fi
+if [ "$1" = "--query-gpu=name,driver_version,compute_cap" ]; then
+    echo "NVIDIA H100 80GB HBM3, 580.159.04, 9.0"; exit 0
+fi
 cat <<'END'
 {BANNER}
 END
@@ -44,7 +46,7 @@ END
 def test_the_driver_report_is_read_from_nvidia_smi(driver_with_a_gpu):
     driver = nvidia_driver()
     assert driver is not None and driver.gpus == ("NVIDIA H100 80GB HBM3",)
-    assert (driver.version, driver.cuda) == ("580.159.04", "12.8")
+    assert (driver.version, driver.cuda, driver.capability) == ("580.159.04", "12.8", "9.0")
 
 
 @needs_cpu_torch

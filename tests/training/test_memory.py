@@ -24,7 +24,7 @@ def test_the_fixed_part_is_the_models_bytes_exactly(tiny_parts):
     trained = sum(p.numel() * 4 for p in tiny_parts.dit.parameters() if p.requires_grad)
     assert estimate.weights == _bytes(tiny_parts.dit) + _bytes(tiny_parts.vae) + _bytes(tiny_parts.text_encoder)
     assert (estimate.gradients, estimate.optimizer, estimate.ema, estimate.copies) == (trained, 2 * trained, trained, 0)
-    assert 0 < estimate.activations.checkpointed < estimate.activations.whole
+    assert 0 < estimate.activations.checkpointed() < estimate.activations.whole
 
 
 @pytest.mark.parametrize(("name", "factor"), [("adamw8bit", 0.5), ("adafactor", 0.0), ("prodigy", 4.0)])
@@ -44,27 +44,48 @@ def test_mixed_precision_and_ddp_add_their_copies_and_autocast_keeps_more_than_h
     assert 0.55 < half.activations.whole / full.activations.whole < 0.8
 
 
-# 10 GiB that do not depend on the batch; 1 GiB per image, 0.1 GiB with gradient checkpointing
-ESTIMATE = MemoryEstimate(4 * GiB, 2 * GiB, 4 * GiB, 0, 0, Activations(GiB, GiB // 10))
+# 10 GiB that do not depend on the batch; per image 16 blocks of 64 MiB each, given 6.4 MiB each: 1 GiB, 0.1625 GiB
+# with every block checkpointed (their inputs and one block recomputed), 0.6125 GiB with every 2nd
+ACTIVATIONS = Activations(0, (GiB // 16,) * 16, (GiB // 160,) * 16)
+ESTIMATE = MemoryEstimate(4 * GiB, 2 * GiB, 4 * GiB, 0, 0, ACTIVATIONS)
+
+
+def test_selective_checkpointing_keeps_the_other_blocks_saves():
+    assert ACTIVATIONS.whole == GiB and ACTIVATIONS.checkpointed(1) == 16 * (GiB // 160) + GiB // 16
+    assert ACTIVATIONS.checkpointed(2) == GiB // 2 + 8 * (GiB // 160) + GiB // 16
+    assert ACTIVATIONS.checkpointed(16) == GiB - GiB // 16 + GiB // 160 + GiB // 16  # block 0 only
 
 
 def test_a_run_that_fits_is_not_refused():
-    check_fits(ESTIMATE, batch_size=30, checkpointing=False, device_bytes=40 * GiB)
-    check_fits(ESTIMATE, batch_size=300, checkpointing=True, device_bytes=40 * GiB)
+    check_fits(ESTIMATE, batch_size=30, checkpointing=0, device_bytes=40 * GiB)
+    check_fits(ESTIMATE, batch_size=180, checkpointing=1, device_bytes=40 * GiB)
+    check_fits(ESTIMATE, batch_size=48, checkpointing=2, device_bytes=40 * GiB)
 
 
-def test_a_run_that_cannot_fit_names_checkpointing_and_the_batch_that_fits():
+def test_a_run_that_cannot_fit_names_accumulation_then_checkpointing():
     with pytest.raises(ConfigError) as refused:
-        check_fits(ESTIMATE, batch_size=64, checkpointing=False, device_bytes=40 * GiB)
+        check_fits(ESTIMATE, batch_size=64, checkpointing=0, device_bytes=40 * GiB)
     message = one_paragraph(refused.value, "trainer.batch_size")
     assert "74.0 GiB" in message and "40.0 GiB" in message
-    assert "`trainer.gradient_checkpointing=true` (fits 300 images)" in message
-    assert "`trainer.batch_size=30` with `trainer.gradient_accumulation_steps=3`" in message
+    assert (
+        "set `trainer.batch_size=30` with `trainer.gradient_accumulation_steps=3` to keep the images per step or "
+        in message
+    )
+    assert message.endswith("or `trainer.gradient_checkpointing=true` (fits 184 images).")
+    assert "gradient_checkpointing_every" not in message  # every 2nd block: 48 images, fewer than 64
+
+
+def test_selective_checkpointing_is_named_when_it_fits_the_batch():
+    with pytest.raises(ConfigError) as refused:
+        check_fits(ESTIMATE, batch_size=40, checkpointing=0, device_bytes=40 * GiB)
+    message = one_paragraph(refused.value, "trainer.batch_size")
+    selective = "`trainer.gradient_checkpointing=true trainer.gradient_checkpointing_every=2` (fits 48 images)"
+    assert message.index("`trainer.batch_size=30`") < message.index(selective) < message.index("(fits 184 images)")
 
 
 def test_a_model_that_cannot_fit_at_all_points_to_lora_and_fsdp():
     with pytest.raises(ConfigError, match="alone need 10.0 GiB.*`lora.enabled=true`.*fsdp"):
-        check_fits(ESTIMATE, batch_size=1, checkpointing=True, device_bytes=8 * GiB)
+        check_fits(ESTIMATE, batch_size=1, checkpointing=1, device_bytes=8 * GiB)
 
 
 def test_the_estimate_is_logged_once_at_start_on_the_cpu(tiny_parts, caplog):
