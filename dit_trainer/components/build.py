@@ -9,6 +9,7 @@ import torch
 
 from dit_trainer.components.dit import DiTAdapter, build_dit, enable_gradient_checkpointing, known_patch_size
 from dit_trainer.components.families import FAMILIES
+from dit_trainer.components.fused_qkv import apply_fused_qkv
 from dit_trainer.components.kinds import Conditioner
 from dit_trainer.components.lora import apply_lora
 from dit_trainer.components.text_encoder import build_text_encoder
@@ -94,6 +95,7 @@ def build_components(
         apply_lora(dit.transformer, cfg.lora, dit.family.lora_targets)
     if cfg.privacy.enabled and dit.family.prepare_private is not None:
         dit.family.prepare_private(dit.transformer)  # before the optimizer and EMA collect the parameters
+    apply_fused_qkv(cfg, dit)  # before the memory estimate's meta copy and GRPO's reference copy
     if cfg.trainer.gradient_checkpointing:
         enable_gradient_checkpointing(
             dit, cfg.trainer.reentrant_checkpointing, cfg.trainer.gradient_checkpointing_every

@@ -9,6 +9,7 @@ from dit_trainer.components import TEXT_ENCODER_KINDS, VAE_KINDS
 from dit_trainer.components.build import check_resolution
 from dit_trainer.components.families import FAMILIES
 from dit_trainer.components.fp8 import check_fp8
+from dit_trainer.components.fused_qkv import check_fused_qkv
 from dit_trainer.config import TrainConfig
 from dit_trainer.errors import require
 from dit_trainer.hub import require_offline_copy
@@ -18,6 +19,7 @@ CONDITIONS = {"text": "text", "class": "class labels"}
 
 def check_components(cfg: TrainConfig) -> None:
     check_fp8(cfg)
+    check_fused_qkv(cfg)
     family = FAMILIES.get(cfg.model.family)
     vae = VAE_KINDS.get(cfg.vae.kind)
     conditioner = TEXT_ENCODER_KINDS.get(cfg.text_encoder.kind)

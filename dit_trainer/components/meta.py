@@ -123,6 +123,15 @@ class Activations:
         """Without gradient checkpointing."""
         return self.outside + sum(self.inside)
 
+    def __sub__(self, other: Activations) -> Activations:
+        """What ``self`` keeps beyond ``other`` (each part at least 0): the larger batch's extra images."""
+
+        def minus(mine: tuple[int, ...], theirs: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(max(0, a - b) for a, b in zip(mine, theirs))
+
+        return Activations(max(0, self.outside - other.outside), minus(self.inside, other.inside),
+                           minus(self.inputs, other.inputs))  # fmt: skip
+
     def checkpointed(self, every: int = 1) -> int:
         """With every ``every``-th block checkpointed: those keep only their inputs, the others their saves, and
         backward adds one checkpointed block's saves while it recomputes it."""

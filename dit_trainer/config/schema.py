@@ -298,6 +298,9 @@ class TrainerConfig:
     # Regional torch.compile: each DiT block compiled in place (one graph that every block reuses); the first step
     # waits for the compile. Several latent shapes (`data.buckets`) are compiled for dynamic shapes from the start.
     compile: bool = False
+    # Each attention's q, k and v projections as one matmul (the blocks of PixArt and DiT, whose attention diffusers'
+    # fused processor takes); the weights, their names and every checkpoint stay the unfused model's
+    fused_qkv: bool = False
     seed: int = 0
     # auto: bf16 on recent GPUs, fp16 + grad scaler on older ones, fp32 on CPU/MPS
     mixed_precision: str = one_of(("auto", "no", "fp16", "bf16"), "auto")

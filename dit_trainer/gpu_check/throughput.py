@@ -57,7 +57,7 @@ TINY_WIDTH = 32
 # variant -> the trainer's overrides. The levers toward higher MFU, each one switch: regional compile with static
 # shapes, gradient checkpointing of every block or of every 2nd (selective), gradient accumulation (2 micro-batches:
 # the images per update of checkpointing at twice the batch, without recomputation), FP8 matmuls (compiled, as FP8
-# is only fast fused).
+# is only fast fused), fused q/k/v projections.
 VARIANT_OVERRIDES = {
     "eager": [],
     "compile": ["trainer.compile=true"],
@@ -65,6 +65,7 @@ VARIANT_OVERRIDES = {
     "selective": ["trainer.gradient_checkpointing=true", "trainer.gradient_checkpointing_every=2"],
     "accumulation": ["trainer.gradient_accumulation_steps=2"],
     "fp8": ["precision.fp8=true", "trainer.compile=true"],
+    "fused_qkv": ["trainer.fused_qkv=true"],
 }
 VARIANTS = tuple(VARIANT_OVERRIDES)
 BARE_VARIANTS = ("eager", "compile")  # the bare step: a ceiling for the trainer's eager and compiled rows

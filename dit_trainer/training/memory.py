@@ -65,6 +65,15 @@ def tensor_bytes(module: object) -> int:
     return sum(tensor.nbytes for tensor in itertools.chain(module.parameters(), module.buffers()))
 
 
+def per_image_activations(parts: Components, autocast: tuple[str, torch.dtype] | None) -> Activations:
+    """What one more image of the batch keeps for backward: two images' saves less one's, so that what a forward
+    keeps whatever its batch (autocast's weight casts, a fused projection's concatenated weights) is not counted
+    once per image."""
+    model = meta_copy(parts.dit)
+    one, two = (saved_activations(model, meta_inputs(parts, batch), autocast) for batch in (1, 2))
+    return two - one
+
+
 def estimate_memory(
     parts: Components,
     ema: bool,
@@ -89,7 +98,7 @@ def estimate_memory(
         optimizer=int(OPTIMIZER_CHOICES[optimizer].state_per_parameter_byte * trained) // shards,
         ema=trained // shards if ema else 0,
         copies=(trained if ddp else 0) + (casts if autocast else 0),
-        activations=saved_activations(meta_copy(parts.dit), meta_inputs(parts, 1), autocast),
+        activations=per_image_activations(parts, autocast),
     )
 
 

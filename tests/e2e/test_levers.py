@@ -14,6 +14,7 @@ LEVERS = {
     "selective checkpointing": ("trainer.gradient_checkpointing=true", "trainer.gradient_checkpointing_every=2"),
     "gradient accumulation": ("trainer.gradient_accumulation_steps=2",),
     "static regional compile": ("trainer.compile=true",),
+    "fused q/k/v projections": ("trainer.fused_qkv=true",),
 }
 
 

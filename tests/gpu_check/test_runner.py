@@ -106,6 +106,7 @@ def test_the_plan_for_one_h100_fits_ten_minute_calls_and_forty_minutes(capsys):
     assert f"{len(ids)} of {len(ids)} rows to run" in summary and total <= 40 - 3  # the install's minutes beside it
     assert {
         "trainer-dit_xl_2-fp8-b128",
-        "trainer-dit_xl_2-selective-b256",
+        "trainer-dit_xl_2-selective-b192",
         "trainer-dit_xl_2-accumulation-b128",
+        "trainer-dit_xl_2-fused_qkv-b128",
     } <= set(ids)  # the levers, each a row
