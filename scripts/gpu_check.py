@@ -18,6 +18,7 @@ subcommands `throughput` and `train` are the rows' subprocesses.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import runpy
@@ -100,11 +101,10 @@ def check(argv: list[str]) -> int:
     if args.plan_for:
         planned_for = {"device": args.plan_for, "gpus": 1, "peak_bf16_flops": peak_flops(args.plan_for)}
         here = {**here, **planned_for, "compute_capability": None}
-    assets = {}
 
-    def tiny_assets():
-        assets.setdefault("written", write_assets(options.out / "assets"))
-        return assets["written"]
+    @functools.cache
+    def tiny_assets():  # written when a training row first needs them (never by --plan)
+        return write_assets(options.out / "assets")
 
     try:
         planned = select(plan_rows(options, here, tiny_assets), args.rows, args.skip)

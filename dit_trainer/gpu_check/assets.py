@@ -4,6 +4,7 @@ the latents' shape matters (throughput from a cache), and a folder of shapes ima
 
 from __future__ import annotations
 
+import shutil
 import string
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,21 +32,34 @@ def letter_tokenizer() -> T5Tokenizer:
     return T5Tokenizer(vocab=pieces + [("▁" + c, -1.0) for c in letters] + [(c, -2.0) for c in letters])
 
 
+def _write_t5(folder: Path) -> None:
+    torch.manual_seed(0)
+    tokenizer = letter_tokenizer()
+    config = T5Config(vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
+    T5EncoderModel(config).save_pretrained(folder / "text_encoder")
+    tokenizer.save_pretrained(folder / "tokenizer")
+
+
+def _write_vae8(folder: Path) -> None:
+    torch.manual_seed(0)
+    AutoencoderKL(
+        down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+        block_out_channels=(8,) * 4, layers_per_block=1, norm_num_groups=4, latent_channels=4,
+    ).save_pretrained(folder)  # fmt: skip
+
+
 def write_assets(folder: Path, images: int = 64) -> Assets:
-    """The tiny models and data under ``folder`` (written once; a second call reuses them)."""
+    """The tiny models and data under ``folder`` (written once; a second call reuses them). Each is written beside
+    its place and renamed into it, so a call stopped while writing (a GPU machine's command limit) leaves none half
+    written for the next call to reuse."""
     assets = Assets(folder / "t5", folder / "vae8", folder / "images")
-    if not assets.t5.is_dir():
-        torch.manual_seed(0)
-        tokenizer = letter_tokenizer()
-        config = T5Config(vocab_size=len(tokenizer), d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4)
-        T5EncoderModel(config).save_pretrained(assets.t5 / "text_encoder")
-        tokenizer.save_pretrained(assets.t5 / "tokenizer")
-    if not assets.vae8.is_dir():
-        torch.manual_seed(0)
-        AutoencoderKL(
-            down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
-            block_out_channels=(8,) * 4, layers_per_block=1, norm_num_groups=4, latent_channels=4,
-        ).save_pretrained(assets.vae8)  # fmt: skip
-    if not assets.images.is_dir():
-        write_shapes_folder(assets.images, images, [(32, 32)])
+    writers = {assets.t5: _write_t5, assets.vae8: _write_vae8,
+               assets.images: lambda path: write_shapes_folder(path, images, [(32, 32)])}  # fmt: skip
+    for target, write in writers.items():
+        if target.is_dir():
+            continue
+        partial = target.with_name(f".{target.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        write(partial)
+        partial.rename(target)
     return assets
