@@ -93,7 +93,8 @@ def enable_gradient_checkpointing(dit: DiTAdapter, reentrant: bool = False, ever
     position = {id(block): index for index, block in enumerate(dit.blocks())}
 
     def checkpoint(block: nn.Module, *args):
-        if position.get(id(block), 0) % every:
+        index = position.get(id(block))  # a block the family does not list: recomputed only when all are
+        if (index is None and every > 1) or (index is not None and index % every):
             return block(*args)
         return torch.utils.checkpoint.checkpoint(block.__call__, *args, use_reentrant=reentrant)
 

@@ -2,7 +2,8 @@
 (``convert_to_float8_training``), as torchtitan does: each ``nn.Linear`` becomes a ``Float8Linear`` that keeps its
 float32 weight (the state-dict keys and the checkpoints are unchanged) and casts input, weight and output gradient
 to FP8 with dynamic scales for its three matmuls. Only the blocks are converted, where the FLOPs are; the embeddings
-and the final layer, which are small and sensitive, stay in autocast's precision. The conversion happens before
+(a family's ``shared`` embedder too, though it sits in block 0) and the final layer, which are small and sensitive,
+stay in autocast's precision. The conversion happens before
 ``trainer.compile`` (its casts then fuse into the compiled blocks) and before ``accelerate.prepare``."""
 
 from __future__ import annotations
@@ -87,8 +88,13 @@ def apply_fp8(precision: PrecisionConfig, dit: DiTAdapter, device: torch.device)
         _require_fp8_device(device)  # the device accelerate chose (e.g. a CPU launch on a GPU machine)
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
-    config = replace(Float8LinearConfig.from_recipe_name(precision.fp8_recipe), emulate=precision.fp8_emulate)
-    linears = {id(module) for block in dit.blocks() for module in block.modules() if isinstance(module, nn.Linear)}
+    # pad_inner_dim: a weight gradient's inner size is the rows of the input (the batch, for a per-image linear
+    # layer; the tokens of a caption), and FP8's matmul needs a multiple of 16 there
+    recipe = Float8LinearConfig.from_recipe_name(precision.fp8_recipe)
+    config = replace(recipe, emulate=precision.fp8_emulate, pad_inner_dim=True)
+    shared = {id(module) for path in dit.family.shared for module in dit.transformer.get_submodule(path).modules()}
+    linears = {id(module) for block in dit.blocks() for module in block.modules()
+               if isinstance(module, nn.Linear) and id(module) not in shared}  # fmt: skip
     convert = _is_block_linear(linears)
     count = sum(convert(module, name) for name, module in dit.transformer.named_modules())
     convert_to_float8_training(dit.transformer, config=config, module_filter_fn=convert)

@@ -4,6 +4,7 @@ the latents' shape matters (throughput from a cache), and a folder of shapes ima
 
 from __future__ import annotations
 
+import os
 import shutil
 import string
 from dataclasses import dataclass
@@ -51,15 +52,18 @@ def _write_vae8(folder: Path) -> None:
 def write_assets(folder: Path, images: int = 64) -> Assets:
     """The tiny models and data under ``folder`` (written once; a second call reuses them). Each is written beside
     its place and renamed into it, so a call stopped while writing (a GPU machine's command limit) leaves none half
-    written for the next call to reuse."""
+    written for the next call to reuse; the processes of a launch may all write, the first rename wins."""
     assets = Assets(folder / "t5", folder / "vae8", folder / "images")
     writers = {assets.t5: _write_t5, assets.vae8: _write_vae8,
                assets.images: lambda path: write_shapes_folder(path, images, [(32, 32)])}  # fmt: skip
     for target, write in writers.items():
         if target.is_dir():
             continue
-        partial = target.with_name(f".{target.name}.partial")
+        partial = target.with_name(f".{target.name}.partial-{os.getpid()}")
         shutil.rmtree(partial, ignore_errors=True)
         write(partial)
-        partial.rename(target)
+        try:
+            partial.rename(target)
+        except OSError:  # another process of the launch renamed its copy first
+            shutil.rmtree(partial, ignore_errors=True)
     return assets

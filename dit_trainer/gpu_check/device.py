@@ -40,16 +40,26 @@ def nvidia_driver() -> Driver | None:
     """The driver's report, or None where there is no ``nvidia-smi`` (or it fails: no driver loaded)."""
     if shutil.which("nvidia-smi") is None:
         return None
+    query = _query_gpus("name,driver_version,compute_cap") or _query_gpus("name,driver_version")  # older drivers
+    if query is None:
+        return None
     try:
-        query = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"],
-                               capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
         banner = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
+        banner = ""
     rows = [[cell.strip() for cell in line.split(",")] for line in query.splitlines() if line.strip()]
     cuda = re.search(r"CUDA Version:\s*([0-9.]+)", banner)
     first = rows[0] + ["", ""] if rows else ["", "", ""]
     return Driver(tuple(row[0] for row in rows), first[1], cuda.group(1) if cuda else "", first[2])
+
+
+def _query_gpus(fields: str) -> str | None:
+    """``nvidia-smi --query-gpu=FIELDS``'s CSV, or None when it fails (no driver loaded, a field it does not know)."""
+    try:
+        return subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=60, check=True).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def _hidden_on_purpose() -> bool:

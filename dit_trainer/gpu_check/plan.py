@@ -248,8 +248,9 @@ def _cannot_run(variant: str, compiler: str, machine: dict) -> str:
     """Why ``machine`` cannot run a row of ``variant`` ('' when it can)."""
     if variant in ("compile", "fp8") and compiler:
         return compiler
-    capability = machine.get("compute_capability") or ""
-    if variant == "fp8" and capability and tuple(map(int, capability.split("."))) < FP8_CAPABILITY:
+    capability = machine.get("compute_capability") or ""  # "9.0"; "[N/A]" or "" where the driver does not say
+    known = capability.replace(".", "").isdigit()
+    if variant == "fp8" and known and tuple(map(int, capability.split("."))) < FP8_CAPABILITY:
         return f"FP8 matmuls need compute capability 8.9 or newer; this GPU's is {capability}"
     if variant == "fp8" and not machine["gpus"]:
         return "FP8 matmuls need a GPU (precision.fp8_emulate=true checks the numerics on a CPU, slowly)"

@@ -24,12 +24,14 @@ from dit_trainer.durable import write_text_atomically
 from dit_trainer.gpu_check.peak import mfu
 
 JSON_NAME, MARKDOWN_NAME = "gpu_check.json", "gpu_check.md"
+TIMED_OUT = "stopped after its time-out"  # the last line of a timed-out row's output
 TAIL = 3000  # characters of a failed row's output kept in the report
 
 
 @dataclass
 class Row:
-    """One line of the report. ``status``: ok | failed | skipped | oom | refused (the memory check's verdict)."""
+    """One line of the report. ``status``: ok | failed | skipped | oom | refused (the memory check's verdict) |
+    stopped (the call's budget ended it: the next call runs it again)."""
 
     name: str
     kind: str  # cuda_tests | train | throughput | fsdp
@@ -89,7 +91,7 @@ def run_command(command: Command) -> Outcome:
     except subprocess.TimeoutExpired:
         stop_tree(process.pid)
         output, _ = process.communicate()
-        stopped = f"stopped after its time-out of {command.timeout:g} s, with every process it started"
+        stopped = f"{TIMED_OUT} of {command.timeout:g} s, with every process it started"
         return Outcome(None, f"{output}\n{stopped}", time.perf_counter() - start)  # the last line: the report's note
     except BaseException:
         stop_tree(process.pid)

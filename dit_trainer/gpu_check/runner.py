@@ -14,8 +14,11 @@ from pathlib import Path
 
 from dit_trainer.errors import ConfigError, shortlist
 from dit_trainer.gpu_check.plan import Options, PlannedRow
-from dit_trainer.gpu_check.rows import JSON_NAME, MARKDOWN_NAME, Row, guarded, read_rows, write_report
+from dit_trainer.gpu_check.rows import JSON_NAME, MARKDOWN_NAME, TIMED_OUT, Row, guarded, read_rows, write_report
 
+# Rows a later call runs again: skipped ones (their cause may be gone: a compiler installed since) and those the
+# budget stopped (their time-out was what was left of a call, not --row-timeout).
+AGAIN = ("skipped", "stopped")
 # What the check writes into --out: the report, and the folders of its rows' assets, runs, results and work.
 OWN_NAMES = (JSON_NAME, MARKDOWN_NAME, "assets", "runs", "results", "work")
 CALL_SECONDS = 30  # what a call costs before its first row: imports, the tiny assets, the plan
@@ -113,9 +116,11 @@ def split_into_calls(rows: list[PlannedRow], budget: float) -> list[list[Planned
     return calls
 
 
-def _ordered(rows: list[Row], planned: list[PlannedRow]) -> list[Row]:
-    order = {row.id: index for index, row in enumerate(planned)}
-    return sorted(rows, key=lambda row: order.get(row.id, len(order)))
+def _upsert(rows: list[Row], new: list[Row]) -> list[Row]:
+    """``rows`` with ``new`` (one planned row's) in place of that row's earlier lines, or after them all."""
+    row_id = new[0].id if new else None
+    at = next((index for index, row in enumerate(rows) if row.id == row_id), len(rows))
+    return [*(row for row in rows[:at] if row.id != row_id), *new, *(row for row in rows[at:] if row.id != row_id)]
 
 
 def run_plan(options: Options, planned: list[PlannedRow], header: dict, started: float,
@@ -127,24 +132,29 @@ def run_plan(options: Options, planned: list[PlannedRow], header: dict, started:
     if report is not None:
         _same_machine(report, header["machine"], options.out)
     rows = read_rows(report) if report else []
-    rows = [row for row in rows if not _matches(row.id, options.redo)]
     calls = [*(report or {}).get("calls", []), {"started": time.strftime("%Y-%m-%d %H:%M:%S"), **header["options"]}]
     header = {**header, "calls": calls}
-    done = {row.id for row in rows}
+    redo = {row.id for row in planned if _matches(row.id, options.redo)}  # only rows this call plans
+    done = {row.id for row in rows if row.status not in AGAIN} - redo
     say(f"The GPU check on {header['machine']['device']}:\n{describe(planned, done, options.budget)}")
     options.out.mkdir(parents=True, exist_ok=True)
-    paths = write_report(options.out, _ordered(rows, planned), header)  # the folder is the check's from now on
+    paths = write_report(options.out, rows, header)  # the folder is the check's from now on
+    ran = 0
     for row in (row for row in planned if row.id not in done):
         left = None if options.budget is None else options.budget - (time.monotonic() - started)
-        if left is not None and row.seconds > left:
+        # a row longer than a whole call runs first in a call of its own, within what is left of it
+        if left is not None and (row.seconds > left and ran or left <= 0):
             say(f"Stopping before {row.id} (~{row.seconds:.0f} s; {max(left, 0):.0f} s of --budget "
                 f"{options.budget:g} left): call again with the same --out to go on.")  # fmt: skip
             break
         say(f"{row.id} (~{row.seconds:.0f} s) ...")
         timeout = options.row_timeout if left is None else min(options.row_timeout, left)
         measured = guarded(row.id, row.kind, lambda row=row, timeout=timeout: row.measure(timeout))
-        rows = [old for old in rows if old.id != row.id] + [replace(new, id=row.id) for new in measured]
-        paths = write_report(options.out, _ordered(rows, planned), header)
+        if timeout < options.row_timeout:  # cut by the budget, not by the row's own time-out: the next call again
+            measured = [replace(new, status="stopped") if TIMED_OUT in new.error else new for new in measured]
+        ran += row.seconds > 0
+        rows = _upsert(rows, [replace(new, id=row.id) for new in measured])
+        paths = write_report(options.out, rows, header)
         say(f"{row.id}: {', '.join(sorted({new.status for new in measured}))}; report: {paths[0]}")
     return paths
 

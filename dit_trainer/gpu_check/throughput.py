@@ -296,8 +296,10 @@ def run_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> dict:
         except torch.OutOfMemoryError as error:
             oom = batch
             results.append({"batch": batch, "status": "oom", "error": str(error).splitlines()[0]})
-        except ConfigError as error:  # the memory check's refusal: the smaller batches' rows stand
-            oom = batch
+        except ConfigError as error:
+            if error.key != "trainer.batch_size":  # not the memory check's verdict: the row failed
+                raise
+            oom = batch  # the memory check refused it: the smaller batches' rows stand
             results.append({"batch": batch, "status": "refused", "error": str(error)})
         finally:
             step = None

@@ -17,6 +17,7 @@ from ..conftest import (
     free_port,
     grpo_overrides,
     read_metrics,
+    run_here,
     run_script,
     train_here,
 )
@@ -82,7 +83,9 @@ def test_fsdp2_runs_on_nccl_with_one_process(tmp_path):
 def test_grpo_keeps_its_frozen_reference_on_the_gpu(tmp_path):
     """Full fine-tuning with the KL anchor (beta > 0): the reference is a frozen copy on the policy's device."""
     train_here(tmp_path / "base", "trainer.max_steps=2", *STEPS)
-    train_here(tmp_path / "grpo", *grpo_overrides(tmp_path / "base", "grpo.beta=0.04", "trainer.log_every=1"))
+    overrides = grpo_overrides(tmp_path / "base", "grpo.beta=0.04", "trainer.log_every=1")
+    result = run_here(["train.py", f"hydra.run.dir={tmp_path / 'grpo'}", *overrides])  # its own experiment
+    assert result.returncode == 0, result.stderr[-4000:]
     kls = [r["policy/kl"] for r in read_metrics(tmp_path / "grpo") if "policy/kl" in r]
     assert len(kls) == 4 and all(kl >= 0 for kl in kls)
 

@@ -24,14 +24,15 @@ def _call(out, missing, *extra):
 
 def test_two_calls_with_a_budget_finish_the_plan_and_the_report_lists_every_row_once(tmp_path):
     out, missing = tmp_path / "out", tmp_path / "no_such_fsdp.yaml"
-    printed, first = _call(out, missing, "--budget", "45")  # the plan's estimates add up to ~1.5 min
-    measured = {row["id"]: row for row in first["rows"]}
-    assert "train-bf16" in measured and "fsdp2-2p" not in measured and "Stopping before" in printed
+    printed, first = _call(out, missing, "--budget", "60")  # the plan's estimates add up to 2 min
+    measured = {row["id"] for row in first["rows"] if row["status"] == "ok"}
+    assert measured and "fsdp2-2p" not in measured and "Stopping before" in printed
     printed, report = _call(out, missing)
     again = [line.split()[0] for line in printed.splitlines() if line.endswith(" ...")]
-    assert again and not set(again) & set(measured)  # only what the first call did not finish
+    assert "fsdp2-2p" in again and not set(again) & measured  # only what the first call did not finish
     ids = [row["id"] for row in report["rows"]]
-    assert [row for row in report["rows"] if row["id"] in measured] == first["rows"]  # kept as the first call wrote
+    kept = [row for row in first["rows"] if row["id"] in measured]
+    assert [row for row in report["rows"] if row["id"] in measured] == kept  # as the first call wrote them
     assert len(report["calls"]) == 2
     throughput = [f"{what}-{model}-eager-b4+8" for model in ("pixart_xl_2", "dit_xl_2") for what in ("trainer", "bare")]
     assert ids == ["cuda-tests", "train-bf16", "train-fp16", *[i for i in throughput for _ in (4, 8)], "fsdp2-2p"]

@@ -11,7 +11,7 @@ import pytest
 
 from dit_trainer.errors import ConfigError
 from dit_trainer.gpu_check.plan import Options, PlannedRow
-from dit_trainer.gpu_check.rows import Row
+from dit_trainer.gpu_check.rows import TIMED_OUT, Row
 from dit_trainer.gpu_check.runner import CALL_SECONDS, run_plan, select, split_into_calls
 
 from ..conftest import REPO, one_paragraph
@@ -33,10 +33,15 @@ class Clock:
         self.measured: list[tuple[str, float]] = []
         monkeypatch.setattr("dit_trainer.gpu_check.runner.time.monotonic", lambda: self.now)
 
-    def row(self, row_id: str, seconds: float) -> PlannedRow:
+    def row(self, row_id: str, seconds: float, takes: float | None = None) -> PlannedRow:
+        """A row estimated at ``seconds`` that takes ``takes`` (its estimate), stopped at its time-out."""
+
         def measure(timeout: float) -> list[Row]:
             self.measured.append((row_id, timeout))
-            self.now += seconds
+            took = min(seconds if takes is None else takes, timeout)
+            self.now += took
+            if took < (seconds if takes is None else takes):
+                return [Row(f"row {row_id}", "throughput", "failed", took, error=f"timed out: \n{TIMED_OUT} of 1 s")]
             return [Row(f"row {row_id}", "throughput", "ok", seconds, batch=b) for b in (4, 8)]
 
         return PlannedRow(row_id, "throughput", seconds, measure)
@@ -63,6 +68,32 @@ def test_a_second_call_measures_only_what_the_first_did_not_and_the_report_lists
     run_plan(_options(out, budget=100, redo=("c",)), planned, HEADER, started=clock.now, say=lambda text: None)
     assert [row_id for row_id, _ in clock.measured][4:] == ["c"]  # --redo: measured again, in its place
     assert [row["id"] for row in _report(out)["rows"]] == ["a", "a", "b", "b", "c", "c", "d", "d"]
+
+
+def test_a_row_the_budget_stops_runs_again_and_a_row_longer_than_a_call_gets_a_call_of_its_own(tmp_path, monkeypatch):
+    clock = Clock(monkeypatch)
+    out, quiet = tmp_path / "gc", (lambda text: None)
+    planned = [clock.row("slow", 30, takes=150), clock.row("long", 200), clock.row("after", 10)]
+    run_plan(_options(out, budget=100), planned, HEADER, started=clock.now, say=quiet)
+    assert [row["status"] for row in _report(out)["rows"]] == ["stopped"]  # cut at the 100 s left, not failed
+    assert clock.measured == [("slow", 100)]
+    run_plan(_options(out, budget=100), planned, HEADER, started=clock.now, say=quiet)
+    assert clock.measured[1] == ("slow", 100)  # again: it was the budget's, not the row's
+    clock.measured.clear()
+    planned[0] = clock.row("slow", 30)  # it fits now
+    run_plan(_options(out, budget=100), planned, HEADER, started=clock.now, say=quiet)
+    run_plan(_options(out, budget=100), planned, HEADER, started=clock.now, say=quiet)  # long: 200 s > any call
+    assert [row_id for row_id, _ in clock.measured] == ["slow", "long"]
+    assert [row["status"] for row in _report(out)["rows"] if row["id"] == "long"] == ["stopped"]
+
+
+def test_redo_measures_again_only_the_rows_this_call_plans(tmp_path, monkeypatch):
+    clock = Clock(monkeypatch)
+    out, quiet = tmp_path / "gc", (lambda text: None)
+    run_plan(_options(out), [clock.row("a", 1), clock.row("b", 1)], HEADER, started=clock.now, say=quiet)
+    run_plan(_options(out, redo=("*",)), [clock.row("b", 1)], HEADER, started=clock.now, say=quiet)  # --rows b
+    assert [row_id for row_id, _ in clock.measured] == ["a", "b", "b"]
+    assert [row["id"] for row in _report(out)["rows"]] == ["a", "a", "b", "b"]  # a's rows kept
 
 
 def test_the_check_keeps_its_folder_when_another_machine_would_add_rows(tmp_path, monkeypatch):
