@@ -32,7 +32,7 @@ from dit_trainer.inference import TrainedRun, check_sampling_args, load_run, ref
 from dit_trainer.prompts import load_prompts
 from dit_trainer.rewards import REWARDS
 from dit_trainer.rewards.build import build_reward
-from dit_trainer.rewards.grpo import reward_metrics
+from dit_trainer.rewards.groups import reward_metrics
 from dit_trainer.run_folder import find_checkpoint
 
 logger = logging.getLogger(__name__)

@@ -140,7 +140,7 @@ def reads_section(source: str, section: str) -> bool:
 
 def test_the_section_reader_finds_a_read_and_only_a_read():
     assert reads_section("beta = cfg.grpo.beta", "grpo") and reads_section("g = structured.grpo", "grpo")
-    assert not reads_section("m = cfg.monitor.grpo.enabled\nfrom dit_trainer.rewards.grpo import x", "grpo")
+    assert not reads_section("m = cfg.monitor.grpo.enabled\nfrom dit_trainer.grpo.loss import x", "grpo")
 
 
 def test_no_module_outside_a_method_reads_its_config_section():

@@ -15,7 +15,7 @@ from dit_trainer.components.lora import apply_lora
 from dit_trainer.components.text_encoder import build_text_encoder
 from dit_trainer.components.vae import build_vae, known_downsample_factor
 from dit_trainer.config import TrainConfig
-from dit_trainer.diffusion.families import build_noise_schedule
+from dit_trainer.diffusion.build import build_noise_schedule
 from dit_trainer.diffusion.schedule import NoiseSchedule
 from dit_trainer.errors import ConfigError
 from dit_trainer.hub import model_config

@@ -15,7 +15,7 @@ from torch import nn
 from dit_trainer.online.image_stats import brightness_and_saturation, group_diversity, thumbnails
 from dit_trainer.online.prompts import PromptSampler
 from dit_trainer.rewards.base import WeightedReward
-from dit_trainer.rewards.grpo import group_statistics
+from dit_trainer.rewards.groups import group_statistics
 
 
 @dataclass(frozen=True)

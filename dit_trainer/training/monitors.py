@@ -23,7 +23,7 @@ from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.diffusion.sampler import SamplerSettings, TextToImage
 from dit_trainer.images import image_grid
 from dit_trainer.rewards.base import WeightedReward
-from dit_trainer.rewards.grpo import reward_metrics
+from dit_trainer.rewards.groups import reward_metrics
 from dit_trainer.sharding import reshard
 from dit_trainer.training.saved_state import SavedState
 from dit_trainer.training.tracker_media import MonitorImages, Trackers

@@ -11,8 +11,8 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
 from dit_trainer.config import DiffusionConfig
+from dit_trainer.diffusion.build import build_noise_schedule
 from dit_trainer.diffusion.ddpm import DDPMSchedule
-from dit_trainer.diffusion.families import build_noise_schedule
 from dit_trainer.diffusion.flow import FlowSchedule
 from dit_trainer.errors import ConfigError
 

@@ -9,7 +9,7 @@ from torch import nn
 from dit_trainer.components.class_labels import ClassLabels
 from dit_trainer.components.vae import PixelVAE
 from dit_trainer.config import DiffusionConfig
-from dit_trainer.diffusion.families import build_noise_schedule
+from dit_trainer.diffusion.build import build_noise_schedule
 from dit_trainer.diffusion.loss import DiffusionLoss, offset_noise
 from dit_trainer.errors import ConfigError
 

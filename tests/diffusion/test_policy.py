@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dit_trainer.config import DiffusionConfig
-from dit_trainer.diffusion.families import build_noise_schedule
+from dit_trainer.diffusion.build import build_noise_schedule
 from dit_trainer.diffusion.policy import gaussian_log_prob
 from dit_trainer.diffusion.schedule import NoiseSchedule
 

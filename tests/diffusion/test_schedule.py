@@ -10,8 +10,8 @@ from diffusers import DDPMScheduler
 from diffusers.training_utils import compute_density_for_timestep_sampling
 
 from dit_trainer.config import DiffusionConfig
+from dit_trainer.diffusion.build import build_noise_schedule
 from dit_trainer.diffusion.ddpm import FallbackScheduler
-from dit_trainer.diffusion.families import build_noise_schedule
 from dit_trainer.diffusion.schedule import NoiseSchedule
 from dit_trainer.errors import ConfigError
 

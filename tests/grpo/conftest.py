@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dit_trainer.config import DiffusionConfig
-from dit_trainer.diffusion.families import build_noise_schedule
+from dit_trainer.diffusion.build import build_noise_schedule
 from dit_trainer.grpo.rollout import Rollout, roll_out
 
 CPU = torch.device("cpu")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dit_trainer.config import DiffusionConfig, TrainConfig
-from dit_trainer.diffusion.families import build_noise_schedule
+from dit_trainer.diffusion.build import build_noise_schedule
 from dit_trainer.grpo.build import build_policy
 
 from .conftest import CPU, FLOW

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from dit_trainer.config import DiffusionConfig
-from dit_trainer.diffusion.families import build_noise_schedule
+from dit_trainer.diffusion.build import build_noise_schedule
 from dit_trainer.nft.loss import adaptive_error, nft_loss, optimality
 
 OBJECTIVES = [

@@ -1,10 +1,10 @@
-"""GRPO's group statistics (``rewards/grpo.py``): rewards normalised within each prompt's group, groups without a
+"""GRPO's group statistics (``rewards/groups.py``): rewards normalised within each prompt's group, groups without a
 spread carrying no signal, and the keys the monitor logs."""
 
 import pytest
 import torch
 
-from dit_trainer.rewards.grpo import group_statistics, reward_metrics
+from dit_trainer.rewards.groups import group_statistics, reward_metrics
 
 
 def test_group_statistics_match_a_hand_computed_example():

@@ -1,5 +1,6 @@
-"""The noise schedule of a run: the family that trains its objective, over the configured scheduler or the
-family's fallback."""
+"""Builds the noise schedule of a run: the schedule family (``OBJECTIVES``: DDPM's, flow matching's) that trains its
+objective, over the configured scheduler or the family's fallback. (Transformer families are
+``components/families/``.)"""
 
 from __future__ import annotations
 

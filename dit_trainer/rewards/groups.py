@@ -1,4 +1,5 @@
-"""GRPO's group statistics: rewards of G images per prompt, normalised within each prompt's group.
+"""Group statistics of rewards: G images per prompt, normalised within each prompt's group (GRPO's advantages, the
+reward monitor's and evaluate.py's spread within a prompt; named for the groups, not for GRPO alone).
 
 This is the shape flow_grpo and DanceGRPO use: advantage = (r - mean_prompt) / (std_prompt + eps), plus the
 variant that divides by the global std instead. Groups whose rewards are all equal carry no learning signal
