@@ -197,7 +197,7 @@ def run_benchmark(cfg: TrainConfig, out_dir: Path, warmup: int = 5, steps: int =
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     quiet = replace(cfg.trainer, sample_every=0, log_every=10**9, checkpoint_every=0, resume=None, max_steps=10**9)
-    cfg = replace(cfg, trainer=quiet, monitor=replace(cfg.monitor, grpo=replace(cfg.monitor.grpo, enabled=False)))
+    cfg = replace(cfg, trainer=quiet, monitor=replace(cfg.monitor, reward=replace(cfg.monitor.reward, enabled=False)))
     cached = replace(cfg, data=replace(cfg.data, cache_dir=cfg.data.cache_dir or str(out_dir / "cache")))
     start = time.perf_counter()
     precompute(cached)

@@ -44,9 +44,9 @@ def evaluation_prompts(cfg: EvaluateConfig, run_cfg: TrainConfig) -> list[str]:
     of them (shapes), else its sample prompts: by default a run is judged on what it was watched with."""
     if cfg.prompts or cfg.prompt_file:
         return load_prompts(cfg.prompts, cfg.prompt_file)
-    grpo = run_cfg.monitor.grpo
+    grpo = run_cfg.monitor.reward
     if grpo.prompts or grpo.prompt_file:
-        return load_prompts(grpo.prompts, grpo.prompt_file, "monitor.grpo.")
+        return load_prompts(grpo.prompts, grpo.prompt_file, "monitor.reward.")
     captions = SOURCES.get(run_cfg.data.source).captions
     return captions() if captions is not None else list(run_cfg.trainer.sample_prompts)
 

@@ -44,7 +44,7 @@ def run_loader_benchmark(cfg: TrainConfig, out_dir: Path, workers: list[int], ba
     quiet = replace(cfg.trainer, sample_every=0, log_every=10**9, checkpoint_every=0, resume=None, max_steps=10**9)
     data = replace(cfg.data, cache_dir=None, cache_latents=False)
     uncached = replace(
-        cfg, trainer=quiet, data=data, monitor=replace(cfg.monitor, grpo=replace(cfg.monitor.grpo, enabled=False))
+        cfg, trainer=quiet, data=data, monitor=replace(cfg.monitor, reward=replace(cfg.monitor.reward, enabled=False))
     )
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     step = measure({"trainer": trainer_step(uncached, out_dir / "trainer")}, cfg.trainer.batch_size, 2, steps, device)

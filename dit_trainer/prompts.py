@@ -11,7 +11,7 @@ from dit_trainer.errors import ConfigError
 def load_prompts(prompts: list[str], prompt_file: str | None, prefix: str = "") -> list[str]:
     """The prompts of ``prompt_file`` (one per line, blank lines skipped) if set, else ``prompts``.
 
-    ``prefix`` is where the two keys live in the config (``monitor.grpo.``), so errors name the key to fix.
+    ``prefix`` is where the two keys live in the config (``monitor.reward.``), so errors name the key to fix.
     """
     if prompt_file:
         lines = _read_text(prompt_file, f"{prefix}prompt_file").splitlines()

@@ -68,8 +68,8 @@ def to_train_config(
     hand; ``run_dir`` is the folder the run trains in, whose recorded start a run started from another keeps."""
     register_resolvers()
     structured = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg))
+    structured = move_renamed_keys(structured)  # before the field checks: a moved value is checked at its new key
     check_fields(structured)
-    structured = move_renamed_keys(structured)
     METHODS.check(structured.trainer.method)
     if structured.trainer.init_from and structured.trainer.init_weights is None:
         check_init_from(structured, method_of(structured).reads_data)

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-SHORT = ["trainer.log_every=1", "trainer.sample_every=0", "trainer.seed=3", "monitor.grpo.enabled=false"]
+SHORT = ["trainer.log_every=1", "trainer.sample_every=0", "trainer.seed=3", "monitor.reward.enabled=false"]
 SHAPES = ["data.length=128", "trainer.batch_size=16", "model.num_layers=2", "trainer.max_steps=6", *SHORT]
 VALIDATED = ["validation.every_n_steps=3", "validation.split=0.0625", "validation.timesteps=4"]
 RUNS: dict[str, list[str]] = {

@@ -33,7 +33,7 @@ from dit_trainer.run_folder import CHECKPOINTS, checkpoint_step, incomplete_reas
 from dit_trainer.training.metrics import MetricsFile
 
 REPO = Path(__file__).resolve().parents[1]
-LOGGED = ["trainer.log_every=1", "trainer.sample_every=0", "trainer.seed=3", "monitor.grpo.enabled=false"]
+LOGGED = ["trainer.log_every=1", "trainer.sample_every=0", "trainer.seed=3", "monitor.reward.enabled=false"]
 SHAPES = ["+experiment=shapes", "data.length=256", "trainer.batch_size=16", "model.num_layers=2", *LOGGED]
 # 2 captions x 8 images an epoch, a 4-step sampler; the model, data and diffusion settings are the init run's.
 GRPO = [

@@ -44,7 +44,7 @@ TINY_SHAPES = [
     "trainer.log_every=5",
     "trainer.sample_prompts=[a red circle,a blue square]",
     "diffusion.sample_steps=4",
-    "monitor.grpo.enabled=false",  # tests/e2e/test_monitors.py turns it on
+    "monitor.reward.enabled=false",  # tests/e2e/test_monitors.py turns it on
     "validation.every_n_steps=0",  # tests/training/test_validation.py and the FID tests turn it on
 ]
 # Shared additions to TINY_SHAPES: a finished run in seconds, and a log line at every step with no sample grids
@@ -277,7 +277,7 @@ def grpo_overrides(init_dir: Path, *extra: str, epochs: int = 4) -> list[str]:
         "trainer.sample_every=0",
         "trainer.sample_prompts=[a red circle]",
         "diffusion.sample_steps=4",
-        "monitor.grpo.enabled=false",
+        "monitor.reward.enabled=false",
         *extra,
     ]
 
@@ -300,7 +300,7 @@ def nft_overrides(init_dir: Path, *extra: str, epochs: int = 4) -> list[str]:
         "trainer.checkpoint_every=2",
         "trainer.sample_prompts=[a red circle]",
         "diffusion.sample_steps=4",
-        "monitor.grpo.enabled=false",
+        "monitor.reward.enabled=false",
         *extra,
     ]
 

@@ -38,7 +38,7 @@ def test_the_grpo_kl_reference_is_where_the_trained_model_is(tmp_path, prepare_m
     ``prepare`` (as it once was), it stayed on the CPU while the policy went to the GPU."""
     build_tiny_transformer(**SHAPES_TRANSFORMER).transformer.save_pretrained(tmp_path / "base")
     cfg = compose_config(["+experiment=shapes_grpo", f"model.pretrained={tmp_path / 'base'}", GRPO_PROMPTS,
-                          "grpo.prompt_file=null", "grpo.beta=0.1", "monitor.grpo.enabled=false"])  # fmt: skip
+                          "grpo.prompt_file=null", "grpo.beta=0.1", "monitor.reward.enabled=false"])  # fmt: skip
     trainer = build_trainer(cfg, tmp_path / "run")
     try:
         assert devices(trainer.dit) == {"meta"}

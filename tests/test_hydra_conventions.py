@@ -12,7 +12,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from dit_trainer.config import GRPOMonitorConfig, TrainConfig, TrainerConfig
+from dit_trainer.config import RewardMonitorConfig, TrainConfig, TrainerConfig
 from dit_trainer.config.command_line import check_command_line
 from dit_trainer.config.field_docs import documented_yaml, field_docs
 from dit_trainer.errors import ConfigError
@@ -44,7 +44,7 @@ def test_field_descriptions_are_the_comments_beside_each_field_and_its_rule():
     assert trainer["reentrant_checkpointing"].startswith("torch's re-entrant variant (use_reentrant=True): it gives")
     assert trainer["reentrant_checkpointing"].endswith("Off: the non-re-entrant variant.")  # both lines above it
     assert "seed" not in trainer  # no comment, no check
-    assert field_docs(GRPOMonitorConfig)["group_size"].startswith("G: images per prompt; ")  # on a call's first line
+    assert field_docs(RewardMonitorConfig)["group_size"].startswith("G: images per prompt; ")  # on a call's first line
     values = OmegaConf.to_container(OmegaConf.structured(TrainConfig))
     assert yaml.safe_load(documented_yaml(values)) == values  # the comments never break the YAML
 

@@ -19,7 +19,7 @@ def test_an_empty_prompt_file_is_refused(tmp_path):
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n  \n")
     with pytest.raises(ConfigError, match="no prompts were given"):
-        compose_config(["+experiment=shapes", f"monitor.grpo.prompt_file={prompts}"])
+        compose_config(["+experiment=shapes", f"monitor.reward.prompt_file={prompts}"])
 
 
 @pytest.mark.parametrize(
@@ -31,5 +31,5 @@ def test_a_prompt_file_that_is_not_utf8_is_refused(tmp_path, content):
     prompts = tmp_path / "prompts.txt"
     prompts.write_bytes(content)
     with pytest.raises(ConfigError) as caught:
-        compose_config(["+experiment=shapes", f"monitor.grpo.prompt_file={prompts}"])
-    assert "UTF-8" in one_paragraph(caught.value, "monitor.grpo.prompt_file")
+        compose_config(["+experiment=shapes", f"monitor.reward.prompt_file={prompts}"])
+    assert "UTF-8" in one_paragraph(caught.value, "monitor.reward.prompt_file")

@@ -24,13 +24,13 @@ CONFIG_VALUES = [
     ("diffusion.sample_steps=5000", "diffusion.sample_steps", "5000"),
     ("diffusion.sampler=euler", "diffusion.sampler", "'euler'"),
     ("diffusion=flow", "diffusion.objective", "'v_prediction'"),  # the experiment's objective stays
-    ("monitor.grpo.group_size=1", "monitor.grpo.group_size", "1"),
+    ("monitor.reward.group_size=1", "monitor.reward.group_size", "1"),
     ("+reward.weights.aesthetic=1.0", "reward.weights.aesthetic", "aesthetic"),
     ("reward.jpeg_quality=0", "reward.jpeg_quality", "0"),
     ("lora.enabled=true", "model.pretrained", "pretrained DiT"),
     ("data=imagefolder", "data.path", "None"),
     ("data=imagefolder data.path=/no/such/folder", "data.path", "metadata.jsonl"),
-    ("monitor.grpo.prompt_file=/no/such/prompts.txt", "monitor.grpo.prompt_file", "no such file"),
+    ("monitor.reward.prompt_file=/no/such/prompts.txt", "monitor.reward.prompt_file", "no such file"),
 ]
 
 

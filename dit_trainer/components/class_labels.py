@@ -111,10 +111,10 @@ def _sampled_prompts(cfg: TrainConfig) -> list[tuple[str, list[str]]]:
     """Every set of prompts the run samples for its reports, by the key that sets it: the sample grid's and the
     reward monitor's."""
     found = [("trainer.sample_prompts", list(cfg.trainer.sample_prompts))]
-    monitor = cfg.monitor.grpo
+    monitor = cfg.monitor.reward
     if monitor.enabled:
-        key = "monitor.grpo.prompt_file" if monitor.prompt_file else "monitor.grpo.prompts"
-        found.append((key, load_prompts(monitor.prompts, monitor.prompt_file, "monitor.grpo.")))
+        key = "monitor.reward.prompt_file" if monitor.prompt_file else "monitor.reward.prompts"
+        found.append((key, load_prompts(monitor.prompts, monitor.prompt_file, "monitor.reward.")))
     return found
 
 

@@ -9,8 +9,7 @@ Hydra composes YAML onto the schema (so a mistyped key or a non-integer batch si
 """
 
 from dit_trainer.config.fields import check_fields
-from dit_trainer.config.grpo import GRPOMonitorConfig
-from dit_trainer.config.monitors import FIDMonitorConfig, MonitorConfig, ValidationConfig
+from dit_trainer.config.monitors import FIDMonitorConfig, MonitorConfig, RewardMonitorConfig, ValidationConfig
 from dit_trainer.config.resolvers import ASSETS_DIR, register_configs, register_resolvers
 from dit_trainer.config.schema import (
     DataConfig,
@@ -41,7 +40,6 @@ __all__ = [
     "FIDMonitorConfig",
     "GRPOConfig",
     "NFTConfig",
-    "GRPOMonitorConfig",
     "LoRAConfig",
     "LoggerConfig",
     "MixtureSource",
@@ -50,6 +48,7 @@ __all__ = [
     "OptimConfig",
     "PreviewConfig",
     "PrivacyConfig",
+    "RewardMonitorConfig",
     "RewardConfig",
     "SampleConfig",
     "TextEncoderConfig",

@@ -1,5 +1,5 @@
-"""The sections of reward fine-tuning and monitoring: which rewards score images (``reward``), the periodic reward
-monitor in GRPO's shape (``monitor.grpo``) and GRPO training itself (``grpo``)."""
+"""The sections of reward fine-tuning: which rewards score images (``reward``) and GRPO training itself (``grpo``).
+(The periodic reward monitor is ``monitor.reward``, in ``monitors``.)"""
 
 from __future__ import annotations
 
@@ -19,27 +19,6 @@ class RewardConfig:
     clip_model: str = "openai/clip-vit-base-patch32"  # clip_score: hub id or local path of a transformers CLIPModel
     clip_revision: str | None = None
     jpeg_quality: int = between(1, 100, 95)  # jpeg_compressibility: the JPEG quality the images are encoded at
-
-
-@dataclass
-class GRPOMonitorConfig:
-    """Periodic reward monitoring in GRPO's shape: ``prompts`` x ``group_size`` images with fixed seeds, sampled with
-    the EMA weights under no_grad on the main process and scored by ``reward``. Logs reward/mean, reward/std,
-    reward/<name>, grpo/adv_abs_mean, grpo/zero_std_frac and monitor/seconds; writes RUN/rewards/step_N.png."""
-
-    enabled: bool = False
-    every_n_steps: int = at_least(1, 1000)  # also runs at the last step
-    prompts: list[str] = field(default_factory=list)
-    prompt_file: str | None = None  # one prompt per line; used instead of `prompts` when set
-    group_size: int = at_least(  # G: images per prompt
-        2, 4, "set e.g. `{key}=4`", "GRPO's group statistics, a per-prompt mean and std, need at least 2 images"
-    )
-    seed: int = 0  # image j of every prompt uses seed + j, so groups are comparable across prompts and runs
-    sample_steps: int | None = at_least(1, None, note="or null for diffusion.sample_steps")
-    guidance_scale: float | None = at_least(0, None, note="or null for diffusion.guidance_scale")
-    batch_size: int = at_least(1, 32)  # images sampled at once
-    # advantages are (r - mean) / (std + eps)
-    eps: float = positive(1e-4, note="it keeps advantages finite for zero-std groups")
 
 
 @dataclass

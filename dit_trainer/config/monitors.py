@@ -1,13 +1,13 @@
 """The evaluation sections: the held-out loss (``validation``) and the periodic monitors (``monitor``: the reward
-of samples, FID and KID). What each measures and logs is in its docstring; ``training/`` builds them."""
+of samples in groups, ``monitor.reward``, and FID and KID, ``monitor.fid``). What each measures and logs is in its
+docstring; ``training/`` builds them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from dit_trainer.config.choices import FID_FEATURES
-from dit_trainer.config.fields import at_least, fraction, one_of
-from dit_trainer.config.grpo import GRPOMonitorConfig
+from dit_trainer.config.fields import at_least, fraction, one_of, positive
 
 
 @dataclass
@@ -46,6 +46,47 @@ class FIDMonitorConfig:
 
 
 @dataclass
+class RewardMonitorConfig:
+    """Periodic reward monitoring, of any run (``monitor.reward``): ``prompts`` x ``group_size`` images with fixed
+    seeds, sampled with the EMA weights under no_grad on the main process and scored by ``reward``, in groups as
+    GRPO forms them. Logs reward/mean, reward/std, reward/<name>, grpo/adv_abs_mean, grpo/zero_std_frac and
+    monitor/seconds; writes RUN/rewards/step_N.png."""
+
+    enabled: bool = False
+    every_n_steps: int = at_least(1, 1000)  # also runs at the last step
+    prompts: list[str] = field(default_factory=list)
+    prompt_file: str | None = None  # one prompt per line; used instead of `prompts` when set
+    group_size: int = at_least(  # G: images per prompt
+        2, 4, "set e.g. `{key}=4`", "GRPO's group statistics, a per-prompt mean and std, need at least 2 images"
+    )
+    seed: int = 0  # image j of every prompt uses seed + j, so groups are comparable across prompts and runs
+    sample_steps: int | None = at_least(1, None, note="or null for diffusion.sample_steps")
+    guidance_scale: float | None = at_least(0, None, note="or null for diffusion.guidance_scale")
+    batch_size: int = at_least(1, 32)  # images sampled at once
+    # advantages are (r - mean) / (std + eps)
+    eps: float = positive(1e-4, note="it keeps advantages finite for zero-std groups")
+
+
+@dataclass
+class RenamedRewardMonitor:
+    """``monitor.grpo``, the earlier name of ``monitor.reward``: what is set here (null: nothing) is moved there with a
+    warning (``config/renamed.py``), so that command lines, recipes and run folders of before the rename still work.
+    Its fields are ``RewardMonitorConfig``'s."""
+
+    enabled: bool | None = None
+    every_n_steps: int | None = None
+    prompts: list[str] | None = None
+    prompt_file: str | None = None
+    group_size: int | None = None
+    seed: int | None = None
+    sample_steps: int | None = None
+    guidance_scale: float | None = None
+    batch_size: int | None = None
+    eps: float | None = None
+
+
+@dataclass
 class MonitorConfig:
-    grpo: GRPOMonitorConfig = field(default_factory=GRPOMonitorConfig)
+    reward: RewardMonitorConfig = field(default_factory=RewardMonitorConfig)
     fid: FIDMonitorConfig = field(default_factory=FIDMonitorConfig)
+    grpo: RenamedRewardMonitor = field(default_factory=RenamedRewardMonitor)  # the earlier name of `monitor.reward`

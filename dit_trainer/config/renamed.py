@@ -3,7 +3,8 @@ move keep working: each is moved to its new key with a warning naming it, and th
 
 ``grpo.enabled=true`` became ``trainer.method=grpo`` when training methods got one seam (a second method would
 otherwise need a second flag, and two flags can both be on); ``grpo.init_from`` / ``grpo.init_ema`` became
-``trainer.init_from`` / ``trainer.init_ema`` because starting from another run is not GRPO's alone.
+``trainer.init_from`` / ``trainer.init_ema`` because starting from another run is not GRPO's alone; ``monitor.grpo``
+became ``monitor.reward``, since it watches the reward of any run, supervised ones first.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import dataclasses
 import logging
 import os
 
+from dit_trainer.config.monitors import RenamedRewardMonitor
 from dit_trainer.config.schema import TrainConfig
 from dit_trainer.errors import ConfigError
 
@@ -20,6 +22,28 @@ logger = logging.getLogger(__name__)
 
 def move_renamed_keys(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` with each old key's value at its new key (a conflicting value at both is refused)."""
+    return _move_method_keys(_move_reward_monitor(cfg))
+
+
+def _move_reward_monitor(cfg: TrainConfig) -> TrainConfig:
+    """``monitor.grpo.*`` set (on a command line, in a recipe or a run folder's config of before the rename) moved
+    to ``monitor.reward.*``, each field set there overriding the new section's."""
+    old = cfg.monitor.grpo
+    moved = {f.name: getattr(old, f.name) for f in dataclasses.fields(old) if getattr(old, f.name) is not None}
+    if not moved:
+        return cfg
+    _warn(", ".join(f"`monitor.grpo.{key}` -> `monitor.reward.{key}`" for key in moved))
+    reward = dataclasses.replace(cfg.monitor.reward, **moved)
+    monitor = dataclasses.replace(cfg.monitor, reward=reward, grpo=RenamedRewardMonitor())
+    return dataclasses.replace(cfg, monitor=monitor)
+
+
+def _warn(keys: str) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        logger.warning(f"renamed config keys, read from their old place this time: {keys}")
+
+
+def _move_method_keys(cfg: TrainConfig) -> TrainConfig:
     old, trainer = cfg.grpo, cfg.trainer
     moved: dict[str, object] = {}
     if old.enabled:
@@ -48,16 +72,26 @@ def move_renamed_keys(cfg: TrainConfig) -> TrainConfig:
     grpo = dataclasses.replace(old, enabled=False, init_from=None, init_ema=None, init_weights=None)
     if not moved:
         return dataclasses.replace(cfg, grpo=grpo)
-    if os.environ.get("RANK", "0") == "0":
-        keys = ", ".join(f"`grpo.{'enabled' if key == 'method' else key}` -> `trainer.{key}`" for key in moved)
-        logger.warning(f"renamed config keys, read from their old place this time: {keys}")
+    _warn(", ".join(f"`grpo.{'enabled' if key == 'method' else key}` -> `trainer.{key}`" for key in moved))
     return dataclasses.replace(cfg, trainer=dataclasses.replace(trainer, **moved), grpo=grpo)
 
 
 def move_renamed_keys_in_saved(config: dict) -> dict:
-    """A config as a checkpoint written before the move recorded it (a plain dict, with no ``trainer.method``),
-    its old keys moved as ``move_renamed_keys`` moves them: a resume then compares like with like."""
-    if "method" in config.get("trainer", {}):
+    """A config as a checkpoint written before a move recorded it (a plain dict), its old keys moved as
+    ``move_renamed_keys`` moves them: a resume then compares like with like."""
+    return _move_method_keys_in_saved(_move_reward_monitor_in_saved(config))
+
+
+def _move_reward_monitor_in_saved(config: dict) -> dict:
+    monitor = dict(config.get("monitor", {}))
+    if "reward" in monitor or "grpo" not in monitor:
+        return config
+    monitor["reward"], monitor["grpo"] = monitor["grpo"], dataclasses.asdict(RenamedRewardMonitor())
+    return {**config, "monitor": monitor}
+
+
+def _move_method_keys_in_saved(config: dict) -> dict:
+    if "method" in config.get("trainer", {}):  # written after the method seam
         return config
     grpo, trainer = dict(config.get("grpo", {})), dict(config.get("trainer", {}))
     trainer["method"] = "grpo" if grpo.get("enabled") else "sft"

@@ -53,7 +53,7 @@ class SampleConfig(SamplingArgs):
 @dataclass
 class EvaluateConfig(SamplingArgs):
     """``scripts/evaluate.py``: score a run's samples with the rewards it was configured with. Prompts default to
-    the run's monitor.grpo prompts (shapes: all captions)."""
+    the run's monitor.reward prompts (shapes: all captions)."""
 
     out_dir: str | None = None  # default: RUN_DIR/eval/<checkpoint name>
     # rewards: the prompts x images_per_prompt samples scored with the rewards; fid: FID and KID of one sample per

@@ -105,8 +105,8 @@ def cache_fingerprint(cfg: TrainConfig) -> dict:
 
 def cache_prompts(cfg: TrainConfig) -> list[str]:
     """The prompts a run needs embedded besides its captions: "" (caption dropout, CFG) and what it samples."""
-    grpo = cfg.monitor.grpo
-    monitor = load_prompts(grpo.prompts, grpo.prompt_file, "monitor.grpo.") if grpo.enabled else []
+    grpo = cfg.monitor.reward
+    monitor = load_prompts(grpo.prompts, grpo.prompt_file, "monitor.reward.") if grpo.enabled else []
     return list(dict.fromkeys(["", *cfg.trainer.sample_prompts, *monitor]))
 
 

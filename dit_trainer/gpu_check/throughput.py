@@ -102,7 +102,7 @@ def job_config(job: Job, config_dir: Path, assets: Assets, cache_dir: Path, item
         f"text_encoder.pretrained={assets.t5}",
         "logger=none",
         "validation.every_n_steps=0",
-        "monitor.grpo.enabled=false",
+        "monitor.reward.enabled=false",
         "trainer.sample_every=0",
         "trainer.checkpoint_every=0",
         f"trainer.max_steps={10**9}",

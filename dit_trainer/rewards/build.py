@@ -40,7 +40,7 @@ def check_reward_weights(weights: Mapping[str, float], required: bool = True) ->
 def check_rewards(cfg: TrainConfig, method_scores: bool = False) -> None:
     """The configured rewards, and, when a run scores images (the reward monitor, or a method that trains on
     rewards: ``method_scores``), every model they load is on this machine under HF_HUB_OFFLINE=1."""
-    scoring = cfg.monitor.grpo.enabled or method_scores
+    scoring = cfg.monitor.reward.enabled or method_scores
     check_reward_weights(cfg.reward.weights, required=scoring)
     if not scoring:
         return

@@ -110,7 +110,7 @@ def monitor_cadence(cfg: TrainConfig) -> str:
     due = [("sample grid", t.sample_every)]
     if cfg.validation.every_n_steps:
         due.append(("validation loss", cfg.validation.every_n_steps))
-    if (reward_monitor := cfg.monitor.grpo).enabled:
+    if (reward_monitor := cfg.monitor.reward).enabled:
         due.append(("reward monitor", reward_monitor.every_n_steps))
     if m.fid.enabled:
         due.append(("FID", m.fid.every_n_steps))

@@ -19,8 +19,8 @@ def check_training(cfg: TrainConfig) -> None:
         _check_starting_weights(cfg)
     if cfg.privacy.enabled:
         _check_privacy(cfg)
-    if cfg.monitor.grpo.enabled:
-        load_prompts(cfg.monitor.grpo.prompts, cfg.monitor.grpo.prompt_file, "monitor.grpo.")
+    if cfg.monitor.reward.enabled:
+        load_prompts(cfg.monitor.reward.prompts, cfg.monitor.reward.prompt_file, "monitor.reward.")
     if cfg.monitor.fid.enabled:
         _check_fid_monitor(cfg)
 

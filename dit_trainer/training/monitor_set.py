@@ -1,4 +1,4 @@
-"""The monitors of a run, from its config: the sample grid, the GRPO reward monitor, the validation loss and FID.
+"""The monitors of a run, from its config: the sample grid, the reward monitor, the validation loss and FID.
 Each runs under no_grad on the EMA weights, on the main process; what only the main process needs (reward models,
 held-out latents, reference features) is built there alone."""
 
@@ -35,9 +35,9 @@ SAMPLE_SEEDS_PER_PROMPT = 4
 def build_monitors(
     cfg: TrainConfig, context: MonitorContext, run_dir: Path, frozen_dtype: torch.dtype
 ) -> list[Monitor]:
-    """The sample grid, and the GRPO reward monitor when ``monitor.grpo.enabled``. Reward models are loaded on
+    """The sample grid, and the reward monitor when ``monitor.reward.enabled``. Reward models are loaded on
     the main process only: the others never score."""
-    d, t, grpo = cfg.diffusion, cfg.trainer, cfg.monitor.grpo
+    d, t, grpo = cfg.diffusion, cfg.trainer, cfg.monitor.reward
     grid_plan = SamplingPlan(
         list(t.sample_prompts),
         SAMPLE_SEEDS_PER_PROMPT,
@@ -49,7 +49,7 @@ def build_monitors(
         accelerator = context.accelerator
         reward = build_reward(cfg.reward, accelerator.device, frozen_dtype) if accelerator.is_main_process else None
         plan = SamplingPlan(
-            load_prompts(grpo.prompts, grpo.prompt_file, "monitor.grpo."),
+            load_prompts(grpo.prompts, grpo.prompt_file, "monitor.reward."),
             grpo.group_size,
             grpo.seed,
             SamplerSettings(

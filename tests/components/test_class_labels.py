@@ -53,8 +53,8 @@ def test_prompts_that_are_no_classes_are_refused_naming_the_key_that_set_them(tm
     failed once the models had loaded."""
     data = _cat_and_dog(tmp_path / "data")
     run = class_conditional(data, "trainer.sample_prompts=[cat]")
-    monitored = ["monitor.grpo.enabled=true", "monitor.grpo.prompt_file=null", "monitor.grpo.prompts=[cat,bird]"]
-    with pytest.raises(ConfigError, match=r"`monitor\.grpo\.prompts` is \['bird'\].*`monitor\.grpo\.prompts=\[0,1"):
+    monitored = ["monitor.reward.enabled=true", "monitor.reward.prompt_file=null", "monitor.reward.prompts=[cat,bird]"]
+    with pytest.raises(ConfigError, match=r"`monitor\.reward\.prompts` is \['bird'\].*`monitor\.reward\.prompts=\[0,1"):
         compose_config([*TINY_SHAPES, *run, *monitored])
     (tmp_path / "trained").mkdir()
     grpo = ["trainer.method=grpo", f"model.pretrained={tmp_path / 'trained'}", "grpo.prompts=[1,dog,bird,fish]"]

@@ -40,7 +40,7 @@ def test_a_mistyped_key_or_option_is_refused_naming_the_closest(argv, named):
     "argv",
     [["+experiment=shapes", "trainer.max_steps=5", "model=pixart_xl_2", "hydra.run.dir=/tmp/x", "--cfg", "job"],
      ["reward=none", r"+reward.weights={toy_extension\:TOY_REWARD:1.0}", "data.buckets=[[32,32]]", "~model"],
-     ["-m", "optim.lr=1e-3,1e-4", "monitor.grpo.prompts=[a,b]", "reward.weights.clip_score=1.0"]],
+     ["-m", "optim.lr=1e-3,1e-4", "monitor.reward.prompts=[a,b]", "reward.weights.clip_score=1.0"]],
 )  # fmt: skip
 def test_valid_command_lines_pass(argv):
     check_command_line(argv, CONFIG_DIR)

@@ -54,11 +54,11 @@ def test_dit_experiment_is_the_cluster_recipe(tmp_path, online):
 
 def test_shapes_monitors_rewards_by_default_and_dit_does_not(tmp_path, online):
     shapes = compose_config(["+experiment=shapes"])
-    assert shapes.monitor.grpo.enabled and shapes.reward.weights == {"shapes_alignment": 1.0}
+    assert shapes.monitor.reward.enabled and shapes.reward.weights == {"shapes_alignment": 1.0}
     (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
     dit = compose_config(["+experiment=dit", f"data.path={tmp_path}"])
-    assert not dit.monitor.grpo.enabled and dit.reward.weights == {"clip_score": 1.0}
-    assert dit.monitor.grpo.prompts == dit.trainer.sample_prompts
+    assert not dit.monitor.reward.enabled and dit.reward.weights == {"clip_score": 1.0}
+    assert dit.monitor.reward.prompts == dit.trainer.sample_prompts
 
 
 def test_choosing_a_reward_option_replaces_the_weights_rather_than_merging():

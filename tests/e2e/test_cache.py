@@ -158,7 +158,7 @@ def test_a_pooled_condition_is_cached_fingerprinted_and_trains_as_encoding_does(
     vector beside the sequence, the prompt table gives it for caption dropout, and the loss from the cache equals
     the loss of encoding the same items; the pooling is part of the fingerprint."""
     pooled = ["+experiment=shapes_sd3", "model.num_layers=2", "trainer.batch_size=16", *CACHE,
-              "monitor.grpo.enabled=false", "validation.every_n_steps=0",
+              "monitor.reward.enabled=false", "validation.every_n_steps=0",
               f"data.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
     cfg = compose_config(pooled)
     precompute(cfg)

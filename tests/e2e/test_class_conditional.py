@@ -69,7 +69,7 @@ def test_the_digits_recipe_draws_digits_a_classifier_recognises(digits, tmp_path
     most samples as the digit asked for (chance: 10 %; the full 3,000-step recipe reaches 100 % of 500)."""
     run = tmp_path / "run"
     result = run_here(["train.py", "+experiment=dit_digits", f"data.path={digits}", f"hydra.run.dir={run}",
-                       "trainer.max_steps=400", "monitor.grpo.every_n_steps=400", "validation.every_n_steps=0",
+                       "trainer.max_steps=400", "monitor.reward.every_n_steps=400", "validation.every_n_steps=0",
                        "trainer.sample_every=0", "trainer.checkpoint_every=0"])  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     accuracy = next(r["reward/mean"] for r in read_metrics(run) if "reward/mean" in r)

@@ -194,7 +194,7 @@ def grpo(init_dir: Path, *overrides: str) -> tuple[str, ...]:
             "grpo.prompts_per_epoch=1", "grpo.group_size=4", "grpo.sample_steps=3", "grpo.sde_steps=null",
             "grpo.passes=1", "grpo.minibatches=1", "grpo.rollout_batch_size=4", "trainer.max_steps=3",
             "trainer.checkpoint_every=3", "trainer.sample_every=0", "trainer.log_every=1",
-            "trainer.sample_prompts=[a red circle]", "diffusion.sample_steps=3", "monitor.grpo.enabled=false",
+            "trainer.sample_prompts=[a red circle]", "diffusion.sample_steps=3", "monitor.reward.enabled=false",
             *overrides)  # fmt: skip
 
 

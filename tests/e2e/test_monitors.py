@@ -16,9 +16,9 @@ from ..conftest import (
 )
 
 MONITOR_ON = (
-    "monitor.grpo.enabled=true",
-    "monitor.grpo.every_n_steps=10",
-    "monitor.grpo.batch_size=96",
+    "monitor.reward.enabled=true",
+    "monitor.reward.every_n_steps=10",
+    "monitor.reward.batch_size=96",
 )
 COMMON = ("trainer.max_steps=20", *QUIET, "trainer.checkpoint_every=10")
 
@@ -81,13 +81,13 @@ def test_monitor_config_errors_name_the_key(tmp_path):
         [
             "train.py",
             *TINY_SHAPES,
-            "monitor.grpo.enabled=true",
-            "monitor.grpo.group_size=1",
+            "monitor.reward.enabled=true",
+            "monitor.reward.group_size=1",
             f"hydra.run.dir={tmp_path / 'run'}",
         ],
         timeout=120,
     )
-    assert result.returncode == 2 and "monitor.grpo.group_size" in result.stderr
+    assert result.returncode == 2 and "monitor.reward.group_size" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -99,10 +99,10 @@ def test_monitor_runs_once_per_call_under_two_process_ddp(tmp_path):
         "trainer.log_every=5",
         "trainer.sample_every=10",
         "trainer.checkpoint_every=0",
-        "monitor.grpo.enabled=true",
-        "monitor.grpo.every_n_steps=5",
-        "monitor.grpo.prompt_file=null",
-        "monitor.grpo.prompts=[a red circle,a blue square]",
+        "monitor.reward.enabled=true",
+        "monitor.reward.every_n_steps=5",
+        "monitor.reward.prompt_file=null",
+        "monitor.reward.prompts=[a red circle,a blue square]",
     ]
     result = run_script(
         [*accelerate_launch(), "train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", *overrides],

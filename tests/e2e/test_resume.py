@@ -87,9 +87,9 @@ def test_resume_is_bit_exact_with_buckets_validation_and_the_reward_monitor(tmp_
     sampling (each at step 10, the checkpoint's step, and at the end)."""
     folder = write_shapes_folder(tmp_path / "images", 64, CANVASES)
     common = (*bucketed(folder), "trainer.log_every=1", "trainer.checkpoint_every=10", "trainer.sample_every=0",
-              "validation.every_n_steps=10", "validation.split=0.125", "monitor.grpo.enabled=true",
-              "monitor.grpo.every_n_steps=10", "monitor.grpo.prompt_file=null",
-              "monitor.grpo.prompts=[a red circle,a blue square]", "monitor.grpo.group_size=2")  # fmt: skip
+              "validation.every_n_steps=10", "validation.split=0.125", "monitor.reward.enabled=true",
+              "monitor.reward.every_n_steps=10", "monitor.reward.prompt_file=null",
+              "monitor.reward.prompts=[a red circle,a blue square]", "monitor.reward.group_size=2")  # fmt: skip
     train(tmp_path / "straight", "trainer.max_steps=20", *common)
     checkpoint = tmp_path / "straight" / "checkpoints" / "checkpoint-10"
     train(tmp_path / "resumed", "trainer.max_steps=20", *common, f"trainer.resume={checkpoint}")

@@ -30,4 +30,4 @@ def test_bad_reward_configs_name_the_key(weights, key):
 def test_offline_validation_names_a_missing_clip_model_only_when_the_monitor_uses_it():
     with pytest.raises(ModelLoadError, match="reward.clip_model=openai/clip-vit-base-patch32"):
         compose_config(["+experiment=shapes", "reward=clip_score"])
-    assert compose_config(["+experiment=shapes", "reward=clip_score", "monitor.grpo.enabled=false"])
+    assert compose_config(["+experiment=shapes", "reward=clip_score", "monitor.reward.enabled=false"])

@@ -29,8 +29,8 @@ RUN = (
     "data.length=48", "trainer.batch_size=8", "text_encoder.memo_size=64", "trainer.max_steps=2", "trainer.log_every=1",
     "logger=wandb", "logger.notes=first try", "logger.log_checkpoints=true", "trainer.checkpoint_every=1",
     "trainer.sample_every=2", f"trainer.sample_prompts={PROMPTS}", "validation.every_n_steps=2",
-    "validation.split=0.25", "validation.timesteps=2", "monitor.grpo.enabled=true", "monitor.grpo.every_n_steps=2",
-    f"monitor.grpo.prompts={PROMPTS}", "monitor.grpo.group_size=2",
+    "validation.split=0.25", "validation.timesteps=2", "monitor.reward.enabled=true", "monitor.reward.every_n_steps=2",
+    f"monitor.reward.prompts={PROMPTS}", "monitor.reward.group_size=2",
 )  # fmt: skip
 LEVELDB_BLOCK, RECORD_HEADER = 32768, 7  # W&B's .wandb files are LevelDB-style logs of protobuf records
 

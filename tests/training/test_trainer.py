@@ -16,7 +16,7 @@ from ..conftest import TINY_SHAPES, compose_config
 def test_the_optimizer_steps_on_gradients_clipped_to_max_grad_norm(tmp_path, max_grad_norm):
     """The trainer clips (its own path, not accelerate's) and returns the norm before clipping: the optimizer sees
     min(norm, max_grad_norm), and untouched gradients when the norm is under the limit or clipping is off."""
-    cfg = compose_config([*TINY_SHAPES, "monitor.grpo.enabled=false", f"optim.max_grad_norm={max_grad_norm}"])
+    cfg = compose_config([*TINY_SHAPES, "monitor.reward.enabled=false", f"optim.max_grad_norm={max_grad_norm}"])
     trainer = build_trainer(cfg, tmp_path)
     seen = []
     trainer.update.optimizer.optimizer.register_step_pre_hook(
@@ -33,7 +33,7 @@ def test_a_dropped_trainer_frees_its_model_after_the_gradient_check(tmp_path):
     """The check before the first step hooked the DiT's outputs, and each hook held its call, which held the graph
     node that held the hook: a cycle through autograd's C++ nodes that the garbage collector cannot see, so every
     trainer built after another (the GPU check's rows, sweeps, tests) carried the earlier ones' models."""
-    cfg = compose_config([*TINY_SHAPES, "monitor.grpo.enabled=false"])
+    cfg = compose_config([*TINY_SHAPES, "monitor.reward.enabled=false"])
     trainer = build_trainer(cfg, tmp_path)
     trainer.step(trainer.step.batches())  # the first step runs the gradient check
     model = weakref.ref(trainer.dit)
