@@ -142,7 +142,8 @@ def run_plan(options: Options, planned: list[PlannedRow], header: dict, started:
     ran = 0
     for row in (row for row in planned if row.id not in done):
         left = None if options.budget is None else options.budget - (time.monotonic() - started)
-        # a row longer than a whole call runs first in a call of its own, within what is left of it
+        # a row longer than a whole call runs first in a call of its own, within what is left of it (if that is
+        # not enough either, it failed: no call can hold it)
         if left is not None and (row.seconds > left and ran or left <= 0):
             say(f"Stopping before {row.id} (~{row.seconds:.0f} s; {max(left, 0):.0f} s of --budget "
                 f"{options.budget:g} left): call again with the same --out to go on.")  # fmt: skip
@@ -150,7 +151,7 @@ def run_plan(options: Options, planned: list[PlannedRow], header: dict, started:
         say(f"{row.id} (~{row.seconds:.0f} s) ...")
         timeout = options.row_timeout if left is None else min(options.row_timeout, left)
         measured = guarded(row.id, row.kind, lambda row=row, timeout=timeout: row.measure(timeout))
-        if timeout < options.row_timeout:  # cut by the budget, not by the row's own time-out: the next call again
+        if timeout < options.row_timeout and ran:  # the budget cut it after other rows: the next call runs it first
             measured = [replace(new, status="stopped") if TIMED_OUT in new.error else new for new in measured]
         ran += row.seconds > 0
         rows = _upsert(rows, [replace(new, id=row.id) for new in measured])
