@@ -98,7 +98,8 @@ def describe(planned: list[PlannedRow], done: set[str], budget: float | None) ->
     total = sum(row.seconds for row in todo) + CALL_SECONDS * len(calls)
     sizes = ", ".join(f"{len(call)} rows" for call in calls)
     lines.append(f"{len(todo)} of {len(planned)} rows to run: ~{total / 60:.1f} min in {len(calls)} call(s) of at "
-                 f"most {(budget or CALL_BUDGET) / 60:.1f} min ({sizes})")  # fmt: skip
+                 f"most {(budget or CALL_BUDGET) / 60:.1f} min ({sizes})" if todo else
+                 f"0 of {len(planned)} rows to run: every row is measured")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -157,6 +158,9 @@ def run_plan(options: Options, planned: list[PlannedRow], header: dict, started:
         rows = _upsert(rows, [replace(new, id=row.id) for new in measured])
         paths = write_report(options.out, rows, header)
         say(f"{row.id}: {', '.join(sorted({new.status for new in measured}))}; report: {paths[0]}")
+    measured_ids = {row.id for row in rows if row.status not in AGAIN}
+    left = [row.id for row in planned if row.id not in measured_ids and not row.skipped]
+    say(f"{len(left)} of {len(planned)} rows left: call again with the same --out" if left else "every row is measured")
     return paths
 
 

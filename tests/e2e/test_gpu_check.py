@@ -26,10 +26,12 @@ def test_two_calls_with_a_budget_finish_the_plan_and_the_report_lists_every_row_
     out, missing = tmp_path / "out", tmp_path / "no_such_fsdp.yaml"
     printed, first = _call(out, missing, "--budget", "60")  # the plan's estimates add up to 1.5 min
     measured = {row["id"] for row in first["rows"] if row["status"] == "ok"}
-    assert measured and "fsdp2-2p" not in measured and "Stopping before" in printed
+    assert measured and "fsdp2-2p" not in measured
+    assert "Stopping before" in printed and "rows left: call again" in printed
     printed, report = _call(out, missing)
     again = [line.split()[0] for line in printed.splitlines() if line.endswith(" ...")]
     assert "fsdp2-2p" in again and not set(again) & measured  # only what the first call did not finish
+    assert "every row is measured" in printed
     ids = [row["id"] for row in report["rows"]]
     kept = [row for row in first["rows"] if row["id"] in measured]
     assert [row for row in report["rows"] if row["id"] in measured] == kept  # as the first call wrote them
