@@ -4,15 +4,8 @@ fit a time budget; a second call into the same --out runs only the rows the firs
     scripts/gpu_check.sh --out outputs/gpu_check/h100 --budget 540     # again, until it says every row is measured
     scripts/gpu_check.sh --plan --plan-for "NVIDIA H100 80GB HBM3"      # the rows, estimates and calls; runs nothing
 
-Options: --out (default outputs/gpu_check/<date>/<time>), --budget (seconds this call may take; a row whose estimate
-no longer fits ends the call), --rows and --skip (comma-separated row ids or shell patterns, e.g. 'trainer-*'),
---redo (measured rows to measure again), --plan (print the plan and exit), --plan-for (plan for that GPU from
-another machine), --models (pixart_xl_2,dit_xl_2), --batches (per process; default on a GPU: 64,128 eager, 128
-compiled, 256 checkpointed; 4,8 on a CPU), --variants (eager,compile,checkpointing on a GPU; eager on a CPU),
---steps and --warmup (timed and warm-up steps, 20 and 5), --train-steps (the tiny runs' steps, 50; 10 on a CPU),
---tiny (tiny models on a GPU too), --fsdp (the FSDP rows on a CPU too), --fsdp-config (an accelerate config),
---row-timeout (seconds, 540). Writes OUT/gpu_check.json and OUT/gpu_check.md (README: "The GPU check"). The
-subcommands `throughput` and `train` are the rows' subprocesses.
+Options: python scripts/gpu_check.py --help. Writes OUT/gpu_check.json and OUT/gpu_check.md (README: "The GPU
+check"). The subcommands `throughput` and `train` are the rows' subprocesses.
 """
 
 from __future__ import annotations
@@ -43,26 +36,27 @@ def _names(text: str) -> tuple[str, ...]:
 def _parser() -> argparse.ArgumentParser:
     from dit_trainer.gpu_check.throughput import RECIPES
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    default_out = REPO / "outputs" / "gpu_check" / f"{datetime.now():%Y-%m-%d/%H-%M-%S}"
+    parser.add_argument("--out", type=Path, default=default_out, help="the report's folder (default: %(default)s)")
+    parser.add_argument("--budget", type=float, help="seconds this call may take: a row that no longer fits ends it")
+    parser.add_argument("--rows", type=_names, default=(), help="row ids or patterns, comma-separated ('trainer-*')")
+    parser.add_argument("--skip", type=_names, default=(), help="rows not to run (ids or patterns)")
+    parser.add_argument("--redo", type=_names, default=(), help="measured rows to measure again (ids or patterns)")
+    parser.add_argument("--plan", action="store_true", help="print the rows, their estimates and the calls; run none")
+    parser.add_argument("--plan-for", metavar="GPU", help="plan for that GPU's name from another machine")
+    parser.add_argument("--models", type=_names, default=tuple(RECIPES), help="default: " + ",".join(RECIPES))
     parser.add_argument(
-        "--out", type=Path, default=REPO / "outputs" / "gpu_check" / f"{datetime.now():%Y-%m-%d/%H-%M-%S}"
+        "--batches", type=_sizes, help="per process; default on a GPU: 64,128 eager, 128 compiled, 256 checkpointed"
     )
-    parser.add_argument("--budget", type=float)
-    parser.add_argument("--rows", type=_names, default=())
-    parser.add_argument("--skip", type=_names, default=())
-    parser.add_argument("--redo", type=_names, default=())
-    parser.add_argument("--plan", action="store_true")
-    parser.add_argument("--plan-for")
-    parser.add_argument("--models", type=_names, default=tuple(RECIPES))
-    parser.add_argument("--batches", type=_sizes)
-    parser.add_argument("--variants", type=_names, default=None)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--train-steps", type=int)
-    parser.add_argument("--tiny", action="store_true")
-    parser.add_argument("--fsdp", action="store_true")
-    parser.add_argument("--fsdp-config", type=Path)
-    parser.add_argument("--row-timeout", type=float, default=540)
+    parser.add_argument("--variants", type=_names, default=None, help="default on a GPU: every lever; eager on a CPU")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per row (%(default)s)")
+    parser.add_argument("--warmup", type=int, default=5, help="warm-up steps per row (%(default)s)")
+    parser.add_argument("--train-steps", type=int, help="the tiny training rows' steps (50; 10 on a CPU)")
+    parser.add_argument("--tiny", action="store_true", help="tiny models on a GPU too")
+    parser.add_argument("--fsdp", action="store_true", help="the FSDP rows on a CPU too (2 processes)")
+    parser.add_argument("--fsdp-config", type=Path, help="the accelerate config of the FSDP rows")
+    parser.add_argument("--row-timeout", type=float, default=540, help="seconds one row may take (%(default)s)")
     return parser
 
 

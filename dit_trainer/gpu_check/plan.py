@@ -100,7 +100,8 @@ def _python(options: Options, *args: str) -> list[str]:
 
 def cuda_tests(options: Options, timeout: float) -> list[Row]:
     """Every test marked ``cuda`` (the GPU paths of training, precision, compile, FSDP, GRPO, DP and resume)."""
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", *CUDA_TESTS, "tests"]
+    # -rfEs: the summary at the end of the output (the report keeps its tail) names every failed test and skip
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short", "-rfEs", *CUDA_TESTS, "tests"]
     outcome = run_command(Command(argv, options.repo, {"HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}, timeout))
     summary = (outcome.output.strip().splitlines() or [""])[-1]
     status = "ok" if outcome.returncode == 0 else "failed"

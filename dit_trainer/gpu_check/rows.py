@@ -176,7 +176,7 @@ def markdown(report: dict) -> str:
         memory = row["peak_memory_mb"] if row["peak_memory_mb"] is not None else row["peak_rss_mb"]
         share = "n/a" if row["mfu"] is None and row["img_s"] else ("" if row["mfu"] is None else f"{row['mfu']:.1%}")
         error = row["error"].strip().splitlines()[-1] if row["error"].strip() else ""  # its last line: the cause
-        notes = " / ".join(part for part in (row["detail"], error) if part)
+        notes = " / ".join(part for part in dict.fromkeys((row["detail"], error)) if part)  # once if they agree
         cells = [row["name"], row["status"], "" if row["batch"] is None else str(row["batch"]), _number(row["img_s"]),
                  _number(row["seconds_per_step"], 3), _number(memory, 0), share, " ".join(row["sdpa_kernels"]),
                  notes.replace("|", "/")]  # fmt: skip
