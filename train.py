@@ -5,7 +5,7 @@ unwritable run folder or a gradient-flow problem (nothing trained, and no run fo
 SIGTERM/SIGUSR1 after writing a checkpoint (requeue with ``trainer.resume=latest``); 4 stopped after
 ``trainer.max_consecutive_nonfinite`` non-finite steps; 5 a checkpoint could not be written (disk full, quota),
 earlier checkpoints are intact; 130 stopped by Ctrl-C, after writing a checkpoint (at once on a second Ctrl-C). When
-one process of a multi-process run fails, the others stop with its message and code (``dit_trainer.failures``).
+one process of a multi-process run fails, the others stop with its message and code (``dit_trainer.runs.failures``).
 
 ``python train.py trainer.resume=RUN [overrides]`` continues the run in the folder RUN with the config it recorded
 (``dit_trainer.run_config.continue_run``).
@@ -24,10 +24,10 @@ from omegaconf import DictConfig
 from dit_trainer.config import register_configs
 from dit_trainer.config.command_line import check_command_line
 from dit_trainer.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PREEMPTED, USER_ERRORS, ConfigError, exit_code
-from dit_trainer.failures import FailureWatch, is_multi_process, let_the_others_notice, record_failure
-from dit_trainer.process_exit import exit_without_finalizing
 from dit_trainer.run_config import continue_run, to_train_config
-from dit_trainer.run_folder import discard_refused_start
+from dit_trainer.runs.failures import FailureWatch, is_multi_process, let_the_others_notice, record_failure
+from dit_trainer.runs.process_exit import exit_without_finalizing
+from dit_trainer.runs.run_folder import discard_refused_start
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 INFO_FLAGS = {"--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "-sc", "--shell-completion"}

@@ -32,37 +32,37 @@ from dit_trainer.data.stream_loader import StreamLoader
 from dit_trainer.diffusion.sampler import TextToImage
 from dit_trainer.durable import write_text_atomically
 from dit_trainer.errors import ConfigError
-from dit_trainer.init_run import own_starting_weights
 from dit_trainer.methods import method_of
 from dit_trainer.methods.base import Method
 from dit_trainer.precision import allow_tf32, resolve_mixed_precision, weight_dtype
-from dit_trainer.run_folder import CHECKPOINTS, CONFIG, IMAGE_SIZES, remove_unfinished_writes, weights_layout
-from dit_trainer.run_lock import RunFolderLock
+from dit_trainer.runs.init_run import own_starting_weights
+from dit_trainer.runs.run_folder import CHECKPOINTS, CONFIG, IMAGE_SIZES, remove_unfinished_writes, weights_layout
+from dit_trainer.runs.run_lock import RunFolderLock
 from dit_trainer.training.banner import log_start_banner
-from dit_trainer.training.checkpoint import Checkpointer, TrainingState, check_run_folder
-from dit_trainer.training.checkpoint_manifest import check_resume_launch
-from dit_trainer.training.ema import FusedEMA
-from dit_trainer.training.fsdp import (
+from dit_trainer.training.launch import check_launch_devices
+from dit_trainer.training.monitors.monitor_set import build_monitor_set
+from dit_trainer.training.monitors.monitors import MonitorContext
+from dit_trainer.training.monitors.text_cost import warn_live_text_encoding
+from dit_trainer.training.monitors.tracker_media import Trackers
+from dit_trainer.training.monitors.trackers import check_trackers, start_trackers, tracker_name
+from dit_trainer.training.nonfinite import NonFiniteGuard
+from dit_trainer.training.optim import build_ema, build_lr_scheduler, build_optimizer, warmup_within_run
+from dit_trainer.training.optimizers import check_sharded_optimizer
+from dit_trainer.training.parallel.fsdp import (
     check_fsdp,
     gather_shared_modules_once,
     launched_on_cpu_processes,
     shard_on_cpu_processes,
     wrap_family_blocks,
 )
-from dit_trainer.training.launch import check_launch_devices
-from dit_trainer.training.memory import report_memory
-from dit_trainer.training.monitor_set import build_monitor_set
-from dit_trainer.training.monitors import MonitorContext
-from dit_trainer.training.nonfinite import NonFiniteGuard
-from dit_trainer.training.optim import build_ema, build_lr_scheduler, build_optimizer, warmup_within_run
-from dit_trainer.training.optimizers import check_sharded_optimizer
-from dit_trainer.training.privacy import PrivateTraining, check_private_launch, make_private
-from dit_trainer.training.saved_state import SavedState
+from dit_trainer.training.parallel.memory import report_memory
+from dit_trainer.training.parallel.privacy import PrivateTraining, check_private_launch, make_private
 from dit_trainer.training.shapes_vae import warn_shapes_vae_on_other_data
+from dit_trainer.training.state.checkpoint import Checkpointer, TrainingState, check_run_folder
+from dit_trainer.training.state.checkpoint_manifest import check_resume_launch
+from dit_trainer.training.state.ema import FusedEMA
+from dit_trainer.training.state.saved_state import SavedState
 from dit_trainer.training.step import StepParts, UpdateSequence
-from dit_trainer.training.text_cost import warn_live_text_encoding
-from dit_trainer.training.tracker_media import Trackers
-from dit_trainer.training.trackers import check_trackers, start_trackers, tracker_name
 from dit_trainer.training.trainer import LoopSettings, Trainer, TrainResult
 from dit_trainer.training.update import AccelerateUpdate, PrivateUpdate, Update
 

@@ -42,10 +42,10 @@ from dit_trainer.config.resolvers import register_resolvers
 from dit_trainer.data import SOURCES
 from dit_trainer.diffusion import OBJECTIVES, SAMPLERS
 from dit_trainer.errors import ConfigError
-from dit_trainer.init_run import check_init_from, inherit_init_run, init_checkpoint, starting_weights
 from dit_trainer.methods import METHODS, method_of
 from dit_trainer.rewards import REWARDS
-from dit_trainer.run_folder import CHECKPOINTS, CONFIG, is_checkpoint, list_checkpoints
+from dit_trainer.runs.init_run import check_init_from, inherit_init_run, init_checkpoint, starting_weights
+from dit_trainer.runs.run_folder import CHECKPOINTS, CONFIG, is_checkpoint, list_checkpoints
 
 RESUME = "trainer.resume"
 MULTIRUN_FLAGS = ("-m", "--multirun")
@@ -129,7 +129,7 @@ def with_class_folders(cfg: TrainConfig) -> TrainConfig:
     text, data = cfg.text_encoder, cfg.data
     if text.kind != CLASS_LABELS or text.classes or data.source != "imagefolder" or not data.path:
         return cfg
-    from dit_trainer.data.imagefolder import METADATA
+    from dit_trainer.data.sources.imagefolder import METADATA
     from dit_trainer.images import class_folders
 
     folder = Path(data.path).expanduser()

@@ -20,10 +20,10 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from dit_trainer.benchmark import format_table, run_benchmark
-from dit_trainer.cli import run_train_script
+from dit_trainer.apps.benchmark import format_table, run_benchmark
+from dit_trainer.apps.cli import run_train_script
+from dit_trainer.apps.loader_benchmark import format_loader_table, run_loader_benchmark
 from dit_trainer.config import TrainConfig
-from dit_trainer.loader_benchmark import format_loader_table, run_loader_benchmark
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -24,8 +24,8 @@ from accelerate import PartialState
 from PIL import Image
 
 from dit_trainer.data.collate import collate_batch
+from dit_trainer.data.sources.webdataset import WebDatasetSource
 from dit_trainer.data.stream_loader import StreamLoader
-from dit_trainer.data.webdataset import WebDatasetSource
 from dit_trainer.training.batches import resumable_batches
 
 

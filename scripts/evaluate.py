@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import sys
 
-from dit_trainer.cli import run_cli
+from dit_trainer.apps.cli import run_cli
+from dit_trainer.apps.evaluation import evaluate_to_folder
 from dit_trainer.config import EvaluateConfig
-from dit_trainer.evaluation import evaluate_to_folder
 
 HEADLINE = ("reward/mean", "reward/std", "color", "shape", "fid", "kid_mean")
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import sys
 
-from dit_trainer.cli import run_cli
+from dit_trainer.apps.cli import run_cli
+from dit_trainer.apps.hub_push import export_and_push
 from dit_trainer.config import ExportConfig
-from dit_trainer.hub_push import export_and_push
 
 
 def main(argv: list[str]) -> int:

@@ -34,7 +34,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from dit_trainer.gpu_check.throughput import RECIPES
+    from dit_trainer.apps.gpu_check.throughput import RECIPES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     default_out = REPO / "outputs" / "gpu_check" / f"{datetime.now():%Y-%m-%d/%H-%M-%S}"
@@ -61,13 +61,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def check(argv: list[str]) -> int:
+    from dit_trainer.apps.gpu_check.assets import write_assets
+    from dit_trainer.apps.gpu_check.device import UnusableGPUError, machine, nvidia_driver, require_usable_gpu
+    from dit_trainer.apps.gpu_check.peak import peak_flops
+    from dit_trainer.apps.gpu_check.plan import Options, plan_rows
+    from dit_trainer.apps.gpu_check.runner import describe, header_of, run_plan, select
+    from dit_trainer.apps.gpu_check.throughput import RECIPES, VARIANTS
     from dit_trainer.errors import ConfigError, exit_code
-    from dit_trainer.gpu_check.assets import write_assets
-    from dit_trainer.gpu_check.device import UnusableGPUError, machine, nvidia_driver, require_usable_gpu
-    from dit_trainer.gpu_check.peak import peak_flops
-    from dit_trainer.gpu_check.plan import Options, plan_rows
-    from dit_trainer.gpu_check.runner import describe, header_of, run_plan, select
-    from dit_trainer.gpu_check.throughput import RECIPES, VARIANTS
 
     # the call began when scripts/gpu_check.sh did (its install counts against --budget), else now
     started = time.monotonic() - max(0.0, time.time() - float(os.environ.get("GPU_CHECK_STARTED", time.time())))
@@ -116,8 +116,8 @@ def check(argv: list[str]) -> int:
 
 def throughput(result: str, work: str, jobs: str) -> int:
     """A throughput row's subprocess: the jobs' results into ``result`` (on rank 0 of a launch)."""
-    from dit_trainer.gpu_check.assets import write_assets
-    from dit_trainer.gpu_check.throughput import Job, rank, run_jobs
+    from dit_trainer.apps.gpu_check.assets import write_assets
+    from dit_trainer.apps.gpu_check.throughput import Job, rank, run_jobs
 
     work_dir = Path(work)
     results = run_jobs([Job(**{**job, "batches": tuple(job["batches"])}) for job in json.loads(jobs)],
@@ -130,7 +130,7 @@ def throughput(result: str, work: str, jobs: str) -> int:
 
 def train(peak_file: str, overrides: list[str]) -> None:
     """A training row's subprocess: train.py with ``overrides``, its peak memory written to ``peak_file`` at exit."""
-    from dit_trainer.gpu_check.rows import record_peak_memory_at_exit
+    from dit_trainer.apps.gpu_check.rows import record_peak_memory_at_exit
 
     Path(peak_file).parent.mkdir(parents=True, exist_ok=True)
     record_peak_memory_at_exit(Path(peak_file))

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from dit_trainer.data.digits import write_digits_folder
+from dit_trainer.data.sources.digits import write_digits_folder
 from dit_trainer.errors import USER_ERRORS, exit_code
 
 

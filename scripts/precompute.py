@@ -15,9 +15,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from dit_trainer.cli import run_train_script
+from dit_trainer.apps.cli import run_train_script
+from dit_trainer.apps.precompute import precompute
 from dit_trainer.config import TrainConfig
-from dit_trainer.data.precompute import precompute
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from dit_trainer.cli import run_train_script
-from dit_trainer.preview import preview_command, split_arguments
+from dit_trainer.apps.cli import run_train_script
+from dit_trainer.apps.preview import preview_command, split_arguments
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 

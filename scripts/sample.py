@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import sys
 
-from dit_trainer.cli import run_cli
+from dit_trainer.apps.cli import run_cli
+from dit_trainer.apps.inference import sample_to_folder
 from dit_trainer.config import SampleConfig
-from dit_trainer.inference import sample_to_folder
 
 
 def main(argv: list[str]) -> int:

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from dit_trainer.run_folder import CHECKPOINTS, checkpoint_step, incomplete_reason, list_checkpoints
+from dit_trainer.runs.run_folder import CHECKPOINTS, checkpoint_step, incomplete_reason, list_checkpoints
 from dit_trainer.training.metrics import MetricsFile
 
 REPO = Path(__file__).resolve().parents[1]

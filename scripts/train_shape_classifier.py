@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from PIL import Image
 from safetensors.torch import save_file
 
-from dit_trainer.data.shapes import BACKGROUND, COLORS, SHAPES, classify, render, shape_spec
+from dit_trainer.data.sources.shapes import BACKGROUND, COLORS, SHAPES, classify, render, shape_spec
 from dit_trainer.rewards.shape_classifier import (
     CONFIG_NAME,
     NOTHING,

@@ -17,7 +17,7 @@ import torch
 from diffusers import AutoencoderKL
 from torch.utils.data import DataLoader
 
-from dit_trainer.data.shapes import ShapesDataset
+from dit_trainer.data.sources.shapes import ShapesDataset
 
 
 def build_tiny_vae(resolution: int) -> AutoencoderKL:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from dit_trainer.cli import run_train_script
+from dit_trainer.apps.cli import run_train_script
+from dit_trainer.apps.verification import verify_training_setup
 from dit_trainer.config import TrainConfig
-from dit_trainer.verification import verify_training_setup
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 

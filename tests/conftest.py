@@ -45,7 +45,7 @@ TINY_SHAPES = [
     "trainer.sample_prompts=[a red circle,a blue square]",
     "diffusion.sample_steps=4",
     "monitor.reward.enabled=false",  # tests/e2e/test_monitors.py turns it on
-    "validation.every_n_steps=0",  # tests/training/test_validation.py and the FID tests turn it on
+    "validation.every_n_steps=0",  # tests/training/monitors/test_validation.py and the FID tests turn it on
 ]
 # Shared additions to TINY_SHAPES: a finished run in seconds, and a log line at every step with no sample grids
 # (QUICK and QUIET both set trainer.sample_every: use one of them).
@@ -343,14 +343,14 @@ def online(monkeypatch):
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
     """scikit-learn's digits as 16-px class sub-folders (the class-conditional DiT's data)."""
-    from dit_trainer.data.digits import write_digits_folder
+    from dit_trainer.data.sources.digits import write_digits_folder
 
     return write_digits_folder(tmp_path_factory.mktemp("digits") / "digits", resolution=16)
 
 
 def validation_monitor(trainer):
     """``trainer``'s ``ValidationMonitor``."""
-    from dit_trainer.training.validation import ValidationMonitor
+    from dit_trainer.training.monitors.validation import ValidationMonitor
 
     return next(monitor for monitor in trainer.monitors if isinstance(monitor, ValidationMonitor))
 
@@ -369,7 +369,7 @@ def image_batch() -> dict:
     """16 shapes images and captions."""
     from torch.utils.data import DataLoader
 
-    from dit_trainer.data.shapes import ShapesDataset
+    from dit_trainer.data.sources.shapes import ShapesDataset
 
     return next(iter(DataLoader(ShapesDataset(16, seed=2), batch_size=16)))
 
@@ -465,9 +465,9 @@ def written_run(tmp_path, tiny_pixart_dir):
 def sample_in_process(run_dir, out_dir, *args: str) -> int:
     """scripts/sample.py's command line, in-process: one image of one prompt, one sampling step, from
     ``written_run``'s checkpoint."""
-    from dit_trainer.cli import run_cli
+    from dit_trainer.apps.cli import run_cli
+    from dit_trainer.apps.inference import sample_to_folder
     from dit_trainer.config import SampleConfig
-    from dit_trainer.inference import sample_to_folder
 
     argv = [str(run_dir), f"out_dir={out_dir}", f"checkpoint={run_dir / 'checkpoints' / 'checkpoint-1'}",
             "prompts=[a red circle]", "images_per_prompt=1", "steps=1", *args]  # fmt: skip

@@ -16,7 +16,7 @@ from dit_trainer.config import RewardMonitorConfig, TrainConfig, TrainerConfig
 from dit_trainer.config.command_line import check_command_line
 from dit_trainer.config.field_docs import documented_yaml, field_docs
 from dit_trainer.errors import ConfigError
-from dit_trainer.run_folder import RunFolderCheck, discard_refused_start
+from dit_trainer.runs.run_folder import RunFolderCheck, discard_refused_start
 
 from .conftest import CONFIG_DIR, REPO, run_script
 

@@ -4,8 +4,8 @@ and a name of one's own is an import path."""
 import pytest
 import torch
 
-from dit_trainer.data.shapes import ShapesDataset
-from dit_trainer.data.source import Source, build_dataset
+from dit_trainer.data.sources.shapes import ShapesDataset
+from dit_trainer.data.sources.source import Source, build_dataset
 from dit_trainer.errors import ConfigError
 
 from .conftest import compose_config

@@ -22,10 +22,10 @@ VAE_KINDS = Registry(
 TEXT_ENCODER_KINDS = Registry(
     "text_encoder.kind",
     {
-        "auto": "dit_trainer.components.text_encoder:TRANSFORMERS_ENCODER",
-        "t5": "dit_trainer.components.text_encoder:TRANSFORMERS_ENCODER",
-        "clip": "dit_trainer.components.text_encoder:TRANSFORMERS_ENCODER",
-        CLASS_LABELS: "dit_trainer.components.class_labels:CLASS_LABELS_ENCODER",
+        "auto": "dit_trainer.components.conditioners.text_encoder:TRANSFORMERS_ENCODER",
+        "t5": "dit_trainer.components.conditioners.text_encoder:TRANSFORMERS_ENCODER",
+        "clip": "dit_trainer.components.conditioners.text_encoder:TRANSFORMERS_ENCODER",
+        CLASS_LABELS: "dit_trainer.components.conditioners.class_labels:CLASS_LABELS_ENCODER",
         "sd3": "dit_trainer.components.conditioners.sd3:SD3_ENCODERS",
         "flux": "dit_trainer.components.conditioners.flux:FLUX_ENCODERS",
         "sana": "dit_trainer.components.conditioners.sana:SANA_ENCODER",

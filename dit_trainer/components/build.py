@@ -7,12 +7,12 @@ from pathlib import Path
 
 import torch
 
+from dit_trainer.components.conditioners.text_encoder import build_text_encoder
 from dit_trainer.components.dit import DiTAdapter, build_dit, enable_gradient_checkpointing, known_patch_size
 from dit_trainer.components.families import FAMILIES
 from dit_trainer.components.fused_qkv import apply_fused_qkv
 from dit_trainer.components.kinds import Conditioner
 from dit_trainer.components.lora import apply_lora
-from dit_trainer.components.text_encoder import build_text_encoder
 from dit_trainer.components.vae import build_vae, known_downsample_factor
 from dit_trainer.config import TrainConfig
 from dit_trainer.diffusion.build import build_noise_schedule

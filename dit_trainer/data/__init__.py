@@ -14,10 +14,10 @@ from dit_trainer.registry import Registry
 SOURCES = Registry(
     "data.source",
     {
-        "shapes": "dit_trainer.data.shapes:SOURCE",
-        "imagefolder": "dit_trainer.data.imagefolder:SOURCE",
-        "hf": "dit_trainer.data.hf:SOURCE",
-        "webdataset": "dit_trainer.data.webdataset:SOURCE",
+        "shapes": "dit_trainer.data.sources.shapes:SOURCE",
+        "imagefolder": "dit_trainer.data.sources.imagefolder:SOURCE",
+        "hf": "dit_trainer.data.sources.hf:SOURCE",
+        "webdataset": "dit_trainer.data.sources.webdataset:SOURCE",
     },
 )
 

@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from dit_trainer.data.transforms import UNREADABLE_ERRORS, describe_failure, to_model_input
+from dit_trainer.data.sources.transforms import UNREADABLE_ERRORS, describe_failure, to_model_input
 from dit_trainer.errors import ConfigError
 
 # A map-style item gives up after this many unreadable files in a row: by then the data set itself (the folder, the

@@ -18,12 +18,12 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from dit_trainer.config import MixtureSource, TrainConfig
 from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
 from dit_trainer.data.buckets import BucketedStream, BucketTable, bucketed, configured_buckets, item_buckets
-from dit_trainer.data.cache import open_cache
-from dit_trainer.data.cached_prompts import CachedPrompts
+from dit_trainer.data.cache.cache import open_cache
+from dit_trainer.data.cache.cached_prompts import CachedPrompts
+from dit_trainer.data.cache.latent_cache import LatentDataset, encode_dataset
 from dit_trainer.data.collate import collate_batch
-from dit_trainer.data.latent_cache import LatentDataset, encode_dataset
 from dit_trainer.data.mixture import StreamMixture, item_sources, source_names
-from dit_trainer.data.source import build_dataset
+from dit_trainer.data.sources.source import build_dataset
 from dit_trainer.data.split import split_validation
 from dit_trainer.data.stream_loader import StreamLoader
 from dit_trainer.errors import ConfigError

@@ -17,8 +17,8 @@ from torch.utils.data import Dataset, IterableDataset
 
 from dit_trainer.config import DataConfig, MixtureSource
 from dit_trainer.data.buckets import per_item
+from dit_trainer.data.sources.streams import process_rank_and_world_size, seeded_int, seeded_uniform, worker_and_workers
 from dit_trainer.data.stream_changes import refuse_unless_allowed
-from dit_trainer.data.streams import process_rank_and_world_size, seeded_int, seeded_uniform, worker_and_workers
 from dit_trainer.errors import ConfigError
 
 

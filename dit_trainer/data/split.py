@@ -18,8 +18,8 @@ from torch.utils.data import Dataset, Subset
 from dit_trainer.config import DataConfig, ValidationConfig
 from dit_trainer.data import SOURCES
 from dit_trainer.data.buckets import Bucketed, BucketTable, bucketed
-from dit_trainer.data.cache import CacheDataset
-from dit_trainer.data.source import build_dataset
+from dit_trainer.data.cache.cache import CacheDataset
+from dit_trainer.data.sources.source import build_dataset
 
 
 class SplitSide(Subset):

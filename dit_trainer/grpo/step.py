@@ -27,7 +27,7 @@ from dit_trainer.grpo.window import SDEWindow
 from dit_trainer.online.feedback import GroupFeedback
 from dit_trainer.online.reference import ReferencePolicy
 from dit_trainer.training.preflight import preflight
-from dit_trainer.training.saved_state import SavedState
+from dit_trainer.training.state.saved_state import SavedState
 from dit_trainer.training.step import StepParts
 
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from dit_trainer.components.build import Components
     from dit_trainer.config import TrainConfig
-    from dit_trainer.training.monitors import Monitor, MonitorContext
+    from dit_trainer.training.monitors.monitors import Monitor, MonitorContext
     from dit_trainer.training.step import StepParts, TrainingStep
 
 

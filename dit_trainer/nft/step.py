@@ -26,7 +26,7 @@ from dit_trainer.nft.old_policy import OldPolicy
 from dit_trainer.online.feedback import GroupFeedback
 from dit_trainer.online.reference import ReferencePolicy
 from dit_trainer.training.preflight import preflight
-from dit_trainer.training.saved_state import SavedState
+from dit_trainer.training.state.saved_state import SavedState
 from dit_trainer.training.step import StepParts
 
 SEED_RANGE = 2**31 - 1

@@ -19,7 +19,7 @@ from dit_trainer.online.prompts import PromptSampler
 from dit_trainer.prompts import load_prompts
 from dit_trainer.rewards.base import WeightedReward
 from dit_trainer.rewards.build import build_reward
-from dit_trainer.training.monitors import MonitorContext, SamplingPlan
+from dit_trainer.training.monitors.monitors import MonitorContext, SamplingPlan
 
 
 def build_prompt_sampler(rollouts: RolloutConfig, section: str) -> PromptSampler:

@@ -6,7 +6,7 @@ prompts that are not trained on, a stop rule only with a gold reward to stop by.
 
 from __future__ import annotations
 
-from dit_trainer.components.class_labels import check_prompts_are_classes
+from dit_trainer.components.conditioners.class_labels import check_prompts_are_classes
 from dit_trainer.config import TrainConfig
 from dit_trainer.config.choices import CLASS_LABELS
 from dit_trainer.config.online import RolloutConfig

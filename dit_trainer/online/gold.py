@@ -19,8 +19,8 @@ from typing import Any
 from torch import nn
 
 from dit_trainer.rewards.base import WeightedReward
-from dit_trainer.training.monitors import MonitorContext, MonitorVerdict, SamplingMonitor, SamplingPlan
-from dit_trainer.training.saved_state import SavedState
+from dit_trainer.training.monitors.monitors import MonitorContext, MonitorVerdict, SamplingMonitor, SamplingPlan
+from dit_trainer.training.state.saved_state import SavedState
 
 BEST_GOLD = "best_gold"  # the name the best-gold checkpoint is kept under (``checkpoint=best_gold``)
 

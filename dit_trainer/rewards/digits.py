@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dit_trainer.data.digits import DigitClassifier
+from dit_trainer.data.sources.digits import DigitClassifier
 from dit_trainer.rewards.base import Reward, check_reward_inputs
 
 

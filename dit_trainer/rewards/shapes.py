@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dit_trainer.data.shapes import score_alignment, shape_margins
+from dit_trainer.data.sources.shapes import score_alignment, shape_margins
 from dit_trainer.rewards.base import Reward, check_reward_inputs
 
 

@@ -18,7 +18,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType, str_to_bool
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.training.fsdp import fsdp_requested, launched_on_cpu_processes
+from dit_trainer.training.parallel.fsdp import fsdp_requested, launched_on_cpu_processes
 
 CPU_ON_PURPOSE = "ACCELERATE_USE_CPU"
 

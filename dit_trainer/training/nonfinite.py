@@ -18,8 +18,8 @@ from torch import nn
 
 from dit_trainer.errors import NonFiniteError
 from dit_trainer.sharding import local
-from dit_trainer.training.checkpoint import TrainingState
 from dit_trainer.training.preemption import PreemptionHandler
+from dit_trainer.training.state.checkpoint import TrainingState
 
 logger = get_logger(__name__)
 SHOWN = 6

@@ -11,8 +11,8 @@ from diffusers.optimization import get_scheduler
 
 from dit_trainer.components.dit import DiTAdapter
 from dit_trainer.config import TrainConfig
-from dit_trainer.training.ema import FusedEMA
 from dit_trainer.training.optimizers import make_optimizer
+from dit_trainer.training.state.ema import FusedEMA
 
 logger = get_logger(__name__)
 CLIPPED_WARMUP_SHARE = 10  # a warm-up as long as the run or longer is cut to this fraction (1/10) of the run

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dit_trainer.run_summary import SUMMARY
+from dit_trainer.runs.run_summary import SUMMARY
 
 REWARD_KEYS = ("reward/mean", "rollout/reward_mean")  # the reward monitor's, else GRPO's rollouts'
 

@@ -15,7 +15,7 @@ from dit_trainer.training.batches import resumable_batches
 from dit_trainer.training.data_health import BadFileCounter
 from dit_trainer.training.metrics import TimestepLossBuckets
 from dit_trainer.training.preflight import preflight
-from dit_trainer.training.saved_state import SavedState
+from dit_trainer.training.state.saved_state import SavedState
 from dit_trainer.training.step import StepParts
 
 LossFn = Callable[[dict, nn.Module, torch.Generator], tuple[torch.Tensor, torch.Tensor]]

@@ -21,10 +21,9 @@ from diffusers.training_utils import EMAModel
 from torch import nn
 from tqdm.auto import tqdm
 
-from dit_trainer.run_folder import kept_checkpoints, list_checkpoints
-from dit_trainer.run_lock import RunFolderLock
-from dit_trainer.run_summary import write_summary
-from dit_trainer.training.checkpoint import Checkpointer
+from dit_trainer.runs.run_folder import kept_checkpoints, list_checkpoints
+from dit_trainer.runs.run_lock import RunFolderLock
+from dit_trainer.runs.run_summary import write_summary
 from dit_trainer.training.metrics import (
     METRIC_LINES,
     MetricsFile,
@@ -32,12 +31,13 @@ from dit_trainer.training.metrics import (
     metric_line,
     save_loss_curve,
 )
-from dit_trainer.training.monitors import Monitor, MonitorVerdict
+from dit_trainer.training.monitors.monitors import Monitor, MonitorVerdict
+from dit_trainer.training.monitors.tracker_media import Trackers
 from dit_trainer.training.nonfinite import NonFiniteGuard
 from dit_trainer.training.preemption import PreemptionHandler
+from dit_trainer.training.state.checkpoint import Checkpointer
 from dit_trainer.training.step import TrainingStep
 from dit_trainer.training.summary import RunEnd, summarize, summary_line
-from dit_trainer.training.tracker_media import Trackers
 from dit_trainer.training.update import Update
 
 logger = get_logger(__name__)

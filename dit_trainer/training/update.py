@@ -17,7 +17,7 @@ from accelerate import Accelerator
 from torch import nn
 
 from dit_trainer.sharding import whole
-from dit_trainer.training.privacy import PrivateTraining
+from dit_trainer.training.parallel.privacy import PrivateTraining
 
 
 def total_norm(parameters: list[nn.Parameter]) -> torch.Tensor:

@@ -6,7 +6,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from dit_trainer.components.build import build_components
-from dit_trainer.data.shapes import ShapesDataset
+from dit_trainer.data.sources.shapes import ShapesDataset
 from dit_trainer.diffusion.loss import diffusion_loss
 from dit_trainer.errors import ConfigError
 from dit_trainer.training.optim import build_optimizer

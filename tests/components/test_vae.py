@@ -7,7 +7,7 @@ from diffusers import AutoencoderDC, AutoencoderKL
 
 from dit_trainer.components.vae import PixelVAE, build_vae, known_downsample_factor
 from dit_trainer.config import ASSETS_DIR, VAEConfig
-from dit_trainer.data.shapes import ShapesDataset
+from dit_trainer.data.sources.shapes import ShapesDataset
 from dit_trainer.errors import ModelLoadError
 
 CPU = torch.device("cpu")

@@ -7,7 +7,7 @@ import dataclasses
 from dit_trainer.config import TrainConfig
 from dit_trainer.config.monitors import RenamedRewardMonitor
 from dit_trainer.config.renamed import move_renamed_keys_in_saved
-from dit_trainer.training.config_changes import config_changes
+from dit_trainer.training.state.config_changes import config_changes
 
 from ..conftest import compose_config
 

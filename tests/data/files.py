@@ -12,7 +12,7 @@ import torch
 import webdataset
 from PIL import Image
 
-from dit_trainer.data.shapes import write_shapes_folder
+from dit_trainer.data.sources.shapes import write_shapes_folder
 
 from ..conftest import TINY_SHAPES
 

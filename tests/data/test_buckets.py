@@ -9,6 +9,7 @@ from itertools import islice
 import pytest
 import torch
 
+from dit_trainer.apps.precompute import precompute
 from dit_trainer.assemble import build_trainer
 from dit_trainer.data.buckets import (
     BucketTable,
@@ -18,9 +19,8 @@ from dit_trainer.data.buckets import (
     pixart_buckets,
     pixart_tables,
 )
-from dit_trainer.data.cache import open_cache
-from dit_trainer.data.precompute import precompute
-from dit_trainer.data.shapes import write_shapes_folder
+from dit_trainer.data.cache.cache import open_cache
+from dit_trainer.data.sources.shapes import write_shapes_folder
 from dit_trainer.errors import ConfigError, ModelLoadError
 from dit_trainer.training.batches import resumable_batches
 

@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from dit_trainer.components.class_labels import ClassLabels
+from dit_trainer.components.conditioners.class_labels import ClassLabels
 from dit_trainer.config import DataConfig
-from dit_trainer.data.cache import cache_fingerprint
+from dit_trainer.data.cache.cache import cache_fingerprint
 from dit_trainer.data.captions import TagAugmentation, tag_augmentation
-from dit_trainer.data.source import build_dataset
+from dit_trainer.data.sources.source import build_dataset
 from dit_trainer.diffusion.loss import batch_condition
 from dit_trainer.errors import ConfigError
 

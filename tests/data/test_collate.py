@@ -4,7 +4,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from dit_trainer.data.collate import collate_batch
-from dit_trainer.data.shapes import ShapesDataset
+from dit_trainer.data.sources.shapes import ShapesDataset
 
 
 def test_collate_batch_stacks_images_and_gathers_bad_files():

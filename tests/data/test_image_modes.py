@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dit_trainer.data.hf import HFImageDataset
-from dit_trainer.data.imagefolder import ImageFolderDataset
-from dit_trainer.data.transforms import decode_image, to_model_input
-from dit_trainer.data.webdataset import WebDatasetSource
+from dit_trainer.data.sources.hf import HFImageDataset
+from dit_trainer.data.sources.imagefolder import ImageFolderDataset
+from dit_trainer.data.sources.transforms import decode_image, to_model_input
+from dit_trainer.data.sources.webdataset import WebDatasetSource
 
 from .files import HF_FEATURES, image_folder, write_shards
 

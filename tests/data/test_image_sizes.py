@@ -14,11 +14,11 @@ from accelerate import Accelerator
 from PIL import Image
 
 from dit_trainer.data.buckets import Bucketed, BucketTable, item_buckets
-from dit_trainer.data.hf import HFImageDataset
 from dit_trainer.data.image_sizes import image_sizes
-from dit_trainer.data.imagefolder import ImageFolderDataset
 from dit_trainer.data.loading import build_source
 from dit_trainer.data.mixture import MixtureDataset
+from dit_trainer.data.sources.hf import HFImageDataset
+from dit_trainer.data.sources.imagefolder import ImageFolderDataset
 
 from ..conftest import TINY_SHAPES, compose_config
 from .files import SIZES, png_bytes

@@ -3,7 +3,7 @@ is refused before training, whatever its source."""
 
 import pytest
 
-from dit_trainer.data.precompute import precompute
+from dit_trainer.apps.precompute import precompute
 from dit_trainer.errors import ConfigError
 
 from ..conftest import DATA_SMALL, TINY_SHAPES, compose_config, one_paragraph

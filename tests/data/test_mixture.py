@@ -11,7 +11,7 @@ import torch
 from dit_trainer.assemble import build_trainer
 from dit_trainer.config import DataConfig, MixtureSource
 from dit_trainer.data.collate import collate_batch
-from dit_trainer.data.source import build_dataset
+from dit_trainer.data.sources.source import build_dataset
 from dit_trainer.data.stream_loader import StreamLoader
 from dit_trainer.errors import ConfigError
 from dit_trainer.training.batches import resumable_batches

@@ -17,7 +17,7 @@ def test_the_split_is_seeded_disjoint_and_complete():
 def test_webdataset_validation_shards_are_read_whole_by_the_main_process_of_several(tmp_path, monkeypatch):
     """Validation runs on the main process alone, so it reads every validation shard, not the main process's
     share of them."""
-    monkeypatch.setattr("dit_trainer.data.webdataset.process_rank_and_world_size", lambda: (0, 2))
+    monkeypatch.setattr("dit_trainer.data.sources.webdataset.process_rank_and_world_size", lambda: (0, 2))
     (tmp_path / "val").mkdir()
     shards = [[{"__key__": f"s{s}_{i}", "png": png_bytes(), "txt": f"s{s}_{i}"} for i in range(3)] for s in range(4)]
     pattern = write_shards(tmp_path / "val", shards)

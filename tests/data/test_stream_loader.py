@@ -11,10 +11,10 @@ import tarfile
 import pytest
 import torch
 
-import dit_trainer.data.webdataset as webdataset_module
+import dit_trainer.data.sources.webdataset as webdataset_module
 from dit_trainer.data.collate import collate_batch
+from dit_trainer.data.sources.webdataset import WebDatasetSource
 from dit_trainer.data.stream_loader import StreamLoader
-from dit_trainer.data.webdataset import WebDatasetSource
 from dit_trainer.errors import ConfigError
 from dit_trainer.training.batches import resumable_batches
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from dit_trainer.components.build import build_components
-from dit_trainer.components.class_labels import ClassLabels
+from dit_trainer.components.conditioners.class_labels import ClassLabels
 from dit_trainer.data.collate import collate_batch
-from dit_trainer.data.shapes import ShapesDataset
+from dit_trainer.data.sources.shapes import ShapesDataset
 from dit_trainer.diffusion.loss import batch_condition, diffusion_loss, per_sample_mse
 from dit_trainer.training.optim import build_optimizer
 

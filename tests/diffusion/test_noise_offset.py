@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from dit_trainer.components.class_labels import ClassLabels
+from dit_trainer.components.conditioners.class_labels import ClassLabels
 from dit_trainer.components.vae import PixelVAE
 from dit_trainer.config import DiffusionConfig
 from dit_trainer.diffusion.build import build_noise_schedule

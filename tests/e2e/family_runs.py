@@ -13,9 +13,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
+from dit_trainer.apps.export import MANIFEST, ExportResult, export_run
 from dit_trainer.assemble import run
 from dit_trainer.config import ExportConfig
-from dit_trainer.export import MANIFEST, ExportResult, export_run
 from dit_trainer.run_config import to_train_config
 
 from ..conftest import CONFIG_DIR, TINY_SHAPES, read_metrics

@@ -199,7 +199,7 @@ def test_a_mixture_with_a_lone_wide_image_and_files_that_are_not_regular_images_
     """Handled: the wide image's share of an epoch rounds to no item and is left out (it crashed the batch plan);
     a FIFO, a folder named like an image and a link out of the folder are skipped as unreadable (the FIFO hung the
     loader, the link read a file the user never gave)."""
-    from dit_trainer.data.shapes import write_shapes_folder
+    from dit_trainer.data.sources.shapes import write_shapes_folder
 
     from ..data.files import png_bytes
 

@@ -6,7 +6,7 @@ import json
 import pytest
 from PIL import Image
 
-from dit_trainer.data.shapes import write_shapes_folder
+from dit_trainer.data.sources.shapes import write_shapes_folder
 
 from ..conftest import run_here, train_here
 from ..data.files import CANVASES, bucketed

@@ -10,13 +10,13 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
+from dit_trainer.apps.precompute import precompute
 from dit_trainer.components.build import build_components
-from dit_trainer.data.cache import INDEX, open_cache
-from dit_trainer.data.cached_prompts import CachedPrompts
+from dit_trainer.data.cache.cache import INDEX, open_cache
+from dit_trainer.data.cache.cached_prompts import CachedPrompts
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.poisson import collate_poisson, is_empty
-from dit_trainer.data.precompute import precompute
-from dit_trainer.data.shapes import ShapesDataset
+from dit_trainer.data.sources.shapes import ShapesDataset
 from dit_trainer.diffusion.loss import DiffusionLoss
 from dit_trainer.errors import ConfigError
 
@@ -133,7 +133,7 @@ def test_adding_prompts_interrupted_mid_write_leaves_the_cache_intact(cache_dir,
         Path(path).write_bytes(b"\x00" * 100)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("dit_trainer.data.precompute.save_file", killed_mid_write)
+    monkeypatch.setattr("dit_trainer.apps.precompute.save_file", killed_mid_write)
     with_prompt = [*CACHE_SHAPES, f"data.cache_dir={copy}", "trainer.sample_prompts=[a tiny green triangle]"]
     with pytest.raises(KeyboardInterrupt):
         precompute(compose_config(with_prompt))

@@ -1,6 +1,6 @@
-"""Checkpoints that survive clusters (``training/checkpoint.py``, ``run_folder.py``) in ``train.py`` runs: an atomic
-write that a kill -9 or a full disk cannot turn into a corrupt ``latest``, truncated files noticed, one run folder
-shared by all ranks, and a fresh run that never mixes with another's checkpoints."""
+"""Checkpoints that survive clusters (``training/state/checkpoint.py``, ``run_folder.py``) in ``train.py`` runs: an
+atomic write that a kill -9 or a full disk cannot turn into a corrupt ``latest``, truncated files noticed, one run
+folder shared by all ranks, and a fresh run that never mixes with another's checkpoints."""
 
 import json
 import math
@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from dit_trainer.errors import EXIT_CHECKPOINT_FAILED
-from dit_trainer.run_folder import MANIFEST, incomplete_reason, list_checkpoints
+from dit_trainer.runs.run_folder import MANIFEST, incomplete_reason, list_checkpoints
 
 from ..conftest import (
     CPU_PROCESSES,
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow  # every test here trains or launches processes
 
 PLANT_SLOW_WRITE = """
 import time
-from dit_trainer.training import checkpoint
+from dit_trainer.training.state import checkpoint
 write = checkpoint.Checkpointer._write_manifest
 def slow(self, folder, step):
     if step == 4:

@@ -8,7 +8,7 @@ import pytest
 import torch
 from diffusers import DiTPipeline
 
-from dit_trainer.inference import load_run
+from dit_trainer.apps.inference import load_run
 
 from ..conftest import QUICK, class_conditional, read_metrics, run_here, train_here
 

@@ -6,9 +6,9 @@ check's first row runs them all (``pytest -m cuda``)."""
 import pytest
 import torch
 
+from dit_trainer.apps.gpu_check.device import compiler_missing
+from dit_trainer.apps.gpu_check.throughput import sdpa_kernels, synthetic_inputs
 from dit_trainer.components.build import build_components
-from dit_trainer.gpu_check.device import compiler_missing
-from dit_trainer.gpu_check.throughput import sdpa_kernels, synthetic_inputs
 
 from ..conftest import (
     REPO,

@@ -11,10 +11,10 @@ import torch
 from diffusers import PixArtAlphaPipeline, PixArtSigmaPipeline
 from safetensors.torch import load_file
 
+from dit_trainer.apps.export import MANIFEST, _staging_dir, export_run
+from dit_trainer.apps.inference import load_run
 from dit_trainer.config import ExportConfig
 from dit_trainer.errors import ConfigError
-from dit_trainer.export import MANIFEST, _staging_dir, export_run
-from dit_trainer.inference import load_run
 from dit_trainer.run_config import read_run_config
 
 from ..conftest import QUICK, REPO, run_script, train, wait_for

@@ -16,9 +16,9 @@ import torch
 from diffusers import DiffusionPipeline, PixArtAlphaPipeline, SanaPipeline
 from safetensors import safe_open
 
+from dit_trainer.apps.export import MANIFEST, export_run
+from dit_trainer.apps.inference import load_run
 from dit_trainer.config import ExportConfig
-from dit_trainer.export import MANIFEST, export_run
-from dit_trainer.inference import load_run
 
 from ..conftest import QUICK, REPO
 from ..tiny_sana import sana_overrides, write_sana_folder

@@ -30,7 +30,7 @@ def test_a_planted_nan_is_skipped_then_stops_the_run_with_a_report(tmp_path):
 
 PLANT = """
 import runpy, sys
-from dit_trainer.training import checkpoint
+from dit_trainer.training.state import checkpoint
 save = checkpoint.TrainingState.save
 def full(self, path):
     if self.step == 4 and path.name == "trainer_state_1.safetensors":  # only rank 1's disk is full
@@ -59,6 +59,6 @@ def test_when_one_rank_fails_both_stop_with_its_message_and_the_job_gets_its_cod
     assert "process 1 failed, so this one (0) stops: Could not write the checkpoint of step 4" in output
     assert "Connection closed by peer" not in output  # rank 0 stops on rank 1's message, not the transport's
     assert "exitcode  : 5" in output and "exitcode  : 1" not in output  # both ranks exit with rank 1's code
-    command = [sys.executable, "-m", "dit_trainer.failures", str(run_dir), "--since", str(launched)]
+    command = [sys.executable, "-m", "dit_trainer.runs.failures", str(run_dir), "--since", str(launched)]
     code = subprocess.run(command, cwd=REPO, capture_output=True, text=True).stdout.strip()
     assert code == str(EXIT_CHECKPOINT_FAILED)

@@ -34,7 +34,7 @@ def test_flux_trains_and_a_resumed_run_matches_the_uninterrupted_one(flux_runs):
 def test_flux_export_is_a_flux_pipeline_that_reproduces_our_sampler(flux_runs, tmp_path):
     from diffusers import FluxPipeline
 
-    from dit_trainer.inference import load_run
+    from dit_trainer.apps.inference import load_run
 
     run_dir, folder = flux_runs / "straight", tmp_path / "export"
     result = family_runs.export(run_dir, folder, "FluxPipeline")
@@ -63,7 +63,7 @@ def test_flux_export_is_a_flux_pipeline_that_reproduces_our_sampler(flux_runs, t
 def test_a_minilm_flux_run_exports_pieces_whose_usage_reproduces_our_sampler(tmp_path):
     """With a mean-pooled MiniLM the export holds transformer/, vae/ (the shapes VAE, its statistics folded in) and
     scheduler/; the manifest's usage passes the embeddings our conditioner computes and generates what we do."""
-    from dit_trainer.inference import load_run
+    from dit_trainer.apps.inference import load_run
 
     run_dir = family_runs.train_in_process(
         tmp_path / "run", "model.family=flux", "diffusion=flow", "diffusion.objective=flow_matching",

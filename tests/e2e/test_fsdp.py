@@ -64,7 +64,7 @@ def refused(launcher: list[str], run_dir: Path, *overrides: str) -> str:
                         env={"OMP_NUM_THREADS": "1"})  # fmt: skip
     output = result.stdout + result.stderr
     if launcher:
-        command = [sys.executable, "-m", "dit_trainer.failures", str(run_dir), "--since", str(since)]
+        command = [sys.executable, "-m", "dit_trainer.runs.failures", str(run_dir), "--since", str(since)]
         assert subprocess.run(command, cwd=REPO, capture_output=True, text=True).stdout.strip() == "2", output[-3000:]
         assert output.count("Traceback") == 1 and "ChildFailedError" in output, output[-6000:]
         assert "exitcode  : 1 " not in output  # no process ended on an uncaught exception

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from dit_trainer.components.families import FAMILIES
-from dit_trainer.data.digits import write_digits_folder
+from dit_trainer.data.sources.digits import write_digits_folder
 
 from ..conftest import CONFIG_DIR, TINY_SHAPES, accelerate_launch, class_conditional, read_metrics, run_script
 from ..tiny_flux import flux_overrides, write_tiny_flux
@@ -96,7 +96,7 @@ def test_dit_xl_builds_and_shards_on_the_meta_device():
 
 def shard_dit_xl_on_meta() -> None:
     """On each process of an FSDP launch: ``experiment=dit_imagenet``'s transformer built on the meta device and
-    given the trainer's wrap units (``training/fsdp.py``, then accelerate's ``fsdp2_prepare_model``, what
+    given the trainer's wrap units (``training/parallel/fsdp.py``, then accelerate's ``fsdp2_prepare_model``, what
     ``Accelerator.prepare`` applies to the model); every parameter must be a slice of a DTensor on the 2-process
     mesh, and the shared embedder one unit, one parameter set."""
     from accelerate import Accelerator
@@ -109,7 +109,7 @@ def shard_dit_xl_on_meta() -> None:
     from dit_trainer.components.dit import build_dit
     from dit_trainer.condition import ConditionSize
     from dit_trainer.config import ModelConfig
-    from dit_trainer.training.fsdp import (
+    from dit_trainer.training.parallel.fsdp import (
         check_fsdp,
         gather_shared_modules_once,
         launched_on_cpu_processes,

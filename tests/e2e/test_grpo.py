@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dit_trainer.run_folder import MANIFEST
+from dit_trainer.runs.run_folder import MANIFEST
 
 from ..conftest import CPU_PROCESSES, accelerate_launch, grpo_overrides, read_metrics, run_here, run_script, train_here
 

@@ -143,7 +143,7 @@ signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
 open(f"{mark}/ready.{name}", "w").close()
 if os.environ.get("WORKER_FAILS") and os.environ["RANK"] == "1":  # a user error, recorded as train.py does
     from pathlib import Path
-    from dit_trainer.failures import record_failure
+    from dit_trainer.runs.failures import record_failure
     Path(os.environ["RUN_DIR"]).mkdir(parents=True, exist_ok=True)
     record_failure(Path(os.environ["RUN_DIR"]), int(os.environ["WORKER_FAILS"]), "planted")
     sys.exit(int(os.environ["WORKER_FAILS"]))

@@ -48,9 +48,9 @@ def test_a_resumed_lora_run_matches_the_uninterrupted_one_and_keeps_training(lor
 def test_sample_and_export_load_base_plus_adapter(lora_runs, tmp_path):
     from diffusers import PixArtTransformer2DModel
 
+    from dit_trainer.apps.export import export_run
+    from dit_trainer.apps.inference import load_run
     from dit_trainer.config import ExportConfig
-    from dit_trainer.export import export_run
-    from dit_trainer.inference import load_run
 
     run_dir = lora_runs / "straight"
     result = run_here(

@@ -9,9 +9,9 @@ import sys
 import psutil
 import pytest
 
-from dit_trainer.data.shapes import write_shapes_folder
+from dit_trainer.data.sources.shapes import write_shapes_folder
 from dit_trainer.errors import EXIT_PREEMPTED
-from dit_trainer.run_folder import list_checkpoints
+from dit_trainer.runs.run_folder import list_checkpoints
 
 from ..conftest import (
     CPU_PROCESSES,
@@ -105,7 +105,7 @@ def test_a_run_killed_right_after_a_checkpoint_keeps_that_steps_metrics(tmp_path
     """A step's metrics (and its monitors') are logged before its checkpoint is written: a kill just after the
     checkpoint completes loses none, and the resumed run's metrics.jsonl has every step once."""
     die_after_step_10 = (
-        "import os\nfrom dit_trainer.training.checkpoint import Checkpointer\nsave = Checkpointer.save\n"
+        "import os\nfrom dit_trainer.training.state.checkpoint import Checkpointer\nsave = Checkpointer.save\n"
         "def save_then_die(self, step):\n    save(self, step)\n    if step == 10:\n        os._exit(9)\n"
         "Checkpointer.save = save_then_die"
     )

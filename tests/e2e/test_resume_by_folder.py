@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from dit_trainer.config import register_configs
 from dit_trainer.errors import EXIT_INTERRUPTED
-from dit_trainer.run_folder import list_checkpoints
+from dit_trainer.runs.run_folder import list_checkpoints
 
 from ..conftest import REPO, TINY_SHAPES, digest, read_metrics, run_here
 from .family_runs import train_in_process

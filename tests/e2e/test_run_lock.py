@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from dit_trainer.run_lock import LOCK
+from dit_trainer.runs.run_lock import LOCK
 
 from ..conftest import QUIET, TINY_SHAPES, read_metrics, run_script, start_training, wait_for
 

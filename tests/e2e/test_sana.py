@@ -35,7 +35,7 @@ def test_sana_trains_and_a_resumed_run_matches_the_uninterrupted_one(sana_runs):
 def test_sana_export_is_a_sana_pipeline_that_reproduces_our_sampler(sana_runs, tmp_path):
     from diffusers import SanaPipeline
 
-    from dit_trainer.inference import load_run
+    from dit_trainer.apps.inference import load_run
 
     run_dir, folder = sana_runs / "straight", tmp_path / "export"
     result = family_runs.export(run_dir, folder, "SanaPipeline")
@@ -94,7 +94,7 @@ def test_a_sana_run_with_another_text_encoder_exports_a_sana_pipeline_with_that_
     calls it as it calls Gemma-2 when no instruction is put before the prompt (the manifest's `required`)."""
     from diffusers import DiffusionPipeline
 
-    from dit_trainer.inference import load_run
+    from dit_trainer.apps.inference import load_run
 
     overrides = [o for o in sana_overrides(sana_folder) if not o.startswith("text_encoder.")]
     run_dir = family_runs.train_in_process(

@@ -11,7 +11,7 @@ import pytest
 import torch
 from diffusers import SD3Transformer2DModel, StableDiffusion3Pipeline
 
-from dit_trainer.inference import load_run
+from dit_trainer.apps.inference import load_run
 
 from ..conftest import QUICK, grpo_overrides, read_metrics
 from ..tiny_sd3 import RESOLUTION, T5_LENGTH, overrides, write_tiny_sd3

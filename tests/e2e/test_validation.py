@@ -4,7 +4,7 @@ checkpoint."""
 import pytest
 
 from dit_trainer.assemble import build_trainer
-from dit_trainer.run_folder import list_checkpoints
+from dit_trainer.runs.run_folder import list_checkpoints
 
 from ..conftest import TINY_SHAPES, VALIDATE, compose_config, read_metrics, train_here, validation_monitor
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.run_folder import MANIFEST
+from dit_trainer.runs.run_folder import MANIFEST
 
 from ..conftest import (
     SHAPES_TRANSFORMER,

@@ -42,7 +42,8 @@ def test_grpo_modules_import_first(module):
         return [
             name
             for name in sys.modules
-            if name.startswith(("dit_trainer.training", "dit_trainer.grpo.")) and name != "dit_trainer.training.privacy"
+            if name.startswith(("dit_trainer.training", "dit_trainer.grpo."))
+            and name != "dit_trainer.training.parallel.privacy"
         ]
 
     saved = {name: sys.modules.pop(name) for name in loop()}

@@ -7,8 +7,8 @@ import pytest
 
 from dit_trainer.errors import ConfigError
 from dit_trainer.online.gold import BEST_GOLD, GoldJudge
-from dit_trainer.run_folder import find_checkpoint, write_kept
-from dit_trainer.training.monitors import MonitorVerdict
+from dit_trainer.runs.run_folder import find_checkpoint, write_kept
+from dit_trainer.training.monitors.monitors import MonitorVerdict
 
 from ..conftest import TINY_SHAPES, compose_config
 

@@ -17,7 +17,7 @@ from torch.utils.data import Dataset
 from dit_trainer.components.families.base import ExportParts, Family, PipelineExport
 from dit_trainer.condition import ConditionSize
 from dit_trainer.config import ModelConfig, TrainConfig
-from dit_trainer.data.source import Source
+from dit_trainer.data.sources.source import Source
 from dit_trainer.errors import ConfigError, require
 from dit_trainer.rewards.base import Reward
 

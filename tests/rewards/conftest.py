@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from dit_trainer.data.shapes import ShapesDataset
+from dit_trainer.data.sources.shapes import ShapesDataset
 
 
 @pytest.fixture(scope="module")

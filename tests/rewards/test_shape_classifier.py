@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from dit_trainer.config import RewardConfig
-from dit_trainer.data.shapes import BACKGROUND, CAPTIONS, COLORS, SHAPES, ShapesDataset
+from dit_trainer.data.sources.shapes import BACKGROUND, CAPTIONS, COLORS, SHAPES, ShapesDataset
 from dit_trainer.errors import ConfigError
 from dit_trainer.rewards.build import build_reward
 from dit_trainer.rewards.shape_classifier import ASSET, NOTHING, ShapeClassifier, verdicts

@@ -3,7 +3,7 @@
 import torch
 
 from dit_trainer.config import RewardConfig
-from dit_trainer.data.shapes import COLORS, SHAPES
+from dit_trainer.data.sources.shapes import COLORS, SHAPES
 from dit_trainer.rewards.build import build_reward
 from dit_trainer.rewards.shapes import ShapesAlignmentReward
 

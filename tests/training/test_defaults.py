@@ -12,8 +12,8 @@ from accelerate.state import PartialState
 from torch.utils.data import IterableDataset, TensorDataset
 
 from dit_trainer.data.loading import loader_workers
-from dit_trainer.data.shapes import write_shapes_folder
-from dit_trainer.run_folder import CONFIG
+from dit_trainer.data.sources.shapes import write_shapes_folder
+from dit_trainer.runs.run_folder import CONFIG
 from dit_trainer.training.optim import build_lr_scheduler, warmup_within_run
 from dit_trainer.training.shapes_vae import uses_shapes_vae, warn_shapes_vae_on_other_data
 

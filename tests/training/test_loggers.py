@@ -1,8 +1,9 @@
-"""Loggers that follow their tools' conventions (``training/trackers.py``, ``training/tracker_media.py``): a tracker
-whose package is missing, and W&B online without credentials, are refused before anything is built; ``WANDB_MODE``
-decides W&B's mode when ``logger.mode`` is unset; a W&B run is named after the run folder, grouped and tagged by the
-experiment, records the run folder's path, gets each prompt's images with captions, a table of them and the final
-weights as an artifact. The offline run is read back record by record with W&B's own protobuf messages."""
+"""Loggers that follow their tools' conventions (``training/monitors/trackers.py``,
+``training/monitors/tracker_media.py``): a tracker whose package is missing, and W&B online without credentials, are
+refused before anything is built; ``WANDB_MODE`` decides W&B's mode when ``logger.mode`` is unset; a W&B run is named
+after the run folder, grouped and tagged by the experiment, records the run folder's path, gets each prompt's images
+with captions, a table of them and the final weights as an artifact. The offline run is read back record by record with
+W&B's own protobuf messages."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from wandb.proto import wandb_internal_pb2
 from dit_trainer.assemble import build_trainer
 from dit_trainer.config import LoggerConfig
 from dit_trainer.errors import ConfigError
-from dit_trainer.training.trackers import check_trackers
+from dit_trainer.training.monitors.trackers import check_trackers
 
 from ..conftest import TINY_SHAPES, compose_config, read_metrics
 from ..e2e.family_runs import train_in_process

@@ -6,8 +6,8 @@ import torch
 from accelerate import Accelerator
 
 from dit_trainer.errors import NonFiniteError
-from dit_trainer.training.checkpoint import TrainingState
 from dit_trainer.training.nonfinite import NonFiniteGuard
+from dit_trainer.training.state.checkpoint import TrainingState
 
 
 def _guard(model: torch.nn.Module, max_consecutive: int = 3) -> NonFiniteGuard:

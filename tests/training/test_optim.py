@@ -5,7 +5,7 @@ import torch
 
 from dit_trainer.components.build import build_components
 from dit_trainer.data.collate import collate_batch
-from dit_trainer.data.shapes import ShapesDataset
+from dit_trainer.data.sources.shapes import ShapesDataset
 from dit_trainer.diffusion.loss import diffusion_loss
 from dit_trainer.training.optim import build_optimizer
 

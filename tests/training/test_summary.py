@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dit_trainer.run_summary import write_summary
+from dit_trainer.runs.run_summary import write_summary
 from dit_trainer.training.summary import RunEnd, summarize, summary_line
 
 RECORDS = [

@@ -16,7 +16,7 @@ size the manifest's ``required`` names ``height`` and ``width``.
 
 Both pipelines decode ``latents / scaling_factor + shift_factor``: the family's own VAE (normalised by its
 ``shift_factor``) is exported as it is; per-channel statistics (the shapes VAE's) are folded into the VAE's
-convolutions (``dit_trainer.export``) and the exported ``shift_factor`` is then 0.
+convolutions (``dit_trainer.apps.export``) and the exported ``shift_factor`` is then 0.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import diffusers
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, PixArtTransformer2DModel
 
+from dit_trainer.components.conditioners.text_encoder import FrozenTextEncoder
 from dit_trainer.components.families.base import (
     FEED_FORWARD_ACTIVATIONS,
     ExportParts,
@@ -42,7 +43,6 @@ from dit_trainer.components.families.base import (
     save_with_encoder,
 )
 from dit_trainer.components.modulation import expose_modulation_tables
-from dit_trainer.components.text_encoder import FrozenTextEncoder
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ModelConfig, TrainConfig
 from dit_trainer.errors import ConfigError

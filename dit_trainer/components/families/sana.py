@@ -28,6 +28,7 @@ import torch
 from diffusers import AutoencoderDC, SanaPipeline, SanaTransformer2DModel
 
 from dit_trainer.components.conditioners.sana import SanaConditioner
+from dit_trainer.components.conditioners.text_encoder import FrozenTextEncoder
 from dit_trainer.components.families.base import (
     ExportParts,
     Family,
@@ -44,7 +45,6 @@ from dit_trainer.components.families.base import (
     require_inner_cross_attention,
     save_with_encoder,
 )
-from dit_trainer.components.text_encoder import FrozenTextEncoder
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ModelConfig, TrainConfig
 from dit_trainer.errors import ConfigError, require

@@ -6,9 +6,9 @@ import pytest
 import torch
 from diffusers import FluxPipeline
 
+from dit_trainer.components.conditioners.text_encoder import build_text_encoder
 from dit_trainer.components.dit import build_dit
 from dit_trainer.components.families.flux import FLUX, image_ids, pack, rope_axes, unpack
-from dit_trainer.components.text_encoder import build_text_encoder
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ModelConfig, TextEncoderConfig
 from dit_trainer.errors import ConfigError

@@ -9,8 +9,8 @@ import torch
 import yaml
 from diffusers import SanaPipeline, SanaTransformer2DModel
 
+from dit_trainer.components.conditioners.text_encoder import build_text_encoder
 from dit_trainer.components.dit import build_dit, enable_gradient_checkpointing
-from dit_trainer.components.text_encoder import build_text_encoder
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ModelConfig, TextEncoderConfig
 from dit_trainer.errors import ConfigError

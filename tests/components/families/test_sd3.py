@@ -11,9 +11,9 @@ import torch
 from diffusers import StableDiffusion3Pipeline
 from diffusers.models.normalization import RMSNorm
 
+from dit_trainer.components.conditioners.text_encoder import build_text_encoder
 from dit_trainer.components.families import FAMILIES
 from dit_trainer.components.families.sd3 import LORA_TARGETS
-from dit_trainer.components.text_encoder import build_text_encoder
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ModelConfig, TextEncoderConfig
 from dit_trainer.errors import ConfigError, ModelLoadError

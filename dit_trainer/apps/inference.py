@@ -1,0 +1,163 @@
+"""Loading a trained run back for sampling: the run's own config rebuilds the frozen components and schedule."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dit_trainer.components.build import build_components
+from dit_trainer.components.dit import DiTAdapter
+from dit_trainer.components.lora import load_adapter
+from dit_trainer.config import SampleConfig, TrainConfig, check_fields
+from dit_trainer.config.scripts import RunCheckpointArgs
+from dit_trainer.diffusion import SAMPLERS
+from dit_trainer.diffusion.checks import check_sampler
+from dit_trainer.diffusion.sampler import SamplerSettings, TextToImage
+from dit_trainer.errors import ConfigError, shortlist
+from dit_trainer.images import to_pil
+from dit_trainer.prompts import load_prompts
+from dit_trainer.run_config import read_run_config
+from dit_trainer.runs.run_folder import check_writable_folder, find_checkpoint, weights_layout
+
+SAMPLE_INDEX = "index.jsonl"
+
+
+@dataclass
+class TrainedRun:
+    """Everything needed to generate images from one checkpoint of a run."""
+
+    cfg: TrainConfig
+    checkpoint: Path
+    dit: DiTAdapter
+    text_to_image: TextToImage
+    ema: bool = False  # whether the EMA weights were loaded (asked for, and saved in the checkpoint)
+
+    def settings(
+        self, steps: int | None = None, guidance_scale: float | None = None, sampler: str | None = None
+    ) -> SamplerSettings:
+        """Sampler settings: the run's own ``diffusion.*`` values where an argument is None; a ``sampler`` that does
+        not sample the run's objective is a ``ConfigError`` naming it."""
+        diffusion = self.cfg.diffusion
+        if sampler is not None:
+            check_sampler(diffusion.objective, sampler, "sampler")
+        return SamplerSettings(
+            steps or diffusion.sample_steps,
+            diffusion.guidance_scale if guidance_scale is None else guidance_scale,
+            sampler or diffusion.sampler,
+        )
+
+    def at_size(self, height: int | None, width: int | None) -> TrainedRun:
+        """This run generating ``height`` x ``width`` images (either None: the run's ``data.resolution``); a side
+        that the latent would not cut into whole patches is a ``ConfigError`` naming it."""
+        resolution, vae = self.cfg.data.resolution, self.text_to_image.vae
+        multiple = vae.downsample_factor * self.dit.transformer.config.patch_size * self.dit.family.packing
+        height, width = height or resolution, width or resolution
+        for key, side in (("height", height), ("width", width)):
+            if side % multiple:
+                lower = side // multiple * multiple
+                nearest = f"`{key}={lower}` or `{key}={lower + multiple}`" if lower else f"`{key}={multiple}`"
+                raise ConfigError(
+                    key,
+                    side,
+                    f"it must be a multiple of {multiple} (the VAE's downsampling factor x the DiT's patch size)",
+                    f"set {nearest}",
+                )
+        factor = vae.downsample_factor
+        latent_shape = (self.text_to_image.latent_shape[0], height // factor, width // factor)
+        return dataclasses.replace(
+            self, text_to_image=dataclasses.replace(self.text_to_image, latent_shape=latent_shape)
+        )
+
+    def generate_images(
+        self, prompts: list[str], seeds: list[int], settings: SamplerSettings, batch_size: int = 32
+    ) -> torch.Tensor:
+        """Images (B, 3, H, W) in [0, 1]."""
+        return self.text_to_image(self.dit, prompts, seeds, settings, batch_size)
+
+
+def check_sampling_args(cfg: RunCheckpointArgs) -> None:
+    """A script's own arguments, before any run is read: the field checks, and a sampler dit-trainer knows."""
+    check_fields(cfg)
+    if cfg.sampler is not None:
+        SAMPLERS.check(cfg.sampler, "sampler")
+
+
+def require_safetensors(checkpoint: Path, weights: Path) -> None:
+    """Checkpoint weights are read as safetensors only: train.py writes nothing else, and unpickling a ``.bin``
+    someone put there can run code (``torch.load``'s ``weights_only`` guard was bypassable before torch 2.6)."""
+    if not any(weights.glob("*.safetensors")):
+        raise ConfigError(
+            "checkpoint",
+            str(checkpoint),
+            f"its weights folder {weights} holds no .safetensors file (train.py writes weights only as safetensors, "
+            "and a pickled .bin is not loaded: unpickling can run code)",
+            "pass a checkpoint folder that train.py wrote, e.g. `checkpoint=latest`; to use weights you trust that "
+            "exist only as a .bin, convert them to safetensors first",
+        )
+
+
+def load_run(
+    run_dir: str | Path, checkpoint: str = "latest", ema: bool = True, device: str | None = None
+) -> TrainedRun:
+    """Rebuild a run from its folder: its config, one checkpoint's DiT (EMA weights by default), the frozen parts."""
+    run_dir = Path(run_dir).expanduser()
+    cfg = read_run_config(run_dir)
+    path = find_checkpoint(run_dir, checkpoint)
+    weights = weights_layout(cfg.lora.enabled).weights_dir(path, ema)
+    require_safetensors(path, weights)
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    if cfg.lora.enabled:  # the base model, adapters injected, then the checkpoint's adapter weights
+        parts = build_components(cfg, device, dtype)
+        load_adapter(parts.dit.transformer, weights)
+    else:  # the checkpoint's folder is a whole diffusers transformer
+        parts = build_components(cfg, device, dtype, dit_weights=weights)
+    text_to_image = TextToImage(parts.vae, parts.text_encoder, parts.schedule, parts.latent_shape, device)
+    loaded_ema = weights.name.endswith("_ema")
+    return TrainedRun(cfg, path, parts.dit.to(device, dtype).eval(), text_to_image, loaded_ema)
+
+
+def refuse_overwrite(out_dir: Path, names: list[str], command: str = "sampling") -> None:
+    """Sampling (and evaluating) never replaces a file: images in ``out_dir`` may be all that is left of an earlier
+    run or checkpoint. Checked before any model loads, so a refused command costs nothing."""
+    check_writable_folder(out_dir, "out_dir")
+    taken = [name for name in names if (out_dir / name).exists() or (out_dir / name).is_symlink()]
+    if taken:
+        listed = shortlist(taken, 3)
+        raise ConfigError(
+            "out_dir",
+            str(out_dir),
+            f"it already holds {listed}, which this command would write, and {command} never overwrites",
+            "pass a new folder, e.g. `out_dir=samples/run2`, or move those files away first",
+        )
+
+
+def sample_to_folder(cfg: SampleConfig) -> Path:
+    """Write one PNG per image and ``index.jsonl`` (``{"file", "prompt", "seed"}`` per image) into ``out_dir``,
+    none of whose files are replaced (files are created exclusively)."""
+    check_sampling_args(cfg)
+    prompts = load_prompts(cfg.prompts, cfg.prompt_file)
+    jobs = [
+        (prompt, cfg.seed + index)
+        for index, prompt in enumerate(p for p in prompts for _ in range(cfg.images_per_prompt))
+    ]
+    names = [f"{index:05d}.png" for index in range(len(jobs))]
+    out_dir = Path(cfg.out_dir).expanduser()
+    refuse_overwrite(out_dir, [SAMPLE_INDEX, *names])
+    run = load_run(cfg.run_dir, cfg.checkpoint, cfg.ema).at_size(cfg.height, cfg.width)
+    run.text_to_image.text_encoder.check_prompts(prompts)  # a prompt it refuses fails before any file is written
+    settings = run.settings(cfg.steps, cfg.guidance_scale, cfg.sampler)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with (out_dir / SAMPLE_INDEX).open("x", encoding="utf-8") as index_file:
+        for start in range(0, len(jobs), cfg.batch_size):
+            batch = jobs[start : start + cfg.batch_size]
+            images = run.generate_images([p for p, _ in batch], [s for _, s in batch], settings, cfg.batch_size)
+            for name, (prompt, seed), image in zip(names[start:], batch, images):
+                with (out_dir / name).open("xb") as file:
+                    to_pil(image).save(file, format="PNG")
+                index_file.write(json.dumps({"file": name, "prompt": prompt, "seed": seed}) + "\n")
+    return out_dir

@@ -1,0 +1,170 @@
+"""What the model sees (``scripts/preview_data.py``): items of a run's training data as the trainer's data pipeline
+delivers them (source, held-out split, aspect-ratio buckets, decode, crop and resize, the caption the item carries),
+written as PNGs with ``index.jsonl`` and a contact sheet, without building the VAE, the text encoder or the DiT.
+
+The data are built by ``data.loading.build_source``, the function a run calls, with the run's checks (a data set
+smaller than one batch, buckets that fill no batch) and its bucket report. From a random-access source the preview
+reads ``n`` items drawn with the run's seed (every bucket in proportion, not only the first batches' buckets); from
+a stream, the first ``n`` items of the training loader. Caption dropout happens in the training step, not in the
+data: captions are shown before it. A run that trains from a latent cache (``data.cache_dir``) is shown from the
+source images the cache was encoded from.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, fields, replace
+from itertools import islice
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from PIL import Image
+from torch.utils.data import DataLoader, IterableDataset
+
+from dit_trainer.apps.cli import parse_cli
+from dit_trainer.apps.inference import refuse_overwrite
+from dit_trainer.config import PreviewConfig, TrainConfig
+from dit_trainer.data.collate import collate_batch
+from dit_trainer.data.loading import build_dataloader, build_source, loader_options
+from dit_trainer.data.sources.transforms import to_tensor
+from dit_trainer.errors import ConfigError, shortlist
+from dit_trainer.images import image_grid
+
+INDEX = "index.jsonl"
+CONTACT_SHEET = "contact_sheet.png"
+TILE = 128  # the contact sheet's cell: each image scaled to fit, keeping its aspect ratio
+MARGIN = 3  # white pixels around each image in its cell
+COLUMNS = 8
+
+
+@dataclass
+class PreviewResult:
+    out_dir: Path
+    items: int
+    buckets: dict[str, int]  # "HxW" -> items
+    bad_files: list[str]  # unreadable files the source skipped on the way
+    held_out: int  # items validation keeps out of training (not shown)
+
+    @property
+    def message(self) -> str:
+        sizes = ", ".join(f"{size}: {count}" for size, count in self.buckets.items())
+        notes = []
+        if self.held_out:
+            notes.append(f"not shown: {self.held_out} item{'s' * (self.held_out != 1)} held out for validation")
+        if self.bad_files:
+            notes.append(f"{len(self.bad_files)} unreadable files skipped: {shortlist(self.bad_files, 5)}")
+        return (
+            f"Wrote {self.items} images as the model sees them (height x width: images: {sizes}) to {self.out_dir}, "
+            f"with {INDEX} (file, caption, bucket) and {CONTACT_SHEET}" + "".join(f"; {note}" for note in notes) + "."
+        )
+
+
+def preview_items(cfg: TrainConfig, n: int) -> tuple[list[dict], int]:
+    """Up to ``n`` items of the training data, each ``{"image": (3, H, W) uint8, "caption", "bad_files"}``, and the
+    number of items the held-out split keeps from training."""
+    data = replace(cfg.data, cache_dir=None, cache_latents=False)  # images, not latents
+    cfg = replace(cfg, data=data)
+    set_seed(cfg.trainer.seed)
+    dataset, _, held_out = build_source(cfg, Accelerator(cpu=True))  # no sizes index is written
+    held = len(held_out) if held_out is not None and cfg.validation.split and not cfg.validation.path else 0
+    device = torch.device("cpu")
+    if isinstance(dataset, IterableDataset):  # a stream: the training loader's first items
+        batches = build_dataloader(cfg, dataset, device)
+    else:
+        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(cfg.trainer.seed))
+        options = loader_options(cfg, dataset, device)
+        batches = DataLoader(
+            dataset,
+            batch_size=1,
+            sampler=sorted(order[:n].tolist()),
+            collate_fn=collate_batch,
+            num_workers=options["num_workers"],
+            prefetch_factor=options["prefetch_factor"],
+        )
+    return list(islice(_items(batches), n)), held
+
+
+def as_pixels(image: torch.Tensor) -> torch.Tensor:
+    """An item's image as (3, H, W) uint8: the sources' own pixels, or a procedural source's float in [-1, 1] (what
+    ``pixels.to_model_range`` passes to the model) brought back to them."""
+    if image.dtype == torch.uint8:
+        return image
+    return ((image.float() + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
+
+
+def _items(batches: Iterable[dict]) -> Iterator[dict]:
+    """The items of collated ``batches``; a batch's skipped files ride on its first item."""
+    for batch in batches:
+        bad = batch["bad_files"]
+        for image, caption in zip(batch["image"], batch["caption"]):
+            yield {"image": as_pixels(image), "caption": caption, "bad_files": bad}
+            bad = []
+
+
+def contact_sheet(images: list[torch.Tensor], labels: list[str]) -> Image.Image:
+    """The images side by side in ``TILE`` cells, each scaled to fit with a margin (nearest when enlarged, so
+    pixels stay visible) on white, keeping its aspect ratio, labelled under its cell."""
+    tiles = torch.ones(len(images), 3, TILE, TILE)
+    for tile, image in zip(tiles, images):
+        height, width = image.shape[1:]
+        scale = (TILE - 2 * MARGIN) / max(height, width)
+        size = (max(1, round(width * scale)), max(1, round(height * scale)))
+        picture = Image.fromarray(image.permute(1, 2, 0).numpy())
+        picture = picture.resize(size, Image.NEAREST if scale >= 1 else Image.LANCZOS)
+        top, left = (TILE - size[1]) // 2, (TILE - size[0]) // 2
+        tile[:, top : top + size[1], left : left + size[0]] = to_tensor(picture) / 255
+    return image_grid(tiles, min(COLUMNS, len(images)), labels=labels)
+
+
+def preview_data(cfg: TrainConfig, args: PreviewConfig) -> PreviewResult:
+    """Write ``args.n`` items of ``cfg``'s training data to ``args.out_dir``: ``00000.png``... at the size the
+    model sees, ``index.jsonl`` (``{"file", "caption", "bucket"}``, bucket as "HxW") and the contact sheet."""
+    out_dir = Path(args.out_dir).expanduser()
+    refuse_overwrite(out_dir, [INDEX, CONTACT_SHEET, *(f"{index:05d}.png" for index in range(args.n))], "preview")
+    items, held_out = preview_items(cfg, args.n)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records, buckets = [], {}
+    for index, item in enumerate(items):
+        image = item["image"]
+        bucket = f"{image.shape[1]}x{image.shape[2]}"
+        name = f"{index:05d}.png"
+        with (out_dir / name).open("xb") as file:  # created, never replaced
+            Image.fromarray(image.permute(1, 2, 0).numpy()).save(file, format="PNG")
+        records.append({"file": name, "caption": item["caption"], "bucket": bucket})
+        buckets[bucket] = buckets.get(bucket, 0) + 1
+    lines = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+    with (out_dir / INDEX).open("x", encoding="utf-8") as file:
+        file.write(lines)
+    labels = [f"{index}: {record['bucket']}" for index, record in enumerate(records)]
+    with (out_dir / CONTACT_SHEET).open("xb") as file:
+        contact_sheet([item["image"] for item in items], labels).save(file, format="PNG")
+    bad = [name for item in items for name in item["bad_files"]]
+    return PreviewResult(out_dir, len(items), dict(sorted(buckets.items())), bad, held_out)
+
+
+def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the preview's own ``key=value`` items: ``PreviewConfig``'s fields, which train.py has no key of; train.py's
+    overrides)."""
+    names = {field.name for field in fields(PreviewConfig)}
+    own = [item for item in argv if item.partition("=")[0] in names]
+    return own, [item for item in argv if item not in own]
+
+
+def preview_command(own: list[str]) -> Callable[[TrainConfig], tuple[str, int]]:
+    """What ``run_train_script`` runs on the composed config: the preview with the arguments ``own``."""
+
+    def run(cfg: TrainConfig) -> tuple[str, int]:
+        args = parse_cli(PreviewConfig, own)
+        if args.out_dir is None:
+            raise ConfigError(
+                "out_dir",
+                None,
+                "the preview needs a folder to write the images into",
+                "add e.g. `out_dir=preview/my_data`",
+            )
+        return preview_data(cfg, args).message, 0
+
+    return run

@@ -1,0 +1,2 @@
+"""Encoded data kept between runs: the on-disk latent and text-embedding cache (``cache``, ``latent_cache``) and the
+prompts whose embeddings it holds (``cached_prompts``). ``dit_trainer.apps.precompute`` writes it."""

@@ -1,0 +1,285 @@
+"""A run folder: what ``train.py`` writes there and how other tools find it again.
+
+Layout: ``config.yaml`` (the resolved config), ``metrics.jsonl``, ``checkpoints/checkpoint-N/`` (each complete one
+with a ``manifest.json`` listing its files and sizes, the trained weights in one of the ``WeightsLayout``s),
+``samples/``, ``rewards/`` and, for bucketed data read without a cache and without declared sizes, ``image_sizes/``
+(the images' sizes index of ``dit_trainer.data.image_sizes``: their headers read once, by the main process, and not
+again when the run resumes). The run folder is also checked before Hydra creates it: an unwritable or impossible
+path (a full or read-only disk, a file where a folder should be), or links planted where the trainer writes, become
+one paragraph naming ``hydra.run.dir`` instead of a traceback from Hydra or a write outside the run folder; and a
+folder Hydra made for a start that was then refused is removed again (``discard_refused_start``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from dit_trainer.durable import write_text_atomically
+from dit_trainer.errors import ConfigError, exit_code, shortlist
+from dit_trainer.runs.run_lock import RunFolderLock
+
+CONFIG = "config.yaml"
+CHECKPOINTS = "checkpoints"
+CHECKPOINT_PATTERN = re.compile(r"checkpoint-(\d+)$")
+MANIFEST = "manifest.json"
+KEPT = "kept.json"  # in checkpoints/: name -> the checkpoint kept from pruning under it (`best_gold`)
+IMAGE_SIZES = "image_sizes"
+# What a run writes once it has started: a folder holding any of these is never removed as a refused start's.
+STARTED = (CONFIG, CHECKPOINTS, "metrics.jsonl")
+logger = logging.getLogger(__name__)  # not accelerate's: this module loads without torch
+# Run folders (absolute) that did not exist when this process's launch checked them, each with the topmost of its
+# folders that did not exist either (``outputs/`` on a first run): what a refused start removes again.
+_made_by_this_launch: dict[Path, Path] = {}
+
+
+@dataclass(frozen=True)
+class WeightsLayout:
+    """Where a checkpoint keeps the trained weights: the raw ones in ``directory``, the EMA ones in
+    ``ema_directory``; ``lora``: an adapter in peft's format rather than a whole transformer
+    (``components.weights`` writes and reads them)."""
+
+    directory: str
+    ema_directory: str
+    lora: bool
+
+    def weights_dir(self, checkpoint: Path, ema: bool) -> Path:
+        """The EMA weights if asked for and saved, else the raw ones."""
+        return checkpoint / (
+            self.ema_directory if ema and (checkpoint / self.ema_directory).is_dir() else self.directory
+        )
+
+
+FULL_WEIGHTS = WeightsLayout("transformer", "transformer_ema", lora=False)
+LORA_WEIGHTS = WeightsLayout("transformer_lora", "transformer_lora_ema", lora=True)
+
+
+def weights_layout(lora: bool) -> WeightsLayout:
+    return LORA_WEIGHTS if lora else FULL_WEIGHTS
+
+
+def is_checkpoint(path: Path) -> bool:
+    return any((path / fmt.directory).is_dir() for fmt in (FULL_WEIGHTS, LORA_WEIGHTS))
+
+
+def checkpoint_step(path: Path) -> int:
+    match = CHECKPOINT_PATTERN.search(path.name)
+    if match is None:
+        raise ValueError(f"{path} is not named checkpoint-<step>")
+    return int(match.group(1))
+
+
+def incomplete_reason(path: Path) -> str | None:
+    """Why ``path`` is not a complete checkpoint (None when it is): no manifest, or a listed file missing or of
+    another size than written."""
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        return f"it has no {MANIFEST} (its write did not finish)"
+    try:
+        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+    except (ValueError, KeyError):
+        return f"its {MANIFEST} is unreadable"
+    for name, size in files.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes where {size} were written (truncated or replaced)"
+    return None
+
+
+def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
+    """Complete checkpoint folders, oldest first."""
+    if not checkpoints_dir.is_dir():
+        return []
+    found = [p for p in checkpoints_dir.iterdir() if p.is_dir() and CHECKPOINT_PATTERN.search(p.name)]
+    return sorted((p for p in found if incomplete_reason(p) is None), key=checkpoint_step)
+
+
+def kept_checkpoints(checkpoints_dir: Path) -> dict[str, Path]:
+    """The checkpoints kept from pruning by name (``{"best_gold": .../checkpoint-30}``): those of ``KEPT`` that are
+    complete."""
+    try:
+        names = json.loads((checkpoints_dir / KEPT).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    kept = {name: checkpoints_dir / folder for name, folder in names.items() if isinstance(folder, str)}
+    return {name: path for name, path in kept.items() if path.is_dir() and incomplete_reason(path) is None}
+
+
+def write_kept(checkpoints_dir: Path, kept: dict[str, int]) -> None:
+    """``KEPT`` naming the checkpoint of each kept step (none written while nothing is kept)."""
+    if kept or (checkpoints_dir / KEPT).exists():
+        names = {name: f"checkpoint-{step}" for name, step in kept.items()}
+        write_text_atomically(checkpoints_dir / KEPT, json.dumps(names, indent=1))
+
+
+def resolve_checkpoint(spec: str | None, checkpoints_dir: Path) -> Path | None:
+    """``latest`` -> the newest complete checkpoint in ``checkpoints_dir`` (None if there is none); a path -> that
+    folder, refused unless it is a complete checkpoint (``trainer.resume``: training continues from all of it)."""
+    if spec is None:
+        return None
+    if spec == "latest":
+        found = list_checkpoints(checkpoints_dir)
+        return found[-1] if found else None
+    path = Path(spec).expanduser()
+    reason = incomplete_reason(path) if is_checkpoint(path) else None
+    if not is_checkpoint(path) or reason:
+        raise ConfigError(
+            "trainer.resume",
+            spec,
+            f"it is not a complete checkpoint folder ({reason})"
+            if reason
+            else "it is not a checkpoint folder (one with a `transformer/` or `transformer_lora/` inside), nor a run "
+            f"folder (one with a {CONFIG})",
+            "pass a run folder to continue that run (`trainer.resume=outputs/DATE/TIME`), `trainer.resume=latest` "
+            f"(the newest complete checkpoint in hydra.run.dir) or a folder such as {checkpoints_dir}/checkpoint-1000",
+        )
+    return path
+
+
+def find_checkpoint(run_dir: Path, spec: str) -> Path:
+    """``latest`` (the run's newest complete checkpoint), the name of one the run kept (``best_gold``:
+    ``kept_checkpoints``) or the path of a checkpoint folder (one written before checkpoints had a manifest too:
+    reading weights needs no more)."""
+    kept = kept_checkpoints(run_dir / CHECKPOINTS)
+    if spec in kept:
+        return kept[spec]
+    path = Path(spec).expanduser() if spec != "latest" else None
+    if path is not None and not is_checkpoint(path):
+        names = "".join(f", `checkpoint={name}`" for name in kept)
+        raise ConfigError(
+            "checkpoint",
+            spec,
+            "it is neither a checkpoint folder (one with a `transformer/` or `transformer_lora/` inside) nor the name "
+            "of a checkpoint this run kept",
+            f"use `checkpoint=latest`{names} or a folder such as {run_dir / CHECKPOINTS}/checkpoint-1000",
+        )
+    path = path or resolve_checkpoint(spec, run_dir / CHECKPOINTS)
+    if path is None:
+        raise ConfigError(
+            "checkpoint",
+            spec,
+            f"{run_dir / CHECKPOINTS} holds no checkpoint yet",
+            "train longer (checkpoints are written every `trainer.checkpoint_every` steps and at the end), "
+            "or pass `checkpoint=PATH`",
+        )
+    return path
+
+
+def remove_unfinished_writes(checkpoints_dir: Path) -> None:
+    """What writes that did not finish left (a kill, a failed process), at the start of a run, by the main process.
+    A ``.partial`` folder is never a checkpoint: only disk space. A ``.replaced`` one is the previous copy of a
+    checkpoint saved again (a run resumed from an older one): removed once the new ``checkpoint-N`` is complete, and
+    renamed back when a kill between the two renames left it alone."""
+    for leftover in checkpoints_dir.glob(".checkpoint-*.partial"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    for replaced in checkpoints_dir.glob(".checkpoint-*.replaced"):
+        path = checkpoints_dir / replaced.name.removeprefix(".").removesuffix(".replaced")
+        if path.is_dir() and incomplete_reason(path) is None:
+            shutil.rmtree(replaced, ignore_errors=True)
+        elif not path.exists() and incomplete_reason(replaced) is None:
+            replaced.rename(path)
+            logger.warning(f"{path.name} was being saved again when the run stopped: its previous copy is restored")
+        else:
+            logger.warning(
+                f"Neither {path.name} nor its previous copy {replaced.name} is complete ({incomplete_reason(path)}; "
+                f"{incomplete_reason(replaced)}): both are left as they are, and neither is resumed from"
+            )
+
+
+def check_writable_folder(path: Path, key: str) -> None:
+    """``path`` is, or can be created as, a folder this process may write into (nothing is created here)."""
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        reason = f"{existing} is a file, so no folder can be made inside it"
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        reason = f"this process may not write into {existing} (read-only disk or permissions)"
+    else:
+        return
+    raise ConfigError(key, str(path), reason, f"point `{key}` at a writable folder, e.g. `{key}=/scratch/runs/NAME`")
+
+
+def refuse_links(run_dir: Path) -> None:
+    """Refuse a run folder with links where the trainer writes: in the folder itself (``config.yaml``,
+    ``metrics.jsonl``, ``train.log``, ``.lock``, ...) and in the folders it fills (``.hydra``, ``checkpoints``,
+    ``samples``, ``rewards``, ``logs``, ``image_sizes``). Appending to ``metrics.jsonl`` or saving a sample grid
+    through a link would change a file outside the run folder that someone else owns. (The W&B folder is W&B's,
+    links and all.)"""
+    if not run_dir.is_dir():
+        return
+    links = [path for path in run_dir.iterdir() if path.is_symlink()]
+    for name in (".hydra", CHECKPOINTS, "samples", "rewards", "logs", IMAGE_SIZES):
+        if (run_dir / name).is_dir() and not (run_dir / name).is_symlink():
+            links += [path for path in (run_dir / name).iterdir() if path.is_symlink()]
+    if links:
+        listed = shortlist([f"{path.relative_to(run_dir)} -> {os.readlink(path)}" for path in sorted(links)], 3)
+        raise ConfigError(
+            "hydra.run.dir",
+            str(run_dir),
+            f"it holds links where the trainer writes ({listed}), and writing through them would change files "
+            "outside the run folder",
+            "remove those links (a run writes only into its own folder; to keep runs on another disk, point "
+            "`hydra.run.dir` there), or start the run in a new folder",
+        )
+
+
+class RunFolderCheck(Callback):
+    """Hydra callback (``hydra.callbacks`` in ``configs/train.yaml``) that runs before Hydra makes the run folder
+    and writes into it."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Also refuses links where the trainer writes, and a folder another run is training in (the main process
+        only: the others would find the main process's lock), before Hydra writes its files there."""
+        run_dir = Path(config.hydra.run.dir)
+        if not run_dir.exists():
+            top = run_dir.absolute()
+            while not top.parent.exists():
+                top = top.parent
+            _made_by_this_launch[run_dir.absolute()] = top
+        try:
+            check_writable_folder(run_dir, "hydra.run.dir")
+            refuse_links(run_dir)
+            if os.environ.get("RANK", "0") == "0":
+                with RunFolderLock(run_dir):
+                    pass
+        except ConfigError as error:
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(exit_code(error))
+
+
+def discard_refused_start(run_dir: Path) -> None:
+    """Remove ``run_dir`` again after a start was refused, if this launch made it (``RunFolderCheck``) and no run
+    has started in it, with the empty folders made for it (``outputs/DATE``): a refused start leaves nothing behind.
+    A folder that existed before (a refused resume) is left as it was. So is the folder of a multi-process launch:
+    it holds each process's failure record, which the others and the job script read
+    (``dit_trainer.runs.failures``)."""
+    top = _made_by_this_launch.pop(run_dir.absolute(), None)
+    if top is None or int(os.environ.get("WORLD_SIZE", "1")) > 1 or not run_dir.is_dir():
+        return
+    if any((run_dir / name).exists() for name in STARTED):
+        return
+    try:
+        with RunFolderLock(run_dir):  # a run that started there since (a pinned folder) holds it: leave it be
+            shutil.rmtree(run_dir)
+    except ConfigError:
+        return
+    for folder in run_dir.absolute().parents:
+        if not folder.is_relative_to(top):
+            break
+        try:
+            folder.rmdir()  # only if empty: another launch's folder may have appeared beside this one
+        except OSError:
+            break

@@ -1,0 +1,193 @@
+"""What a checkpoint says of itself in its ``manifest.json`` besides its files, and whether this launch may resume it.
+
+A checkpoint records how it was written: ``launch`` (``single``: one process; ``ddp``: several, each with the whole
+weights; ``fsdp``: FSDP2, each with a slice), ``world_size``, and ``lr_schedule_unit``: what its LR scheduler's
+``last_epoch`` counts. It counts optimizer updates whatever the number of processes
+(``training.optim.build_lr_scheduler``). A checkpoint without the key was written when accelerate stepped the
+schedule once per process on each update (``last_epoch`` = updates x world size): its scheduler state is converted
+when it is loaded, so it too resumes on any number of processes at the LR the uninterrupted run would have. A
+checkpoint written before the manifest recorded its launch is known by its files: ``pytorch_model_fsdp_0/`` is
+FSDP's.
+
+The launch decides how accelerate reads the model and optimizer state: under FSDP as sharded
+torch.distributed.checkpoint folders (``pytorch_model_fsdp_0/``, ``optimizer_0/``), otherwise as whole files
+(``optimizer.bin``). A checkpoint of the other kind is refused before any model loads, in one paragraph that names
+the launch that reads it: the checkpoint is intact, only the launch differs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from accelerate import Accelerator
+from accelerate.logging import get_logger
+
+from dit_trainer.config.renamed import move_renamed_keys_in_saved
+from dit_trainer.errors import ConfigError
+from dit_trainer.runs.run_folder import MANIFEST, resolve_checkpoint
+from dit_trainer.training.optimizers import check_resumed_optimizer
+from dit_trainer.training.state.config_changes import config_changes, config_hash, defines_training
+
+logger = get_logger(__name__)
+
+SCHEDULE_IN_UPDATES = "optimizer_updates"
+FSDP_MODEL_STATE = "pytorch_model_fsdp_0"  # accelerate's sharded model state (its optimizer's: optimizer_0)
+FSDP_LAUNCH = "`accelerate launch --config_file accelerate_configs/fsdp.yaml train.py ...`"
+UNSHARDED_LAUNCH = (
+    "`python train.py ...` (one process) or a DDP launch such as `accelerate launch --config_file "
+    "accelerate_configs/ddp_8gpu.yaml train.py ...` (any number of processes)"
+)
+
+
+@dataclass(frozen=True)
+class WrittenBy:
+    """How a checkpoint was written: ``launch`` (single, ddp or fsdp), by ``world_size`` processes, with its LR
+    schedule counted in optimizer updates (``schedule_in_updates``) or in updates x world size."""
+
+    launch: str
+    world_size: int
+    schedule_in_updates: bool
+
+    @property
+    def sharded(self) -> bool:
+        return self.launch == "fsdp"
+
+
+def launch_kind(accelerator: Accelerator) -> str:
+    if accelerator.is_fsdp2:
+        return "fsdp"
+    return "ddp" if accelerator.num_processes > 1 else "single"
+
+
+def how_written(accelerator: Accelerator) -> dict[str, Any]:
+    """The manifest's record of this launch."""
+    return {
+        "launch": launch_kind(accelerator),
+        "world_size": accelerator.num_processes,
+        "lr_schedule_unit": SCHEDULE_IN_UPDATES,
+    }
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    return json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+
+
+def written_by(path: Path, manifest: dict[str, Any]) -> WrittenBy:
+    """How checkpoint ``path`` was written; for one written before its manifest said so, what its files show."""
+    world_size = manifest.get("world_size") or len(list(path.glob("trainer_state_*.safetensors")))
+    launch = manifest.get("launch")
+    if launch is None:
+        launch = "fsdp" if (path / FSDP_MODEL_STATE).is_dir() else "ddp" if world_size > 1 else "single"
+    return WrittenBy(launch, world_size, manifest.get("lr_schedule_unit") == SCHEDULE_IN_UPDATES)
+
+
+def check_launch(path: Path, written: WrittenBy, accelerator: Accelerator) -> None:
+    """Refuse a sharded checkpoint without FSDP, and a whole-weights one under FSDP: accelerate would look for
+    files that kind of checkpoint does not have (the checkpoint is not damaged)."""
+    sharded = accelerator.is_fsdp2
+    if written.sharded == sharded:
+        return
+    by = f"{written.world_size} process{'es' if written.world_size > 1 else ''}"
+    if written.sharded:
+        accepted = (
+            f"that checkpoint was written under FSDP by {by} (its model and optimizer state are sharded "
+            f"torch.distributed.checkpoint folders, `{FSDP_MODEL_STATE}/` and `optimizer_0/`) and this run is not "
+            "sharded, so it cannot read them; the checkpoint itself is intact"
+        )
+        fix = (
+            f"resume it under FSDP, on any number of processes: {FSDP_LAUNCH} with the same overrides (on CPU "
+            "processes `accelerate_configs/fsdp_cpu.yaml`), or start a fresh run in a new `hydra.run.dir`"
+        )
+    else:
+        kind = "one process" if written.launch == "single" else f"DDP on {by}"
+        accepted = (
+            f"that checkpoint was written without FSDP ({kind}: its optimizer state is one `optimizer.bin`) and "
+            "this run shards with FSDP, which reads only sharded checkpoints; the checkpoint itself is intact"
+        )
+        fix = (
+            f"resume it without FSDP, with the same overrides: {UNSHARDED_LAUNCH}, or start a fresh run in a new "
+            "`hydra.run.dir`"
+        )
+    raise ConfigError("trainer.resume", str(path), accepted, fix)
+
+
+def check_resume_launch(checkpoints_dir: Path, spec: str | None, accelerator: Accelerator) -> None:
+    """The launch check of the checkpoint ``trainer.resume`` picks, from its manifest alone: a run started right
+    after the accelerator, before any model is built or loaded."""
+    path = resolve_checkpoint(spec, checkpoints_dir)
+    if path is not None:
+        check_launch(path, written_by(path, read_manifest(path)), accelerator)
+
+
+def check_compatible(
+    path: Path,
+    manifest: dict[str, Any],
+    written: WrittenBy,
+    accelerator: Accelerator,
+    config: dict[str, Any],
+    allow_config_change: bool = False,
+    same_processes_because: str | None = None,
+    method_sections: Sequence[str] = (),
+) -> None:
+    """Whether this run may resume checkpoint ``path`` (its ``manifest``, ``written`` so): a launch that reads it
+    (``check_launch``), the same number of processes where ``same_processes_because`` says why (each process
+    restores its own state), and the same model, data, objective, method and ``method_sections`` (the sections
+    its method trains by) as ``config`` unless ``allow_config_change``; other changes (lr, monitors, ...) are
+    listed in a warning."""
+    check_launch(path, written, accelerator)
+    world_size, processes = written.world_size, accelerator.num_processes
+    if world_size != processes and same_processes_because:
+        raise ConfigError(
+            "trainer.resume",
+            str(path),
+            f"it was written by {world_size} processes and this run has {processes} ({same_processes_because})",
+            f"resume with {world_size} processes (e.g. `accelerate launch --num_processes {world_size}`), or "
+            "start a fresh run in a new `hydra.run.dir`",
+        )
+    if world_size != processes:
+        logger.warning(
+            f"Resuming {path.name}, written by {world_size} processes, on {processes}: the weights, the optimizer "
+            "state and the LR schedule continue exactly, but each step now takes another number of images and "
+            "the data order after the resume point differs from the uninterrupted run's.",
+            main_process_only=True,
+        )
+    if "config" not in manifest:  # written before checkpoints recorded their config
+        if manifest.get("config_hash") != config_hash(config):
+            logger.warning(f"The config differs from the one {path.name} was trained with; continuing with it.")
+        return
+    saved = move_renamed_keys_in_saved(manifest["config"])
+    changes = config_changes(saved, config)
+    check_resumed_optimizer(path, saved, config)
+    defining = [key for key, (old, new) in changes.items() if defines_training(key, old, new, method_sections)]
+    listed = ", ".join(f"{key} ({old!r} -> {new!r})" for key, (old, new) in changes.items())
+    if defining and not allow_config_change:
+        raise ConfigError(
+            "trainer.resume",
+            str(path),
+            "that checkpoint was trained with another model, data, held-out split, objective or reward "
+            "fine-tuning: " + ", ".join(f"{key} ({changes[key][0]!r} -> {changes[key][1]!r})" for key in defining),
+            "resume with the settings the run was trained with (its config.yaml), start a fresh run in a new "
+            "`hydra.run.dir`, or, if the change is intended, add `trainer.allow_config_change=true`",
+        )
+    if changes:
+        logger.warning(f"Resuming {path.name} with changed settings: {listed}", main_process_only=True)
+
+
+def schedule_in_updates(state: dict[str, Any], written: WrittenBy) -> dict[str, Any]:
+    """An LR scheduler's state counted in optimizer updates. One written when accelerate stepped the schedule once
+    per process on each update counts updates x world size (``last_epoch``; ``_step_count`` counts one more, for
+    the step the scheduler takes when built). The LR itself (``_last_lr``, and the optimizer's) is the same in both
+    counts: every diffusers schedule is a function of the step over the warm-up and over the length, and both
+    lengths were scaled by the world size too."""
+    if written.schedule_in_updates:
+        return state
+    processes = max(written.world_size, 1)
+    return {
+        **state,
+        "last_epoch": state["last_epoch"] // processes,
+        "_step_count": 1 + (state["_step_count"] - 1) // processes,
+    }

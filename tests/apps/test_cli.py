@@ -1,0 +1,63 @@
+"""The scripts' command lines (``cli.py``): a bare run folder and key=value overrides, a bad argument or value is one
+paragraph and exit 2, and sampling and precompute never import the training package."""
+
+import pytest
+
+from dit_trainer.apps.cli import parse_cli, run_cli, run_train_script
+from dit_trainer.config import SampleConfig
+from dit_trainer.errors import EXIT_BAD_INPUT
+from tests.conftest import CONFIG_DIR, run_script
+
+
+def test_parse_cli_takes_a_bare_run_folder_and_key_value_overrides():
+    cfg = parse_cli(SampleConfig, ["runs/a", "out_dir=samples", "images_per_prompt=2"])
+    assert (cfg.run_dir, cfg.out_dir, cfg.images_per_prompt, cfg.checkpoint) == ("runs/a", "samples", 2, "latest")
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [(["runs/a", "out_dir=o", "images_per_prompt=0"], "`images_per_prompt`"),
+     (["runs/a", "out_dir=o", "sampler=heun"], "ddim, dpmsolver++, euler"),
+     (["runs/a", "out_dir=o", "nosuchkey=1"], "nosuchkey")],
+)  # fmt: skip
+def test_a_bad_script_argument_is_one_paragraph_and_exit_2(argv, named, capsys):
+    from dit_trainer.apps.inference import sample_to_folder
+
+    assert run_cli(sample_to_folder, SampleConfig, argv, "usage: sample.py ...") == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert named in err and "usage: sample.py" in err and "Traceback" not in err
+
+
+def test_verify_gradients_reports_a_bad_value_without_a_traceback(capsys):
+    """What scripts/verify_gradients.py runs, in-process: a bad value is one paragraph and exit code 2."""
+    code = run_train_script(CONFIG_DIR, ["+experiment=shapes", "optim.lr=-1"], lambda cfg: ("unreachable", 0))
+    err = capsys.readouterr().err
+    assert code == 2 and "`optim.lr`" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_train_py_refuses_an_extra_config_value_of_another_type_with_exit_2(tmp_path):
+    """SD3's `+model.extra_config.dual_attention_layers=3` ended in `TypeError: 'int' object is not iterable`."""
+    run = f"hydra.run.dir={tmp_path / 'run'}"
+    result = run_script(["train.py", "+experiment=shapes_sd3", "model.num_layers=2", "trainer.max_steps=1",
+                         "+model.extra_config.dual_attention_layers=3", run])  # fmt: skip
+    last = result.stderr.strip().splitlines()[-1]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert last.startswith("error: Invalid config: `model.extra_config.dual_attention_layers` is 3") and "list" in last
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_sampling_and_precompute_do_not_import_training():
+    """Loading a run back (sample, evaluate, export) and writing a cache need no part of the training package."""
+    modules = [
+        "dit_trainer.apps.inference",
+        "dit_trainer.apps.evaluation",
+        "dit_trainer.apps.export",
+        "dit_trainer.apps.precompute",
+    ]
+    code = "import importlib, sys\n" + "".join(
+        f"importlib.import_module({m!r}); assert 'dit_trainer.training' not in sys.modules, {m!r}\n" for m in modules
+    )
+    result = run_script(["-c", code], timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -1,0 +1,84 @@
+"""Judging a trained run (``evaluation.py``): a reward must be given when the run configures none; an evaluation
+gets a folder of its own, never overwrites one, and what its arguments alone can tell is refused before any model
+loads."""
+
+import json
+
+import pytest
+
+from tests.conftest import digest
+
+
+def test_evaluate_needs_a_reward_when_the_run_configures_none():
+    from dit_trainer.apps.evaluation import evaluation_reward
+    from dit_trainer.config import EvaluateConfig, TrainConfig
+    from dit_trainer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="`weights`"):
+        evaluation_reward(EvaluateConfig(run_dir="run"), TrainConfig())
+
+
+def _evaluate(run_dir, *args: str) -> int:
+    """scripts/evaluate.py's command line, in-process: two images of one prompt, one sampling step, from
+    ``written_run``'s checkpoint."""
+    from dit_trainer.apps.cli import run_cli
+    from dit_trainer.apps.evaluation import evaluate_to_folder
+    from dit_trainer.config import EvaluateConfig
+
+    argv = [str(run_dir), f"checkpoint={run_dir / 'checkpoints' / 'checkpoint-1'}", "prompts=[a red circle]",
+            "images_per_prompt=2", "steps=1", *args]  # fmt: skip
+    return run_cli(lambda cfg: str(evaluate_to_folder(cfg)[0]), EvaluateConfig, argv, "usage: evaluate.py")
+
+
+@pytest.fixture()
+def no_model_loads(monkeypatch):
+    """Loading the run fails the test: what is refused must be refused before."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr("dit_trainer.apps.evaluation.load_run", refuse)
+
+
+def test_each_evaluation_gets_a_folder_named_for_what_it_evaluated_and_is_never_repeated_over_it(
+    written_run, capsys, monkeypatch
+):
+    from dit_trainer.apps.evaluation import evaluation_folder
+    from dit_trainer.config import EvaluateConfig
+
+    assert _evaluate(written_run) == 0
+    (folder,) = (written_run / "eval").iterdir()
+    assert folder.name.startswith("checkpoint-1-rewards-") and capsys.readouterr().out.strip() == str(folder)
+    assert json.loads((folder / "report.json").read_text())["arguments"]["images_per_prompt"] == 2
+    assert (folder / "grid.png").is_file()
+    checkpoint = written_run / "checkpoints" / "checkpoint-1"
+    others = [EvaluateConfig(run_dir=str(written_run), checkpoint=str(checkpoint), prompts=["a red circle"],
+                             images_per_prompt=2, steps=1, **extra)
+              for extra in ({"seed": 1}, {"metrics": ["rewards", "fid"]}, {"ema": False})]  # fmt: skip
+    assert len({folder} | {evaluation_folder(cfg, checkpoint) for cfg in others}) == 4
+
+    before = digest(written_run)
+    monkeypatch.setattr("dit_trainer.apps.evaluation.load_run", lambda *a, **k: pytest.fail("a model was loaded"))
+    assert _evaluate(written_run, "batch_size=1") == 2  # how many images are sampled at once changes nothing
+    assert "this evaluation (the same checkpoint and arguments) was run before" in capsys.readouterr().err
+    assert digest(written_run) == before
+
+
+@pytest.mark.usefixtures("no_model_loads")
+def test_an_out_dir_that_cannot_take_the_report_or_missing_fid_features_are_refused_before_any_model_loads(
+    written_run, tmp_path, capsys, monkeypatch
+):
+    import torchmetrics.utilities.imports as imports
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("mine")
+    assert _evaluate(written_run, f"out_dir={blocker}") == 2
+    assert f"{blocker} is a file" in capsys.readouterr().err and blocker.read_text() == "mine"
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "report.json").write_text("{}")
+    assert _evaluate(written_run, f"out_dir={earlier}") == 2
+    assert "already holds report.json" in capsys.readouterr().err and (earlier / "report.json").read_text() == "{}"
+    monkeypatch.setattr(imports, "_TORCH_FIDELITY_AVAILABLE", False)
+    assert _evaluate(written_run, "metrics=[fid]", f"out_dir={tmp_path / 'fid'}") == 2
+    assert "`fid_features` is 'inception'" in capsys.readouterr().err and not (tmp_path / "fid").exists()

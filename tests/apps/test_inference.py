@@ -1,0 +1,39 @@
+"""Loading a trained run back for sampling (``inference.py``): weights are read from safetensors only, and earlier
+samples are never overwritten."""
+
+import pytest
+
+from dit_trainer.errors import ConfigError
+from tests.conftest import digest, sample_in_process
+
+
+def test_a_run_whose_weights_are_a_pickle_is_refused(written_run):
+    """dit-trainer writes weights as safetensors only; a pickled .bin in a run folder is not unpickled."""
+    from diffusers import PixArtTransformer2DModel
+
+    from dit_trainer.apps.inference import load_run
+
+    checkpoint = written_run / "checkpoints" / "checkpoint-1"
+    weights = checkpoint / "transformer"
+    PixArtTransformer2DModel.from_pretrained(weights).save_pretrained(weights, safe_serialization=False)
+    (weights / "diffusion_pytorch_model.safetensors").unlink()
+    with pytest.raises(ConfigError) as caught:
+        load_run(written_run, str(checkpoint), device="cpu")
+    message = str(caught.value)
+    assert "`checkpoint`" in message and "safetensors" in message and "\n" not in message
+
+
+def test_sampling_into_a_folder_with_earlier_samples_is_refused_and_touches_nothing(written_run, tmp_path, capsys):
+    out_dir = tmp_path / "samples"
+    out_dir.mkdir()
+    (out_dir / "00000.png").write_bytes(b"an earlier image")
+    (out_dir / "notes.txt").write_text("mine")
+    before = digest(out_dir)
+    assert sample_in_process(written_run, out_dir) == 2
+    error = capsys.readouterr().err
+    assert "`out_dir`" in error and str(out_dir) in error and "00000.png" in error and "To fix it" in error
+    assert "Traceback" not in error and digest(out_dir) == before
+
+    fresh = tmp_path / "fresh"  # the same command into a new folder writes the images
+    assert sample_in_process(written_run, fresh) == 0
+    assert sorted(p.name for p in fresh.iterdir()) == ["00000.png", "index.jsonl"]

@@ -1,0 +1,52 @@
+"""Writing the disk cache (``apps/precompute.py``): a folder of other files, or a file, is refused and nothing in it
+deleted; the sizes index folder that precompute's buckets write there is its own, and kept."""
+
+import pytest
+
+from dit_trainer.apps.precompute import precompute
+from dit_trainer.data.cache.cache import check_cache_folder
+from dit_trainer.errors import ConfigError
+from tests.conftest import DATA_SMALL, compose_config, digest, one_paragraph
+
+INDEX = "0123456789abcdef0123456789abcdef.json"  # a sizes index's name: its data's fingerprint digest
+
+
+@pytest.mark.parametrize(
+    "files",
+    [{"shard-000000.tar": b"a webdataset shard", "shard-000001.tar": b"another"},
+     {"shard-00000-00000.safetensors": b"left by an unfinished precompute", "notes.txt": b"the user's"},
+     {f"image_sizes/{INDEX}": b"{}", "image_sizes/notes.txt": b"the user's"},
+     {f"image_sizes/{INDEX}": b"{}", f"other/{INDEX}": b"{}"}],
+    ids=["webdataset-shards", "a-cache-shard-beside-a-user-file", "a-user-file-among-sizes", "another-folder"],
+)  # fmt: skip
+def test_precompute_into_a_folder_of_other_files_is_refused_and_deletes_nothing(tmp_path, files):
+    for name, data in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    before = digest(tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        precompute(compose_config([*DATA_SMALL, f"data.cache_dir={tmp_path}"]))
+    assert "not part of a cache" in one_paragraph(caught.value, "data.cache_dir")
+    assert INDEX not in str(caught.value) and digest(tmp_path) == before  # the sizes index is not among them
+
+
+def test_a_cache_dir_that_is_a_file_is_refused(tmp_path):
+    shard = tmp_path / "shard-000000.tar"
+    shard.write_bytes(b"a webdataset shard")
+    with pytest.raises(ConfigError) as caught:
+        precompute(compose_config([*DATA_SMALL, f"data.cache_dir={shard}"]))
+    assert "is a file" in one_paragraph(caught.value, "data.cache_dir")
+    assert shard.read_bytes() == b"a webdataset shard"
+
+
+def test_an_unfinished_precompute_keeps_its_sizes_index_and_only_its_own_files_are_replaced(tmp_path):
+    cache, sizes = tmp_path / "cache", tmp_path / "cache" / "image_sizes"
+    sizes.mkdir(parents=True)
+    (sizes / INDEX).write_text("{}")
+    (sizes / f".{INDEX}.partial").write_text("{")  # an index write cut short
+    (cache / "shard-00000-00000.safetensors").write_bytes(b"stale")
+    assert check_cache_folder(cache) == [cache / "shard-00000-00000.safetensors"]  # the sizes stay
+    sizes.rename(tmp_path / "elsewhere")
+    sizes.symlink_to(tmp_path / "elsewhere")  # a link would have the index written outside the cache
+    with pytest.raises(ConfigError, match=r"not part of a cache \(image_sizes\)"):
+        check_cache_folder(cache)

@@ -1,0 +1,38 @@
+"""The in-memory latent cache (``data/cache/latent_cache.py``): latents that are not finite are refused, naming the
+captions."""
+
+import pytest
+import torch
+
+from dit_trainer.data.sources.shapes import ShapesDataset
+from dit_trainer.errors import ConfigError
+
+
+class NonFiniteVAE:
+    """Encodes like the pixel VAE, but the second image of each batch overflows."""
+
+    def encode_posterior(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean = images.float().clone()
+        mean[1] = float("inf")
+        return mean, torch.zeros_like(mean)
+
+
+def test_the_in_memory_latent_cache_refuses_non_finite_latents():
+    from dit_trainer.data.cache.latent_cache import encode_dataset
+
+    with pytest.raises(ConfigError) as caught:
+        encode_dataset(ShapesDataset(4, 8), NonFiniteVAE(), torch.device("cpu"), batch_size=2, show_progress=False)
+    message = str(caught.value)
+    assert "`data.cache_latents`" in message and "latent_mean is NaN/inf for 1 items" in message
+    assert "'a green circle'" in message and "\n" not in message
+
+
+def test_a_deterministic_encoder_caches_latents_without_a_std():
+    """The pixel "VAE" (and Sana's deep-compression autoencoder) has no posterior to sample: items carry the latent
+    alone, and the loss reads them as they are."""
+    from dit_trainer.components.vae import PixelVAE
+    from dit_trainer.data.cache.latent_cache import encode_dataset
+
+    cached = encode_dataset(ShapesDataset(4, 8), PixelVAE(), torch.device("cpu"), batch_size=2, show_progress=False)
+    item = cached[1]
+    assert "latent_std" not in item and torch.equal(item["latent_mean"], ShapesDataset(4, 8)[1]["image"])

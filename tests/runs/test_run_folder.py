@@ -1,0 +1,26 @@
+"""What a run folder holds (``run_folder.py``): links planted where the trainer writes are refused before anything
+is written through them."""
+
+import pytest
+
+from dit_trainer.errors import ConfigError
+from dit_trainer.runs.run_folder import refuse_links
+from tests.conftest import one_paragraph
+
+
+@pytest.mark.parametrize(
+    "planted", ["train.log", ".lock", ".hydra/config.yaml", "samples/step_0000100.png", "image_sizes/0123abcd.json"]
+)
+def test_a_link_where_the_trainer_writes_is_refused_and_its_target_left_alone(tmp_path, planted):
+    run_dir, victim = tmp_path / "run", tmp_path / "notes.txt"
+    victim.write_text("mine")
+    for folder in (".hydra", "samples", "wandb", "image_sizes"):
+        (run_dir / folder).mkdir(parents=True)
+    (run_dir / "wandb" / "latest-run").symlink_to(run_dir / "wandb")  # W&B's own link is W&B's business
+    refuse_links(run_dir)
+    refuse_links(tmp_path / "not_yet_made")
+    (run_dir / planted).symlink_to(victim)
+    with pytest.raises(ConfigError) as caught:
+        refuse_links(run_dir)
+    assert f"({planted} -> {victim})" in one_paragraph(caught.value, "hydra.run.dir")
+    assert victim.read_text() == "mine"
