@@ -26,6 +26,7 @@ from dit_trainer.components.build import Components, build_components
 from dit_trainer.components.compile import apply_compile
 from dit_trainer.components.fp8 import apply_fp8
 from dit_trainer.components.freeze import trainable_parameters
+from dit_trainer.components.geometry import configured_buckets
 from dit_trainer.config import TrainConfig
 from dit_trainer.data.loading import build_dataloader, build_source, build_training_data, loader_options
 from dit_trainer.data.stream_loader import StreamLoader
@@ -148,7 +149,7 @@ def loop_settings(cfg: TrainConfig, accelerator: Accelerator, method: Method) ->
 def build_training_state(cfg: TrainConfig, accelerator: Accelerator, privacy: PrivateTraining | None) -> TrainingState:
     """The step count and the generators every step draws its randomness from: one per process, and DP's noise."""
     generator = torch.Generator(accelerator.device).manual_seed(cfg.trainer.seed + accelerator.process_index)
-    return TrainingState(generator, {"dp_noise": privacy.optimizer.generator} if privacy else None)
+    return TrainingState(generator, privacy.generators() if privacy else None)
 
 
 def build_checkpointer(
@@ -175,9 +176,9 @@ def build_checkpointer(
         weights=weights_layout(cfg.lora.enabled),
         config=dataclasses.asdict(cfg),
         allow_config_change=cfg.trainer.allow_config_change,
-        json_states={**({"privacy_accountant": privacy} if privacy else {}), **method_states},
+        json_states={**(privacy.saved_states() if privacy else {}), **method_states},
         same_processes_because=why_resume_needs_same_processes(privacy, dataloader),
-        process_states={"data_stream": dataloader} if isinstance(dataloader, StreamLoader) else None,
+        process_states=dataloader.process_states() if isinstance(dataloader, StreamLoader) else None,
         lr_scheduler=update.lr_scheduler,
         parameters=update.parameters,
         method_sections=method_sections(method),
@@ -262,8 +263,9 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     updates_per_step = method.updates_per_step(cfg)
     cfg = warmup_within_run(cfg, updates_per_step)  # a warm-up as long as the run is cut (and recorded so)
     reads_data = method.reads_data
+    buckets = configured_buckets(cfg) if reads_data else None  # the image sizes the models allow (None: squares)
     source, cached_text, held_out = (
-        build_source(cfg, accelerator, run_dir / IMAGE_SIZES) if reads_data else (None, None, None)
+        build_source(cfg, buckets, accelerator, run_dir / IMAGE_SIZES) if reads_data else (None, None, None)
     )
     frozen_dtype = weight_dtype(accelerator.mixed_precision)
     parts = build_components(cfg, accelerator.device, frozen_dtype, cached_text)

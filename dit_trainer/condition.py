@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, TypedDict
 
 import torch
 
@@ -27,6 +27,22 @@ class ConditionSize:
 
 # The storage names of the fields, in caches and in the prompt table: "text_embeds", "text_mask", "text_pooled".
 STORED_NAMES = {"sequence": "embeds", "mask": "mask", "pooled": "pooled"}
+
+
+class Batch(TypedDict, total=False):
+    """What a training batch carries from the data to the loss (``data.collate.collate_batch`` makes it; every key
+    but ``caption`` and ``bad_files`` depends on where the items came from). Images come as pixels from a source, or
+    as a posterior from a latent cache, whose items also hold their stored condition (``Condition.stored("text_")``)
+    where a disk cache encoded the captions once."""
+
+    image: torch.Tensor  # (B, 3, H, W): uint8 as decoded, or float in [-1, 1] (``pixels.to_model_range`` takes both)
+    latent_mean: torch.Tensor  # (B, C, h, w): the VAE posterior's mean, from a latent cache
+    latent_std: torch.Tensor  # (B, C, h, w): its standard deviation; absent for a deterministic autoencoder
+    text_embeds: torch.Tensor  # (B, L, D): a disk cache's stored condition (or (B,) class ids) ...
+    text_mask: torch.Tensor  # (B, L)
+    text_pooled: torch.Tensor  # (B, P), where the conditioner gives a pooled vector
+    caption: list[str]  # the captions (or class names): always present
+    bad_files: list[str]  # "name: reason" for each unreadable file skipped to fill the batch: always present
 
 
 class Condition(NamedTuple):

@@ -97,6 +97,28 @@ def test_config_imports_nothing_of_the_package_but_errors():
             assert outside <= {"dit_trainer.errors"}, f"{name} imports {sorted(outside)}"
 
 
+def test_the_data_imports_nothing_of_the_models():
+    """The data knows images, captions and batches; what the models require of them (the sizes a latent cuts into
+    whole patches) is handed in by the composition root (``components.geometry``), not asked for."""
+    for name, path in MODULES.items():
+        if name.startswith("dit_trainer.data"):
+            models = sorted(m for m in imported_modules(path) if m.startswith("dit_trainer.components"))
+            assert not models, f"{name} imports {models}"
+
+
+# Modules that take the whole run config where a section would do (issue 42's goal: only the loader, the checks,
+# the composition root and the scripts' entry points). The ceiling only goes down: lower it when a module stops.
+ROOT_CONFIG_READERS_AT_MOST = 57
+
+
+def test_the_whole_run_config_reaches_no_more_modules():
+    readers = sorted(
+        name for name, path in MODULES.items()
+        if not name.startswith("dit_trainer.config") and "TrainConfig" in path.read_text(encoding="utf-8")
+    )  # fmt: skip
+    assert len(readers) <= ROOT_CONFIG_READERS_AT_MOST, f"{len(readers)} modules name TrainConfig: {readers}"
+
+
 def test_config_and_the_registries_load_without_torch():
     """The schema, the loader's field checks and every registry's names, with neither torch nor diffusers."""
     code = (

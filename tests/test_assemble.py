@@ -6,6 +6,7 @@ on the CPU, and the first step that uses both fails there. On this CPU-only mach
 the GPU: ``prepare`` is made to move the model there, and every module a step uses must have followed it.
 """
 
+import math
 from datetime import timedelta
 
 import accelerate
@@ -14,7 +15,7 @@ import torch
 
 from dit_trainer.assemble import build_accelerator, build_trainer
 
-from .conftest import GRPO_PROMPTS, SHAPES_TRANSFORMER, build_tiny_transformer, compose_config
+from .conftest import GRPO_PROMPTS, SHAPES_TRANSFORMER, build_tiny_transformer, compose_config, read_metrics
 
 META = torch.device("meta")
 
@@ -51,3 +52,26 @@ def test_the_collective_timeout_outlasts_a_long_monitor(tmp_path):
     """The main process samples and scores while the others wait in a collective: NCCL's 10 minutes by default."""
     cfg = compose_config(["+experiment=shapes", "trainer.collective_timeout_minutes=90"])
     assert build_accelerator(cfg, tmp_path).init_handler.timeout == timedelta(minutes=90)
+
+
+def test_a_run_trains_checkpoints_and_resumes_in_this_process(tmp_path):
+    """The smoke test of the whole core without a subprocess: ``build_trainer(cfg).fit()`` trains the DiT (its
+    weights move, the frozen VAE's and text encoder's do not), logs finite losses, writes the config and a
+    checkpoint, and a second build of the same run resumes at that step and finishes the longer run."""
+    overrides = ["+experiment=shapes", "data.length=32", "trainer.batch_size=8", "model.num_layers=1",
+                 "trainer.sample_every=0", "trainer.log_every=1", "trainer.checkpoint_every=2",
+                 "monitor.reward.enabled=false", "validation.every_n_steps=0"]  # fmt: skip
+    trainer = build_trainer(compose_config([*overrides, "trainer.max_steps=2"]), tmp_path)
+    dit = accelerate.Accelerator().unwrap_model(trainer.dit).transformer
+    loss = trainer.step.loss_fn
+    frozen = [*loss.vae.parameters(), *loss.text_encoder.parameters()]
+    before = [p.detach().clone() for p in dit.parameters()], [p.detach().clone() for p in frozen]
+    assert trainer.fit().steps == 2
+    losses = [record["loss"] for record in read_metrics(tmp_path) if "loss" in record]
+    assert len(losses) == 2 and all(map(math.isfinite, losses))
+    assert not any(map(torch.equal, before[0], [p.detach() for p in dit.parameters()]))
+    assert frozen and all(map(torch.equal, before[1], [p.detach() for p in frozen]))
+    assert (tmp_path / "config.yaml").is_file() and (tmp_path / "checkpoints" / "checkpoint-2").is_dir()
+
+    resumed = build_trainer(compose_config([*overrides, "trainer.max_steps=3", "trainer.resume=latest"]), tmp_path)
+    assert resumed.state.step == 2 and resumed.fit().steps == 3

@@ -33,6 +33,7 @@ from torch.utils.data import DataLoader, Dataset
 from dit_trainer.apps.precompute import precompute
 from dit_trainer.assemble import build_trainer
 from dit_trainer.components.build import Components, build_components
+from dit_trainer.components.geometry import configured_buckets
 from dit_trainer.components.meta import count_flops
 from dit_trainer.condition import Condition
 from dit_trainer.config import TrainConfig
@@ -225,7 +226,7 @@ def run_benchmark(cfg: TrainConfig, out_dir: Path, warmup: int = 5, steps: int =
     forward_flops, train_flops = flops_per_image(cfg, parts, device)
     speed = {m.name: m.images_per_sec for m in results}
     bare = speed["bare"]
-    reading = batch_plan_cost(open_cache(cached, device)[0], batch)
+    reading = batch_plan_cost(open_cache(cached, configured_buckets(cached), device)[0], batch)
     private_cost = {"private_cost_ratio": speed["trainer_cached"] / speed["trainer_private"]} if private else {}
     report = {
         **{f"{m.name}_img_s" if m.name != "bare" else "bare_step_img_s": m.images_per_sec for m in results},

@@ -17,8 +17,9 @@ from pathlib import Path
 import torch
 
 from dit_trainer.apps.benchmark import measure, trainer_step
+from dit_trainer.components.geometry import configured_buckets
 from dit_trainer.config import TrainConfig
-from dit_trainer.data.buckets import bucketed, configured_buckets
+from dit_trainer.data.buckets import bucketed
 from dit_trainer.data.loading import build_dataloader
 from dit_trainer.data.sources.source import build_dataset
 

@@ -20,11 +20,11 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 from tqdm.auto import tqdm
 
-from dit_trainer.components.build import check_resolution
 from dit_trainer.components.conditioners.text_encoder import build_text_encoder
+from dit_trainer.components.geometry import check_resolution, configured_buckets
 from dit_trainer.components.vae import build_vae
 from dit_trainer.config import TrainConfig
-from dit_trainer.data.buckets import bucketed, configured_buckets, in_order_loader
+from dit_trainer.data.buckets import BucketTable, bucketed, in_order_loader
 from dit_trainer.data.cache.cache import (
     IMAGE_SIZES,
     INDEX,
@@ -98,10 +98,12 @@ def _source_items(share: Dataset, loader: DataLoader) -> Iterator[list[int]] | N
 
 
 @torch.no_grad()
-def _encode_images(cfg: TrainConfig, cache_dir: Path, state: PartialState, vae, text_encoder) -> tuple[int, list]:
+def _encode_images(
+    cfg: TrainConfig, table: BucketTable | None, cache_dir: Path, state: PartialState, vae, text_encoder
+) -> tuple[int, list]:
     """Encode this rank's share into shards; returns (items, bad files) and leaves its shard list beside them."""
     device = state.device
-    table, batch_size = configured_buckets(cfg), cfg.trainer.batch_size
+    batch_size = cfg.trainer.batch_size
     sizes_dir = cache_dir / IMAGE_SIZES  # a precompute run again (one that did not finish) reads no header
     source = bucketed(build_dataset(cfg.data), table, batch_size, False, state.is_main_process, sizes_dir)
     share = _rank_share(source, state)
@@ -180,7 +182,8 @@ def precompute(cfg: TrainConfig) -> PrecomputeResult:
     _refuse_random_augmentation(cfg)
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     dtype = weight_dtype(resolve_mixed_precision(cfg.trainer.mixed_precision))
-    fingerprint = cache_fingerprint(cfg)  # of the data as it is before encoding starts
+    buckets = configured_buckets(cfg)
+    fingerprint = cache_fingerprint(cfg, buckets)  # of the data as it is before encoding starts
     if (cache_dir / INDEX).is_file():
         index = read_index(cache_dir)
         check_fingerprint(index, fingerprint, cache_dir)
@@ -200,7 +203,7 @@ def precompute(cfg: TrainConfig) -> PrecomputeResult:
         text_encoder = build_text_encoder(cfg.text_encoder, state.device, dtype)
         vae = build_vae(cfg.vae, state.device, dtype)
         check_resolution(cfg, vae.downsample_factor)
-        items, bad_files = _encode_images(cfg, cache_dir, state, vae, text_encoder)
+        items, bad_files = _encode_images(cfg, buckets, cache_dir, state, vae, text_encoder)
         state.wait_for_everyone()
         if state.is_main_process:
             prompts = _write_prompts(cfg, cache_dir, [], text_encoder)

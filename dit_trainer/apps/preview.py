@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from dit_trainer.apps.cli import parse_cli
 from dit_trainer.apps.inference import refuse_overwrite
+from dit_trainer.components.geometry import configured_buckets
 from dit_trainer.config import PreviewConfig, TrainConfig
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.loading import build_dataloader, build_source, loader_options
@@ -68,7 +69,8 @@ def preview_items(cfg: TrainConfig, n: int) -> tuple[list[dict], int]:
     data = replace(cfg.data, cache_dir=None, cache_latents=False)  # images, not latents
     cfg = replace(cfg, data=data)
     set_seed(cfg.trainer.seed)
-    dataset, _, held_out = build_source(cfg, Accelerator(cpu=True))  # no sizes index is written
+    buckets = configured_buckets(cfg)
+    dataset, _, held_out = build_source(cfg, buckets, Accelerator(cpu=True))  # no sizes index is written
     held = len(held_out) if held_out is not None and cfg.validation.split and not cfg.validation.path else 0
     device = torch.device("cpu")
     if isinstance(dataset, IterableDataset):  # a stream: the training loader's first items

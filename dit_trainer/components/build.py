@@ -8,17 +8,15 @@ from pathlib import Path
 import torch
 
 from dit_trainer.components.conditioners.text_encoder import build_text_encoder
-from dit_trainer.components.dit import DiTAdapter, build_dit, enable_gradient_checkpointing, known_patch_size
-from dit_trainer.components.families import FAMILIES
+from dit_trainer.components.dit import DiTAdapter, build_dit, enable_gradient_checkpointing
 from dit_trainer.components.fused_qkv import apply_fused_qkv
+from dit_trainer.components.geometry import check_resolution
 from dit_trainer.components.kinds import Conditioner
 from dit_trainer.components.lora import apply_lora
-from dit_trainer.components.vae import build_vae, known_downsample_factor
+from dit_trainer.components.vae import build_vae
 from dit_trainer.config import TrainConfig
 from dit_trainer.diffusion.build import build_noise_schedule
 from dit_trainer.diffusion.schedule import NoiseSchedule
-from dit_trainer.errors import ConfigError
-from dit_trainer.hub import model_config
 
 
 @dataclass
@@ -30,39 +28,6 @@ class Components:
     dit: DiTAdapter
     schedule: NoiseSchedule
     latent_shape: tuple[int, int, int]
-
-
-def check_resolution(cfg: TrainConfig, downsample_factor: int) -> None:
-    """Refuse a ``data.resolution`` that the VAE's downsampling and the DiT's patches do not divide: the VAE would
-    round the latent size, silently dropping the images' edges. Checked with the config when the factor is known
-    then, else as soon as the VAE has loaded."""
-    patch, resolution = known_patch_size(cfg.model), cfg.data.resolution
-    step = downsample_factor * (patch or 1)
-    if resolution % step == 0:
-        return
-    lower = resolution // step * step
-    nearest = f"`data.resolution={lower}` or `data.resolution={lower + step}`" if lower else f"`data.resolution={step}`"
-    divisor = f"the VAE's downsampling factor {downsample_factor}"
-    if patch:
-        divisor = f"the VAE's downsampling factor × the DiT's patch size = {downsample_factor} × {patch} = {step}"
-    raise ConfigError(
-        "data.resolution",
-        resolution,
-        f"it must be a multiple of {divisor} (images become {downsample_factor}× smaller latents, cut into patches; "
-        "another size would be rounded, silently dropping the images' edges)",
-        f"set {nearest}",
-    )
-
-
-def pixel_multiple(cfg: TrainConfig, download: bool = False) -> int | None:
-    """What every image side must be a multiple of for its latent to cut into whole patches: the VAE's downsampling
-    factor x the DiT's patch size. Read from the models' config.json files where they are on this machine; else
-    None, or with ``download`` those files are downloaded (not the weights)."""
-    factor, patch = known_downsample_factor(cfg.vae, download), known_patch_size(cfg.model)
-    if download and patch is None:
-        config = model_config(cfg.model.pretrained, cfg.model.subfolder, cfg.model.revision, "model.pretrained")
-        patch = config["patch_size"] * FAMILIES.get(cfg.model.family).packing
-    return None if factor is None or patch is None else factor * patch
 
 
 def trained_start(cfg: TrainConfig) -> Path | None:

@@ -24,8 +24,6 @@ from typing import Any
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
-from dit_trainer.components.build import pixel_multiple
-from dit_trainer.config import TrainConfig
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.image_sizes import image_sizes
 from dit_trainer.errors import ConfigError
@@ -102,14 +100,6 @@ def bucket_table(spec: Any, resolution: int, multiple: int, key: str = "data.buc
             f"use e.g. [{rounded[0]}, {rounded[1]}] instead",
         )
     return BucketTable(tuple(dict.fromkeys(sizes)))
-
-
-def configured_buckets(cfg: TrainConfig) -> BucketTable | None:
-    """The bucket table ``data.buckets`` asks for at ``data.resolution`` (None for squares); its sizes depend on
-    the VAE and the patch size, whose config files are downloaded first if need be."""
-    if cfg.data.buckets == "none":
-        return None
-    return bucket_table(cfg.data.buckets, cfg.data.resolution, pixel_multiple(cfg, download=True))
 
 
 class Bucketed(Dataset):

@@ -4,10 +4,8 @@ caption tools have text captions to work on, and validation has held-out images 
 
 from __future__ import annotations
 
-from dit_trainer.components.build import pixel_multiple
 from dit_trainer.config import TrainConfig
 from dit_trainer.data import SOURCES, configured_sources
-from dit_trainer.data.buckets import configured_buckets
 from dit_trainer.data.captions import check_caption_tools
 from dit_trainer.errors import require
 
@@ -101,8 +99,8 @@ def _check_stream_mixture(cfg: TrainConfig, streamed: str) -> None:
 
 
 def _check_buckets(cfg: TrainConfig) -> None:
-    """Buckets need a source that reads image sizes, batches that can be made one bucket at a time, and sizes the
-    latents cut into whole patches."""
+    """Buckets need a source that reads image sizes and batches that can be made one bucket at a time (that their
+    sizes cut into whole patches is for the models to say: ``components.checks``)."""
     sources = configured_sources(cfg.data)
     square = next((name for name in sources if not SOURCES.get(name).bucketed), None)
     require(
@@ -120,8 +118,6 @@ def _check_buckets(cfg: TrainConfig) -> None:
         "DP's Poisson sampling draws every image independently at every step, so a batch cannot be kept to one bucket",
         "set `data.buckets=none` under `privacy.enabled=true`",
     )
-    if pixel_multiple(cfg) is not None:  # else the models' config files are downloaded when the data is read
-        configured_buckets(cfg)
 
 
 def _check_validation(cfg: TrainConfig) -> None:

@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
+from dit_trainer.condition import Batch
 from dit_trainer.data.sources.transforms import UNREADABLE_ERRORS, describe_failure, to_model_input
 from dit_trainer.errors import ConfigError
 
@@ -23,7 +24,7 @@ from dit_trainer.errors import ConfigError
 MAX_CONSECUTIVE_BAD = 100
 
 
-def collate_batch(items: list[dict[str, Any]] | dict[str, Any]) -> dict[str, Any]:
+def collate_batch(items: list[dict[str, Any]] | Batch) -> Batch:
     """Tensors stacked, everything else (captions) as lists, and ``"bad_files"`` always present (maybe empty).
 
     Unlike the DataLoader's default collate, it accepts items with and without ``"bad_files"`` in one batch. A data
@@ -32,7 +33,7 @@ def collate_batch(items: list[dict[str, Any]] | dict[str, Any]) -> dict[str, Any
     """
     if isinstance(items, dict):
         return items
-    batch: dict[str, Any] = {}
+    batch: Batch = {}
     for key in items[0]:
         if key == "bad_files":
             continue

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from dit_trainer.config import MixtureSource, TrainConfig
 from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
-from dit_trainer.data.buckets import BucketedStream, BucketTable, bucketed, configured_buckets, item_buckets
+from dit_trainer.data.buckets import BucketedStream, BucketTable, bucketed, item_buckets
 from dit_trainer.data.cache.cache import open_cache
 from dit_trainer.data.cache.cached_prompts import CachedPrompts
 from dit_trainer.data.cache.latent_cache import LatentDataset, encode_dataset
@@ -50,13 +50,14 @@ def require_full_batches(items: int, batch_size: int, processes: int, held_out: 
 
 
 def build_source(
-    cfg: TrainConfig, accelerator: Accelerator, sizes_dir: Path | None = None
+    cfg: TrainConfig, buckets: BucketTable | None, accelerator: Accelerator, sizes_dir: Path | None = None
 ) -> tuple[Dataset, CachedPrompts | None, Dataset | None]:
     """The disk cache (and its prompt embeddings) when there is one, else the source data set, less the validation
     images it holds out (returned third); a map-style one is checked to give every process a complete batch before
-    any model is built. ``sizes_dir``: the run's folder for the sizes index of bucketed data (``image_sizes``)."""
-    cache, cached_text = open_cache(cfg, accelerator.device) if cfg.data.cache_dir else (None, None)
-    table, source = (cache.table, cache) if cache is not None else (configured_buckets(cfg), build_dataset(cfg.data))
+    any model is built. ``buckets``: the run's table (``components.geometry.configured_buckets``; None: squares);
+    ``sizes_dir``: the run's folder for the sizes index of bucketed data (``image_sizes``)."""
+    cache, cached_text = open_cache(cfg, buckets, accelerator.device) if cfg.data.cache_dir else (None, None)
+    table, source = (cache.table, cache) if cache is not None else (buckets, build_dataset(cfg.data))
     if cache is None:  # a stream in buckets batches itself, dropping incomplete batches as the loader would
         source = bucketed(source, table, cfg.trainer.batch_size, True, accelerator.is_main_process, sizes_dir)
     dataset, held_out = split_validation(cfg.data, cfg.validation, source, table)

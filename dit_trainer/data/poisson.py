@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+from dit_trainer.condition import Batch
 from dit_trainer.data.collate import collate_batch
 
 EMPTY_BATCH_KEY = "empty"  # a Poisson draw can select no image: the step then adds noise to a zero gradient
@@ -52,5 +53,5 @@ def collate_poisson(items: list[dict[str, Any]]) -> dict[str, Any]:
     return collate_batch(items) if items else {EMPTY_BATCH_KEY: True, "bad_files": []}
 
 
-def is_empty(batch: dict[str, Any]) -> bool:
+def is_empty(batch: Batch) -> bool:
     return EMPTY_BATCH_KEY in batch

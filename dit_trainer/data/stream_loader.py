@@ -61,6 +61,10 @@ class StreamLoader(StatefulDataLoader):
         self.epoch = 0
         self.restored = False
 
+    def process_states(self) -> dict[str, StreamLoader]:
+        """This process's stream position, by its name in a checkpoint's per-process state."""
+        return {"data_stream": self}
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "epoch": self.epoch,

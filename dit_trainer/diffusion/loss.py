@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dit_trainer.condition import Condition
+from dit_trainer.condition import Batch, Condition
 from dit_trainer.diffusion.schedule import NoiseSchedule
 from dit_trainer.pixels import to_model_range
 
@@ -39,7 +39,7 @@ def kept_captions(count: int, probability: float, generator: torch.Generator) ->
 
 
 def batch_condition(
-    batch: dict, text_encoder, probability: float, generator: torch.Generator, tags: CaptionTransform | None = None
+    batch: Batch, text_encoder, probability: float, generator: torch.Generator, tags: CaptionTransform | None = None
 ) -> Condition:
     """The condition of the batch's captions after dropout: encoded now (their tags shuffled and dropped first, with
     ``tags``) or read from the cache, then a dropped caption takes the condition of "". The choice stays on the
@@ -70,7 +70,7 @@ def offset_noise(latents: torch.Tensor, noise_offset: float, generator: torch.Ge
 
 
 def diffusion_loss(
-    batch: dict,
+    batch: Batch,
     dit: nn.Module,
     vae,
     text_encoder,
@@ -117,7 +117,7 @@ class DiffusionLoss:
     noise_offset: float = 0.0  # diffusion.noise_offset
     tags: CaptionTransform | None = None  # data.shuffle_tags, data.tag_dropout (``data.captions.tag_augmentation``)
 
-    def __call__(self, batch: dict, dit: nn.Module, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, batch: Batch, dit: nn.Module, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         return diffusion_loss(
             batch,
             dit,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from accelerate import Accelerator
 
+from dit_trainer.condition import Batch
 from dit_trainer.errors import ConfigError
 
 MIN_BAD_TO_STOP = 5  # so that one unlucky corrupt file in the first batch never stops a run
@@ -27,7 +28,7 @@ class BadFileCounter:
         self.read = 0  # on this process: files read, good or bad
         self.bad: list[str] = []  # on this process
 
-    def add(self, batch: dict) -> None:
+    def add(self, batch: Batch) -> None:
         self.read += len(batch["caption"]) + len(batch["bad_files"])
         self.bad += batch["bad_files"]
 

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from dit_trainer.condition import Batch
 from dit_trainer.data.poisson import is_empty
 from dit_trainer.training.batches import resumable_batches
 from dit_trainer.training.data_health import BadFileCounter
@@ -69,7 +70,7 @@ class SupervisedStep:
         """None: the data order resumes from the step count (``batches``), the randomness from the state's generator."""
         return {}
 
-    def _backward(self, batch: dict) -> torch.Tensor:
+    def _backward(self, batch: Batch) -> torch.Tensor:
         """Forward and backward of one micro-batch; returns its mean loss."""
         if is_empty(batch):  # only a Poisson draw (DP) can select no image
             return self.updates.update.backward_empty()
@@ -77,7 +78,7 @@ class SupervisedStep:
         self.timestep_losses.add(per_sample, timesteps)
         return self.updates.update.backward(per_sample)
 
-    def _preflight(self, batch: dict) -> None:
+    def _preflight(self, batch: Batch) -> None:
         """The doctor on the first batch of this process, with a copy of the step's generator: the step that
         follows draws exactly what it would have drawn without the check."""
         model = self.accelerator.unwrap_model(self.dit)

@@ -11,10 +11,10 @@ import torch
 
 from dit_trainer.apps.precompute import precompute
 from dit_trainer.assemble import build_trainer
+from dit_trainer.components.geometry import configured_buckets
 from dit_trainer.data.buckets import (
     BucketTable,
     bucket_table,
-    configured_buckets,
     in_order_batches,
     pixart_buckets,
     pixart_tables,
@@ -97,7 +97,8 @@ def test_a_bucketed_cache_keeps_each_items_bucket(tmp_path, source):
     latent_sizes = {tuple(batch["latent_mean"].shape[-2:]) for batch in batches}
     assert latent_sizes == {(h // 2, w // 2) for h, w in SIZES}  # the shapes VAE halves each side
     with pytest.raises(ConfigError, match=r"data\.cache_dir.*other settings.*bucket_sizes"):
-        open_cache(compose_config([*overrides, "data.buckets=[[32,32],[24,40]]"]), torch.device("cpu"))
+        cfg = compose_config([*overrides, "data.buckets=[[32,32],[24,40]]"])
+        open_cache(cfg, configured_buckets(cfg), torch.device("cpu"))
 
 
 def test_a_bucketed_stream_assembles_single_bucket_batches_and_resumes_exactly(tmp_path):

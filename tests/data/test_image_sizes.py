@@ -13,6 +13,7 @@ import torch
 from accelerate import Accelerator
 from PIL import Image
 
+from dit_trainer.components.geometry import configured_buckets
 from dit_trainer.data.buckets import Bucketed, BucketTable, item_buckets
 from dit_trainer.data.image_sizes import image_sizes
 from dit_trainer.data.loading import build_source
@@ -66,7 +67,7 @@ def test_start_up_with_pixart_buckets_on_20000_images_with_declared_sizes_opens_
                           "data.resolution=32", "data.num_workers=0"])  # fmt: skip
     opened = count_opens(monkeypatch, folder)
     sizes_dir = tmp_path / "run" / "image_sizes"
-    dataset, _, _ = build_source(cfg, Accelerator(cpu=True), sizes_dir)
+    dataset, _, _ = build_source(cfg, configured_buckets(cfg), Accelerator(cpu=True), sizes_dir)
     assert opened == [] and not sizes_dir.exists()  # no header read, no index needed
     buckets = item_buckets(dataset)
     assert len(buckets) == 20_000 and len(set(buckets[:3])) == 3  # square, landscape and portrait buckets

@@ -30,6 +30,7 @@ from dit_trainer.assemble import build_trainer
 from dit_trainer.components.build import build_components
 from dit_trainer.components.compile import compile_blocks
 from dit_trainer.components.dit import DiTAdapter, build_dit
+from dit_trainer.components.geometry import configured_buckets
 from dit_trainer.components.meta import count_flops
 from dit_trainer.condition import Condition
 from dit_trainer.config import TrainConfig
@@ -146,7 +147,7 @@ def write_synthetic_cache(cfg: TrainConfig, items: int, width: int, seed: int = 
     save_shard(cache_dir / shard_name(0, 0), tensors, [str(i) for i in range(items)], list(range(items)), storage)
     save_file({k: v.contiguous() for k, v in prompt_condition.stored().items()}, cache_dir / PROMPTS)
     index = {
-        "fingerprint": cache_fingerprint(cfg),
+        "fingerprint": cache_fingerprint(cfg, configured_buckets(cfg)),
         "items": items,
         "dtype": cfg.data.cache_dtype,
         "shards": [{"file": shard_name(0, 0), "items": items}],
@@ -283,7 +284,7 @@ def run_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> dict:
         if rank() == 0:
             write_synthetic_cache(cfg, items, TINY_WIDTH if job.tiny else T5_XXL_WIDTH)
         _wait_for(Path(str(cfg.data.cache_dir)) / INDEX)
-        cached_text = open_cache(cfg, device)[1]
+        cached_text = open_cache(cfg, configured_buckets(cfg), device)[1]
     parts = build_components(
         cfg, device, weight_dtype(resolve_mixed_precision(cfg.trainer.mixed_precision)), cached_text
     )

@@ -39,7 +39,7 @@ from torch.utils.data import Dataset
 from dit_trainer.condition import Condition
 from dit_trainer.config import TextEncoderConfig, TrainConfig
 from dit_trainer.data import SOURCES
-from dit_trainer.data.buckets import BucketTable, configured_buckets
+from dit_trainer.data.buckets import BucketTable
 from dit_trainer.data.cache.cached_prompts import CachedPrompts
 from dit_trainer.data.image_sizes import INDEX_FILE
 from dit_trainer.durable import share_as_umask_allows
@@ -80,9 +80,10 @@ NOT_FINGERPRINTED = (
 ADDED_DATA_KEYS = {"caption_prefix": ""}
 
 
-def cache_fingerprint(cfg: TrainConfig) -> dict:
+def cache_fingerprint(cfg: TrainConfig, buckets: BucketTable | None) -> dict:
     """Everything that shaped the cached tensors: the VAE, the text encoder, how images and captions were read, and
-    what the source holds (its ``content``: a folder that grew since must not reuse the cache)."""
+    what the source holds (its ``content``: a folder that grew since must not reuse the cache). ``buckets``: the
+    run's table (``components.geometry.configured_buckets``), whose sizes depend on the VAE and the patch size too."""
     data = {
         k: v
         for k, v in asdict(cfg.data).items()
@@ -97,8 +98,8 @@ def cache_fingerprint(cfg: TrainConfig) -> dict:
         "text_encoder": encoder,
         "data": data,
     }
-    if cfg.data.buckets != "none":  # the sizes `pixart` resolves to depend on the VAE and the patch size too
-        fingerprint["bucket_sizes"] = [list(size) for size in configured_buckets(cfg).sizes]
+    if buckets is not None:
+        fingerprint["bucket_sizes"] = [list(size) for size in buckets.sizes]
     content = SOURCES.get(cfg.data.source).content
     return fingerprint | ({"data_content": content(cfg.data)} if content else {})
 
@@ -332,11 +333,13 @@ def opened(path: Path, read: Callable[[str], T]) -> T:
         ) from error
 
 
-def open_cache(cfg: TrainConfig, device: torch.device) -> tuple[CacheDataset, CachedPrompts]:
-    """The cache at ``data.cache_dir``, checked against this run's settings, data and prompts."""
+def open_cache(
+    cfg: TrainConfig, buckets: BucketTable | None, device: torch.device
+) -> tuple[CacheDataset, CachedPrompts]:
+    """The cache at ``data.cache_dir``, checked against this run's settings, buckets, data and prompts."""
     cache_dir = Path(str(cfg.data.cache_dir)).expanduser()
     index = read_index(cache_dir)
-    check_fingerprint(index, cache_fingerprint(cfg), cache_dir)
+    check_fingerprint(index, cache_fingerprint(cfg, buckets), cache_dir)
     prompts = opened(cache_dir / PROMPTS, load_file)
     text = CachedPrompts(index["prompts"], Condition.from_stored(prompts), device)
     text.encode(cache_prompts(cfg))  # a missing sample/monitor prompt fails now, not at the first sample grid

@@ -187,6 +187,14 @@ class PrivateTraining:
     noise_multiplier: float
     sample_rate: float
 
+    def saved_states(self) -> dict[str, Any]:
+        """What a checkpoint keeps of DP, by name: the accountant (the privacy spent so far; ``state_dict``)."""
+        return {"privacy_accountant": self}
+
+    def generators(self) -> dict[str, torch.Generator]:
+        """The noise's generator, by its name in a checkpoint's per-process state (``TrainingState``)."""
+        return {"dp_noise": self.optimizer.generator}
+
     def backward(self, per_sample_loss: torch.Tensor) -> None:
         """Gradients of the mean loss such that the DP optimizer can clip each sample's share."""
         if self.mode == "ghost":

@@ -109,7 +109,7 @@ def test_config_rules_name_the_key(flux_folder, override, key):
 def test_a_pretrained_flux_needs_even_latent_sides_though_its_config_says_patch_size_1(flux_folder):
     """FluxTransformer2DModel's patch_size is 1; the family packs 2 x 2 latents, so bucket and image sides are
     multiples of 4 px with the tiny VAE's factor 2, and 18 px (9 latents) is refused."""
-    from dit_trainer.components.build import pixel_multiple
+    from dit_trainer.components.geometry import pixel_multiple
 
     pretrained = [f"model.pretrained={flux_folder}", "model.subfolder=transformer"]
     assert pixel_multiple(compose_config([*TINY_SHAPES, *flux_overrides(flux_folder), *pretrained])) == 4

@@ -189,3 +189,77 @@ def test_a_resave_killed_between_its_two_renames_keeps_the_previous_copy(tmp_pat
     assert (checkpoints / "checkpoint-4" / "transformer" / "w.safetensors").read_bytes() == b"previous"
     assert (checkpoints / "checkpoint-2" / "transformer" / "w.safetensors").read_bytes() == b"weights"
     assert [p.name for p in list_checkpoints(checkpoints)] == ["checkpoint-2", "checkpoint-4"]
+
+
+def _train_a_little(checkpointer: Checkpointer, scheduler, updates: int) -> None:
+    """``updates`` AdamW updates of the tiny DiT on a made-up loss (AdamW's moments and the schedule move), and
+    draws from the step's generator, as a run's steps do."""
+    optimizer = getattr(scheduler, "scheduler", scheduler).optimizer
+    for _ in range(updates):
+        loss = sum((parameter.float() - 0.1).pow(2).sum() for parameter in checkpointer.parameters)
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        torch.rand(3, generator=checkpointer.state.generator)
+        checkpointer.state.step += 1
+
+
+def _snapshot(checkpointer: Checkpointer, scheduler) -> dict:
+    optimizer = getattr(scheduler, "scheduler", scheduler).optimizer
+    moments = [state["exp_avg_sq"].clone() for state in optimizer.state_dict()["state"].values()]
+    return {
+        "weights": [parameter.detach().clone() for parameter in checkpointer.parameters],
+        "moments": moments,
+        "lr": scheduler.get_last_lr(),
+        "step": checkpointer.state.step,
+        "generator": checkpointer.state.generator.get_state(),
+    }
+
+
+def _same(one: dict, other: dict) -> bool:
+    tensors = ("weights", "moments")
+    equal = all(len(one[k]) == len(other[k]) and all(map(torch.equal, one[k], other[k])) for k in tensors)
+    return (
+        equal
+        and one["lr"] == other["lr"]
+        and one["step"] == other["step"]
+        and torch.equal(one["generator"], other["generator"])
+    )
+
+
+def test_a_checkpoint_restores_weights_optimizer_schedule_counters_and_generator_exactly(tmp_path):
+    """The round trip every resume rests on, in this process on a tiny DiT: a fresh build restores what was saved
+    bit for bit, and its next updates are the writer's."""
+    _, writer, writer_schedule = tiny_run(tmp_path, "linear")
+    _train_a_little(writer, writer_schedule, 3)
+    saved = _snapshot(writer, writer_schedule)
+    checkpoint = writer.save(3)
+    _train_a_little(writer, writer_schedule, 2)
+
+    _, reader, reader_schedule = tiny_run(tmp_path, "linear")
+    assert not _same(_snapshot(reader, reader_schedule), saved)
+    assert reader.restore("latest") == checkpoint
+    assert _same(_snapshot(reader, reader_schedule), saved)
+    _train_a_little(reader, reader_schedule, 2)
+    assert _same(_snapshot(reader, reader_schedule), _snapshot(writer, writer_schedule))
+
+
+def test_a_resume_that_changes_the_model_is_refused_naming_the_key_unless_allowed(tmp_path):
+    """What a checkpoint trained is part of it: a resume with another model section is refused in one paragraph
+    naming the key and both values (nothing loaded), and goes on with ``trainer.allow_config_change=true``; a
+    changed LR is not a change of what is trained."""
+    _, writer, _ = tiny_run(tmp_path, "linear")
+    writer.save(2)
+    _, reader, _ = tiny_run(tmp_path, "linear")
+    reader.config = reader.config | {"model": reader.config["model"] | {"num_layers": 3}}
+    with pytest.raises(ConfigError) as caught:
+        reader.restore("latest")
+    message = one_paragraph(caught.value, "trainer.resume")
+    assert "model.num_layers" in message and "3" in message and reader.state.step == 0
+
+    reader.allow_config_change = True
+    assert reader.restore("latest") is not None
+    _, other_lr, _ = tiny_run(tmp_path, "linear")
+    other_lr.config = other_lr.config | {"optim": other_lr.config["optim"] | {"lr": 1e-5}}
+    assert other_lr.restore("latest") is not None
