@@ -1,5 +1,5 @@
 """Pin what short runs of each kind log, to show that a refactoring changed nothing: record the metrics of short SFT
-(epsilon), flow-matching, DP-SGD, class-conditional DiT and GRPO runs at one commit, then check them at another.
+(epsilon), flow-matching, DP-SGD, class-conditional DiT, GRPO and DiffusionNFT runs at one commit, then check them at another.
 
     python scripts/pin_metrics.py record pinned.json      # before the change
     python scripts/pin_metrics.py check pinned.json       # after it: exit 0 when every pinned value is bit-identical
@@ -50,6 +50,21 @@ RUNS: dict[str, list[str]] = {
         "grpo.sample_steps=4",
         "grpo.sde_steps=null",
         "grpo.rollout_batch_size=8",
+        "diffusion.sample_steps=4",
+        "trainer.max_steps=3",
+        *SHORT,
+    ],
+    # 3 epochs of DiffusionNFT from the sft run: 2 prompts x 4 images, 2 of a 4-step sampler's timesteps trained
+    "nft": [
+        "+experiment=shapes_nft",
+        "trainer.init_from={sft}",
+        "nft.prompts=[a red circle,a blue square]",
+        "nft.prompt_file=null",
+        "nft.prompts_per_epoch=2",
+        "nft.group_size=4",
+        "nft.sample_steps=4",
+        "nft.steps_per_sample=2",
+        "nft.rollout_batch_size=8",
         "diffusion.sample_steps=4",
         "trainer.max_steps=3",
         *SHORT,
