@@ -261,7 +261,8 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     if cfg.trainer.init_weights:  # started from another run: its weights are copied here first
         cfg = own_starting_weights(cfg, run_dir, accelerator)
     updates_per_step = method.updates_per_step(cfg)
-    cfg = warmup_within_run(cfg, updates_per_step)  # a warm-up as long as the run is cut (and recorded so)
+    # a warm-up as long as the run is cut (and recorded so)
+    cfg = dataclasses.replace(cfg, optim=warmup_within_run(cfg.optim, cfg.trainer.max_steps, updates_per_step))
     reads_data = method.reads_data
     buckets = configured_buckets(cfg) if reads_data else None  # the image sizes the models allow (None: squares)
     source, cached_text, held_out = (
@@ -270,14 +271,18 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     frozen_dtype = weight_dtype(accelerator.mixed_precision)
     parts = build_components(cfg, accelerator.device, frozen_dtype, cached_text)
     # Logged; on a GPU, a run whose `trainer.batch_size` steps cannot fit is refused before step 1.
-    report_memory(cfg, parts, accelerator, refuse_unfit=reads_data)
+    report_memory(cfg.trainer, cfg.optim.name, parts, accelerator, refuse_unfit=reads_data)
     if reads_data:
-        warn_live_text_encoding(cfg, parts)  # when encoding captions every step costs much of the DiT's step
-        warn_shapes_vae_on_other_data(cfg)  # the shipped VAE knows only the shapes
+        warn_live_text_encoding(
+            cfg.text_encoder, cfg.trainer.batch_size, parts
+        )  # when encoding captions every step costs much of the DiT's step
+        warn_shapes_vae_on_other_data(cfg.vae, cfg.data)  # the shipped VAE knows only the shapes
     apply_fp8(cfg.precision, parts.dit, accelerator.device)  # precision.fp8: before compile fuses its casts
-    apply_compile(cfg, parts.dit)  # trainer.compile: after the meta-device counts above, before prepare wraps
-    optimizer = build_optimizer(cfg, parts.dit)
-    lr_scheduler = build_lr_scheduler(cfg, optimizer, updates_per_step)
+    apply_compile(
+        parts.dit, cfg.trainer.compile, cfg.data.buckets != "none"
+    )  # after the meta-device counts above, before prepare wraps
+    optimizer = build_optimizer(cfg.optim, parts.dit)
+    lr_scheduler = build_lr_scheduler(cfg.optim, optimizer, cfg.trainer.max_steps * updates_per_step)
     privacy = dataloader = None
     if reads_data:
         privacy, optimizer, dataloader = build_training_loader(cfg, accelerator, parts, source, optimizer)
@@ -286,7 +291,7 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     gather_shared_modules_once(accelerator.unwrap_model(dit))  # the DiT's embedder: one all-gather a step
     # Taken after prepare: FSDP2 replaces every parameter with a sharded one (the EMA then holds slices too).
     parameters = trainable_parameters(accelerator.unwrap_model(dit).transformer)
-    ema = build_ema(cfg, parameters)
+    ema = build_ema(cfg.trainer.ema_decay, parameters)
     if dataloader is not None and privacy is None and not isinstance(dataloader.dataset, IterableDataset):
         # Sharded, without device placement: the step moves the tensors it uses (as for the loaders above), so
         # accelerate's per-batch walk through every caption string is not paid. (Streams shard themselves.)

@@ -1,5 +1,6 @@
 """Pin what short runs of each kind log, to show that a refactoring changed nothing: record the metrics of short SFT
-(epsilon), flow-matching, DP-SGD, class-conditional DiT, GRPO and DiffusionNFT runs at one commit, then check them at another.
+(epsilon), flow-matching, DP-SGD, class-conditional DiT, GRPO and DiffusionNFT runs at one commit, then check them at
+another.
 
     python scripts/pin_metrics.py record pinned.json      # before the change
     python scripts/pin_metrics.py check pinned.json       # after it: exit 0 when every pinned value is bit-identical

@@ -103,7 +103,7 @@ def fixed_batch(
 def bare_step(cfg: TrainConfig, parts: Components, device: torch.device) -> Callable[[], None]:
     """(a): forward, backward and the trainer's own (fused) AdamW, nothing else."""
     dit = copy.deepcopy(parts.dit).to(device).train()
-    optimizer = build_optimizer(cfg, dit)
+    optimizer = build_optimizer(cfg.optim, dit)
     x_t, t, condition = fixed_batch(cfg, parts, device)
     dtype = weight_dtype(resolve_mixed_precision(cfg.trainer.mixed_precision))
 

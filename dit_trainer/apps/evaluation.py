@@ -105,8 +105,8 @@ def fid_reference(run: TrainedRun, cfg: EvaluateConfig) -> tuple[torch.nn.Module
     any image is sampled."""
     device = run.text_to_image.device
     extractor = build_feature_extractor(cfg.fid_features, cfg.fid_weights, run.text_to_image.vae, run.cfg.vae, device)
-    cache_dir = reference_cache_dir(cfg.fid_cache_dir, run.cfg, Path(cfg.run_dir).expanduser())
-    reference = validation_reference(run.cfg, extractor, cache_dir, device, cfg.batch_size)
+    cache_dir = reference_cache_dir(cfg.fid_cache_dir, run.cfg.data, Path(cfg.run_dir).expanduser())
+    reference = validation_reference(run.cfg.data, run.cfg.validation, extractor, cache_dir, device, cfg.batch_size)
     check_reference_size(
         reference,
         "metrics",

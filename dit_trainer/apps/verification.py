@@ -98,7 +98,7 @@ def verify_training_setup(cfg: TrainConfig, device: torch.device | None = None) 
     if not report.gradient_flow.ok:
         return report
     before = {name: snapshot(module) for name, module in components.items()}
-    optimizer = build_optimizer(cfg, parts.dit)
+    optimizer = build_optimizer(cfg.optim, parts.dit)
     for step in range(2):
         compute_loss().backward()
         if step == 0:

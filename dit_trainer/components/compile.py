@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from dit_trainer.components.dit import DiTAdapter
-from dit_trainer.config import TrainConfig
 from dit_trainer.errors import ConfigError
 
 
@@ -47,15 +46,16 @@ def _contiguous_inputs(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tu
     return tuple(map(contiguous, args)), {key: contiguous(value) for key, value in kwargs.items()}
 
 
-def apply_compile(cfg: TrainConfig, dit: DiTAdapter) -> None:
-    """``trainer.compile``: compile the blocks before ``accelerator.prepare`` wraps the model (torchtitan's order).
+def apply_compile(dit: DiTAdapter, enabled: bool, bucketed: bool) -> None:
+    """``trainer.compile`` (``enabled``): compile the blocks before ``accelerator.prepare`` wraps the model
+    (torchtitan's order).
 
     Recompiles: a graph is guarded on its input shapes and on grad mode. With one latent shape, one graph trains and
     one samples for the monitors (no grad); a monitor with another batch adds one whose batch is dynamic. Each bucket
-    of ``data.buckets`` is another token count, so there the blocks compile for dynamic shapes at once: on the CPU,
-    one graph served three bucket shapes, where the default compiled a static graph and recompiled at the second
-    bucket. Either way torch's limit of 8 recompiles per function is not reached."""
-    if not cfg.trainer.compile:
+    of ``data.buckets`` (``bucketed``) is another token count, so there the blocks compile for dynamic shapes at
+    once: on the CPU, one graph served three bucket shapes, where the default compiled a static graph and recompiled
+    at the second bucket. Either way torch's limit of 8 recompiles per function is not reached."""
+    if not enabled:
         return
     if not dit.blocks():
         raise ConfigError(
@@ -65,4 +65,4 @@ def apply_compile(cfg: TrainConfig, dit: DiTAdapter) -> None:
             f"({', '.join(dit.family.blocks)}), and regional compilation compiles those blocks",
             "name the transformer's ModuleLists of blocks in the family's `blocks`, or set `trainer.compile=false`",
         )
-    compile_blocks(dit, dynamic=True if cfg.data.buckets != "none" else None)
+    compile_blocks(dit, dynamic=True if bucketed else None)

@@ -10,7 +10,7 @@ from accelerate.logging import get_logger
 from diffusers.optimization import get_scheduler
 
 from dit_trainer.components.dit import DiTAdapter
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import OptimConfig
 from dit_trainer.training.optimizers import make_optimizer
 from dit_trainer.training.state.ema import FusedEMA
 
@@ -32,50 +32,51 @@ def optimizer_groups(dit: DiTAdapter, weight_decay: float) -> list[dict]:
     return [{"params": rest}, {"params": exempt, "weight_decay": 0.0}]
 
 
-def build_optimizer(cfg: TrainConfig, dit: DiTAdapter) -> torch.optim.Optimizer:
+def build_optimizer(optim: OptimConfig, dit: DiTAdapter) -> torch.optim.Optimizer:
     """The ``optim.name`` optimizer (fused AdamW by default: one kernel for all parameters instead of a loop over
     them) over what trains in ``dit``, in the groups above."""
-    return make_optimizer(optimizer_groups(dit, cfg.optim.weight_decay), cfg.optim)
+    return make_optimizer(optimizer_groups(dit, optim.weight_decay), optim)
 
 
-def build_lr_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, updates_per_step: int = 1):
-    """The diffusers LR schedule, counted in optimizer updates (a GRPO step makes ``updates_per_step``) whatever the
+def build_lr_scheduler(optim: OptimConfig, optimizer: torch.optim.Optimizer, updates: int):
+    """The diffusers LR schedule over the run's ``updates`` (``trainer.max_steps`` x the updates a step makes: a
+    GRPO step makes several), counted in optimizer updates whatever the
     number of processes: the accelerator does not step it with the optimizer (``build_accelerator``), the update
     steps it once per update it applies. So a run resumed on another number of processes continues the same
     schedule (accelerate's own stepping advances it once per process and would need lengths in processes x updates,
     which a checkpoint then carries into a resume on another count)."""
     return get_scheduler(
-        cfg.optim.lr_schedule,
+        optim.lr_schedule,
         optimizer,
-        num_warmup_steps=cfg.optim.warmup_steps,
-        num_training_steps=cfg.trainer.max_steps * updates_per_step,
+        num_warmup_steps=optim.warmup_steps,
+        num_training_steps=updates,
     )
 
 
-def warmup_within_run(cfg: TrainConfig, updates_per_step: int = 1) -> TrainConfig:
-    """``cfg`` with ``optim.warmup_steps`` (counted in optimizer updates) cut to a tenth of the run where it is as long
+def warmup_within_run(optim: OptimConfig, max_steps: int, updates_per_step: int = 1) -> OptimConfig:
+    """``optim`` with its ``warmup_steps`` (counted in optimizer updates) cut to a tenth of the run where it is as long
     as the run or longer, with a warning naming both: such a warm-up never reaches ``optim.lr`` (the 500-step default
     left a 40-step run at 6e-6 instead of 1e-4). A tenth leaves 90 % of the run at the set rate, as the
     ``warmup_ratio=0.1`` habit of Hugging Face's trainers does; a run under ten updates gets none.
-    The returned config is what the run records, so its saved config says what was trained."""
-    optim, updates = cfg.optim, cfg.trainer.max_steps * updates_per_step
+    The returned section is what the run records, so its saved config says what was trained."""
+    updates = max_steps * updates_per_step
     if optim.lr_schedule == "constant" or optim.warmup_steps < updates:  # `constant` has no warm-up
-        return cfg
+        return optim
     clipped = updates // CLIPPED_WARMUP_SHARE
     per_step = f" x {updates_per_step} updates per step = {updates} updates" if updates_per_step > 1 else ""
     logger.warning(
         f"`optim.warmup_steps={optim.warmup_steps}` is as long as the run or longer "
-        f"(`trainer.max_steps={cfg.trainer.max_steps}`{per_step}): the learning rate would still be warming up when "
+        f"(`trainer.max_steps={max_steps}`{per_step}): the learning rate would still be warming up when "
         f"the run ends (at {updates / optim.warmup_steps:.0%} of `optim.lr={optim.lr:g}`). Warming up over {clipped} "
         f"instead (a tenth of the run); set `optim.warmup_steps` below {updates} to choose another.",
         main_process_only=True,
     )
-    return dataclasses.replace(cfg, optim=dataclasses.replace(optim, warmup_steps=clipped))
+    return dataclasses.replace(optim, warmup_steps=clipped)
 
 
-def build_ema(cfg: TrainConfig, parameters: list[torch.nn.Parameter]) -> FusedEMA | None:
+def build_ema(decay: float, parameters: list[torch.nn.Parameter]) -> FusedEMA | None:
     """The EMA of what trains (the whole DiT, or a LoRA run's adapters), where the prepared ``parameters`` are
-    (under FSDP: a slice per process); None with ``trainer.ema_decay=0``."""
-    if cfg.trainer.ema_decay == 0:
+    (under FSDP: a slice per process), at ``trainer.ema_decay``; None when it is 0."""
+    if decay == 0:
         return None
-    return FusedEMA(parameters, decay=cfg.trainer.ema_decay)
+    return FusedEMA(parameters, decay=decay)

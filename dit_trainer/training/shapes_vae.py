@@ -10,7 +10,7 @@ from pathlib import Path
 
 from accelerate.logging import get_logger
 
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import DataConfig, VAEConfig
 from dit_trainer.config.resolvers import asset_path
 from dit_trainer.data import configured_sources
 
@@ -18,24 +18,24 @@ logger = get_logger(__name__)
 SHAPES_SOURCE = "shapes"
 
 
-def uses_shapes_vae(cfg: TrainConfig) -> bool:
+def uses_shapes_vae(vae: VAEConfig) -> bool:
     """Whether ``vae.pretrained`` is the shipped shapes VAE (by its resolved folder)."""
-    pretrained = cfg.vae.pretrained
-    if cfg.vae.kind != "autoencoder_kl" or not pretrained:
+    pretrained = vae.pretrained
+    if vae.kind != "autoencoder_kl" or not pretrained:
         return False
     return Path(pretrained).expanduser().resolve() == Path(asset_path("shapes_vae")).resolve()
 
 
-def warn_shapes_vae_on_other_data(cfg: TrainConfig) -> None:
+def warn_shapes_vae_on_other_data(vae: VAEConfig, data: DataConfig) -> None:
     """Warn, on the main process, when data other than the shapes source is to be encoded by the shapes VAE."""
-    sources = configured_sources(cfg.data)
+    sources = configured_sources(data)
     other = [name for name in sources if name != SHAPES_SOURCE]
-    if not other or not uses_shapes_vae(cfg):
+    if not other or not uses_shapes_vae(vae):
         return
-    data = f"`data.mixture` names {other[0]}" if cfg.data.mixture else f"`data.source={other[0]}`"
+    named = f"`data.mixture` names {other[0]}" if data.mixture else f"`data.source={other[0]}`"
     logger.warning(
-        f"`vae.pretrained` is the VAE shipped for the shapes demo ({cfg.vae.pretrained}), trained only on 32-px "
-        f"coloured shapes, and {data}, other images: it encodes them as a blurred, "
+        f"`vae.pretrained` is the VAE shipped for the shapes demo ({vae.pretrained}), trained only on 32-px "
+        f"coloured shapes, and {named}, other images: it encodes them as a blurred, "
         "discoloured likeness, and the DiT can learn no better than what it decodes. For real images pick a VAE "
         "trained on them: `vae=sd` (Stable Diffusion's; hub access, or a local copy in `vae.pretrained`), your "
         "family's own (`vae=sd3`, `vae=flux`, `vae=sana`), or `vae=pixel` (no VAE: diffusion on the pixels).",

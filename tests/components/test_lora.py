@@ -28,7 +28,7 @@ def test_lora_with_gradient_checkpointing_trains_adapters_and_leaves_the_base_bi
     assert any("caption_projection" in name for name in trainable)
     before = {name: p.detach().clone() for name, p in named.items()}
 
-    optimizer = build_optimizer(cfg, parts.dit)
+    optimizer = build_optimizer(cfg.optim, parts.dit)
     batch = next(iter(DataLoader(ShapesDataset(16, seed=1), batch_size=16)))
     generator = torch.Generator().manual_seed(0)
     for _ in range(2):  # two steps: LoRA's B starts at zero, so A first moves at the second step

@@ -19,7 +19,7 @@ def test_a_step_trains_every_dit_parameter_and_no_frozen_one(tiny_parts, image_b
     cfg = compose_config(TINY_SHAPES)
     vae, text_encoder = tiny_parts.vae, tiny_parts.text_encoder
     frozen = dict(vae.named_parameters(prefix="vae")) | dict(text_encoder.named_parameters(prefix="text"))
-    optimizer = build_optimizer(cfg, tiny_parts.dit)
+    optimizer = build_optimizer(cfg.optim, tiny_parts.dit)
     optimized = {id(p) for group in optimizer.param_groups for p in group["params"]}
     assert optimized == {id(p) for p in tiny_parts.dit.parameters()}
     assert not optimized & {id(p) for p in frozen.values()}
@@ -79,7 +79,7 @@ def test_each_objective_and_density_trains(overrides):
                          overrides else [*TINY_SHAPES, *overrides])  # fmt: skip
     torch.manual_seed(0)
     parts = build_components(cfg, torch.device("cpu"), torch.float32)
-    optimizer = build_optimizer(cfg, parts.dit)
+    optimizer = build_optimizer(cfg.optim, parts.dit)
     data = ShapesDataset(64, 32, seed=1)
     batch = collate_batch([data[i] for i in range(16)])
     generator = torch.Generator().manual_seed(0)

@@ -102,7 +102,9 @@ def test_two_mixtures_sharing_the_reference_cache_each_get_their_own_fid_referen
                    f"{{source:imagefolder,path:{tmp_path / name}}}]")  # fmt: skip
         cfg = compose_config([*TINY_SHAPES, mixture, "data.resolution=32", "trainer.batch_size=4", *SPLIT])
         extractor = LatentFeatures(PixelVAE(), {"kind": "pixel"})
-        reference = validation_reference(cfg, extractor, str(tmp_path / "fid_cache"), torch.device("cpu"), 8)
+        reference = validation_reference(
+            cfg.data, cfg.validation, extractor, str(tmp_path / "fid_cache"), torch.device("cpu"), 8
+        )
         own = [item["caption"] for item in validation_images(cfg.data, cfg.validation)]
         assert reference.captions == own
         references.append(set(own))

@@ -31,7 +31,7 @@ def warnings_of(caplog, call):
 
 def lr_at(cfg, step: int, updates_per_step: int = 1) -> float:
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.optim.lr)
-    scheduler = build_lr_scheduler(cfg, optimizer, updates_per_step)
+    scheduler = build_lr_scheduler(cfg.optim, optimizer, cfg.trainer.max_steps * updates_per_step)
     for _ in range(step):
         optimizer.step()
         scheduler.step()
@@ -42,18 +42,18 @@ def test_a_warmup_as_long_as_the_run_is_cut_to_a_tenth_with_a_warning(caplog):
     """The user trial: a 500-step warm-up on a 40-step run left the rate at 6 % of optim.lr at step 30."""
     cfg = compose_config([*TINY_SHAPES, "trainer.max_steps=40", "optim.warmup_steps=500"])
     assert lr_at(cfg, 30) == pytest.approx(cfg.optim.lr * 30 / 500)
-    clipped, (warning,) = warnings_of(caplog, lambda: warmup_within_run(cfg))
-    assert clipped.optim.warmup_steps == 4 and lr_at(clipped, 30) == cfg.optim.lr
+    clipped, (warning,) = warnings_of(caplog, lambda: warmup_within_run(cfg.optim, 40))
+    assert clipped.warmup_steps == 4 and lr_at(replace(cfg, optim=clipped), 30) == cfg.optim.lr
     assert "`optim.warmup_steps=500`" in warning and "`trainer.max_steps=40`" in warning and "over 4" in warning
-    grpo, (warning,) = warnings_of(caplog, lambda: warmup_within_run(cfg, updates_per_step=4))
-    assert grpo.optim.warmup_steps == 16 and "x 4 updates per step = 160 updates" in warning
+    grpo, (warning,) = warnings_of(caplog, lambda: warmup_within_run(cfg.optim, 40, updates_per_step=4))
+    assert grpo.warmup_steps == 16 and "x 4 updates per step = 160 updates" in warning
 
 
 def test_a_warmup_shorter_than_the_run_or_unused_is_kept(caplog):
     cfg = compose_config([*TINY_SHAPES, "trainer.max_steps=40", "optim.warmup_steps=39"])
-    assert warnings_of(caplog, lambda: warmup_within_run(cfg)) == (cfg, [])
-    constant = replace(cfg, optim=replace(cfg.optim, warmup_steps=500, lr_schedule="constant"))
-    assert warnings_of(caplog, lambda: warmup_within_run(constant)) == (constant, [])
+    assert warnings_of(caplog, lambda: warmup_within_run(cfg.optim, 40)) == (cfg.optim, [])
+    constant = replace(cfg.optim, warmup_steps=500, lr_schedule="constant")
+    assert warnings_of(caplog, lambda: warmup_within_run(constant, 40)) == (constant, [])
 
 
 class Stream(IterableDataset):
@@ -75,10 +75,10 @@ def test_workers_are_capped_by_this_processes_share_of_the_cpus(caplog, monkeypa
 
 def test_the_shapes_vae_is_recognised_and_only_other_data_is_warned_about(caplog):
     cfg = compose_config(TINY_SHAPES)
-    assert uses_shapes_vae(cfg) and not uses_shapes_vae(replace(cfg, vae=replace(cfg.vae, kind="pixel")))
-    assert warnings_of(caplog, lambda: warn_shapes_vae_on_other_data(cfg))[1] == []
-    folder = replace(cfg, data=replace(cfg.data, source="imagefolder", path="/photos"))
-    (warning,) = warnings_of(caplog, lambda: warn_shapes_vae_on_other_data(folder))[1]
+    assert uses_shapes_vae(cfg.vae) and not uses_shapes_vae(replace(cfg.vae, kind="pixel"))
+    assert warnings_of(caplog, lambda: warn_shapes_vae_on_other_data(cfg.vae, cfg.data))[1] == []
+    folder = replace(cfg.data, source="imagefolder", path="/photos")
+    (warning,) = warnings_of(caplog, lambda: warn_shapes_vae_on_other_data(cfg.vae, folder))[1]
     assert "`data.source=imagefolder`" in warning and "`vae=sd`" in warning and "`vae=pixel`" in warning
 
 

@@ -21,7 +21,7 @@ def test_learned_variance_outputs_stay_as_loaded_under_weight_decay():
     proj = parts.dit.transformer.proj_out
     assert proj.out_features == parts.dit.transformer.config.patch_size**2 * 2 * parts.latent_shape[0]
     before = proj.weight.detach().clone()
-    optimizer = build_optimizer(cfg, parts.dit)
+    optimizer = build_optimizer(cfg.optim, parts.dit)
     data = ShapesDataset(16, 32, seed=1)
     batch = collate_batch([data[i] for i in range(8)])
     for _ in range(3):

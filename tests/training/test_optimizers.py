@@ -9,8 +9,8 @@ import sys
 
 import pytest
 import torch
-
 from accelerate import Accelerator
+
 from dit_trainer.config import OptimConfig, TrainConfig, TrainerConfig
 from dit_trainer.errors import ConfigError
 from dit_trainer.training.optim import build_lr_scheduler, build_optimizer
@@ -50,8 +50,9 @@ def _prepared(cfg: TrainConfig):
     accelerator = Accelerator(cpu=True)
     head = 32 if cfg.optim.name == "adamw8bit" else 8
     dit = build_tiny_transformer(learned_sigma=True, condition_dim=12, seed=0, attention_head_dim=head)
-    optimizer = build_optimizer(cfg, dit)
-    return accelerator, *accelerator.prepare(dit, optimizer, build_lr_scheduler(cfg, optimizer))
+    optimizer = build_optimizer(cfg.optim, dit)
+    scheduler = build_lr_scheduler(cfg.optim, optimizer, cfg.trainer.max_steps)
+    return accelerator, *accelerator.prepare(dit, optimizer, scheduler)
 
 
 def _train(dit, optimizer, schedule, steps: int) -> list[float]:

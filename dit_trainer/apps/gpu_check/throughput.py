@@ -255,7 +255,7 @@ def _bare_steps(job: Job, cfg: TrainConfig, parts, device, work: Path) -> tuple[
     kernels = sdpa_kernels(_forward(cfg, dit, synthetic_inputs(parts, 2, device)))
     if job.variant == "compile":
         compile_blocks(dit)
-    optimizer = build_optimizer(cfg, dit)
+    optimizer = build_optimizer(cfg.optim, dit)
     return kernels, lambda batch: _bare_step(cfg, dit, optimizer, synthetic_inputs(parts, batch, device))
 
 

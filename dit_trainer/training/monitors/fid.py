@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchmetrics.image.fid import FrechetInceptionDistance
 from torchmetrics.image.kid import KernelInceptionDistance
 
-from dit_trainer.config import DataConfig, TrainConfig, VAEConfig
+from dit_trainer.config import DataConfig, VAEConfig, ValidationConfig
 from dit_trainer.data import SOURCES
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.mixture import entry_config
@@ -184,10 +184,9 @@ def distances(real: torch.Tensor, fake: torch.Tensor, seed: int = 0) -> dict[str
     return {"fid": fid.compute().item(), "kid_mean": kid_mean.item(), "kid_std": kid_std.item()}
 
 
-def reference_fingerprint(run_cfg: TrainConfig, extractor: nn.Module) -> dict:
+def reference_fingerprint(data: DataConfig, validation: ValidationConfig, extractor: nn.Module) -> dict:
     """What the validation images' features depend on: the data (every source of a mixture), its content where a
     source can tell cheaply, the held-out selection, and the feature extractor."""
-    data, validation = run_cfg.data, run_cfg.validation
     fields = ("source", "path", "split", "image_column", "caption_column", "caption_columns", "resolution", "crop")
     sources = [entry_config(data, entry) for entry in data.mixture] or [data]
     if validation.path:  # validation reads a data set of its own, of the same kind
@@ -209,24 +208,29 @@ def _content(data: DataConfig) -> dict | None:
     return content(unaugmented(data, data.path)) if content else None
 
 
-def reference_cache_dir(cache_dir: str | None, run_cfg: TrainConfig, run_dir: Path) -> Path:
+def reference_cache_dir(cache_dir: str | None, data: DataConfig, run_dir: Path) -> Path:
     """Where the validation images' features are kept: ``cache_dir`` (the user's setting), else beside the run's
     latent cache (``data.cache_dir/fid_reference``), else in the run's own folder (``run_dir/fid_reference``, which
     the training monitor and ``scripts/evaluate.py`` of that run share): never a folder nobody chose, such as the
     user's home, where every run would write and read."""
     if cache_dir:
         return Path(cache_dir).expanduser()
-    if run_cfg.data.cache_dir:
-        return Path(run_cfg.data.cache_dir).expanduser() / "fid_reference"
+    if data.cache_dir:
+        return Path(data.cache_dir).expanduser() / "fid_reference"
     return run_dir / "fid_reference"
 
 
 def validation_reference(
-    run_cfg: TrainConfig, extractor: nn.Module, cache_dir: str | Path, device: torch.device, batch_size: int
+    data: DataConfig,
+    validation: ValidationConfig,
+    extractor: nn.Module,
+    cache_dir: str | Path,
+    device: torch.device,
+    batch_size: int,
 ) -> ReferenceSet:
     """The features and captions of the run's validation images, computed once and cached in ``cache_dir``
     (``reference_cache_dir``'s answer)."""
-    held_out = validation_images(run_cfg.data, run_cfg.validation)
+    held_out = validation_images(data, validation)
     if held_out is None:  # the training checks refuse a FID monitor without validation; evaluate.py checks here
         raise ConfigError(
             "metrics",
@@ -237,7 +241,7 @@ def validation_reference(
         )
     return cached_reference_set(
         Path(cache_dir),
-        reference_fingerprint(run_cfg, extractor),
+        reference_fingerprint(data, validation, extractor),
         lambda: reference_set(held_out, extractor, device, batch_size),
     )
 

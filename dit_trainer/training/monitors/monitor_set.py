@@ -99,8 +99,10 @@ def build_fid_monitor(cfg: TrainConfig, context: MonitorContext, parts: Componen
     extractor = reference = None
     if accelerator.is_main_process:
         extractor = build_feature_extractor(f.features, f.weights, parts.vae, cfg.vae, accelerator.device)
-        cache_dir = reference_cache_dir(f.cache_dir, cfg, run_dir)
-        reference = validation_reference(cfg, extractor, cache_dir, accelerator.device, f.batch_size)
+        cache_dir = reference_cache_dir(f.cache_dir, cfg.data, run_dir)
+        reference = validation_reference(
+            cfg.data, cfg.validation, extractor, cache_dir, accelerator.device, f.batch_size
+        )
         key, value = ("validation.path", v.path) if v.path else ("validation.split", v.split)
         more = "add images to `validation.path`" if v.path else "hold out more images (a larger `validation.split`)"
         check_reference_size(

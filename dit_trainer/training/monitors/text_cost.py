@@ -11,7 +11,7 @@ from torch import nn
 
 from dit_trainer.components.build import Components
 from dit_trainer.components.meta import count_flops, meta_inputs
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import TextEncoderConfig
 
 logger = get_logger(__name__)
 
@@ -31,32 +31,33 @@ def encoding_flops(text_encoder: nn.Module, tokens: int) -> float:
     return 2.0 * weights * tokens
 
 
-def live_encoding_cost(cfg: TrainConfig, parts: Components) -> tuple[float, float] | None:
-    """(text encoder, DiT forward + backward) FLOPs per step of ``trainer.batch_size`` when every caption is
+def live_encoding_cost(
+    text_encoder: TextEncoderConfig, batch_size: int, parts: Components
+) -> tuple[float, float] | None:
+    """(text encoder, DiT forward + backward) FLOPs per step of ``batch_size`` images when every caption is
     encoded every step: no cache (``data.cache_dir``), no memo (``text_encoder.memo_size``; with one, captions
     that repeat are encoded once), and an encoder with weights (class labels have none). None otherwise. (Asked
     only of a method that trains on the data set's captions.)"""
     encoder = parts.text_encoder
-    if cfg.text_encoder.memo_size or not isinstance(encoder, nn.Module):
+    if text_encoder.memo_size or not isinstance(encoder, nn.Module):
         return None
     per_token = encoding_flops(encoder, 1)
     if not per_token:
         return None
     inputs = meta_inputs(parts, 1)
     text = per_token * inputs[2].sequence.shape[1]
-    batch = cfg.trainer.batch_size
-    return text * batch, count_flops(parts.dit, *inputs)[1] * batch
+    return text * batch_size, count_flops(parts.dit, *inputs)[1] * batch_size
 
 
-def warn_live_text_encoding(cfg: TrainConfig, parts: Components) -> None:
+def warn_live_text_encoding(text_encoder: TextEncoderConfig, batch_size: int, parts: Components) -> None:
     """Say at start, with both FLOP counts, when live text encoding costs ``SHARE`` of the DiT's step or more."""
-    cost = live_encoding_cost(cfg, parts)
+    cost = live_encoding_cost(text_encoder, batch_size, parts)
     if cost is None or cost[0] < SHARE * cost[1]:
         return
     text, dit = cost
     logger.warning(
         f"The text encoder encodes every caption every step: about {text / 1e12:.3g} TFLOP per step of "
-        f"trainer.batch_size={cfg.trainer.batch_size}, against {dit / 1e12:.3g} TFLOP for the DiT's forward and "
+        f"trainer.batch_size={batch_size}, against {dit / 1e12:.3g} TFLOP for the DiT's forward and "
         f"backward ({text / dit:.0%}). Encode the captions once and train from the cache, which never loads the text "
         "encoder: `python scripts/precompute.py <these overrides> data.cache_dir=DIR`, then add `data.cache_dir=DIR` "
         "to the training command (or set `text_encoder.memo_size` when captions repeat).",

@@ -19,7 +19,7 @@ from torch import nn
 from dit_trainer.components.build import Components
 from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.components.meta import Activations, meta_copy, meta_inputs, saved_activations
-from dit_trainer.config import TrainConfig, TrainerConfig
+from dit_trainer.config import TrainerConfig
 from dit_trainer.errors import ConfigError
 from dit_trainer.precision import weight_dtype
 from dit_trainer.training.optimizers import OPTIMIZER_CHOICES
@@ -166,21 +166,22 @@ def describe(estimate: MemoryEstimate) -> str:
 
 
 def report_memory(
-    cfg: TrainConfig, parts: Components, accelerator: Accelerator, refuse_unfit: bool = True
+    trainer: TrainerConfig, optimizer: str, parts: Components, accelerator: Accelerator, refuse_unfit: bool = True
 ) -> MemoryEstimate:
-    """Log the estimate once; on a GPU with ``refuse_unfit``, refuse a run that cannot fit it. Without (a method
-    whose forwards take batches of its own, not ``trainer.batch_size``) it is only logged."""
+    """Log the estimate once (``optimizer``: ``optim.name``, whose state it counts); on a GPU with ``refuse_unfit``,
+    refuse a run that cannot fit it. Without (a method whose forwards take batches of its own, not
+    ``trainer.batch_size``) it is only logged."""
     sharded = accelerator.distributed_type == DistributedType.FSDP
     estimate = estimate_memory(
         parts,
-        ema=cfg.trainer.ema_decay > 0,
+        ema=trainer.ema_decay > 0,
         compute_dtype=weight_dtype(accelerator.mixed_precision),
         ddp=accelerator.num_processes > 1 and not sharded,
         shards=accelerator.num_processes if sharded else 1,
-        optimizer=cfg.optim.name,
+        optimizer=optimizer,
         device_type=accelerator.device.type,
     )
-    t = cfg.trainer
+    t = trainer
     total = estimate.total(t.batch_size, checkpointing_of(t)) / GiB
     logger.info(
         f"Memory per process (estimate): {describe(estimate)}; at trainer.batch_size={t.batch_size}: {total:.2f} GiB",

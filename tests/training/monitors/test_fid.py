@@ -61,8 +61,9 @@ def test_reference_features_are_cached_under_their_fingerprint_and_recomputed_wh
 
 def test_a_run_without_validation_images_is_refused_for_fid(tmp_path):
     run_cfg = compose_config([*TINY_SHAPES, "validation.every_n_steps=0"])
+    features = LatentFeatures(None, {})
     with pytest.raises(ConfigError, match=r"`metrics`.*holds none out.*validation\.split"):
-        validation_reference(run_cfg, LatentFeatures(None, {}), tmp_path, torch.device("cpu"), 8)
+        validation_reference(run_cfg.data, run_cfg.validation, features, tmp_path, torch.device("cpu"), 8)
 
 
 def test_reference_features_are_kept_where_the_user_or_the_run_says_never_in_the_home_folder(tmp_path, monkeypatch):
@@ -72,10 +73,10 @@ def test_reference_features_are_kept_where_the_user_or_the_run_says_never_in_the
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home" / ".cache"))
     run = tmp_path / "run"
     plain = compose_config(TINY_SHAPES)
-    assert reference_cache_dir(None, plain, run) == run / "fid_reference"
+    assert reference_cache_dir(None, plain.data, run) == run / "fid_reference"
     cached = compose_config([*TINY_SHAPES, f"data.cache_dir={tmp_path / 'latents'}"])
-    assert reference_cache_dir(None, cached, run) == tmp_path / "latents" / "fid_reference"
-    assert reference_cache_dir("~/features", cached, run) == tmp_path / "home" / "features"  # the user's choice
+    assert reference_cache_dir(None, cached.data, run) == tmp_path / "latents" / "fid_reference"
+    assert reference_cache_dir("~/features", cached.data, run) == tmp_path / "home" / "features"  # the user's choice
 
 
 @pytest.mark.skipif(

@@ -20,7 +20,7 @@ def _warnings(overrides: list[str], caplog) -> list[str]:
     parts = build_components(cfg, torch.device("cpu"), torch.float32)
     PartialState()  # accelerate's logger asks which process it is on
     with caplog.at_level(logging.WARNING):
-        warn_live_text_encoding(cfg, parts)
+        warn_live_text_encoding(cfg.text_encoder, cfg.trainer.batch_size, parts)
     return [record.message for record in caplog.records if WARNING in record.message]
 
 
@@ -43,7 +43,8 @@ def test_no_warning_when_captions_are_remembered_or_the_encoder_is_cheap(caplog,
     assert not _warnings(TINY_SHAPES, caplog)  # the shapes default remembers its 24 captions
     tiny_t5 = ["text_encoder=t5", f"text_encoder.pretrained={tiny_t5_dir}", "text_encoder.memo_size=0"]
     cfg = compose_config([*TINY_SHAPES, *tiny_t5])
-    text, dit = live_encoding_cost(cfg, build_components(cfg, torch.device("cpu"), torch.float32))
+    parts = build_components(cfg, torch.device("cpu"), torch.float32)
+    text, dit = live_encoding_cost(cfg.text_encoder, cfg.trainer.batch_size, parts)
     assert 0 < text < 0.25 * dit  # a 2-layer, 32-wide T5 at 120 tokens
     assert not _warnings([*TINY_SHAPES, *tiny_t5], caplog)
     labels = [*TINY_SHAPES, *class_conditional(digits), "text_encoder.memo_size=0"]

@@ -90,6 +90,6 @@ def test_a_model_that_cannot_fit_at_all_points_to_lora_and_fsdp():
 def test_the_estimate_is_logged_once_at_start_on_the_cpu(tiny_parts, caplog):
     cfg = compose_config([*TINY_SHAPES, "trainer.batch_size=1000000"])  # no GPU: logged, never refused
     with caplog.at_level(logging.INFO):
-        report_memory(cfg, tiny_parts, Accelerator(cpu=True))
+        report_memory(cfg.trainer, cfg.optim.name, tiny_parts, Accelerator(cpu=True))
     lines = [record.message for record in caplog.records if "Memory per process" in record.message]
     assert len(lines) == 1 and "with gradient checkpointing" in lines[0] and "trainer.batch_size=1000000" in lines[0]

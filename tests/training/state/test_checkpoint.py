@@ -63,8 +63,8 @@ def test_an_old_schedule_state_of_8_processes_continues_as_the_uninterrupted_run
     """Every schedule kind: 100 steps, preempted at step 40 on 8 processes, resumed (in updates since)."""
     cfg, updates = schedule_cfg(kind, 10, 100), 40 * per_step
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
-    straight = lrs(build_lr_scheduler(cfg, optimizer, per_step), 100 * per_step)
-    resumed = build_lr_scheduler(cfg, optimizer, per_step)
+    straight = lrs(build_lr_scheduler(cfg.optim, optimizer, 100 * per_step), 100 * per_step)
+    resumed = build_lr_scheduler(cfg.optim, optimizer, 100 * per_step)
     old = old_scheduler_state(kind, 10, 100, updates, processes=8, per_step=per_step)
     resumed.load_state_dict(schedule_in_updates(old, WrittenBy("ddp", 8, schedule_in_updates=False)))
     assert resumed.state_dict()["last_epoch"] == updates
@@ -78,7 +78,7 @@ def tiny_run(tmp_path, kind: str, ema_decay: float = 0.0, groups: int = 1) -> tu
     dit = build_tiny_transformer()
     weights = list(dit.parameters())
     optimizer = torch.optim.AdamW([{"params": weights[i::groups]} for i in range(groups)], lr=1e-3)
-    scheduler = build_lr_scheduler(cfg, optimizer)
+    scheduler = build_lr_scheduler(cfg.optim, optimizer, cfg.trainer.max_steps)
     dit, optimizer, scheduler = accelerator.prepare(dit, optimizer, scheduler)
     parameters = trainable_parameters(accelerator.unwrap_model(dit).transformer)
     ema = FusedEMA(parameters, decay=ema_decay) if ema_decay else None
@@ -106,7 +106,7 @@ def test_a_10000_step_run_preempted_at_5000_on_8_processes_resumes_its_schedule(
     remaining step of ``linear`` at LR 0; now the schedule counts updates, which the number of processes after the
     resume does not change (the update steps it once per update), and an old state is converted at load."""
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
-    straight = lrs(build_lr_scheduler(schedule_cfg(kind, 500, 10_000), optimizer), 10_000)
+    straight = lrs(build_lr_scheduler(schedule_cfg(kind, 500, 10_000).optim, optimizer, 10_000), 10_000)
     _, writer, scheduler = tiny_run(tmp_path, kind)
     if old_format:
         scheduler.load_state_dict(old_scheduler_state(kind, 500, 10_000, 5000, processes=8))
