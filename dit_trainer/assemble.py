@@ -1,6 +1,6 @@
 """The composition root: a validated ``TrainConfig`` in, a ready ``Trainer`` out. It starts the accelerator and
 takes the run folder's lock, has each part built by its own module (data: ``data.loading``; models:
-``components.build``; optimizer, LR and EMA: ``training.optim``; monitors: ``training.monitor_set``; the step:
+``components.build``; optimizer, LR and EMA: ``training.optim``; monitors: ``training.monitors.monitor_set``; the step:
 the method ``trainer.method`` names, ``methods``), and wires them with the update strategy, the checkpointer and the
 non-finite guard. It asks the method what it needs (a data set or none, updates per step) and never names one."""
 

@@ -31,9 +31,9 @@ STORED_NAMES = {"sequence": "embeds", "mask": "mask", "pooled": "pooled"}
 
 class Batch(TypedDict, total=False):
     """What a training batch carries from the data to the loss (``data.collate.collate_batch`` makes it; every key
-    but ``caption`` and ``bad_files`` depends on where the items came from). Images come as pixels from a source, or
-    as a posterior from a latent cache, whose items also hold their stored condition (``Condition.stored("text_")``)
-    where a disk cache encoded the captions once."""
+    but ``bad_files`` depends on where the items came from, and on whether any were drawn). Images come as pixels
+    from a source, or as a posterior from a latent cache, whose items also hold their stored condition
+    (``Condition.stored("text_")``) where a disk cache encoded the captions once."""
 
     image: torch.Tensor  # (B, 3, H, W): uint8 as decoded, or float in [-1, 1] (``pixels.to_model_range`` takes both)
     latent_mean: torch.Tensor  # (B, C, h, w): the VAE posterior's mean, from a latent cache
@@ -41,8 +41,9 @@ class Batch(TypedDict, total=False):
     text_embeds: torch.Tensor  # (B, L, D): a disk cache's stored condition (or (B,) class ids) ...
     text_mask: torch.Tensor  # (B, L)
     text_pooled: torch.Tensor  # (B, P), where the conditioner gives a pooled vector
-    caption: list[str]  # the captions (or class names): always present
+    caption: list[str]  # the captions (or class names)
     bad_files: list[str]  # "name: reason" for each unreadable file skipped to fill the batch: always present
+    empty: bool  # a Poisson draw (DP) that selected no image: then nothing but this and ``bad_files``
 
 
 class Condition(NamedTuple):

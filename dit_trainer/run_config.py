@@ -163,6 +163,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     check_names(cfg)
     # The parts' checks import torch and the model libraries: only once the fields are known to be good.
     from dit_trainer.components.checks import check_components
+    from dit_trainer.components.geometry import check_bucket_sizes
     from dit_trainer.data.checks import check_data
     from dit_trainer.diffusion.checks import check_diffusion
     from dit_trainer.rewards.build import check_rewards
@@ -173,6 +174,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     check_diffusion(cfg)
     if method.reads_data:
         check_data(cfg)
+        check_bucket_sizes(cfg)  # the models' patch grid: after the data's own checks of its buckets
     check_training(cfg)
     check_unread_sections(cfg)
     method.check(cfg)

@@ -46,9 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--plan", action="store_true", help="print the rows, their estimates and the calls; run none")
     parser.add_argument("--plan-for", metavar="GPU", help="plan for that GPU's name from another machine")
     parser.add_argument("--models", type=_names, default=tuple(RECIPES), help="default: " + ",".join(RECIPES))
-    parser.add_argument(
-        "--batches", type=_sizes, help="per process; default on a GPU: 64,128 eager, 128 compiled, 256 checkpointed"
-    )
+    default_batches = "per process; default on a GPU: 256 checkpointed, 192 selective, else 128; 4,8 on a CPU"
+    parser.add_argument("--batches", type=_sizes, help=default_batches)
     parser.add_argument("--variants", type=_names, default=None, help="default on a GPU: every lever; eager on a CPU")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per row (%(default)s)")
     parser.add_argument("--warmup", type=int, default=5, help="warm-up steps per row (%(default)s)")

@@ -9,7 +9,7 @@ from dit_trainer.components import TEXT_ENCODER_KINDS, VAE_KINDS
 from dit_trainer.components.families import FAMILIES
 from dit_trainer.components.fp8 import check_fp8
 from dit_trainer.components.fused_qkv import check_fused_qkv
-from dit_trainer.components.geometry import check_resolution, configured_buckets, pixel_multiple
+from dit_trainer.components.geometry import check_resolution
 from dit_trainer.config import TrainConfig
 from dit_trainer.errors import require
 from dit_trainer.hub import require_offline_copy
@@ -28,8 +28,6 @@ def check_components(cfg: TrainConfig) -> None:
     factor = vae.downsample_factor(cfg.vae, False)  # from config files on this machine: nothing downloaded
     if factor is not None:  # else checked as soon as the VAE has loaded (build_components)
         check_resolution(cfg, factor)
-    if cfg.data.buckets != "none" and pixel_multiple(cfg) is not None:  # else when the data is read
-        configured_buckets(cfg)  # listed sizes the latents would not cut into whole patches are refused
     require(
         not vae.pretrained or bool(cfg.vae.pretrained),
         "vae.pretrained",

@@ -46,6 +46,14 @@ def pixel_multiple(cfg: TrainConfig, download: bool = False) -> int | None:
     return None if factor is None or patch is None else factor * patch
 
 
+def check_bucket_sizes(cfg: TrainConfig) -> None:
+    """Listed ``data.buckets`` sizes that the latents would not cut into whole patches are refused with the config,
+    where the models' config files are on this machine (else when the data is read: ``configured_buckets``).
+    Checked after the data's own checks, for a method that reads the data set."""
+    if cfg.data.buckets != "none" and pixel_multiple(cfg) is not None:
+        configured_buckets(cfg)
+
+
 def configured_buckets(cfg: TrainConfig) -> BucketTable | None:
     """The bucket table ``data.buckets`` asks for at ``data.resolution`` (None for squares); its sizes depend on
     the VAE and the patch size, whose config files are downloaded first if need be."""

@@ -102,6 +102,14 @@ def bucket_table(spec: Any, resolution: int, multiple: int, key: str = "data.buc
     return BucketTable(tuple(dict.fromkeys(sizes)))
 
 
+def require_table_of(spec: Any, table: BucketTable | None) -> None:
+    """A caller's mistake, not a user's: a table handed in for ``data.buckets=none``, or none for buckets (which
+    would train squares, or fingerprint a cache without its sizes). The table comes from
+    ``components.geometry.configured_buckets``."""
+    if (table is None) != (spec == "none"):
+        raise ValueError(f"bucket table {table} for data.buckets={spec!r}: pass configured_buckets(cfg)")
+
+
 class Bucketed(Dataset):
     """A map-style source whose item ``i`` comes at its bucket's size. ``buckets`` (one bucket index per item) comes
     from the images' sizes (``image_sizes``: every process of the run builds it, the headers it reads kept in the

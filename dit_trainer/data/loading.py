@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from dit_trainer.config import MixtureSource, TrainConfig
 from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
-from dit_trainer.data.buckets import BucketedStream, BucketTable, bucketed, item_buckets
+from dit_trainer.data.buckets import BucketedStream, BucketTable, bucketed, item_buckets, require_table_of
 from dit_trainer.data.cache.cache import open_cache
 from dit_trainer.data.cache.cached_prompts import CachedPrompts
 from dit_trainer.data.cache.latent_cache import LatentDataset, encode_dataset
@@ -56,6 +56,7 @@ def build_source(
     images it holds out (returned third); a map-style one is checked to give every process a complete batch before
     any model is built. ``buckets``: the run's table (``components.geometry.configured_buckets``; None: squares);
     ``sizes_dir``: the run's folder for the sizes index of bucketed data (``image_sizes``)."""
+    require_table_of(cfg.data.buckets, buckets)
     cache, cached_text = open_cache(cfg, buckets, accelerator.device) if cfg.data.cache_dir else (None, None)
     table, source = (cache.table, cache) if cache is not None else (buckets, build_dataset(cfg.data))
     if cache is None:  # a stream in buckets batches itself, dropping incomplete batches as the loader would

@@ -82,8 +82,8 @@ class ShapeClassifier:
 
 
 def verdicts(seen: list[tuple[str, str]], captions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(colour correct, shape correct) per image, float (B,), as ``data.shapes.alignment_components`` returns them.
-    No colour counts as seen in an image that shows no shape."""
+    """(colour correct, shape correct) per image, float (B,), as ``data.sources.shapes.alignment_components``
+    returns them. No colour counts as seen in an image that shows no shape."""
     expected = [caption.removeprefix("a ").split(" ", 1) for caption in captions]
     color_ok = [shape != NOTHING and color == want[0] for (color, shape), want in zip(seen, expected)]
     shape_ok = [shape == want[-1] for (_, shape), want in zip(seen, expected)]

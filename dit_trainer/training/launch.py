@@ -6,7 +6,7 @@ A launcher of several processes (``accelerate launch --multi_gpu``, a ``distribu
 processes, each training on a share of the cores. That is what a broken CUDA install, a CPU-only torch wheel on a GPU
 node or an empty ``CUDA_VISIBLE_DEVICES`` looks like, so it is refused before anything is built. CPU processes asked
 for on purpose run: ``ACCELERATE_USE_CPU=1`` set before the launch (how the tests and CI start them), or an FSDP launch
-(``accelerate_configs/fsdp_cpu.yaml``, whose processes the trainer switches to FSDP itself: ``training.fsdp``).
+(``accelerate_configs/fsdp_cpu.yaml``, whose processes the trainer switches to FSDP itself: ``training.parallel.fsdp``).
 """
 
 from __future__ import annotations

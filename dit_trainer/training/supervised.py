@@ -19,7 +19,7 @@ from dit_trainer.training.preflight import preflight
 from dit_trainer.training.state.saved_state import SavedState
 from dit_trainer.training.step import StepParts
 
-LossFn = Callable[[dict, nn.Module, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+LossFn = Callable[[Batch, nn.Module, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
 
 
 class SupervisedStep:

@@ -56,6 +56,17 @@ def test_in_order_batches_read_every_item_once_one_bucket_per_batch():
     assert batches == [[0, 2], [1, 3], [4], [5]]
 
 
+def test_listed_sizes_off_the_patch_grid_are_refused_with_the_config_after_the_data_checks(tmp_path):
+    """Where the models' config files are on this machine the sizes are checked when the config is read, not when
+    the data is; and after the data's own checks, so that a source of squares is told so first."""
+    write_shapes_folder(tmp_path / "images", 8, CANVASES)
+    folder = [*TINY_SHAPES, *bucketed(tmp_path / "images")]
+    with pytest.raises(ConfigError, match=r"data\.buckets.*the bucket 30x30 is not a multiple.*\[32, 32\]"):
+        compose_config([*folder, "data.buckets=[[30,30]]"])
+    with pytest.raises(ConfigError, match=r"`shapes` gives square images of one size"):
+        compose_config([*TINY_SHAPES, "data.buckets=[[30,30]]"])
+
+
 def test_bucket_sizes_wait_for_the_config_files_of_models_not_on_this_machine(tmp_path, online, monkeypatch):
     (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
     cfg = compose_config(["+experiment=dit", f"data.path={tmp_path}"])  # accepted: the VAE is only a hub id here

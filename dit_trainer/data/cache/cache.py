@@ -39,7 +39,7 @@ from torch.utils.data import Dataset
 from dit_trainer.condition import Condition
 from dit_trainer.config import TextEncoderConfig, TrainConfig
 from dit_trainer.data import SOURCES
-from dit_trainer.data.buckets import BucketTable
+from dit_trainer.data.buckets import BucketTable, require_table_of
 from dit_trainer.data.cache.cached_prompts import CachedPrompts
 from dit_trainer.data.image_sizes import INDEX_FILE
 from dit_trainer.durable import share_as_umask_allows
@@ -98,6 +98,7 @@ def cache_fingerprint(cfg: TrainConfig, buckets: BucketTable | None) -> dict:
         "text_encoder": encoder,
         "data": data,
     }
+    require_table_of(cfg.data.buckets, buckets)
     if buckets is not None:
         fingerprint["bucket_sizes"] = [list(size) for size in buckets.sizes]
     content = SOURCES.get(cfg.data.source).content
