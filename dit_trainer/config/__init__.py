@@ -27,6 +27,7 @@ from dit_trainer.config.schema import (
     TrainConfig,
     TrainerConfig,
     VAEConfig,
+    section_types,
 )
 from dit_trainer.config.scripts import EXPORT_DTYPES, EvaluateConfig, ExportConfig, PreviewConfig, SampleConfig
 
@@ -55,6 +56,7 @@ __all__ = [
     "TrainConfig",
     "TrainerConfig",
     "VAEConfig",
+    "section_types",
     "ValidationConfig",
     "check_fields",
     "register_configs",

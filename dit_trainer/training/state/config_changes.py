@@ -9,24 +9,17 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-RESUMING_KEYS = ("trainer.resume", "trainer.max_steps", "trainer.allow_config_change")  # what resuming changes
-# Settings that may change between attempts without changing what is trained: loading speed, sampling, caches.
+from dit_trainer.config import section_types
+
+SECTIONS = section_types()
+# What each section declares of itself (``config/schema.py``): what resuming changes, what defines the trained thing
+# (whole sections, or single keys of the others), and, of the defining sections, what may change without changing it.
+RESUMING_KEYS = tuple(f"trainer.{key}" for key in sorted(SECTIONS["trainer"].RESUMING))
+DEFINING_SECTIONS = tuple(name for name, section in SECTIONS.items() if getattr(section, "DEFINES_TRAINING", False))
+DEFINING_KEYS = {f"{name}.{key}" for name, section in SECTIONS.items() for key in getattr(section, "DEFINING", ())}
 OPERATIONAL_KEYS = {
-    "data.num_workers",
-    "data.prefetch_factor",
-    "data.max_bad_fraction",
-    "data.cache_dir",
-    "data.cache_dtype",
-    "data.cache_shard_size",
-    "diffusion.sampler",
-    "diffusion.sample_steps",
-    "diffusion.guidance_scale",
+    f"{name}.{key}" for name, section in SECTIONS.items() for key in getattr(section, "MAY_CHANGE_ON_RESUME", ())
 }
-DEFINING_SECTIONS = ("model", "vae", "text_encoder", "data", "diffusion", "lora", "privacy")
-# The method and the run it started from.
-METHOD_KEYS = {"trainer.method", "trainer.init_from", "trainer.init_ema", "trainer.init_weights"}
-# What the held-out split depends on: changing it turns images already trained on into validation images.
-HELD_OUT_KEYS = {"validation.split", "validation.seed", "validation.path"}
 
 
 def _flatten(config: dict, prefix: str = "") -> dict[str, Any]:
@@ -56,7 +49,7 @@ def defines_training(key: str, saved: Any = None, current: Any = None, method_se
         return False
     if key == "validation.every_n_steps":  # turned on or off: images are held out of training, or no longer
         return bool(saved) != bool(current)
-    return key in HELD_OUT_KEYS or key in METHOD_KEYS or section in (*DEFINING_SECTIONS, *method_sections)
+    return key in DEFINING_KEYS or section in (*DEFINING_SECTIONS, *method_sections)
 
 
 def config_hash(config: dict) -> str:
