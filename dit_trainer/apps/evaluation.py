@@ -21,9 +21,7 @@ from dit_trainer.images import image_grid
 from dit_trainer.prompts import load_prompts
 from dit_trainer.rewards import REWARDS
 from dit_trainer.rewards.build import build_reward
-from dit_trainer.rewards.groups import reward_metrics
-from dit_trainer.runs.run_folder import find_checkpoint
-from dit_trainer.training.monitors.fid import (
+from dit_trainer.rewards.fid import (
     ReferenceSet,
     build_feature_extractor,
     check_reference_size,
@@ -34,6 +32,8 @@ from dit_trainer.training.monitors.fid import (
     small_sample_warning,
     validation_reference,
 )
+from dit_trainer.rewards.groups import reward_metrics
+from dit_trainer.runs.run_folder import find_checkpoint
 
 logger = logging.getLogger(__name__)
 REPORT, GRID = "report.json", "grid.png"

@@ -1,5 +1,7 @@
-"""Rewards of generated images, behind one protocol: ``reward(images [0, 1] (B, 3, H, W), prompts) -> (B,)``
-(``base``), their weighted sum (``build``) and GRPO's group statistics (``grpo``).
+"""Judges of generated images. Rewards, behind one protocol: ``reward(images [0, 1] (B, 3, H, W), prompts) -> (B,)``
+(``base``), their weighted sum (``build``) and the statistics of a prompt's group of samples (``groups``); and the
+distance of a set of samples from the run's validation images, FID and KID (``fid``: the FID monitor and
+``evaluate.py`` share it, so it lives below both).
 
 ``REWARDS`` is the registry ``reward.weights`` names, each entry a ``base.Reward`` imported on first use: adding a
 reward is its module, one entry here and one YAML file in ``configs/reward/`` (or, outside this package, a weight

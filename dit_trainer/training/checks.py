@@ -92,7 +92,7 @@ def _check_privacy(cfg: TrainConfig) -> None:
 def _check_fid_monitor(cfg: TrainConfig) -> None:
     """The FID monitor compares samples with the validation images, read as images, through a feature extractor
     that must be available on this machine."""
-    from dit_trainer.training.monitors.fid import (
+    from dit_trainer.rewards.fid import (
         require_feature_extractor,  # torchmetrics: only for runs that monitor FID
     )
 

@@ -12,7 +12,7 @@ from PIL import Image
 from dit_trainer.assemble import build_trainer
 from dit_trainer.components.vae import PixelVAE
 from dit_trainer.data.split import split_indices, validation_images
-from dit_trainer.training.monitors.fid import LatentFeatures, validation_reference
+from dit_trainer.rewards.fid import LatentFeatures, validation_reference
 
 from ..conftest import CPU_PROCESSES, TINY_SHAPES, accelerate_launch, compose_config, run_script, validation_monitor
 from ..data.files import BUCKETS, CANVASES, captioned_folder, photos_folder

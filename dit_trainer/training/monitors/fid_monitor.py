@@ -7,7 +7,7 @@ import time
 from torch import nn
 
 from dit_trainer.diffusion.sampler import SamplerSettings
-from dit_trainer.training.monitors.fid import ReferenceSet, sample_distances
+from dit_trainer.rewards.fid import ReferenceSet, sample_distances
 from dit_trainer.training.monitors.monitors import Monitor, MonitorContext, sampling_weights
 
 

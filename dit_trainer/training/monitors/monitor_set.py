@@ -16,7 +16,7 @@ from dit_trainer.diffusion.sampler import SamplerSettings
 from dit_trainer.errors import ConfigError
 from dit_trainer.prompts import load_prompts
 from dit_trainer.rewards.build import build_reward
-from dit_trainer.training.monitors.fid import (
+from dit_trainer.rewards.fid import (
     build_feature_extractor,
     check_reference_size,
     reference_cache_dir,

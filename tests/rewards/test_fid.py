@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.training.monitors.fid import (
+from dit_trainer.rewards.fid import (
     LatentFeatures,
     ReferenceSet,
     cached_reference_set,
@@ -84,7 +84,7 @@ def test_reference_features_are_kept_where_the_user_or_the_run_says_never_in_the
     reason="the standard Inception weights are not on this machine (set DIT_FID_INCEPTION_WEIGHTS=FILE)",
 )
 def test_the_standard_inception_features_load_from_a_local_file():
-    from dit_trainer.training.monitors.fid import InceptionFeatures
+    from dit_trainer.rewards.fid import InceptionFeatures
 
     extractor = InceptionFeatures(os.environ["DIT_FID_INCEPTION_WEIGHTS"])
     assert extractor(torch.rand(2, 3, 32, 32)).shape == (2, 2048)
