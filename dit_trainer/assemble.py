@@ -1,5 +1,6 @@
 """The composition root: a validated ``TrainConfig`` in, a ready ``Trainer`` out. It starts the accelerator and
-takes the run folder's lock, has each part built by its own module (data: ``data.loading``; models:
+takes the run folder's lock, derives the run's plan once (``RunPlan``: the image sizes the models allow, what a step
+is), has each part built by its own module from its own sections (data: ``data.loading``; models:
 ``components.build``; optimizer, LR and EMA: ``training.optim``; monitors: ``training.monitors.monitor_set``; the step:
 the method ``trainer.method`` names, ``methods``), and wires them with the update strategy, the checkpointer and the
 non-finite guard. It asks the method what it needs (a data set or none, updates per step) and never names one."""
@@ -27,7 +28,8 @@ from dit_trainer.components.compile import apply_compile
 from dit_trainer.components.fp8 import apply_fp8
 from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.components.geometry import configured_buckets
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import TrainConfig, TrainerConfig
+from dit_trainer.data.buckets import BucketTable
 from dit_trainer.data.loading import build_dataloader, build_source, build_training_data, loader_options
 from dit_trainer.data.stream_loader import StreamLoader
 from dit_trainer.diffusion.sampler import TextToImage
@@ -135,14 +137,31 @@ def nonfinite_advice(cfg: TrainConfig, accelerator: Accelerator) -> list[str]:
     return advice
 
 
-def loop_settings(cfg: TrainConfig, accelerator: Accelerator, method: Method) -> LoopSettings:
-    t = cfg.trainer
-    per_process = method.images_per_step(cfg)
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What a run derives from its config once, before anything is built, and hands to the parts that need it (each
+    part otherwise gets its own sections): the image sizes the models allow, and what one step is."""
+
+    buckets: BucketTable | None  # `data.buckets` on the models' patch grid (None: squares, or no data set read)
+    updates_per_step: int  # the optimizer updates a step makes (an online method's epoch makes several)
+    images_per_step: int  # the images a step trains on, over processes and accumulation (the loop's images/s)
+
+
+def plan_run(cfg: TrainConfig, method: Method, processes: int) -> RunPlan:
+    per_process = method.images_per_step(cfg) * cfg.trainer.gradient_accumulation_steps
+    return RunPlan(
+        buckets=configured_buckets(cfg) if method.reads_data else None,
+        updates_per_step=method.updates_per_step(cfg),
+        images_per_step=per_process * processes,
+    )
+
+
+def loop_settings(trainer: TrainerConfig, plan: RunPlan) -> LoopSettings:
     return LoopSettings(
-        max_steps=t.max_steps,
-        log_every=t.log_every,
-        checkpoint_every=t.checkpoint_every,
-        images_per_step=per_process * t.gradient_accumulation_steps * accelerator.num_processes,
+        max_steps=trainer.max_steps,
+        log_every=trainer.log_every,
+        checkpoint_every=trainer.checkpoint_every,
+        images_per_step=plan.images_per_step,
     )
 
 
@@ -260,29 +279,27 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     method = method_of(cfg)
     if cfg.trainer.init_weights:  # started from another run: its weights are copied here first
         cfg = own_starting_weights(cfg, run_dir, accelerator)
-    updates_per_step = method.updates_per_step(cfg)
-    # a warm-up as long as the run is cut (and recorded so)
-    cfg = dataclasses.replace(cfg, optim=warmup_within_run(cfg.optim, cfg.trainer.max_steps, updates_per_step))
+    plan = plan_run(cfg, method, accelerator.num_processes)
+    updates = cfg.trainer.max_steps * plan.updates_per_step
+    # A warm-up as long as the run is cut (and recorded so).
+    cfg = dataclasses.replace(cfg, optim=warmup_within_run(cfg.optim, cfg.trainer.max_steps, plan.updates_per_step))
     reads_data = method.reads_data
-    buckets = configured_buckets(cfg) if reads_data else None  # the image sizes the models allow (None: squares)
     source, cached_text, held_out = (
-        build_source(cfg, buckets, accelerator, run_dir / IMAGE_SIZES) if reads_data else (None, None, None)
+        build_source(cfg, plan.buckets, accelerator, run_dir / IMAGE_SIZES) if reads_data else (None, None, None)
     )
     frozen_dtype = weight_dtype(accelerator.mixed_precision)
     parts = build_components(cfg, accelerator.device, frozen_dtype, cached_text)
     # Logged; on a GPU, a run whose `trainer.batch_size` steps cannot fit is refused before step 1.
     report_memory(cfg.trainer, cfg.optim.name, parts, accelerator, refuse_unfit=reads_data)
     if reads_data:
-        warn_live_text_encoding(
-            cfg.text_encoder, cfg.trainer.batch_size, parts
-        )  # when encoding captions every step costs much of the DiT's step
-        warn_shapes_vae_on_other_data(cfg.vae, cfg.data)  # the shipped VAE knows only the shapes
+        # When encoding captions every step costs much of the DiT's step; the shipped VAE knows only the shapes.
+        warn_live_text_encoding(cfg.text_encoder, cfg.trainer.batch_size, parts)
+        warn_shapes_vae_on_other_data(cfg.vae, cfg.data)
     apply_fp8(cfg.precision, parts.dit, accelerator.device)  # precision.fp8: before compile fuses its casts
-    apply_compile(
-        parts.dit, cfg.trainer.compile, cfg.data.buckets != "none"
-    )  # after the meta-device counts above, before prepare wraps
+    # trainer.compile: after the meta-device counts above, before prepare wraps
+    apply_compile(parts.dit, cfg.trainer.compile, bucketed=cfg.data.buckets != "none")
     optimizer = build_optimizer(cfg.optim, parts.dit)
-    lr_scheduler = build_lr_scheduler(cfg.optim, optimizer, cfg.trainer.max_steps * updates_per_step)
+    lr_scheduler = build_lr_scheduler(cfg.optim, optimizer, updates)
     privacy = dataloader = None
     if reads_data:
         privacy, optimizer, dataloader = build_training_loader(cfg, accelerator, parts, source, optimizer)
@@ -314,7 +331,7 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
         cfg, accelerator, run_dir, state, update, ema, privacy, method, saved_states, dataloader
     )
     trainer = Trainer(
-        settings=loop_settings(cfg, accelerator, method),
+        settings=loop_settings(cfg.trainer, plan),
         run_dir=run_dir,
         accelerator=accelerator,
         dit=dit,
