@@ -30,6 +30,8 @@ from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.components.geometry import configured_buckets
 from dit_trainer.config import TrainConfig, TrainerConfig
 from dit_trainer.data.buckets import BucketTable
+from dit_trainer.data.cache.cache import CacheDataset, cache_fingerprint, cache_prompts, open_cache
+from dit_trainer.data.cache.cached_prompts import CachedPrompts
 from dit_trainer.data.loading import build_dataloader, build_source, build_training_data, loader_options
 from dit_trainer.data.stream_loader import StreamLoader
 from dit_trainer.diffusion.sampler import TextToImage
@@ -38,6 +40,7 @@ from dit_trainer.errors import ConfigError
 from dit_trainer.methods import method_of
 from dit_trainer.methods.base import Method
 from dit_trainer.precision import allow_tf32, resolve_mixed_precision, weight_dtype
+from dit_trainer.prompts import reward_monitor_prompts
 from dit_trainer.runs.init_run import own_starting_weights
 from dit_trainer.runs.run_folder import CHECKPOINTS, CONFIG, IMAGE_SIZES, remove_unfinished_writes, weights_layout
 from dit_trainer.runs.run_lock import RunFolderLock
@@ -140,20 +143,37 @@ def nonfinite_advice(cfg: TrainConfig, accelerator: Accelerator) -> list[str]:
 @dataclasses.dataclass(frozen=True)
 class RunPlan:
     """What a run derives from its config once, before anything is built, and hands to the parts that need it (each
-    part otherwise gets its own sections): the image sizes the models allow, and what one step is."""
+    part otherwise gets its own sections): the image sizes the models allow, what one step is, and the prompts the
+    monitors sample (which a disk cache must hold embedded)."""
 
     buckets: BucketTable | None  # `data.buckets` on the models' patch grid (None: squares, or no data set read)
     updates_per_step: int  # the optimizer updates a step makes (an online method's epoch makes several)
     images_per_step: int  # the images a step trains on, over processes and accumulation (the loop's images/s)
+    reward_prompts: tuple[str, ...]  # the reward monitor's prompts (none while it is off)
+    sampled_prompts: tuple[str, ...]  # every prompt the run samples or drops captions to: "", the grid's, the above
 
 
 def plan_run(cfg: TrainConfig, method: Method, processes: int) -> RunPlan:
     per_process = method.images_per_step(cfg) * cfg.trainer.gradient_accumulation_steps
+    reward_prompts = reward_monitor_prompts(cfg.monitor.reward)
     return RunPlan(
         buckets=configured_buckets(cfg) if method.reads_data else None,
         updates_per_step=method.updates_per_step(cfg),
         images_per_step=per_process * processes,
+        reward_prompts=tuple(reward_prompts),
+        sampled_prompts=tuple(cache_prompts(cfg.trainer.sample_prompts, reward_prompts)),
     )
+
+
+def open_run_cache(
+    cfg: TrainConfig, plan: RunPlan, device: torch.device
+) -> tuple[CacheDataset, CachedPrompts] | tuple[None, None]:
+    """The disk cache at ``data.cache_dir`` (none configured: None, None), checked against the settings of the VAE,
+    the text encoder and the data, the plan's buckets, and the prompts the run samples."""
+    if not cfg.data.cache_dir:
+        return None, None
+    fingerprint = cache_fingerprint(cfg.data, cfg.vae, cfg.conditioner, plan.buckets)
+    return open_cache(cfg.data.cache_dir, fingerprint, plan.sampled_prompts, device)
 
 
 def loop_settings(trainer: TrainerConfig, plan: RunPlan) -> LoopSettings:
@@ -240,9 +260,9 @@ def build_training_loader(
 ) -> tuple[PrivateTraining | None, torch.optim.Optimizer, DataLoader]:
     """The loader of what is trained on (``source``, or its latents cached in memory); under ``privacy.enabled`` a
     Poisson-sampled one and the DP optimizer (the loader is Opacus', not accelerate's)."""
-    dataset = build_training_data(cfg, accelerator, parts.vae, source)
+    dataset = build_training_data(cfg.data, accelerator, parts.vae, source)
     if not cfg.privacy.enabled:
-        return None, optimizer, build_dataloader(cfg, dataset, accelerator.device)
+        return None, optimizer, build_dataloader(cfg.data, cfg.trainer, dataset, accelerator.device)
     check_private_launch(accelerator)
     privacy, optimizer, dataloader = make_private(
         cfg.privacy,
@@ -252,7 +272,7 @@ def build_training_loader(
         batch_size=cfg.trainer.batch_size,
         max_steps=cfg.trainer.max_steps,
         seed=cfg.trainer.seed,
-        loader_options=loader_options(cfg, dataset, accelerator.device),
+        loader_options=loader_options(cfg.data, dataset, accelerator.device),
         device=accelerator.device,
     )
     logger.info(privacy.describe(), main_process_only=True)
@@ -284,16 +304,20 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     # A warm-up as long as the run is cut (and recorded so).
     cfg = dataclasses.replace(cfg, optim=warmup_within_run(cfg.optim, cfg.trainer.max_steps, plan.updates_per_step))
     reads_data = method.reads_data
-    source, cached_text, held_out = (
-        build_source(cfg, plan.buckets, accelerator, run_dir / IMAGE_SIZES) if reads_data else (None, None, None)
-    )
+    source = held_out = cached_text = None
+    if reads_data:  # the data's own problems are found before any model loads
+        cache, cached_text = open_run_cache(cfg, plan, accelerator.device)
+        batch_size, sizes_dir = cfg.trainer.batch_size, run_dir / IMAGE_SIZES
+        source, held_out = build_source(
+            cfg.data, cfg.validation, batch_size, plan.buckets, cache, accelerator, sizes_dir
+        )
     frozen_dtype = weight_dtype(accelerator.mixed_precision)
     parts = build_components(cfg, accelerator.device, frozen_dtype, cached_text)
     # Logged; on a GPU, a run whose `trainer.batch_size` steps cannot fit is refused before step 1.
     report_memory(cfg.trainer, cfg.optim.name, parts, accelerator, refuse_unfit=reads_data)
     if reads_data:
         # When encoding captions every step costs much of the DiT's step; the shipped VAE knows only the shapes.
-        warn_live_text_encoding(cfg.text_encoder, cfg.trainer.batch_size, parts)
+        warn_live_text_encoding(cfg.conditioner, cfg.trainer.batch_size, parts)
         warn_shapes_vae_on_other_data(cfg.vae, cfg.data)
     apply_fp8(cfg.precision, parts.dit, accelerator.device)  # precision.fp8: before compile fuses its casts
     # trainer.compile: after the meta-device counts above, before prepare wraps
@@ -318,7 +342,7 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     text_to_image = TextToImage(parts.vae, parts.text_encoder, parts.schedule, parts.latent_shape, accelerator.device)
     trackers = Trackers(accelerator, cfg.logger, weights_layout(cfg.lora.enabled))
     context = MonitorContext(accelerator, text_to_image, ema, trackers, sharded=accelerator.is_fsdp2)
-    monitors = build_monitor_set(cfg, context, run_dir, frozen_dtype, parts, held_out)
+    monitors = build_monitor_set(cfg, context, run_dir, frozen_dtype, parts, held_out, plan.reward_prompts)
     update = build_update(cfg, accelerator, dit, optimizer, lr_scheduler, parameters, privacy)
     state = build_training_state(cfg, accelerator, privacy)
     advice = nonfinite_advice(cfg, accelerator)

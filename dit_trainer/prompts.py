@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 from pathlib import Path
 
+from dit_trainer.config import RewardMonitorConfig
 from dit_trainer.errors import ConfigError
 
 
@@ -24,6 +25,12 @@ def load_prompts(prompts: list[str], prompt_file: str | None, prefix: str = "") 
             f"pass `{prefix}prompt_file=FILE` with one prompt per line, or `{prefix}prompts=[...]`",
         )
     return list(prompts)
+
+
+def reward_monitor_prompts(reward: RewardMonitorConfig) -> list[str]:
+    """The prompts the reward monitor samples (none while it is off): read once into the run's plan, which the
+    monitor and the disk cache's prompt check both take."""
+    return load_prompts(reward.prompts, reward.prompt_file, "monitor.reward.") if reward.enabled else []
 
 
 def _read_text(prompt_file: str, key: str) -> str:

@@ -123,10 +123,10 @@ def with_tracker_names(cfg: TrainConfig, overrides: Sequence[str] | None) -> Tra
 
 
 def with_class_folders(cfg: TrainConfig) -> TrainConfig:
-    """A class-conditional run on an image folder of class sub-folders, with ``text_encoder.classes`` unset, gets
+    """A class-conditional run on an image folder of class sub-folders, with ``conditioner.classes`` unset, gets
     the sub-folder names (sorted, as torchvision numbers them), recorded in its saved config: sampling and export
     later read the classes there, with no data at hand."""
-    text, data = cfg.text_encoder, cfg.data
+    text, data = cfg.conditioner, cfg.data
     if text.kind != CLASS_LABELS or text.classes or data.source != "imagefolder" or not data.path:
         return cfg
     from dit_trainer.data.sources.imagefolder import METADATA
@@ -135,7 +135,7 @@ def with_class_folders(cfg: TrainConfig) -> TrainConfig:
     folder = Path(data.path).expanduser()
     if not folder.is_dir() or (folder / METADATA).is_file():
         return cfg
-    return dataclasses.replace(cfg, text_encoder=dataclasses.replace(text, classes=class_folders(folder)))
+    return dataclasses.replace(cfg, conditioner=dataclasses.replace(text, classes=class_folders(folder)))
 
 
 def check_names(cfg: TrainConfig) -> None:
@@ -144,7 +144,7 @@ def check_names(cfg: TrainConfig) -> None:
     for registry, name in (
         (FAMILIES, cfg.model.family),
         (VAE_KINDS, cfg.vae.kind),
-        (TEXT_ENCODER_KINDS, cfg.text_encoder.kind),
+        (TEXT_ENCODER_KINDS, cfg.conditioner.kind),
         (SOURCES, cfg.data.source),
         (OBJECTIVES, cfg.diffusion.objective),
         (SAMPLERS, cfg.diffusion.sampler),

@@ -85,6 +85,15 @@ def tiny_batch() -> tuple[torch.Tensor, torch.Tensor, Condition, torch.Tensor]:
     return x, t, condition, torch.randn(TINY_BATCH, 4, 8, 8, generator=generator)
 
 
+def open_cache_of(cfg: TrainConfig):
+    """(the disk cache, its prompts) as a run of ``cfg`` opens them: checked against its settings, buckets and the
+    prompts it samples."""
+    from dit_trainer.assemble import open_run_cache, plan_run
+    from dit_trainer.methods import method_of
+
+    return open_run_cache(cfg, plan_run(cfg, method_of(cfg), 1), torch.device("cpu"))
+
+
 def compose_config(overrides: list[str]) -> TrainConfig:
     """The validated config ``train.py`` would build for ``overrides``."""
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
@@ -248,7 +257,7 @@ def lora_overrides(base) -> list[str]:
 
 def class_conditional(folder, *extra: str) -> list[str]:
     """TINY_SHAPES' trainer with a 2-layer DiT on the digits in pixel space (``folder``: the ``digits`` fixture)."""
-    return ["model.family=dit", "text_encoder.kind=class_labels", "data=imagefolder", f"data.path={folder}",
+    return ["model.family=dit", "conditioner.kind=class_labels", "data=imagefolder", f"data.path={folder}",
             "data.resolution=16", "data.num_workers=0", "vae=pixel", "trainer.sample_prompts=[3,7]",
             *extra]  # fmt: skip
 

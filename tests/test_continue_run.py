@@ -29,7 +29,7 @@ def recorded_run(tmp_path) -> Path:
     (checkpoint / "transformer").mkdir(parents=True)
     (checkpoint / "manifest.json").write_text(json.dumps({"files": {}}))
     config = OmegaConf.structured(TrainConfig)
-    config.vae.pretrained, config.text_encoder.pretrained = "/models/vae", "/models/text"  # resolved, as saved
+    config.vae.pretrained, config.conditioner.pretrained = "/models/vae", "/models/text"  # resolved, as saved
     config.trainer.batch_size, config.trainer.allow_config_change, config.optim.lr = 8, True, 3e-4
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(config))
     yield run_dir

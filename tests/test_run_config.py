@@ -49,7 +49,7 @@ def test_a_python_built_config_resolves_its_interpolations():
 
     cfg = to_train_config(TrainConfig())
     assert cfg.vae.pretrained == str(ASSETS_DIR / "shapes_vae")
-    assert "${" not in cfg.text_encoder.pretrained
+    assert "${" not in cfg.conditioner.pretrained
 
 
 SECRET = "sentinel-secret-5f0c2a9e41d7"

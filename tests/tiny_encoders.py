@@ -62,15 +62,15 @@ def own_pipeline_overrides(
 ) -> list[str]:
     """Overrides (after TINY_SHAPES) that train a new tiny ``family`` transformer (``transformer``: its
     ``model.*`` sizes) with flow matching on ``resolution``-px shapes, with the family's own conditioner
-    (``text_encoder.kind=<family>``) and VAE read from the pipeline folder ``root``; ``extra`` after them."""
+    (``conditioner.kind=<family>``) and VAE read from the pipeline folder ``root``; ``extra`` after them."""
     return [
         f"model.family={family}",
         *(f"model.{key}={value}" for key, value in transformer.items()),
         "diffusion=flow",
         "diffusion.objective=flow_matching",  # the shapes experiment sets v_prediction on top of its group
-        f"text_encoder.kind={family}",
-        f"text_encoder.pretrained={root}",
-        f"text_encoder.max_length={max_length}",
+        f"conditioner.kind={family}",
+        f"conditioner.pretrained={root}",
+        f"conditioner.max_length={max_length}",
         f"vae.pretrained={root}",
         "vae.subfolder=vae",
         f"data.resolution={resolution}",

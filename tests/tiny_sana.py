@@ -91,6 +91,6 @@ def sana_overrides(folder: Path, *extra: str) -> list[str]:
     """A tiny Sana run on the 32-px shapes data with ``folder``'s VAE and Gemma-2 and a new 2-layer transformer
     (flow matching, logit-normal timesteps, Euler sampling), no sample grids or validation."""
     return own_pipeline_overrides(
-        "sana", folder, 12, 32, TRANSFORMER, "vae.kind=autoencoder_dc", "text_encoder.memo_size=64",
-        "text_encoder.instruction=[Describe the image.,'User Prompt: ']", "diffusion.shift=3.0", *extra,
+        "sana", folder, 12, 32, TRANSFORMER, "vae.kind=autoencoder_dc", "conditioner.memo_size=64",
+        "conditioner.instruction=[Describe the image.,'User Prompt: ']", "diffusion.shift=3.0", *extra,
     )  # fmt: skip

@@ -31,16 +31,15 @@ from diffusers import DDPMScheduler
 from torch.utils.data import DataLoader, Dataset
 
 from dit_trainer.apps.precompute import precompute
-from dit_trainer.assemble import build_trainer
+from dit_trainer.assemble import build_trainer, open_run_cache, plan_run
 from dit_trainer.components.build import Components, build_components
-from dit_trainer.components.geometry import configured_buckets
 from dit_trainer.components.meta import count_flops
 from dit_trainer.condition import Condition
 from dit_trainer.config import TrainConfig
 from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
-from dit_trainer.data.cache.cache import open_cache
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.sources.source import build_dataset
+from dit_trainer.methods import method_of
 from dit_trainer.pixels import to_model_range
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
 from dit_trainer.training.optim import build_optimizer
@@ -226,7 +225,7 @@ def run_benchmark(cfg: TrainConfig, out_dir: Path, warmup: int = 5, steps: int =
     forward_flops, train_flops = flops_per_image(cfg, parts, device)
     speed = {m.name: m.images_per_sec for m in results}
     bare = speed["bare"]
-    reading = batch_plan_cost(open_cache(cached, configured_buckets(cached), device)[0], batch)
+    reading = batch_plan_cost(open_run_cache(cached, plan_run(cached, method_of(cached), 1), device)[0], batch)
     private_cost = {"private_cost_ratio": speed["trainer_cached"] / speed["trainer_private"]} if private else {}
     report = {
         **{f"{m.name}_img_s" if m.name != "bare" else "bare_step_img_s": m.images_per_sec for m in results},

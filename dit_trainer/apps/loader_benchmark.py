@@ -29,7 +29,7 @@ def loader_images_per_second(cfg: TrainConfig, workers: int, batches: int) -> fl
     first (which pays for starting the workers)."""
     cfg = replace(cfg, data=replace(cfg.data, num_workers=workers, cache_latents=False, cache_dir=None))
     source = bucketed(build_dataset(cfg.data), configured_buckets(cfg), cfg.trainer.batch_size, True)
-    iterator = iter(build_dataloader(cfg, source, torch.device("cpu")))
+    iterator = iter(build_dataloader(cfg.data, cfg.trainer, source, torch.device("cpu")))
     next(iterator)
     start, images = time.perf_counter(), 0
     for _, batch in zip(range(batches), iterator):

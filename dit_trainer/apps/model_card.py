@@ -73,7 +73,7 @@ def processes(checkpoint: Path) -> int | None:
 
 
 def card_metadata(cfg: TrainConfig) -> ModelCardData:
-    text = cfg.text_encoder.kind != CLASS_LABELS
+    text = cfg.conditioner.kind != CLASS_LABELS
     base, data = hub_id(cfg.model.pretrained), hub_id(cfg.data.path) if cfg.data.source == "hf" else None
     tags = ["dit-trainer", "diffusers", "diffusion-transformer", cfg.model.family]
     tags += ["text-to-image"] if text else ["class-conditional"]
@@ -117,7 +117,7 @@ def _transformer(parameters: int, config: dict) -> str:
 
 def what_was_trained(cfg: TrainConfig, manifest: dict, transformer: str, step: int) -> str:
     """The family, sizes, start, full or LoRA, method, objective, data, encoders, steps and weights."""
-    diffusion, text = cfg.diffusion, cfg.text_encoder
+    diffusion, text = cfg.diffusion, cfg.conditioner
     sampler = f"{diffusion.sampler}, {diffusion.sample_steps} steps, guidance {diffusion.guidance_scale:g}"
     encoder = "class labels" if text.kind == CLASS_LABELS else f"{shown(text.pretrained)}, {text.max_length} tokens"
     vae = f"`{cfg.vae.kind}`" + (f": {shown(cfg.vae.pretrained)}" if cfg.vae.pretrained else "")

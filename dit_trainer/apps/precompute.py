@@ -9,7 +9,7 @@ writes ``index.json`` when all are done.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +44,7 @@ from dit_trainer.durable import write_atomically, write_text_atomically
 from dit_trainer.errors import ConfigError
 from dit_trainer.pixels import to_model_range
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
+from dit_trainer.prompts import reward_monitor_prompts
 
 
 @dataclass
@@ -144,10 +145,10 @@ def _write_json(path: Path, record: dict) -> None:
     write_text_atomically(path, json.dumps(record, indent=1))
 
 
-def _write_prompts(cfg: TrainConfig, cache_dir: Path, known: list[str], text_encoder) -> list[str]:
-    """Embed the run's extra prompts (and keep those already cached, in their rows): small, so rank 0 does it
-    alone."""
-    prompts = list(dict.fromkeys([*known, *cache_prompts(cfg)]))
+def _write_prompts(sampled: Sequence[str], cache_dir: Path, known: list[str], text_encoder) -> list[str]:
+    """Embed the prompts the run samples (``sampled``; those already cached are kept, in their rows): small, so rank
+    0 does it alone."""
+    prompts = list(dict.fromkeys([*known, *sampled]))
     condition = text_encoder.encode(prompts).cast(torch.float32)
     tensors = {key: tensor.cpu().contiguous() for key, tensor in condition.stored().items()}
     write_atomically(cache_dir / PROMPTS, lambda file: save_file(tensors, file))
@@ -183,14 +184,15 @@ def precompute(cfg: TrainConfig) -> PrecomputeResult:
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     dtype = weight_dtype(resolve_mixed_precision(cfg.trainer.mixed_precision))
     buckets = configured_buckets(cfg)
-    fingerprint = cache_fingerprint(cfg, buckets)  # of the data as it is before encoding starts
+    sampled = cache_prompts(cfg.trainer.sample_prompts, reward_monitor_prompts(cfg.monitor.reward))
+    fingerprint = cache_fingerprint(cfg.data, cfg.vae, cfg.conditioner, buckets)  # of the data before encoding
     if (cache_dir / INDEX).is_file():
         index = read_index(cache_dir)
         check_fingerprint(index, fingerprint, cache_dir)
         items, bad_files = 0, []
         if state.is_main_process:  # the prompts file first: until the index names them, extra rows are unused
-            text_encoder = build_text_encoder(cfg.text_encoder, state.device, dtype)
-            index["prompts"] = _write_prompts(cfg, cache_dir, index["prompts"], text_encoder)
+            text_encoder = build_text_encoder(cfg.conditioner, state.device, dtype)
+            index["prompts"] = _write_prompts(sampled, cache_dir, index["prompts"], text_encoder)
             _write_json(cache_dir / INDEX, index)
     else:
         left = check_cache_folder(cache_dir)  # on every rank, so that a refusal stops them all
@@ -200,13 +202,13 @@ def precompute(cfg: TrainConfig) -> PrecomputeResult:
             for stale in left:  # what a precompute that did not finish wrote (its sizes index kept), and nothing else
                 stale.unlink()
         state.wait_for_everyone()
-        text_encoder = build_text_encoder(cfg.text_encoder, state.device, dtype)
+        text_encoder = build_text_encoder(cfg.conditioner, state.device, dtype)
         vae = build_vae(cfg.vae, state.device, dtype)
         check_resolution(cfg, vae.downsample_factor)
         items, bad_files = _encode_images(cfg, buckets, cache_dir, state, vae, text_encoder)
         state.wait_for_everyone()
         if state.is_main_process:
-            prompts = _write_prompts(cfg, cache_dir, [], text_encoder)
+            prompts = _write_prompts(sampled, cache_dir, [], text_encoder)
             _write_index(cfg, fingerprint, cache_dir, state.num_processes, prompts)
     state.wait_for_everyone()
     return PrecomputeResult(cache_dir, items, bad_files)

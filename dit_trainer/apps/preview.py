@@ -70,14 +70,15 @@ def preview_items(cfg: TrainConfig, n: int) -> tuple[list[dict], int]:
     cfg = replace(cfg, data=data)
     set_seed(cfg.trainer.seed)
     buckets = configured_buckets(cfg)
-    dataset, _, held_out = build_source(cfg, buckets, Accelerator(cpu=True))  # no sizes index is written
+    accelerator = Accelerator(cpu=True)  # no sizes index is written
+    dataset, held_out = build_source(cfg.data, cfg.validation, cfg.trainer.batch_size, buckets, None, accelerator)
     held = len(held_out) if held_out is not None and cfg.validation.split and not cfg.validation.path else 0
     device = torch.device("cpu")
     if isinstance(dataset, IterableDataset):  # a stream: the training loader's first items
-        batches = build_dataloader(cfg, dataset, device)
+        batches = build_dataloader(cfg.data, cfg.trainer, dataset, device)
     else:
         order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(cfg.trainer.seed))
-        options = loader_options(cfg, dataset, device)
+        options = loader_options(cfg.data, dataset, device)
         batches = DataLoader(
             dataset,
             batch_size=1,

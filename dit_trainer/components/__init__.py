@@ -2,7 +2,7 @@
 call signature, and ``build.build_components``, which builds them (and the noise schedule) from a run's config.
 
 The kinds a config names are registries, imported on first use (``dit_trainer.registry``): ``vae.kind`` here,
-``text_encoder.kind`` here, ``model.family`` in ``families``. Each entry checks what it needs of the config.
+``conditioner.kind`` here, ``model.family`` in ``families``. Each entry checks what it needs of the config.
 """
 
 from dit_trainer.config.choices import CLASS_LABELS
@@ -18,9 +18,9 @@ VAE_KINDS = Registry(
 )
 # auto reads the checkpoint's model type; T5 and CLIP checkpoints hold more than their text encoder, so t5 and clip
 # load their encoder-only classes; class_labels conditions a class-conditional family on class ids; sd3, flux and sana
-# are those families' own encoders, read from the subfolders of one pipeline folder (`text_encoder.pretrained`).
+# are those families' own encoders, read from the subfolders of one pipeline folder (`conditioner.pretrained`).
 TEXT_ENCODER_KINDS = Registry(
-    "text_encoder.kind",
+    "conditioner.kind",
     {
         "auto": "dit_trainer.components.conditioners.text_encoder:TRANSFORMERS_ENCODER",
         "t5": "dit_trainer.components.conditioners.text_encoder:TRANSFORMERS_ENCODER",

@@ -52,7 +52,7 @@ def build_components(
     check_resolution(cfg, vae.downsample_factor)
     if cached_text is not None:
         vae.drop_encoder()
-    text_encoder = cached_text or build_text_encoder(cfg.text_encoder, device, frozen_dtype)
+    text_encoder = cached_text or build_text_encoder(cfg.conditioner, device, frozen_dtype)
     latent_size = cfg.data.resolution // vae.downsample_factor
     dit_weights = dit_weights or trained_start(cfg)
     dit = build_dit(cfg.model, vae.latent_channels, latent_size, text_encoder.size, dit_weights)

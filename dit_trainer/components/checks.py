@@ -22,7 +22,7 @@ def check_components(cfg: TrainConfig) -> None:
     check_fused_qkv(cfg)
     family = FAMILIES.get(cfg.model.family)
     vae = VAE_KINDS.get(cfg.vae.kind)
-    conditioner = TEXT_ENCODER_KINDS.get(cfg.text_encoder.kind)
+    conditioner = TEXT_ENCODER_KINDS.get(cfg.conditioner.kind)
     if family.check is not None:
         family.check(cfg)
     factor = vae.downsample_factor(cfg.vae, False)  # from config files on this machine: nothing downloaded
@@ -44,12 +44,12 @@ def check_components(cfg: TrainConfig) -> None:
     )
     require(
         conditioner.condition == family.condition,
-        "text_encoder.kind",
-        cfg.text_encoder.kind,
+        "conditioner.kind",
+        cfg.conditioner.kind,
         f"`model.family={cfg.model.family}` is conditioned on {CONDITIONS.get(family.condition, family.condition)}",
-        "set `text_encoder.kind=class_labels` (with `model.family=dit`)"
+        "set `conditioner.kind=class_labels` (with `model.family=dit`)"
         if family.condition == "class"
-        else "use a text encoder (`text_encoder=minilm` or `t5`), or `model.family=dit` for class labels",
+        else "use a text encoder (`conditioner=minilm` or `t5`), or `model.family=dit` for class labels",
     )
     require(
         family.resolution_shift or not cfg.diffusion.resolution_shift,
@@ -60,26 +60,26 @@ def check_components(cfg: TrainConfig) -> None:
         "set `diffusion.resolution_shift=false` and a fixed `diffusion.shift` (SD3 and Sana: 3.0)",
     )
     require(
-        conditioner.pooling or cfg.text_encoder.pooling == "none",
-        "text_encoder.pooling",
-        cfg.text_encoder.pooling,
-        f"`text_encoder.kind={cfg.text_encoder.kind}` decides its pooled vector itself (or has none), so it would be "
+        conditioner.pooling or cfg.conditioner.pooling == "none",
+        "conditioner.pooling",
+        cfg.conditioner.pooling,
+        f"`conditioner.kind={cfg.conditioner.kind}` decides its pooled vector itself (or has none), so it would be "
         "ignored",
-        "remove it (`text_encoder.pooling=none`), or pool a transformers text encoder (`text_encoder.kind=auto`)",
+        "remove it (`conditioner.pooling=none`), or pool a transformers text encoder (`conditioner.kind=auto`)",
     )
     require(
-        conditioner.instruction or not cfg.text_encoder.instruction,
-        "text_encoder.instruction",
-        cfg.text_encoder.instruction[:1],
-        f"`text_encoder.kind={cfg.text_encoder.kind}` puts no instruction before prompts (Sana's encoder does), so "
+        conditioner.instruction or not cfg.conditioner.instruction,
+        "conditioner.instruction",
+        cfg.conditioner.instruction[:1],
+        f"`conditioner.kind={cfg.conditioner.kind}` puts no instruction before prompts (Sana's encoder does), so "
         "it would be ignored",
-        "remove it (`text_encoder.instruction=[]`) or use `text_encoder=sana`",
+        "remove it (`conditioner.instruction=[]`) or use `conditioner=sana`",
     )
     if conditioner.check is not None:
         conditioner.check(cfg)
     models = {
         "vae.pretrained": cfg.vae.pretrained if vae.pretrained else None,
-        "text_encoder.pretrained": cfg.text_encoder.pretrained if conditioner.pretrained else None,
+        "conditioner.pretrained": cfg.conditioner.pretrained if conditioner.pretrained else None,
         "model.pretrained": cfg.model.pretrained,
     }
     for key, name_or_path in models.items():

@@ -118,7 +118,7 @@ def build_dit(
                 "model.pretrained",
                 str(weights or cfg.pretrained),
                 problem,
-                "use the VAE and the text encoder this transformer was trained with (`vae=...`, `text_encoder=...`)",
+                "use the VAE and the text encoder this transformer was trained with (`vae=...`, `conditioner=...`)",
             )
     else:
         transformer = family.build(cfg, in_channels, sample_size, condition_size)

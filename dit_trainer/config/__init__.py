@@ -8,6 +8,7 @@ Hydra composes YAML onto the schema (so a mistyped key or a non-integer batch si
 ``ConfigError`` paragraph before any model is built. Nothing past the ``build_*`` functions sees YAML or OmegaConf.
 """
 
+from dit_trainer.config.conditioner import ConditionerConfig
 from dit_trainer.config.fields import check_fields
 from dit_trainer.config.monitors import FIDMonitorConfig, MonitorConfig, RewardMonitorConfig, ValidationConfig
 from dit_trainer.config.resolvers import ASSETS_DIR, register_configs, register_resolvers
@@ -23,7 +24,6 @@ from dit_trainer.config.schema import (
     OptimConfig,
     PrivacyConfig,
     RewardConfig,
-    TextEncoderConfig,
     TrainConfig,
     TrainerConfig,
     VAEConfig,
@@ -32,6 +32,7 @@ from dit_trainer.config.schema import (
 from dit_trainer.config.scripts import EXPORT_DTYPES, EvaluateConfig, ExportConfig, PreviewConfig, SampleConfig
 
 __all__ = [
+    "ConditionerConfig",
     "ASSETS_DIR",
     "EXPORT_DTYPES",
     "DataConfig",
@@ -52,7 +53,6 @@ __all__ = [
     "RewardMonitorConfig",
     "RewardConfig",
     "SampleConfig",
-    "TextEncoderConfig",
     "TrainConfig",
     "TrainerConfig",
     "VAEConfig",

@@ -15,12 +15,12 @@ FID_FEATURES = ("inception", "vae")  # monitor.fid.features, evaluate.py's fid_f
 PROMPT_SAMPLING = ("uniform", "spread")  # grpo.prompt_sampling
 SDE_WINDOWS = ("fixed", "random", "sliding")  # grpo.sde_window: where the noisy, trained steps sit each epoch
 SDE_TYPES = ("sde", "cps")  # grpo.sde_type: flow matching's stochastic step, Flow-GRPO's SDE or its CPS
-# text_encoder.pooling: no pooled vector | the mean over real tokens (a sentence embedding) | the model's pooler output
+# conditioner.pooling: no pooled vector | the mean over real tokens (a sentence embedding) | the model's pooler output
 POOLINGS = ("none", "mean", "pooler")
 # optim.name: fused AdamW (torch) | 8-bit AdamW (bitsandbytes) | Adafactor (torch) | Prodigy (prodigyopt)
 OPTIMIZERS = ("adamw", "adamw8bit", "adafactor", "prodigy")
 FP8_RECIPES = ("tensorwise", "rowwise")  # precision.fp8_recipe: torchao's float8 scaling, per tensor or per row
-CLASS_LABELS = "class_labels"  # the text_encoder.kind of class-conditional runs: prompts are class names or ids
+CLASS_LABELS = "class_labels"  # the conditioner.kind of class-conditional runs: prompts are class names or ids
 
 
 def is_bucket_spec(value: Any) -> bool:

@@ -4,7 +4,9 @@ move keep working: each is moved to its new key with a warning naming it, and th
 ``grpo.enabled=true`` became ``trainer.method=grpo`` when training methods got one seam (a second method would
 otherwise need a second flag, and two flags can both be on); ``grpo.init_from`` / ``grpo.init_ema`` became
 ``trainer.init_from`` / ``trainer.init_ema`` because starting from another run is not GRPO's alone; ``monitor.grpo``
-became ``monitor.reward``, since it watches the reward of any run, supervised ones first.
+became ``monitor.reward``, since it watches the reward of any run, supervised ones first; ``text_encoder`` (the
+section and its config group) became ``conditioner``, since class labels and a family's set of encoders condition a
+DiT as well.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import dataclasses
 import logging
 import os
 
+from dit_trainer.config.conditioner import RenamedTextEncoder
 from dit_trainer.config.monitors import RenamedRewardMonitor
 from dit_trainer.config.schema import TrainConfig
 from dit_trainer.errors import ConfigError
@@ -22,7 +25,26 @@ logger = logging.getLogger(__name__)
 
 def move_renamed_keys(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` with each old key's value at its new key (a conflicting value at both is refused)."""
-    return _move_method_keys(_move_reward_monitor(cfg))
+    return _move_method_keys(_move_reward_monitor(_move_text_encoder(cfg)))
+
+
+def _move_text_encoder(cfg: TrainConfig) -> TrainConfig:
+    """``text_encoder.*`` set (on a command line, in a recipe or a run folder's config of before the rename), or an
+    option of the old group (``text_encoder=t5``, which selects ``conditioner=t5`` and says so), moved to
+    ``conditioner.*``, each field set there overriding the new section's."""
+    old = cfg.text_encoder
+    moved = {f.name: getattr(old, f.name) for f in dataclasses.fields(old) if getattr(old, f.name) is not None}
+    group = moved.pop("group", None)
+    if not moved and group is None:
+        return cfg
+    if group is not None:  # its option's settings are among the moved: name the option, not each of them
+        _warn(f"`text_encoder={group}` -> `conditioner={group}` (and `text_encoder.KEY` -> `conditioner.KEY`)")
+    elif len(moved) > 2:  # a run folder's config of before the rename: the whole section
+        _warn(f"`text_encoder.KEY` -> `conditioner.KEY` ({', '.join(moved)})")
+    else:
+        _warn(", ".join(f"`text_encoder.{key}` -> `conditioner.{key}`" for key in moved))
+    conditioner = dataclasses.replace(cfg.conditioner, **moved)
+    return dataclasses.replace(cfg, conditioner=conditioner, text_encoder=RenamedTextEncoder())
 
 
 def _move_reward_monitor(cfg: TrainConfig) -> TrainConfig:
@@ -79,7 +101,13 @@ def _move_method_keys(cfg: TrainConfig) -> TrainConfig:
 def move_renamed_keys_in_saved(config: dict) -> dict:
     """A config as a checkpoint written before a move recorded it (a plain dict), its old keys moved as
     ``move_renamed_keys`` moves them: a resume then compares like with like."""
-    return _move_method_keys_in_saved(_move_reward_monitor_in_saved(config))
+    return _move_method_keys_in_saved(_move_reward_monitor_in_saved(_move_text_encoder_in_saved(config)))
+
+
+def _move_text_encoder_in_saved(config: dict) -> dict:
+    if "conditioner" in config or "text_encoder" not in config:
+        return config
+    return {**config, "conditioner": config["text_encoder"], "text_encoder": dataclasses.asdict(RenamedTextEncoder())}
 
 
 def _move_reward_monitor_in_saved(config: dict) -> dict:

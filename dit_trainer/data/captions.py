@@ -82,7 +82,7 @@ def tag_augmentation(data: DataConfig) -> TagAugmentation | None:
 
 
 def check_caption_tools(cfg: TrainConfig) -> None:
-    """Caption tools need captions that are text: not class names (``text_encoder.kind=class_labels`` looks each up
+    """Caption tools need captions that are text: not class names (``conditioner.kind=class_labels`` looks each up
     by name), not a disk cache's embeddings for the per-step draws, and, for the prefix, a source that puts it on."""
     data = cfg.data
     settings = {
@@ -96,10 +96,10 @@ def check_caption_tools(cfg: TrainConfig) -> None:
     key, value = f"data.{used[0]}", settings[used[0]]
     drawn = used[0] != "caption_prefix"
     require(
-        cfg.text_encoder.kind != CLASS_LABELS,
+        cfg.conditioner.kind != CLASS_LABELS,
         key,
         value,
-        "`text_encoder.kind=class_labels` looks every caption up as a class name, which a prefix or a changed tag "
+        "`conditioner.kind=class_labels` looks every caption up as a class name, which a prefix or a changed tag "
         "list would no longer be",
         f"set `{key}` back to its default for a class-conditional run",
     )

@@ -15,11 +15,10 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from dit_trainer.config import MixtureSource, TrainConfig
+from dit_trainer.config import DataConfig, MixtureSource, TrainerConfig, ValidationConfig
 from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
 from dit_trainer.data.buckets import BucketedStream, BucketTable, bucketed, item_buckets, require_table_of
-from dit_trainer.data.cache.cache import open_cache
-from dit_trainer.data.cache.cached_prompts import CachedPrompts
+from dit_trainer.data.cache.cache import CacheDataset
 from dit_trainer.data.cache.latent_cache import LatentDataset, encode_dataset
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.mixture import StreamMixture, item_sources, source_names
@@ -50,29 +49,37 @@ def require_full_batches(items: int, batch_size: int, processes: int, held_out: 
 
 
 def build_source(
-    cfg: TrainConfig, buckets: BucketTable | None, accelerator: Accelerator, sizes_dir: Path | None = None
-) -> tuple[Dataset, CachedPrompts | None, Dataset | None]:
-    """The disk cache (and its prompt embeddings) when there is one, else the source data set, less the validation
-    images it holds out (returned third); a map-style one is checked to give every process a complete batch before
-    any model is built. ``buckets``: the run's table (``components.geometry.configured_buckets``; None: squares);
-    ``sizes_dir``: the run's folder for the sizes index of bucketed data (``image_sizes``)."""
-    require_table_of(cfg.data.buckets, buckets)
-    cache, cached_text = open_cache(cfg, buckets, accelerator.device) if cfg.data.cache_dir else (None, None)
-    table, source = (cache.table, cache) if cache is not None else (buckets, build_dataset(cfg.data))
-    if cache is None:  # a stream in buckets batches itself, dropping incomplete batches as the loader would
-        source = bucketed(source, table, cfg.trainer.batch_size, True, accelerator.is_main_process, sizes_dir)
-    dataset, held_out = split_validation(cfg.data, cfg.validation, source, table)
+    data: DataConfig,
+    validation: ValidationConfig,
+    batch_size: int,
+    buckets: BucketTable | None,
+    cache: CacheDataset | None,
+    accelerator: Accelerator,
+    sizes_dir: Path | None = None,
+) -> tuple[Dataset, Dataset | None]:
+    """What a run trains on, and the validation images it holds out (None: no validation), read top to bottom:
+    the disk ``cache`` (opened by the caller, with its prompts; ``cache.open_cache``) or the source, in ``buckets``
+    (the run's table, ``components.geometry.configured_buckets``; None: squares), less what validation holds out,
+    checked to give every process a complete batch of ``batch_size`` before any model is built. ``sizes_dir``: the
+    run's folder for the sizes index of bucketed data (``image_sizes``)."""
+    require_table_of(data.buckets, buckets)
+    if cache is not None:  # encoded in its own buckets, which its fingerprint showed to be these
+        source, table = cache, cache.table
+    else:  # a stream in buckets batches itself, dropping incomplete batches as the loader would
+        source, table = build_dataset(data), buckets
+        source = bucketed(source, table, batch_size, True, accelerator.is_main_process, sizes_dir)
+    dataset, held_out = split_validation(data, validation, source, table)
     if not isinstance(dataset, IterableDataset):  # a stream's length is unknown: `resumable_batches` checks it
-        held = len(held_out) if held_out is not None and cfg.validation.split else 0
-        require_full_batches(len(dataset), cfg.trainer.batch_size, accelerator.num_processes, held)
+        held = len(held_out) if held_out is not None and validation.split else 0
+        require_full_batches(len(dataset), batch_size, accelerator.num_processes, held)
     if isinstance(dataset, StreamMixture):
-        dataset.check_split(cfg.data.num_workers)
-    buckets, sources = item_buckets(dataset), item_sources(dataset)
-    if buckets is not None:
-        report_buckets(buckets, table, cfg.trainer.batch_size, accelerator.num_processes)
+        dataset.check_split(data.num_workers)
+    in_buckets, sources = item_buckets(dataset), item_sources(dataset)
+    if in_buckets is not None:
+        report_buckets(in_buckets, table, batch_size, accelerator.num_processes)
     if sources is not None:
-        report_mixture(sources, cfg.data.mixture)
-    return dataset, cached_text, held_out
+        report_mixture(sources, data.mixture)
+    return dataset, held_out
 
 
 def report_mixture(sources: list[int], mixture: list[MixtureSource]) -> None:
@@ -109,15 +116,15 @@ def report_buckets(buckets: list[int], table: BucketTable, batch_size: int, proc
         )
 
 
-def build_training_data(cfg: TrainConfig, accelerator: Accelerator, vae, source: Dataset) -> Dataset:
+def build_training_data(data: DataConfig, accelerator: Accelerator, vae, source: Dataset) -> Dataset:
     """``source``, or with ``data.cache_latents`` its posteriors kept in memory (a disk cache holds them already)."""
-    if not cfg.data.cache_latents or cfg.data.cache_dir:
+    if not data.cache_latents or data.cache_dir:
         return source
     return encode_dataset(
         source,
         vae,
         accelerator.device,
-        num_workers=loader_workers(cfg.data.num_workers, source),
+        num_workers=loader_workers(data.num_workers, source),
         show_progress=accelerator.is_main_process,
     )
 
@@ -157,52 +164,42 @@ def _warn_too_many_workers(configured: int, cpus: int, streamed: bool) -> None:
     )
 
 
-def loader_options(cfg: TrainConfig, dataset: Dataset, device: torch.device) -> dict:
+def loader_options(data: DataConfig, dataset: Dataset, device: torch.device) -> dict:
     """Worker processes when the items need decoding (an in-memory latent cache does not; at most this process's
     share of the CPUs: ``loader_workers``), pinned memory for CUDA, workers kept alive across epochs."""
-    workers = 0 if isinstance(dataset, LatentDataset) else loader_workers(cfg.data.num_workers, dataset)
+    workers = 0 if isinstance(dataset, LatentDataset) else loader_workers(data.num_workers, dataset)
     return {
         "num_workers": workers,
         "pin_memory": device.type == "cuda",
         "persistent_workers": workers > 0 and not isinstance(dataset, IterableDataset),  # set_epoch reaches workers
-        "prefetch_factor": cfg.data.prefetch_factor if workers > 0 else None,
+        "prefetch_factor": data.prefetch_factor if workers > 0 else None,
     }
 
 
-def build_dataloader(cfg: TrainConfig, dataset: Dataset, device: torch.device) -> DataLoader:
+def build_dataloader(data: DataConfig, trainer: TrainerConfig, dataset: Dataset, device: torch.device) -> DataLoader:
     """Map-style data sets are shuffled (in buckets or mixed from several sources, by a seeded plan whose every
     batch is one bucket and whose epochs draw each source by its weight); an iterable one (webdataset, a mixture
     with one) shuffles and splits its shards itself, and its loader's position goes into checkpoints, per process
     (``StreamLoader``), checked against the data at a resume (``trainer.allow_config_change``: restarted instead of
-    refused)."""
+    refused). ``trainer``: the batch size, the seed and ``allow_config_change``."""
+    options = loader_options(data, dataset, device)
     if isinstance(dataset, BucketedStream):  # it yields whole batches
-        return DataLoader(dataset, batch_size=None, collate_fn=collate_batch, **loader_options(cfg, dataset, device))
+        return DataLoader(dataset, batch_size=None, collate_fn=collate_batch, **options)
     buckets, sources = item_buckets(dataset), item_sources(dataset)
     if buckets is not None or sources is not None:
-        weights = [entry.weight for entry in cfg.data.mixture] or None
+        weights = [entry.weight for entry in data.mixture] or None
         buckets = buckets or [0] * len(dataset)
-        plan = BatchPlan(buckets, cfg.trainer.batch_size, cfg.trainer.seed, sources, weights)
-        return DataLoader(
-            dataset,
-            batch_sampler=PlanBatchSampler(plan),
-            collate_fn=collate_batch,
-            **loader_options(cfg, dataset, device),
-        )
+        plan = BatchPlan(buckets, trainer.batch_size, trainer.seed, sources, weights)
+        return DataLoader(dataset, batch_sampler=PlanBatchSampler(plan), collate_fn=collate_batch, **options)
     if isinstance(dataset, IterableDataset):  # its position is saved in checkpoints, per process
-        options = loader_options(cfg, dataset, device)
         return StreamLoader(
             dataset,
-            cfg.trainer.allow_config_change,
-            batch_size=cfg.trainer.batch_size,
+            trainer.allow_config_change,
+            batch_size=trainer.batch_size,
             drop_last=True,
             collate_fn=collate_batch,
             **options,
         )
     return DataLoader(
-        dataset,
-        batch_size=cfg.trainer.batch_size,
-        shuffle=True,
-        drop_last=True,
-        collate_fn=collate_batch,
-        **loader_options(cfg, dataset, device),
+        dataset, batch_size=trainer.batch_size, shuffle=True, drop_last=True, collate_fn=collate_batch, **options
     )

@@ -28,9 +28,9 @@ def check_online(cfg: TrainConfig, method: str, rollouts: RolloutConfig) -> None
     )
     prompts = load_prompts(rollouts.prompts, rollouts.prompt_file, f"{method}.")
     check_gold(cfg, method, rollouts, prompts)
-    if cfg.text_encoder.kind == CLASS_LABELS:
+    if cfg.conditioner.kind == CLASS_LABELS:
         key = f"{method}.prompt_file" if rollouts.prompt_file else f"{method}.prompts"
-        check_prompts_are_classes(cfg.text_encoder, key, prompts)
+        check_prompts_are_classes(cfg.conditioner, key, prompts)
     images = rollouts.prompts_per_epoch * rollouts.group_size
     require(
         images >= rollouts.minibatches,
@@ -101,5 +101,5 @@ def check_gold(cfg: TrainConfig, method: str, rollouts: RolloutConfig, prompts: 
         f"{', ...' if len(trained) > 3 else ''}): the gold reward must be read on prompts the run never trains on",
         f"hold those prompts out of `{method}.prompts` / `{method}.prompt_file`, or choose other gold prompts",
     )
-    if cfg.text_encoder.kind == CLASS_LABELS:
-        check_prompts_are_classes(cfg.text_encoder, key, held_out)
+    if cfg.conditioner.kind == CLASS_LABELS:
+        check_prompts_are_classes(cfg.conditioner, key, held_out)

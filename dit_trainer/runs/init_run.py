@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 INIT_FROM = "trainer.init_from"
 OWN_WEIGHTS = "init"  # RUN/init/<weights folder>: the weights a run started from another began with, its own copy
-INHERITED_SECTIONS = ("model", "vae", "text_encoder", "data", "diffusion")
+INHERITED_SECTIONS = ("model", "vae", "conditioner", "data", "diffusion")
 # How a run samples and loads data, not what its weights learned: a run started from another may set these.
 FREE_KEYS = {
     "data.num_workers",

@@ -15,7 +15,7 @@ def test_offline_validation_names_a_model_missing_from_this_machine():
     assert "vae.pretrained=stabilityai/sd-vae-ft-ema" in message and "vae.pretrained=DIR" in message
 
 
-@pytest.mark.parametrize("key", ["vae.pretrained", "text_encoder.pretrained", "model.pretrained"])
+@pytest.mark.parametrize("key", ["vae.pretrained", "conditioner.pretrained", "model.pretrained"])
 def test_a_missing_model_folder_names_its_key(key, tmp_path):
     with pytest.raises(ModelLoadError) as caught:
         compose_config(["+experiment=shapes", f"{key}=org/no-such-model-{tmp_path.name}"])
@@ -38,14 +38,14 @@ def test_a_resolution_the_vae_and_patches_do_not_divide_is_refused_at_validation
 
 def test_an_instruction_for_a_conditioner_that_puts_none_before_prompts_is_refused():
     with pytest.raises(ConfigError) as caught:
-        compose_config(["+experiment=shapes", "text_encoder.instruction=[Describe the image in detail:]"])
-    assert "text_encoder.instruction" in one_paragraph(caught.value, "text_encoder.instruction")
+        compose_config(["+experiment=shapes", "conditioner.instruction=[Describe the image in detail:]"])
+    assert "conditioner.instruction" in one_paragraph(caught.value, "conditioner.instruction")
 
 
 @pytest.mark.parametrize(
     ("overrides", "key"),
     [(["+experiment=shapes_sd3", "diffusion.resolution_shift=true", "diffusion.shift=1"], "diffusion.resolution_shift"),
-     (["+experiment=shapes_sd3", "text_encoder=sd3"], "text_encoder.pooling")],
+     (["+experiment=shapes_sd3", "conditioner=sd3"], "conditioner.pooling")],
 )  # fmt: skip
 def test_a_setting_the_family_or_conditioner_would_ignore_or_mismatch_is_refused(overrides, key):
     """Flux's resolution shift with SD3 (whose pipeline samples another grid); a pooling for SD3's own encoders

@@ -48,7 +48,7 @@ def test_dit_experiment_is_the_cluster_recipe(tmp_path, online):
     )
     assert cfg.data.resolution == 256 and cfg.data.source == "imagefolder"
     assert cfg.data.buckets == "pixart" and (cfg.validation.every_n_steps, cfg.validation.split) == (5000, 0.01)
-    assert cfg.vae.pretrained == "stabilityai/sd-vae-ft-ema" and cfg.text_encoder.kind == "t5"
+    assert cfg.vae.pretrained == "stabilityai/sd-vae-ft-ema" and cfg.conditioner.kind == "t5"
     assert cfg.trainer.mixed_precision == "bf16"
 
 

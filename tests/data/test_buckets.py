@@ -19,12 +19,11 @@ from dit_trainer.data.buckets import (
     pixart_buckets,
     pixart_tables,
 )
-from dit_trainer.data.cache.cache import open_cache
 from dit_trainer.data.sources.shapes import write_shapes_folder
 from dit_trainer.errors import ConfigError, ModelLoadError
 from dit_trainer.training.batches import resumable_batches
 
-from ..conftest import TINY_SHAPES, compose_config
+from ..conftest import TINY_SHAPES, compose_config, open_cache_of
 from .files import CANVASES, SIZES, bucketed, shards_of
 
 
@@ -109,7 +108,7 @@ def test_a_bucketed_cache_keeps_each_items_bucket(tmp_path, source):
     assert latent_sizes == {(h // 2, w // 2) for h, w in SIZES}  # the shapes VAE halves each side
     with pytest.raises(ConfigError, match=r"data\.cache_dir.*other settings.*bucket_sizes"):
         cfg = compose_config([*overrides, "data.buckets=[[32,32],[24,40]]"])
-        open_cache(cfg, configured_buckets(cfg), torch.device("cpu"))
+        open_cache_of(cfg)
 
 
 def test_a_bucketed_stream_assembles_single_bucket_batches_and_resumes_exactly(tmp_path):

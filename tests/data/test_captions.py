@@ -108,7 +108,7 @@ def test_a_class_conditional_run_refuses_caption_tools(tmp_path):
 def test_a_cache_fingerprint_counts_the_prefix_only_when_set():
     """Caches written before the prefix existed still match; one made with a prefix does not match one without."""
     cfg = compose_config(TINY_SHAPES)
-    assert "caption_prefix" not in cache_fingerprint(cfg, None)["data"]
-    assert "shuffle_tags" not in cache_fingerprint(cfg, None)["data"]
-    prefixed = replace(cfg, data=replace(cfg.data, caption_prefix="sks"))
-    assert cache_fingerprint(prefixed, None)["data"]["caption_prefix"] == "sks"
+    read = cache_fingerprint(cfg.data, cfg.vae, cfg.conditioner, None)["data"]
+    assert "caption_prefix" not in read and "shuffle_tags" not in read
+    prefixed = cache_fingerprint(replace(cfg.data, caption_prefix="sks"), cfg.vae, cfg.conditioner, None)["data"]
+    assert prefixed["caption_prefix"] == "sks"

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from dit_trainer.apps.precompute import precompute
 from dit_trainer.components.build import build_components
-from dit_trainer.data.cache.cache import INDEX, open_cache
+from dit_trainer.data.cache.cache import INDEX
 from dit_trainer.data.cache.cached_prompts import CachedPrompts
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.poisson import collate_poisson, is_empty
@@ -27,6 +27,7 @@ from ..conftest import (
     QUIET,
     accelerate_launch,
     compose_config,
+    open_cache_of,
     read_metrics,
     run_here,
     run_script,
@@ -75,7 +76,7 @@ def test_training_from_the_cache_matches_encoding_every_batch(cache_dir, tmp_pat
 def test_the_in_memory_cache_gathers_whole_batches_which_may_be_empty(cache_dir):
     """One gather per tensor hands the DataLoader its batch; a Poisson draw (DP) that selected nothing stays the
     empty batch rather than an indexing error."""
-    dataset, _ = open_cache(compose_config([*CACHE_SHAPES, f"data.cache_dir={cache_dir}"]), None, CPU)
+    dataset, _ = open_cache_of(compose_config([*CACHE_SHAPES, f"data.cache_dir={cache_dir}"]))
     assert dataset.in_memory
     loader = DataLoader(dataset, batch_sampler=[[], [3, 17, 5]], collate_fn=collate_poisson)
     empty, batch = list(loader)
@@ -88,7 +89,7 @@ def test_the_in_memory_cache_gathers_whole_batches_which_may_be_empty(cache_dir)
 @pytest.mark.slow
 def test_training_from_the_cache_loads_no_encoder(cache_dir):
     cfg = compose_config([*CACHE_SHAPES, f"data.cache_dir={cache_dir}"])
-    dataset, text = open_cache(cfg, None, CPU)
+    dataset, text = open_cache_of(cfg)
     parts = build_components(cfg, CPU, torch.float32, text)
     assert isinstance(parts.text_encoder, CachedPrompts) and parts.vae.autoencoder.encoder is None
     assert len(dataset) == 40 and dataset.in_memory
@@ -98,13 +99,13 @@ def test_training_from_the_cache_loads_no_encoder(cache_dir):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("override", "named"),
-    [("text_encoder.max_length=16", "text_encoder.max_length"), ("data.resolution=64", "data.resolution"),
+    [("conditioner.max_length=16", "conditioner.max_length"), ("data.resolution=64", "data.resolution"),
      ("data.cache_dtype=float16", "data.cache_dtype"), ("data.seed=1", "data.seed")],
 )  # fmt: skip
 def test_a_cache_made_with_other_settings_is_refused(cache_dir, override, named):
     cfg = compose_config([*CACHE_SHAPES, f"data.cache_dir={cache_dir}", override])
     with pytest.raises(ConfigError) as caught:
-        open_cache(cfg, None, CPU)
+        open_cache_of(cfg)
     message = str(caught.value)
     assert "`data.cache_dir`" in message and "other settings" in message
     assert named.split(".", 1)[1] in message and "precompute.py" in message
@@ -114,10 +115,10 @@ def test_a_cache_made_with_other_settings_is_refused(cache_dir, override, named)
 def test_new_sample_prompts_are_added_without_reencoding(cache_dir):
     with_prompt = [*CACHE_SHAPES, f"data.cache_dir={cache_dir}", "trainer.sample_prompts=[a tiny green triangle]"]
     with pytest.raises(ConfigError, match="no embedding for the prompts"):
-        open_cache(compose_config(with_prompt), None, CPU)
+        open_cache_of(compose_config(with_prompt))
     shards = {p.name: p.stat().st_mtime_ns for p in cache_dir.glob("shard-*")}
     assert precompute(compose_config(with_prompt)).items == 0
-    _, text = open_cache(compose_config(with_prompt), None, CPU)
+    _, text = open_cache_of(compose_config(with_prompt))
     assert text.encode(["a tiny green triangle"])[0].shape == (1, 8, 384)
     assert {p.name: p.stat().st_mtime_ns for p in cache_dir.glob("shard-*")} == shards
 
@@ -138,7 +139,7 @@ def test_adding_prompts_interrupted_mid_write_leaves_the_cache_intact(cache_dir,
     with pytest.raises(KeyboardInterrupt):
         precompute(compose_config(with_prompt))
     assert {p.name: p.read_bytes() for p in copy.iterdir() if p.name in before} == before
-    _, text = open_cache(compose_config([*CACHE_SHAPES, f"data.cache_dir={copy}"]), None, CPU)
+    _, text = open_cache_of(compose_config([*CACHE_SHAPES, f"data.cache_dir={copy}"]))
     assert text.encode([""])[0].shape == (1, 8, 384)
 
 
@@ -162,7 +163,7 @@ def test_a_pooled_condition_is_cached_fingerprinted_and_trains_as_encoding_does(
               f"data.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
     cfg = compose_config(pooled)
     precompute(cfg)
-    dataset, text = open_cache(cfg, None, CPU)
+    dataset, text = open_cache_of(cfg)
     assert "text_pooled" in dataset.keys and text.size.pooled == 384
     torch.manual_seed(0)
     cached = build_components(cfg, CPU, torch.float32, text)
@@ -178,5 +179,5 @@ def test_a_pooled_condition_is_cached_fingerprinted_and_trains_as_encoding_does(
         for parts, batch in ((cached, from_cache), (live, from_images))
     ]
     torch.testing.assert_close(losses[0], losses[1], atol=1e-5, rtol=1e-5)
-    with pytest.raises(ConfigError, match=r"text_encoder\.pooling"):
-        open_cache(compose_config([*pooled, "text_encoder.pooling=pooler"]), None, CPU)
+    with pytest.raises(ConfigError, match=r"conditioner\.pooling"):
+        open_cache_of(compose_config([*pooled, "conditioner.pooling=pooler"]))

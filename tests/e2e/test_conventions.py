@@ -14,7 +14,7 @@ from ..conftest import QUIET, TINY_SHAPES, read_metrics, run_script
 from ..training.test_launch import launched_env
 from .family_runs import train_in_process
 
-SHORT = ("data.length=32", "trainer.batch_size=8", "text_encoder.memo_size=64", "trainer.max_steps=2", *QUIET)
+SHORT = ("data.length=32", "trainer.batch_size=8", "conditioner.memo_size=64", "trainer.max_steps=2", *QUIET)
 
 
 @pytest.fixture(scope="module")

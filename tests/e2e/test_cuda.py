@@ -33,7 +33,7 @@ STEPS = ("trainer.log_every=1", "trainer.sample_every=0", "optim.warmup_steps=0"
 @pytest.fixture(scope="module")
 def t5(tmp_path_factory) -> tuple[str, ...]:
     """The overrides that condition TINY_SHAPES' DiT on the GPU check's tiny T5."""
-    return ("text_encoder=t5", f"text_encoder.pretrained={write_assets(tmp_path_factory.mktemp('assets')).t5}")
+    return ("conditioner=t5", f"conditioner.pretrained={write_assets(tmp_path_factory.mktemp('assets')).t5}")
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

@@ -29,12 +29,12 @@ def _t5_run(root, tiny_t5_dir, *overrides: str):
     train(
         run_dir,
         *QUICK,
-        f"text_encoder.pretrained={tiny_t5_dir}",
-        "text_encoder.kind=t5",
-        "text_encoder.subfolder=text_encoder",
-        "text_encoder.tokenizer_subfolder=tokenizer",
-        "text_encoder.max_length=8",
-        "text_encoder.memo_size=0",
+        f"conditioner.pretrained={tiny_t5_dir}",
+        "conditioner.kind=t5",
+        "conditioner.subfolder=text_encoder",
+        "conditioner.tokenizer_subfolder=tokenizer",
+        "conditioner.max_length=8",
+        "conditioner.memo_size=0",
         *overrides,
     )
     return run_dir

@@ -67,7 +67,7 @@ def test_a_minilm_flux_run_exports_pieces_whose_usage_reproduces_our_sampler(tmp
 
     run_dir = family_runs.train_in_process(
         tmp_path / "run", "model.family=flux", "diffusion=flow", "diffusion.objective=flow_matching",
-        "diffusion.resolution_shift=true", "text_encoder.pooling=mean", "model.num_layers=1", "model.patch_size=2",
+        "diffusion.resolution_shift=true", "conditioner.pooling=mean", "model.num_layers=1", "model.patch_size=2",
         "model.num_attention_heads=2", "model.attention_head_dim=8", "+model.extra_config.num_single_layers=1",
         "trainer.max_steps=2", "trainer.sample_every=0",
     )  # fmt: skip

@@ -96,7 +96,7 @@ def test_a_sana_run_with_another_text_encoder_exports_a_sana_pipeline_with_that_
 
     from dit_trainer.apps.inference import load_run
 
-    overrides = [o for o in sana_overrides(sana_folder) if not o.startswith("text_encoder.")]
+    overrides = [o for o in sana_overrides(sana_folder) if not o.startswith("conditioner.")]
     run_dir = family_runs.train_in_process(
         tmp_path / "minilm", *overrides, *family_runs.COMMON, "trainer.max_steps=2", "trainer.checkpoint_every=2"
     )

@@ -88,7 +88,7 @@ def test_a_minilm_run_exports_pieces_whose_usage_passes_embeddings_and_matches_o
     run_dir = family_runs.train_in_process(
         tmp_path / "minilm", *QUICK, "data.length=32", "trainer.batch_size=8", "model.family=sd3",
         "diffusion=flow",
-        "diffusion.objective=flow_matching", "text_encoder.pooling=mean", "model.num_attention_heads=2",
+        "diffusion.objective=flow_matching", "conditioner.pooling=mean", "model.num_attention_heads=2",
         "model.attention_head_dim=8",
     )  # fmt: skip
     result = family_runs.export(run_dir, tmp_path / "export", None)

@@ -27,7 +27,7 @@ from ..e2e.family_runs import train_in_process
 
 PROMPTS = "[a red circle,a blue square]"
 RUN = (
-    "data.length=48", "trainer.batch_size=8", "text_encoder.memo_size=64", "trainer.max_steps=2", "trainer.log_every=1",
+    "data.length=48", "trainer.batch_size=8", "conditioner.memo_size=64", "trainer.max_steps=2", "trainer.log_every=1",
     "logger=wandb", "logger.notes=first try", "logger.log_checkpoints=true", "trainer.checkpoint_every=1",
     "trainer.sample_every=2", f"trainer.sample_prompts={PROMPTS}", "validation.every_n_steps=2",
     "validation.split=0.25", "validation.timesteps=2", "monitor.reward.enabled=true", "monitor.reward.every_n_steps=2",

@@ -28,7 +28,7 @@ CUDA_TESTS = ["-m", "cuda"]  # pytest's selection: the tests marked for CUDA (ea
 # The training rows' tiny experiment=dit: 2 PixArt blocks on the shipped 32 px VAE's 4 x 16 x 16 latents and a random
 # 2-layer T5, from a folder of shapes images; every recipe setting but the sizes is experiment=dit's.
 TINY_TRAINING = ["+experiment=dit", "data.resolution=32", "data.num_workers=0", f"vae.pretrained={SHIPPED_VAE}",
-                 "text_encoder.max_length=8", "model.num_layers=2", "model.num_attention_heads=2",
+                 "conditioner.max_length=8", "model.num_layers=2", "model.num_attention_heads=2",
                  "model.attention_head_dim=16", "logger=none", "trainer.batch_size=8", "trainer.log_every=1",
                  "optim.warmup_steps=5"]  # fmt: skip
 # Batch sizes per process on a GPU, per variant: the levers of speed at 128, where eager is fastest (measured on one
@@ -135,7 +135,7 @@ def training(options: Options, assets: Assets, precision: str, cuda: bool, timeo
     name = f"train {precision}, checkpoint, resume, sample grid"
     half, steps = options.train_steps // 2, options.train_steps
     run_dir = fresh_folder(options.out / "runs", f"train-{precision}")
-    overrides = [*TINY_TRAINING, f"data.path={assets.images}", f"text_encoder.pretrained={assets.t5}",
+    overrides = [*TINY_TRAINING, f"data.path={assets.images}", f"conditioner.pretrained={assets.t5}",
                  f"trainer.mixed_precision={precision if cuda else 'no'}", f"hydra.run.dir={run_dir}",
                  f"trainer.checkpoint_every={half}", "trainer.sample_every=0"]  # fmt: skip
     seconds, peaks = 0.0, []

@@ -26,11 +26,10 @@ from safetensors.torch import save_file
 
 from dit_trainer.apps.benchmark import time_steps
 from dit_trainer.apps.gpu_check.assets import Assets
-from dit_trainer.assemble import build_trainer
+from dit_trainer.assemble import build_trainer, open_run_cache, plan_run
 from dit_trainer.components.build import build_components
 from dit_trainer.components.compile import compile_blocks
 from dit_trainer.components.dit import DiTAdapter, build_dit
-from dit_trainer.components.geometry import configured_buckets
 from dit_trainer.components.meta import count_flops
 from dit_trainer.condition import Condition
 from dit_trainer.config import TrainConfig
@@ -38,13 +37,12 @@ from dit_trainer.data.cache.cache import (
     INDEX,
     PROMPTS,
     cache_fingerprint,
-    cache_prompts,
-    open_cache,
     save_shard,
     shard_name,
 )
 from dit_trainer.data.sources.shapes import CAPTIONS
 from dit_trainer.errors import ConfigError
+from dit_trainer.methods import method_of
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
 from dit_trainer.run_config import compose_train_config
 from dit_trainer.training.optim import build_optimizer
@@ -57,11 +55,11 @@ RECIPES = {
     # costs nothing measurable).
     "dit_xl_2": ["+experiment=dit_imagenet", "data.source=shapes", "data.horizontal_flip=false",
                  "data.cache_latents=true", "trainer.sample_prompts=[0]",
-                 "text_encoder.classes=[" + ",".join(f"'{caption}'" for caption in CAPTIONS) + "]"],
+                 "conditioner.classes=[" + ",".join(f"'{caption}'" for caption in CAPTIONS) + "]"],
 }  # fmt: skip
 T5_XXL_WIDTH = 4096
 TINY = ["model.num_layers=2", "model.num_attention_heads=2", "model.attention_head_dim=16", "data.resolution=64",
-        "text_encoder.max_length=8", "data.num_workers=0"]  # fmt: skip
+        "conditioner.max_length=8", "data.num_workers=0"]  # fmt: skip
 TINY_WIDTH = 32
 # variant -> the trainer's overrides. The levers toward higher MFU, each one switch: regional compile with static
 # shapes, gradient checkpointing of every block or of every 2nd (selective), gradient accumulation (2 micro-batches:
@@ -108,7 +106,7 @@ def job_config(job: Job, config_dir: Path, assets: Assets, cache_dir: Path, item
         *RECIPES[job.model],
         *(disk_cache if "data.cache_latents=true" not in RECIPES[job.model] else [f"data.length={items}"]),
         f"vae.pretrained={assets.vae8}",
-        f"text_encoder.pretrained={assets.t5}",
+        f"conditioner.pretrained={assets.t5}",
         "logger=none",
         "validation.every_n_steps=0",
         "monitor.reward.enabled=false",
@@ -133,7 +131,8 @@ def write_synthetic_cache(cfg: TrainConfig, items: int, width: int, seed: int = 
     cache_dir.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
     latent = cfg.data.resolution // 8  # the stand-in VAE's downsampling
-    tokens, prompts = cfg.text_encoder.max_length, cache_prompts(cfg)
+    plan = plan_run(cfg, method_of(cfg), 1)
+    tokens, prompts = cfg.conditioner.max_length, plan.sampled_prompts
     condition, prompt_condition = (
         Condition(torch.randn(n, tokens, width, generator=generator), torch.ones(n, tokens, dtype=torch.long))
         for n in (items, len(prompts))
@@ -147,7 +146,7 @@ def write_synthetic_cache(cfg: TrainConfig, items: int, width: int, seed: int = 
     save_shard(cache_dir / shard_name(0, 0), tensors, [str(i) for i in range(items)], list(range(items)), storage)
     save_file({k: v.contiguous() for k, v in prompt_condition.stored().items()}, cache_dir / PROMPTS)
     index = {
-        "fingerprint": cache_fingerprint(cfg, configured_buckets(cfg)),
+        "fingerprint": cache_fingerprint(cfg.data, cfg.vae, cfg.conditioner, plan.buckets),
         "items": items,
         "dtype": cfg.data.cache_dtype,
         "shards": [{"file": shard_name(0, 0), "items": items}],
@@ -284,7 +283,7 @@ def run_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> dict:
         if rank() == 0:
             write_synthetic_cache(cfg, items, TINY_WIDTH if job.tiny else T5_XXL_WIDTH)
         _wait_for(Path(str(cfg.data.cache_dir)) / INDEX)
-        cached_text = open_cache(cfg, configured_buckets(cfg), device)[1]
+        cached_text = open_run_cache(cfg, plan_run(cfg, method_of(cfg), 1), device)[1]
     parts = build_components(
         cfg, device, weight_dtype(resolve_mixed_precision(cfg.trainer.mixed_precision)), cached_text
     )

@@ -1,5 +1,5 @@
 """What every conditioner made of frozen encoders shares: an exact memo of recent prompts, and loading its parts
-from the subfolders of one pipeline folder (``text_encoder.pretrained``)."""
+from the subfolders of one pipeline folder (``conditioner.pretrained``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from torch import nn
 from transformers import AutoTokenizer
 
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import TextEncoderConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig, TrainConfig
 from dit_trainer.errors import require
 from dit_trainer.hub import load_pretrained
 
@@ -75,44 +75,44 @@ def tokenize(tokenizer, prompts: list[str], max_length: int, **kwargs):
     )
 
 
-def load_part(cfg: TextEncoderConfig, from_pretrained: Callable[..., T], subfolder: str | None, **kwargs) -> T:
-    """One part (a tokenizer, an encoder) of ``text_encoder.pretrained``, from ``subfolder`` (None: the folder
-    itself); a failure names ``text_encoder.pretrained`` and says what to do."""
+def load_part(cfg: ConditionerConfig, from_pretrained: Callable[..., T], subfolder: str | None, **kwargs) -> T:
+    """One part (a tokenizer, an encoder) of ``conditioner.pretrained``, from ``subfolder`` (None: the folder
+    itself); a failure names ``conditioner.pretrained`` and says what to do."""
     return load_pretrained(
         from_pretrained,
         cfg.pretrained,
-        "text_encoder.pretrained",
+        "conditioner.pretrained",
         subfolder=subfolder or "",
         revision=cfg.revision,
         **kwargs,
     )
 
 
-def load_pair(cfg: TextEncoderConfig, index: str, model_class, device: torch.device, dtype: torch.dtype):
+def load_pair(cfg: ConditionerConfig, index: str, model_class, device: torch.device, dtype: torch.dtype):
     """A pipeline's ``tokenizer<index>`` and ``text_encoder<index>`` (``index``: "", "_2", "_3") from the pipeline
-    folder ``text_encoder.pretrained``, the encoder in ``dtype`` on ``device``."""
+    folder ``conditioner.pretrained``, the encoder in ``dtype`` on ``device``."""
     tokenizer = load_part(cfg, AutoTokenizer.from_pretrained, f"tokenizer{index}")
     model = load_part(cfg, model_class.from_pretrained, f"text_encoder{index}", dtype=dtype)
     return tokenizer, model.to(device)
 
 
 def check_pipeline_folder(cfg: TrainConfig, parts: str, t5_note: str) -> None:
-    """A conditioner made of a pipeline's own encoders (``text_encoder.kind=sd3|flux``) reads them from the
+    """A conditioner made of a pipeline's own encoders (``conditioner.kind=sd3|flux``) reads them from the
     pipeline folder's fixed subfolders (``parts``), so it takes no subfolder of its own; and the pipeline encodes
     at most 512 T5 tokens (``t5_note``: what the family's models use)."""
-    te = cfg.text_encoder
+    te = cfg.conditioner
     require(
         te.subfolder is None and te.tokenizer_subfolder is None,
-        "text_encoder.subfolder",
+        "conditioner.subfolder",
         te.subfolder or te.tokenizer_subfolder,
-        f"`text_encoder.kind={te.kind}` reads {parts} of the pipeline folder `text_encoder.pretrained`",
-        f"set `text_encoder.subfolder=null text_encoder.tokenizer_subfolder=null` (or use `text_encoder={te.kind}`) "
-        "and point `text_encoder.pretrained` at the pipeline folder",
+        f"`conditioner.kind={te.kind}` reads {parts} of the pipeline folder `conditioner.pretrained`",
+        f"set `conditioner.subfolder=null conditioner.tokenizer_subfolder=null` (or use `conditioner={te.kind}`) "
+        "and point `conditioner.pretrained` at the pipeline folder",
     )
     require(
         te.max_length <= T5_MAX_LENGTH,
-        "text_encoder.max_length",
+        "conditioner.max_length",
         te.max_length,
         f"the pipeline encodes at most {T5_MAX_LENGTH} T5 tokens ({t5_note})",
-        f"set `text_encoder.max_length={T5_MAX_LENGTH}` or less",
+        f"set `conditioner.max_length={T5_MAX_LENGTH}` or less",
     )

@@ -1,4 +1,4 @@
-"""Class labels as the condition (``text_encoder.kind=class_labels``): the class-conditional DiT's "text encoder".
+"""Class labels as the condition (``conditioner.kind=class_labels``): the class-conditional DiT's "text encoder".
 
 It has the text encoder's call, ``encode(prompts) -> Condition`` (the labels as its sequence), so the data, caption
 dropout, CFG, the samplers, the monitors and GRPO work unchanged: a prompt is a class name (or its id), the empty
@@ -15,7 +15,7 @@ from torch import nn
 
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import TextEncoderConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig, TrainConfig
 from dit_trainer.errors import ConfigError, require
 from dit_trainer.prompts import load_prompts
 
@@ -71,13 +71,13 @@ class ClassLabels(nn.Module):
 
 def check_class_labels(cfg: TrainConfig) -> None:
     """Class labels need their names, and the prompts a run samples must be among them."""
-    text = cfg.text_encoder
+    text = cfg.conditioner
     require(
         bool(text.classes),
-        "text_encoder.classes",
+        "conditioner.classes",
         text.classes,
         "class labels need the class names, and `data.path` is not a folder of class sub-folders to read them from",
-        "list them (`text_encoder.classes=[cat,dog]`, ids in that order) or train on class sub-folders",
+        "list them (`conditioner.classes=[cat,dog]`, ids in that order) or train on class sub-folders",
     )
     require(
         not cfg.data.cache_dir,
@@ -90,7 +90,7 @@ def check_class_labels(cfg: TrainConfig) -> None:
         check_prompts_are_classes(text, key, prompts)
 
 
-def check_prompts_are_classes(text: TextEncoderConfig, key: str, prompts: list[str]) -> None:
+def check_prompts_are_classes(text: ConditionerConfig, key: str, prompts: list[str]) -> None:
     """Refuse ``prompts`` (set by ``key``) that are neither class names nor ids: a method that samples prompts of
     its own asks this of them too (found otherwise only once the models are loaded)."""
     ids = {str(index) for index in range(len(text.classes))}
@@ -118,7 +118,7 @@ def _sampled_prompts(cfg: TrainConfig) -> list[tuple[str, list[str]]]:
     return found
 
 
-def _build(cfg: TextEncoderConfig, device: torch.device, dtype: torch.dtype) -> ClassLabels:
+def _build(cfg: ConditionerConfig, device: torch.device, dtype: torch.dtype) -> ClassLabels:
     return ClassLabels(cfg.classes, device)
 
 

@@ -1,5 +1,5 @@
-"""FLUX.1's own text encoders (``text_encoder.kind=flux``): CLIP-L's pooled output and T5's hidden states, read from
-one Flux pipeline folder (``text_encoder.pretrained``: ``tokenizer/`` + ``text_encoder/``, ``tokenizer_2/`` +
+"""FLUX.1's own text encoders (``conditioner.kind=flux``): CLIP-L's pooled output and T5's hidden states, read from
+one Flux pipeline folder (``conditioner.pretrained``: ``tokenizer/`` + ``text_encoder/``, ``tokenizer_2/`` +
 ``text_encoder_2/``), computed exactly as ``FluxPipeline.encode_prompt`` does, so an exported pipeline conditions
 as our sampler does."""
 
@@ -12,7 +12,7 @@ from dit_trainer.components.conditioners.base import FrozenConditioner, check_pi
 from dit_trainer.components.freeze import freeze
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import TextEncoderConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig, TrainConfig
 
 
 class FluxConditioner(FrozenConditioner):
@@ -48,8 +48,8 @@ def check(cfg: TrainConfig) -> None:
     )
 
 
-def _build(cfg: TextEncoderConfig, device: torch.device, dtype: torch.dtype) -> FluxConditioner:
-    """CLIP-L and T5 with their tokenizers from the subfolders of ``text_encoder.pretrained``, frozen."""
+def _build(cfg: ConditionerConfig, device: torch.device, dtype: torch.dtype) -> FluxConditioner:
+    """CLIP-L and T5 with their tokenizers from the subfolders of ``conditioner.pretrained``, frozen."""
     tokenizer, clip = load_pair(cfg, "", CLIPTextModel, device, dtype)
     tokenizer_2, t5 = load_pair(cfg, "_2", T5EncoderModel, device, dtype)
     return FluxConditioner(tokenizer, clip, tokenizer_2, t5, cfg.max_length, cfg.memo_size)

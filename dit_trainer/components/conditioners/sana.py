@@ -1,9 +1,9 @@
-"""Sana's conditioner (``text_encoder.kind=sana``): the Gemma-2 decoder of a Sana pipeline folder
-(``text_encoder/``, ``tokenizer/`` of ``text_encoder.pretrained``), encoding a prompt exactly as
+"""Sana's conditioner (``conditioner.kind=sana``): the Gemma-2 decoder of a Sana pipeline folder
+(``text_encoder/``, ``tokenizer/`` of ``conditioner.pretrained``), encoding a prompt exactly as
 ``SanaPipeline.encode_prompt`` does, so that an exported pipeline generates what our sampler does.
 
 That is: the prompt lower-cased and stripped (the pipeline's ``clean_caption=False`` preprocessing), the tokenizer
-padding on the right, and with an instruction (``text_encoder.instruction``, the pipeline's
+padding on the right, and with an instruction (``conditioner.instruction``, the pipeline's
 ``complex_human_instruction``) the lines joined by newlines and put before the prompt, the whole tokenized to
 ``instruction tokens + max_length - 2`` and then cut to ``max_length`` rows: the first token (``<bos>``) and the last
 ``max_length - 1`` (the paper's section 3.1, the pipeline's ``select_index``). The empty prompt, CFG's unconditional
@@ -20,7 +20,7 @@ from dit_trainer.components.conditioners.base import FrozenConditioner, load_par
 from dit_trainer.components.freeze import freeze
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import TextEncoderConfig
+from dit_trainer.config import ConditionerConfig
 
 TEXT_ENCODER, TOKENIZER = "text_encoder", "tokenizer"  # the subfolders of a Sana pipeline folder
 
@@ -68,9 +68,9 @@ class SanaConditioner(FrozenConditioner):
         return Condition(hidden[inverse], mask[inverse])
 
 
-def build(cfg: TextEncoderConfig, device: torch.device, dtype: torch.dtype) -> SanaConditioner:
-    """The Gemma-2 decoder and tokenizer of the pipeline folder ``text_encoder.pretrained``, frozen, in ``dtype``;
-    ``text_encoder.subfolder``/``tokenizer_subfolder`` override the folder's ``text_encoder/`` and ``tokenizer/``."""
+def build(cfg: ConditionerConfig, device: torch.device, dtype: torch.dtype) -> SanaConditioner:
+    """The Gemma-2 decoder and tokenizer of the pipeline folder ``conditioner.pretrained``, frozen, in ``dtype``;
+    ``conditioner.subfolder``/``tokenizer_subfolder`` override the folder's ``text_encoder/`` and ``tokenizer/``."""
     tokenizer = load_part(cfg, AutoTokenizer.from_pretrained, cfg.tokenizer_subfolder or TOKENIZER)
     model = load_part(cfg, AutoModel.from_pretrained, cfg.subfolder or TEXT_ENCODER, dtype=dtype)
     return SanaConditioner(tokenizer, model.to(device), cfg.max_length, list(cfg.instruction), cfg.memo_size)

@@ -1,5 +1,5 @@
-"""SD3's own text encoders (``text_encoder.kind=sd3``): CLIP-L, CLIP-G and T5-XXL from the subfolders of one SD3 /
-SD3.5 pipeline folder (``text_encoder.pretrained``: a hub id or a local copy), giving what
+"""SD3's own text encoders (``conditioner.kind=sd3``): CLIP-L, CLIP-G and T5-XXL from the subfolders of one SD3 /
+SD3.5 pipeline folder (``conditioner.pretrained``: a hub id or a local copy), giving what
 ``StableDiffusion3Pipeline.encode_prompt`` computes, so that an exported pipeline generates what our sampler does."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dit_trainer.components.conditioners.base import FrozenConditioner, check_pi
 from dit_trainer.components.freeze import freeze
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import TextEncoderConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig, TrainConfig
 
 
 class SD3Encoders(FrozenConditioner):
@@ -79,7 +79,7 @@ def check(cfg: TrainConfig) -> None:
     )
 
 
-def _build(cfg: TextEncoderConfig, device: torch.device, dtype: torch.dtype) -> SD3Encoders:
+def _build(cfg: ConditionerConfig, device: torch.device, dtype: torch.dtype) -> SD3Encoders:
     return SD3Encoders(
         load_pair(cfg, "", CLIPTextModelWithProjection, device, dtype),
         load_pair(cfg, "_2", CLIPTextModelWithProjection, device, dtype),

@@ -11,11 +11,11 @@ from dit_trainer.components.conditioners.base import FrozenConditioner, load_par
 from dit_trainer.components.freeze import freeze
 from dit_trainer.components.kinds import Conditioner, ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import TextEncoderConfig
+from dit_trainer.config import ConditionerConfig
 from dit_trainer.errors import require
 from dit_trainer.registry import lookup
 
-# text_encoder.kind -> the model class to load: T5 and CLIP checkpoints hold more than their text encoder, so they
+# conditioner.kind -> the model class to load: T5 and CLIP checkpoints hold more than their text encoder, so they
 # get their encoder-only class; "auto" reads the checkpoint's model type.
 MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {"auto": AutoModel, "t5": T5EncoderModel, "clip": CLIPTextModel}
 MODEL_TYPE_KINDS = {"t5": "t5", "umt5": "t5", "clip": "clip", "clip_text_model": "clip"}
@@ -63,22 +63,22 @@ class FrozenTextEncoder(FrozenConditioner):
             pooled = getattr(output, "pooler_output", None)
             require(
                 pooled is not None,
-                "text_encoder.pooling",
+                "conditioner.pooling",
                 "pooler",
                 f"{type(self.model).__name__} has no pooled output (T5's encoder has none; CLIP's and BERT's do)",
-                "set `text_encoder.pooling=mean` (the mean over the real tokens)",
+                "set `conditioner.pooling=mean` (the mean over the real tokens)",
             )
         return Condition(hidden, mask, pooled)
 
 
-def _model_class(cfg: TextEncoderConfig) -> type[PreTrainedModel]:
+def _model_class(cfg: ConditionerConfig) -> type[PreTrainedModel]:
     kind = cfg.kind
     if kind == "auto":
         kind = MODEL_TYPE_KINDS.get(load_part(cfg, AutoConfig.from_pretrained, cfg.subfolder).model_type, "auto")
-    return lookup(MODEL_CLASSES, "text_encoder.kind", kind)
+    return lookup(MODEL_CLASSES, "conditioner.kind", kind)
 
 
-def _transformers_encoder(cfg: TextEncoderConfig, device: torch.device, dtype: torch.dtype) -> FrozenTextEncoder:
+def _transformers_encoder(cfg: ConditionerConfig, device: torch.device, dtype: torch.dtype) -> FrozenTextEncoder:
     """The configured transformers text encoder and its tokenizer, frozen, on ``device`` in ``dtype``."""
     tokenizer = load_part(cfg, AutoTokenizer.from_pretrained, cfg.tokenizer_subfolder)
     model = load_part(cfg, _model_class(cfg).from_pretrained, cfg.subfolder, dtype=dtype)
@@ -91,7 +91,7 @@ def _transformers_encoder(cfg: TextEncoderConfig, device: torch.device, dtype: t
 TRANSFORMERS_ENCODER = ConditionerKind(_transformers_encoder, pooling=True)
 
 
-def build_text_encoder(cfg: TextEncoderConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> Conditioner:
-    """The conditioner ``text_encoder.kind`` names, frozen, on ``device`` in ``dtype``: a text encoder, or the
+def build_text_encoder(cfg: ConditionerConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> Conditioner:
+    """The conditioner ``conditioner.kind`` names, frozen, on ``device`` in ``dtype``: a text encoder, or the
     class labels that stand in for one in a class-conditional run."""
     return TEXT_ENCODER_KINDS.get(cfg.kind).build(cfg, device, dtype)

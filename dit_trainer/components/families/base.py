@@ -21,7 +21,7 @@ from dit_trainer.components.families.arguments import (
     plain,
 )
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ModelConfig, TextEncoderConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig, ModelConfig, TrainConfig
 from dit_trainer.errors import require
 
 # Where an export keeps the run's text encoder when the family's pipeline cannot take it (``save_text_encoder``).
@@ -89,7 +89,7 @@ class Family:
     # Applied before DP-SGD's per-sample gradient engine (Opacus) sees the transformer, so that every parameter it
     # trains sits in a module that engine supports; before the optimizer and EMA collect the parameters.
     prepare_private: Callable[[ModelMixin], object] | None = None
-    condition: str = "text"  # text: a text conditioner's Condition | class: class ids (text_encoder.kind=class_labels)
+    condition: str = "text"  # text: a text conditioner's Condition | class: class ids (conditioner.kind=class_labels)
     input_layer: str = "pos_embed.proj"  # the first layer the inputs meet: its dtype is the compute dtype
     lora_targets: tuple[str, ...] = ATTENTION_AND_FEED_FORWARD  # `lora.target_modules` when it is empty
     # The transformer's ModuleLists of repeated blocks: what `trainer.compile` compiles (one graph that every block
@@ -224,7 +224,7 @@ def require_inner_cross_attention(m: ModelConfig, why: str) -> None:
     )
 
 
-def named_text_encoder(te: TextEncoderConfig, model: nn.Module) -> dict:
+def named_text_encoder(te: ConditionerConfig, model: nn.Module) -> dict:
     """The manifest's text encoder of a single-encoder conditioner, bundled in the export folder (``text_encoder/``,
     ``tokenizer/``)."""
     return {

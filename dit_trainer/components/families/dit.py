@@ -9,7 +9,7 @@ weights in that layout whose blocks hold one embedder are shared again when load
 differ (a DiT trained with diffusers' layout) load as they are, unshared. Under FSDP2 the embedder (``shared``: block
 0's, which the output layer calls too) is a unit of its own: inside block 0's it would be sharded for every other call.
 
-Its condition is a class id per image (``text_encoder.kind=class_labels``), embedded by a label table with one more
+Its condition is a class id per image (``conditioner.kind=class_labels``), embedded by a label table with one more
 row, the null class, for classifier-free guidance. The table's own random label dropout is switched off: dropout is
 the trainer's (``data.caption_dropout`` -> the null class), drawn from the run's generator so a resumed run draws
 exactly what the uninterrupted one would. An export is a ``DiTPipeline`` folder that knows the class names
@@ -135,7 +135,7 @@ def build(cfg: ModelConfig, in_channels: int, sample_size: int, classes: Conditi
 def mismatch(config: dict, in_channels: int, classes: ConditionSize) -> str | None:
     num_classes = classes.sequence
     if config["num_embeds_ada_norm"] != num_classes:
-        return f"it has {config['num_embeds_ada_norm']} classes while `text_encoder.classes` lists {num_classes}"
+        return f"it has {config['num_embeds_ada_norm']} classes while `conditioner.classes` lists {num_classes}"
     return input_mismatch(config, in_channels)
 
 
@@ -171,7 +171,7 @@ def export(parts: ExportParts) -> PipelineExport:
     and whose null class is ours (``with_pipeline_null_class``): ``pipe(class_labels=pipe.get_label_ids([name]))``
     generates at the trained size with guidance as ours. The manifest lists the classes (id = position)."""
     cfg = parts.cfg
-    classes = cfg.text_encoder.classes
+    classes = cfg.conditioner.classes
     transformer = with_pipeline_null_class(parts.transformer, len(classes))
     null_class = max(len(classes), DIT_PIPELINE_CLASSES)
     # With more than 1,000 classes DiTPipeline's null class is one of ours: it matches our sampler without guidance.

@@ -40,7 +40,7 @@ LORA_TARGETS = (
 @dataclass(frozen=True)
 class MMDiT:
     """One MMDiT family: its ``name`` in messages, ``pipeline`` (the export's class name), ``kind`` (its own
-    conditioner, ``text_encoder.kind``), ``encoders`` (what that conditioner is, in words), ``pooled_by`` (where the
+    conditioner, ``conditioner.kind``), ``encoders`` (what that conditioner is, in words), ``pooled_by`` (where the
     pooled vector enters the transformer), ``transformer_class`` and ``derived``, its constructor arguments the
     family sets from ``model.*``, the VAE and the conditioner (the others are ``model.extra_config``'s).
 
@@ -63,14 +63,14 @@ class MMDiT:
 def check(family: MMDiT, cfg: TrainConfig, flow_fix: str = "set `diffusion=flow`") -> None:
     """A pooled text vector (the family's own encoders give one, another text encoder with ``pooling``) and
     rectified flow: the family's weights predict the flow's velocity and its pipeline samples with flow matching."""
-    te = cfg.text_encoder
+    te = cfg.conditioner
     require(
         te.kind in POOLED_KINDS or te.pooling != "none",
-        "text_encoder.pooling",
+        "conditioner.pooling",
         te.pooling,
         f"{family.name}'s {family.pooled_by} adds a pooled text vector (`pooled_projections`), and "
-        f"`text_encoder.kind={te.kind}` with `pooling=none` gives none",
-        f"set `text_encoder={family.kind}` ({family.encoders}, {family.name}'s own) or `text_encoder.pooling=mean` "
+        f"`conditioner.kind={te.kind}` with `pooling=none` gives none",
+        f"set `conditioner={family.kind}` ({family.encoders}, {family.name}'s own) or `conditioner.pooling=mean` "
         "(e.g. MiniLM's sentence embedding) or `pooling=pooler`",
     )
     require_flow_matching(
@@ -106,10 +106,10 @@ def pooled_width(family: MMDiT, condition: ConditionSize) -> int:
     (``check`` refuses the config before, this is for a conditioner built in Python)."""
     if condition.pooled is None:
         raise ConfigError(
-            "text_encoder.pooling",
+            "conditioner.pooling",
             "none",
             f"{family.name} needs a pooled text vector and this text encoder gives none",
-            f"set `text_encoder.pooling=mean` or use `text_encoder={family.kind}`",
+            f"set `conditioner.pooling=mean` or use `conditioner={family.kind}`",
         )
     return condition.pooled
 

@@ -2,7 +2,7 @@
 what our sampler does. The two pipelines take the same pieces and the same precomputed embeddings, so one function
 serves both; the family's ``MMDiT`` names its pipeline, its text components and its CFG argument.
 
-With the family's own encoders (``text_encoder.kind=sd3|flux``) the folder is a whole pipeline:
+With the family's own encoders (``conditioner.kind=sd3|flux``) the folder is a whole pipeline:
 ``DiffusionPipeline.from_pretrained(folder)`` takes prompts as text. With another text encoder (MiniLM, mean-pooled)
 the pipeline cannot encode a prompt (its ``encode_prompt`` is CLIP's and T5's), so the folder is the pipeline without
 text encoders (``model_index.json`` names them null, and ``from_pretrained`` must be told so: ``text_encoder=None``,
@@ -49,14 +49,14 @@ def _generation(parts: ExportParts, family: MMDiT, guidance: dict, bundled: bool
         family.cfg_scale: cfg.diffusion.guidance_scale,
     }
     if bundled:
-        generation |= {"negative_prompt": "", "max_sequence_length": cfg.text_encoder.max_length}
+        generation |= {"negative_prompt": "", "max_sequence_length": cfg.conditioner.max_length}
     return generation
 
 
 def _conditioning(parts: ExportParts, family: MMDiT, bundled: bool) -> dict:
     if bundled:
         return {"bundled": True, "conditioning": family.own_conditioning}
-    te = parts.cfg.text_encoder
+    te = parts.cfg.conditioner
     return {
         "bundled": False,
         "pretrained": f"{CONDITIONER_FOLDER}/text_encoder",  # in the export folder, beside the pipeline's parts
@@ -84,7 +84,7 @@ def _usage(folder: str, parts: ExportParts, family: MMDiT, generation: dict, bun
             f"pipe = {pipeline}.from_pretrained({folder!r}{torch_dtype})  # or DiffusionPipeline.from_pretrained\n"
             f'image = pipe("a red circle", {settings}).images[0]'
         )
-    te = parts.cfg.text_encoder
+    te = parts.cfg.conditioner
     encoder_class = type(parts.text_encoder.model).__name__
     pooled = "(hidden * mask).sum(1) / mask.sum(1).clamp(min=1)" if te.pooling == "mean" else "output.pooler_output"
     to_dtype = f".to(torch.{parts.dtype})" if cast else ""
@@ -118,7 +118,7 @@ def export(parts: ExportParts, family: MMDiT, guidance: dict | None = None) -> P
     """A whole pipeline folder with the family's own encoders, else the pipeline without text encoders and the run's
     text encoder in ``conditioner/`` (see the module); ``guidance``: generation arguments of the family's own (Flux's
     embedded guidance)."""
-    bundled = parts.cfg.text_encoder.kind == family.kind
+    bundled = parts.cfg.conditioner.kind == family.kind
     if parts.vae.config.shift_factor is None:  # folded into the weights; the pipeline adds it unconditionally
         parts.vae.register_to_config(shift_factor=0.0)
     dtype = getattr(torch, parts.dtype)

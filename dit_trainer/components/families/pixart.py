@@ -149,7 +149,7 @@ def _required(
     positions = getattr(model.config, "max_position_embeddings", None)  # CLIP's 77, BERT's 512; T5: relative
     default_length = inspect.signature(pipeline_class.__call__).parameters["max_sequence_length"].default
     if positions is not None and positions < default_length:
-        required["max_sequence_length"] = parts.cfg.text_encoder.max_length
+        required["max_sequence_length"] = parts.cfg.conditioner.max_length
     return required
 
 
@@ -161,7 +161,7 @@ def _generation(cfg: TrainConfig, required: dict) -> dict:
         "num_inference_steps": cfg.diffusion.sample_steps,
         "guidance_scale": cfg.diffusion.guidance_scale,
         "negative_prompt": "",
-        "max_sequence_length": cfg.text_encoder.max_length,
+        "max_sequence_length": cfg.conditioner.max_length,
         "clean_caption": False,
         **required,
     }
@@ -187,17 +187,17 @@ def export(parts: ExportParts) -> PipelineExport:
     conditioner = parts.text_encoder
     if not isinstance(conditioner, FrozenTextEncoder):
         raise ConfigError(
-            "text_encoder.kind",
-            parts.cfg.text_encoder.kind,
+            "conditioner.kind",
+            parts.cfg.conditioner.kind,
             f"a PixArt export hands {parts.pipeline} one transformers text encoder and its tokenizer, and this "
             "conditioner is not one",
-            "train PixArt with one text encoder (`text_encoder.kind=auto`, `t5` or `clip`) to export it",
+            "train PixArt with one text encoder (`conditioner.kind=auto`, `t5` or `clip`) to export it",
         )
     pipeline_class = getattr(diffusers, parts.pipeline)
     transformer = _at_trained_size(parts.transformer, parts.latent_shape[-1])
     required = _required(parts, pipeline_class, transformer, conditioner.model)
     generation = _generation(parts.cfg, required)
-    te = parts.cfg.text_encoder
+    te = parts.cfg.conditioner
     manifest = {
         "text_encoder": {
             **named_text_encoder(te, conditioner.model),

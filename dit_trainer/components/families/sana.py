@@ -9,7 +9,7 @@ conditioner's features (``caption_channels``) there. Its cross-attention heads d
 
 The timestep is passed as ``SanaPipeline`` passes it: the scheduler's ``sigma x 1000`` times the transformer's
 ``timestep_scale``. An export is a whole ``SanaPipeline`` folder with the run's text encoder in it: Sana's own
-Gemma-2 (``text_encoder.kind=sana``) or another transformers text encoder (the shapes default's MiniLM), which
+Gemma-2 (``conditioner.kind=sana``) or another transformers text encoder (the shapes default's MiniLM), which
 ``encode_prompt`` calls as it calls Gemma-2 when no instruction is put before the prompt
 (``complex_human_instruction=None``: the manifest's ``required`` says so, with the pipeline's other hard-coded
 defaults that do not fit the run: height and width 1024, resolution binning at Sana's own sizes). ``SanaPipeline``
@@ -133,7 +133,7 @@ def predict(
 
 def _generation(cfg: TrainConfig) -> dict:
     """SanaPipeline's arguments that reproduce our sampler (with the prompt, and ``latents=`` for the same noise)."""
-    te, d = cfg.text_encoder, cfg.diffusion
+    te, d = cfg.conditioner, cfg.diffusion
     return {
         "height": cfg.data.resolution,
         "width": cfg.data.resolution,
@@ -191,11 +191,11 @@ def export(parts: ExportParts) -> PipelineExport:
     bundled_own = isinstance(conditioner, SanaConditioner)
     if not bundled_own and not isinstance(conditioner, FrozenTextEncoder):
         raise ConfigError(
-            "text_encoder.kind",
-            parts.cfg.text_encoder.kind,
+            "conditioner.kind",
+            parts.cfg.conditioner.kind,
             "a Sana export hands SanaPipeline Sana's Gemma-2 (`sana`) or one transformers text encoder (`auto`, "
             "`t5`, `clip`), and this conditioner is neither",
-            "train Sana with `text_encoder=sana` (or one text encoder) to export it",
+            "train Sana with `conditioner=sana` (or one text encoder) to export it",
         )
     if not isinstance(parts.vae, AutoencoderDC):  # SanaPipeline reads its latent size from the DC's config
         raise ConfigError(
@@ -206,7 +206,7 @@ def export(parts: ExportParts) -> PipelineExport:
             "train Sana with `vae=sana` (`vae.kind=autoencoder_dc`) to export it; the checkpoint's transformer/ "
             "folder is already a diffusers SanaTransformer2DModel",
         )
-    te = parts.cfg.text_encoder
+    te = parts.cfg.conditioner
     generation = _generation(parts.cfg)
     required = _required(parts, generation["complex_human_instruction"])
     generation |= required

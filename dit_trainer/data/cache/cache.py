@@ -37,14 +37,13 @@ from safetensors.torch import load_file, save_file
 from torch.utils.data import Dataset
 
 from dit_trainer.condition import Condition
-from dit_trainer.config import TextEncoderConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig, DataConfig, VAEConfig
 from dit_trainer.data import SOURCES
 from dit_trainer.data.buckets import BucketTable, require_table_of
 from dit_trainer.data.cache.cached_prompts import CachedPrompts
 from dit_trainer.data.image_sizes import INDEX_FILE
 from dit_trainer.durable import share_as_umask_allows
 from dit_trainer.errors import ConfigError, shortlist
-from dit_trainer.prompts import load_prompts
 
 INDEX = "index.json"
 PROMPTS = "prompts.safetensors"
@@ -80,36 +79,37 @@ NOT_FINGERPRINTED = (
 ADDED_DATA_KEYS = {"caption_prefix": ""}
 
 
-def cache_fingerprint(cfg: TrainConfig, buckets: BucketTable | None) -> dict:
+def cache_fingerprint(
+    data: DataConfig, vae: VAEConfig, conditioner: ConditionerConfig, buckets: BucketTable | None
+) -> dict:
     """Everything that shaped the cached tensors: the VAE, the text encoder, how images and captions were read, and
     what the source holds (its ``content``: a folder that grew since must not reuse the cache). ``buckets``: the
     run's table (``components.geometry.configured_buckets``), whose sizes depend on the VAE and the patch size too."""
-    data = {
+    read = {
         k: v
-        for k, v in asdict(cfg.data).items()
+        for k, v in asdict(data).items()
         if k not in NOT_FINGERPRINTED and not (k in ADDED_DATA_KEYS and v == ADDED_DATA_KEYS[k])
     }
-    text, defaults = asdict(cfg.text_encoder), asdict(TextEncoderConfig())
+    text, defaults = asdict(conditioner), asdict(ConditionerConfig())
     # Settings added since format 2 (pooling, ...) count only away from their defaults, so older caches still match.
     encoder = {k: v for k, v in text.items() if k in ENCODER_KEYS or (k != "memo_size" and v != defaults[k])}
     fingerprint = {
         "format": FORMAT_VERSION,
-        "vae": asdict(cfg.vae),
+        "vae": asdict(vae),
         "text_encoder": encoder,
-        "data": data,
+        "data": read,
     }
-    require_table_of(cfg.data.buckets, buckets)
+    require_table_of(data.buckets, buckets)
     if buckets is not None:
         fingerprint["bucket_sizes"] = [list(size) for size in buckets.sizes]
-    content = SOURCES.get(cfg.data.source).content
-    return fingerprint | ({"data_content": content(cfg.data)} if content else {})
+    content = SOURCES.get(data.source).content
+    return fingerprint | ({"data_content": content(data)} if content else {})
 
 
-def cache_prompts(cfg: TrainConfig) -> list[str]:
-    """The prompts a run needs embedded besides its captions: "" (caption dropout, CFG) and what it samples."""
-    grpo = cfg.monitor.reward
-    monitor = load_prompts(grpo.prompts, grpo.prompt_file, "monitor.reward.") if grpo.enabled else []
-    return list(dict.fromkeys(["", *cfg.trainer.sample_prompts, *monitor]))
+def cache_prompts(sample_prompts: Sequence[str], monitor_prompts: Sequence[str]) -> list[str]:
+    """The prompts a run needs embedded besides its captions: "" (caption dropout, CFG), the sample grid's and the
+    reward monitor's."""
+    return list(dict.fromkeys(["", *sample_prompts, *monitor_prompts]))
 
 
 def _differences(saved: dict, wanted: dict, prefix: str = "") -> list[str]:
@@ -335,16 +335,18 @@ def opened(path: Path, read: Callable[[str], T]) -> T:
 
 
 def open_cache(
-    cfg: TrainConfig, buckets: BucketTable | None, device: torch.device
+    cache_dir: str, fingerprint: dict, prompts: Sequence[str], device: torch.device
 ) -> tuple[CacheDataset, CachedPrompts]:
-    """The cache at ``data.cache_dir``, checked against this run's settings, buckets, data and prompts."""
-    cache_dir = Path(str(cfg.data.cache_dir)).expanduser()
-    index = read_index(cache_dir)
-    check_fingerprint(index, cache_fingerprint(cfg, buckets), cache_dir)
-    prompts = opened(cache_dir / PROMPTS, load_file)
-    text = CachedPrompts(index["prompts"], Condition.from_stored(prompts), device)
-    text.encode(cache_prompts(cfg))  # a missing sample/monitor prompt fails now, not at the first sample grid
-    return CacheDataset(cache_dir, index), text
+    """The cache at ``cache_dir`` (``data.cache_dir``), checked against this run's ``fingerprint``
+    (``cache_fingerprint``: its settings, buckets and data) and holding every prompt the run samples (``prompts``:
+    ``cache_prompts``)."""
+    folder = Path(str(cache_dir)).expanduser()
+    index = read_index(folder)
+    check_fingerprint(index, fingerprint, folder)
+    stored = opened(folder / PROMPTS, load_file)
+    text = CachedPrompts(index["prompts"], Condition.from_stored(stored), device)
+    text.encode(list(prompts))  # a missing sample/monitor prompt fails now, not at the first sample grid
+    return CacheDataset(folder, index), text
 
 
 def shard_name(rank: int, number: int) -> str:

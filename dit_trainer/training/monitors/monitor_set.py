@@ -4,6 +4,7 @@ held-out latents, reference features) is built there alone."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -14,7 +15,6 @@ from dit_trainer.components.build import Components
 from dit_trainer.config import TrainConfig
 from dit_trainer.diffusion.sampler import SamplerSettings
 from dit_trainer.errors import ConfigError
-from dit_trainer.prompts import load_prompts
 from dit_trainer.rewards.build import build_reward
 from dit_trainer.rewards.fid import (
     build_feature_extractor,
@@ -39,10 +39,10 @@ SAMPLE_SEEDS_PER_PROMPT = 4
 
 
 def build_monitors(
-    cfg: TrainConfig, context: MonitorContext, run_dir: Path, frozen_dtype: torch.dtype
+    cfg: TrainConfig, context: MonitorContext, run_dir: Path, frozen_dtype: torch.dtype, reward_prompts: Sequence[str]
 ) -> list[Monitor]:
-    """The sample grid, and the reward monitor when ``monitor.reward.enabled``. Reward models are loaded on
-    the main process only: the others never score."""
+    """The sample grid, and the reward monitor on ``reward_prompts`` when ``monitor.reward.enabled``. Reward models
+    are loaded on the main process only: the others never score."""
     d, t, grpo = cfg.diffusion, cfg.trainer, cfg.monitor.reward
     grid_plan = SamplingPlan(
         list(t.sample_prompts),
@@ -55,7 +55,7 @@ def build_monitors(
         accelerator = context.accelerator
         reward = build_reward(cfg.reward, accelerator.device, frozen_dtype) if accelerator.is_main_process else None
         plan = SamplingPlan(
-            load_prompts(grpo.prompts, grpo.prompt_file, "monitor.reward."),
+            list(reward_prompts),
             grpo.group_size,
             grpo.seed,
             SamplerSettings(
@@ -128,10 +128,11 @@ def build_monitor_set(
     frozen_dtype: torch.dtype,
     parts: Components,
     held_out: Dataset | None,
+    reward_prompts: Sequence[str],
 ) -> list[Monitor]:
     """A run's monitors in the order they run: the validation loss (when images are held out), the sample grid,
-    the reward monitor, FID."""
-    monitors = build_monitors(cfg, context, run_dir, frozen_dtype)
+    the reward monitor (on ``reward_prompts``: ``reward_monitor_prompts``), FID."""
+    monitors = build_monitors(cfg, context, run_dir, frozen_dtype, reward_prompts)
     if held_out is not None:
         monitors.insert(0, build_validation_monitor(cfg, context, parts, held_out))
     if cfg.monitor.fid.enabled:

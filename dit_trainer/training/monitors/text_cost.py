@@ -11,7 +11,7 @@ from torch import nn
 
 from dit_trainer.components.build import Components
 from dit_trainer.components.meta import count_flops, meta_inputs
-from dit_trainer.config import TextEncoderConfig
+from dit_trainer.config import ConditionerConfig
 
 logger = get_logger(__name__)
 
@@ -32,14 +32,14 @@ def encoding_flops(text_encoder: nn.Module, tokens: int) -> float:
 
 
 def live_encoding_cost(
-    text_encoder: TextEncoderConfig, batch_size: int, parts: Components
+    conditioner: ConditionerConfig, batch_size: int, parts: Components
 ) -> tuple[float, float] | None:
     """(text encoder, DiT forward + backward) FLOPs per step of ``batch_size`` images when every caption is
-    encoded every step: no cache (``data.cache_dir``), no memo (``text_encoder.memo_size``; with one, captions
+    encoded every step: no cache (``data.cache_dir``), no memo (``conditioner.memo_size``; with one, captions
     that repeat are encoded once), and an encoder with weights (class labels have none). None otherwise. (Asked
     only of a method that trains on the data set's captions.)"""
     encoder = parts.text_encoder
-    if text_encoder.memo_size or not isinstance(encoder, nn.Module):
+    if conditioner.memo_size or not isinstance(encoder, nn.Module):
         return None
     per_token = encoding_flops(encoder, 1)
     if not per_token:
@@ -49,9 +49,9 @@ def live_encoding_cost(
     return text * batch_size, count_flops(parts.dit, *inputs)[1] * batch_size
 
 
-def warn_live_text_encoding(text_encoder: TextEncoderConfig, batch_size: int, parts: Components) -> None:
+def warn_live_text_encoding(conditioner: ConditionerConfig, batch_size: int, parts: Components) -> None:
     """Say at start, with both FLOP counts, when live text encoding costs ``SHARE`` of the DiT's step or more."""
-    cost = live_encoding_cost(text_encoder, batch_size, parts)
+    cost = live_encoding_cost(conditioner, batch_size, parts)
     if cost is None or cost[0] < SHARE * cost[1]:
         return
     text, dit = cost
@@ -60,6 +60,6 @@ def warn_live_text_encoding(text_encoder: TextEncoderConfig, batch_size: int, pa
         f"trainer.batch_size={batch_size}, against {dit / 1e12:.3g} TFLOP for the DiT's forward and "
         f"backward ({text / dit:.0%}). Encode the captions once and train from the cache, which never loads the text "
         "encoder: `python scripts/precompute.py <these overrides> data.cache_dir=DIR`, then add `data.cache_dir=DIR` "
-        "to the training command (or set `text_encoder.memo_size` when captions repeat).",
+        "to the training command (or set `conditioner.memo_size` when captions repeat).",
         main_process_only=True,
     )

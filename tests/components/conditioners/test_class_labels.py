@@ -11,10 +11,10 @@ DIGIT_CLASSES = [str(digit) for digit in range(10)]
 
 def test_classes_are_read_from_the_sub_folders_and_checked(digits):
     cfg = compose_config([*TINY_SHAPES, *class_conditional(digits)])
-    assert cfg.text_encoder.classes == DIGIT_CLASSES
-    with pytest.raises(ConfigError, match=r"`text_encoder\.kind`.*conditioned on class labels"):
+    assert cfg.conditioner.classes == DIGIT_CLASSES
+    with pytest.raises(ConfigError, match=r"`conditioner\.kind`.*conditioned on class labels"):
         compose_config([*TINY_SHAPES, "model.family=dit"])
-    with pytest.raises(ConfigError, match=r"`text_encoder\.kind`.*conditioned on text"):
+    with pytest.raises(ConfigError, match=r"`conditioner\.kind`.*conditioned on text"):
         compose_config([*TINY_SHAPES, *class_conditional(digits), "model.family=pixart_alpha"])
     with pytest.raises(ConfigError, match=r"`trainer\.sample_prompts`.*\['cat'\].*class names or ids"):
         compose_config([*TINY_SHAPES, *class_conditional(digits), "trainer.sample_prompts=[cat]"])
@@ -35,7 +35,7 @@ def test_hidden_and_empty_sub_folders_are_no_classes(tmp_path):
     (tmp_path / "notes" / "._0.png").write_bytes(b"macOS metadata, not an image")
     assert class_folders(tmp_path) == ["cat", "dog"]
     cfg = compose_config([*TINY_SHAPES, *class_conditional(tmp_path, "trainer.sample_prompts=[cat,1]")])
-    assert cfg.text_encoder.classes == ["cat", "dog"]
+    assert cfg.conditioner.classes == ["cat", "dog"]
 
 
 def _cat_and_dog(folder):

@@ -7,14 +7,14 @@ from transformers import BertModel, T5EncoderModel
 
 from dit_trainer.components.conditioners.text_encoder import build_text_encoder
 from dit_trainer.condition import ConditionSize
-from dit_trainer.config import TextEncoderConfig
+from dit_trainer.config import ConditionerConfig
 from dit_trainer.errors import ConfigError
 
 CPU = torch.device("cpu")
 
 
 def test_minilm_text_encoder_gives_fixed_length_hidden_states_and_mask(minilm_path):
-    encoder = build_text_encoder(TextEncoderConfig(pretrained=minilm_path, max_length=8), CPU)
+    encoder = build_text_encoder(ConditionerConfig(pretrained=minilm_path, max_length=8), CPU)
     assert isinstance(encoder.model, BertModel) and encoder.hidden_size == 384
     assert not any(p.requires_grad for p in encoder.parameters())
     embeds, mask, pooled = encoder.encode(["a red circle", ""])
@@ -25,7 +25,7 @@ def test_minilm_text_encoder_gives_fixed_length_hidden_states_and_mask(minilm_pa
 def test_a_pooled_vector_is_the_mean_of_the_real_tokens_or_the_models_own_pooler(minilm_path):
     """MiniLM's sentence embedding (what sentence-transformers computes) is the pooled vector SD3- and Flux-style
     families take; padding must not dilute it."""
-    mean = build_text_encoder(TextEncoderConfig(pretrained=minilm_path, max_length=8, pooling="mean"), CPU)
+    mean = build_text_encoder(ConditionerConfig(pretrained=minilm_path, max_length=8, pooling="mean"), CPU)
     assert mean.size == ConditionSize(384, 384)
     embeds, mask, pooled = mean.encode(["a red circle", "a blue square that is large"])
     for row in range(2):
@@ -33,13 +33,13 @@ def test_a_pooled_vector_is_the_mean_of_the_real_tokens_or_the_models_own_pooler
         torch.testing.assert_close(pooled[row], real.mean(0))
     assert mask[0].sum() < mask[1].sum()  # the first prompt is padded: an unmasked mean would differ
     assert not torch.allclose(pooled[0], embeds[0].mean(0))
-    pooler = build_text_encoder(TextEncoderConfig(pretrained=minilm_path, max_length=8, pooling="pooler"), CPU)
+    pooler = build_text_encoder(ConditionerConfig(pretrained=minilm_path, max_length=8, pooling="pooler"), CPU)
     tokens = pooler.tokenizer(["a red circle"], padding="max_length", max_length=8, return_tensors="pt")
     torch.testing.assert_close(pooler.encode(["a red circle"]).pooled, pooler.model(**tokens).pooler_output)
 
 
 def test_memoised_text_encoder_is_exact_and_bounded(minilm_path):
-    cfg = TextEncoderConfig(pretrained=minilm_path, max_length=8, pooling="mean")
+    cfg = ConditionerConfig(pretrained=minilm_path, max_length=8, pooling="mean")
     plain = build_text_encoder(cfg, CPU)
     cfg.memo_size = 2
     memo = build_text_encoder(cfg, CPU)
@@ -50,7 +50,7 @@ def test_memoised_text_encoder_is_exact_and_bounded(minilm_path):
 
 
 def test_t5_checkpoint_loads_encoder_only_from_subfolders(tiny_t5_dir):
-    cfg = TextEncoderConfig(
+    cfg = ConditionerConfig(
         pretrained=str(tiny_t5_dir), subfolder="text_encoder", tokenizer_subfolder="tokenizer", max_length=12
     )
     encoder = build_text_encoder(cfg, CPU)
@@ -61,14 +61,14 @@ def test_t5_checkpoint_loads_encoder_only_from_subfolders(tiny_t5_dir):
 
 def test_the_empty_prompt_is_encoded_once_even_without_a_memo(minilm_path):
     """Caption dropout and CFG ask for it every step: a T5-XXL would run once per step for it."""
-    encoder = build_text_encoder(TextEncoderConfig(pretrained=minilm_path, max_length=8), CPU)
+    encoder = build_text_encoder(ConditionerConfig(pretrained=minilm_path, max_length=8), CPU)
     first = encoder.encode([""])
     assert encoder.encode([""]) is first and not encoder._memo
     assert all(torch.equal(a, b) for a, b in zip(first[:2], encoder.encode_uncached([""])[:2]))
 
 
 def test_a_pooler_is_refused_for_an_encoder_that_has_none(tiny_t5_dir):
-    cfg = TextEncoderConfig(pretrained=str(tiny_t5_dir), subfolder="text_encoder", tokenizer_subfolder="tokenizer",
+    cfg = ConditionerConfig(pretrained=str(tiny_t5_dir), subfolder="text_encoder", tokenizer_subfolder="tokenizer",
                             max_length=12, pooling="pooler")  # fmt: skip
     with pytest.raises(ConfigError, match="T5EncoderModel has no pooled output"):
         build_text_encoder(cfg, CPU)

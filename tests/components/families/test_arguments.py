@@ -20,7 +20,7 @@ from ...conftest import TINY_SHAPES, compose_config, one_paragraph
 NAMES = ("pixart_alpha", "dit", "sd3", "flux", "sana")
 # The audit's Flux command: a tiny new Flux on the shapes data with MiniLM's mean-pooled vector.
 FLUX = ("model.family=flux", "diffusion=flow", "diffusion.objective=flow_matching", "diffusion.resolution_shift=true",
-        "text_encoder.pooling=mean", "model.num_layers=1", "model.patch_size=2", "model.num_attention_heads=2",
+        "conditioner.pooling=mean", "model.num_layers=1", "model.patch_size=2", "model.num_attention_heads=2",
         "model.attention_head_dim=8")  # fmt: skip
 SD3 = ("+experiment=shapes_sd3", "model.num_layers=2")
 
@@ -82,7 +82,7 @@ def _check(name: str, **extra) -> None:
         cfg,
         model=ModelConfig(family=name, patch_size=2, extra_config=extra),
         diffusion=dataclasses.replace(cfg.diffusion, objective="flow_matching"),
-        text_encoder=dataclasses.replace(cfg.text_encoder, pooling="mean"),
+        conditioner=dataclasses.replace(cfg.conditioner, pooling="mean"),
     )
     FAMILIES.get(name).check(cfg)
 

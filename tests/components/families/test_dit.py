@@ -19,7 +19,7 @@ def test_a_tiny_dit_saved_by_path_loads_predicts_and_keeps_label_dropout_to_the_
     assert dit(torch.randn(2, 4, 8, 8), torch.tensor([500]), labels).shape == (2, 4, 8, 8)
     tables = [module for module in dit.transformer.modules() if isinstance(module, LabelEmbedding)]
     assert tables and all(table.dropout_prob == 0 and table.embedding_table.num_embeddings == 11 for table in tables)
-    with pytest.raises(ConfigError, match=r"`model\.pretrained`.*10 classes while `text_encoder\.classes` lists 12"):
+    with pytest.raises(ConfigError, match=r"`model\.pretrained`.*10 classes while `conditioner\.classes` lists 12"):
         build_dit(ModelConfig(family="dit", pretrained=str(tmp_path / "dit")), 4, 8, ConditionSize(12))
 
 

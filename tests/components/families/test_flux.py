@@ -10,7 +10,7 @@ from dit_trainer.components.conditioners.text_encoder import build_text_encoder
 from dit_trainer.components.dit import build_dit
 from dit_trainer.components.families.flux import FLUX, image_ids, pack, rope_axes, unpack
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ModelConfig, TextEncoderConfig
+from dit_trainer.config import ConditionerConfig, ModelConfig
 from dit_trainer.errors import ConfigError
 
 from ...conftest import TINY_SHAPES, compose_config
@@ -37,7 +37,7 @@ def test_packing_and_position_ids_are_flux_pipeline_s():
 
 
 def test_conditioner_equals_the_pipeline_s_encode_prompt(flux_folder):
-    cfg = TextEncoderConfig(pretrained=str(flux_folder), kind="flux", max_length=T5_LENGTH, memo_size=8)
+    cfg = ConditionerConfig(pretrained=str(flux_folder), kind="flux", max_length=T5_LENGTH, memo_size=8)
     conditioner = build_text_encoder(cfg, torch.device("cpu"))
     assert conditioner.size == ConditionSize(T5_WIDTH, CLIP_WIDTH)
     pipe = FluxPipeline.from_pretrained(flux_folder)
@@ -88,19 +88,19 @@ def test_a_loaded_transformer_that_does_not_fit_is_refused(flux_folder):
 @pytest.mark.parametrize(
     ("override", "key"),
     [
-        ("text_encoder.kind=auto", "text_encoder.pooling"),  # MiniLM without a pooled vector
+        ("conditioner.kind=auto", "conditioner.pooling"),  # MiniLM without a pooled vector
         ("diffusion.objective=v_prediction", "diffusion.objective"),
         ("model.patch_size=4", "model.patch_size"),
         ("+model.extra_config.num_layers=3", "model.extra_config.num_layers"),
         ("+model.extra_config.axes_dims_rope=[2,2,2]", "model.extra_config.axes_dims_rope"),
         ("diffusion.shift=3.0", "diffusion.shift"),  # resolution_shift replaces it
-        ("text_encoder.max_length=600", "text_encoder.max_length"),
+        ("conditioner.max_length=600", "conditioner.max_length"),
     ],
 )
 def test_config_rules_name_the_key(flux_folder, override, key):
     overrides = [*TINY_SHAPES, *flux_overrides(flux_folder), override]
-    if override.startswith("text_encoder.kind"):
-        overrides = [o for o in overrides if not o.startswith("text_encoder.pretrained")]
+    if override.startswith("conditioner.kind"):
+        overrides = [o for o in overrides if not o.startswith("conditioner.pretrained")]
     with pytest.raises(ConfigError) as error:
         compose_config(overrides)
     assert f"`{key}`" in str(error.value), str(error.value)
@@ -119,6 +119,6 @@ def test_a_pretrained_flux_needs_even_latent_sides_though_its_config_says_patch_
 
 
 def test_a_mean_pooled_minilm_is_a_valid_flux_conditioner(flux_folder):
-    overrides = [o for o in flux_overrides(flux_folder) if not o.startswith("text_encoder.")]
-    cfg = compose_config([*TINY_SHAPES, *overrides, "text_encoder.pooling=mean"])
-    assert cfg.model.family == "flux" and cfg.text_encoder.kind == "auto"
+    overrides = [o for o in flux_overrides(flux_folder) if not o.startswith("conditioner.")]
+    cfg = compose_config([*TINY_SHAPES, *overrides, "conditioner.pooling=mean"])
+    assert cfg.model.family == "flux" and cfg.conditioner.kind == "auto"

@@ -12,13 +12,13 @@ from diffusers import SanaPipeline, SanaTransformer2DModel
 from dit_trainer.components.conditioners.text_encoder import build_text_encoder
 from dit_trainer.components.dit import build_dit, enable_gradient_checkpointing
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ModelConfig, TextEncoderConfig
+from dit_trainer.config import ConditionerConfig, ModelConfig
 from dit_trainer.errors import ConfigError
 
 from ...conftest import CONFIG_DIR, TINY_SHAPES, compose_config, one_paragraph
 from ...tiny_sana import LATENT_CHANNELS, TEXT_DIM, TRANSFORMER, sana_overrides, write_sana_folder
 
-SANA_INSTRUCTION = yaml.safe_load((CONFIG_DIR / "text_encoder" / "sana.yaml").read_text())["instruction"]
+SANA_INSTRUCTION = yaml.safe_load((CONFIG_DIR / "conditioner" / "sana.yaml").read_text())["instruction"]
 PROMPTS = ["A Red circle ", "a blue square on a long, long, long, long, long, long, long, long, long road"]
 
 
@@ -39,7 +39,7 @@ def test_the_shipped_instruction_is_the_pipelines_default():
 
 @pytest.mark.parametrize(("instruction", "max_length"), [(SANA_INSTRUCTION, 300), ([], 300), (["Describe:"], 12)])
 def test_the_conditioner_equals_the_pipelines_encode_prompt(sana_folder, pipeline, instruction, max_length):
-    cfg = TextEncoderConfig(
+    cfg = ConditionerConfig(
         pretrained=str(sana_folder), kind="sana", max_length=max_length, instruction=instruction, memo_size=8
     )
     conditioner = build_text_encoder(cfg, torch.device("cpu"))
@@ -127,7 +127,7 @@ def test_a_pretrained_transformer_for_other_text_features_is_refused(sana_folder
         ("+model.extra_config.caption_channels=8", "model.extra_config.caption_channels", "follows `model.*`"),
         ("+model.extra_config.guidance_embeds=true", "model.extra_config", "Sana-Sprint"),
         ("model.cross_attention_dim=32", "model.cross_attention_dim", "heads x head_dim = 16"),
-        ("text_encoder.pooling=mean", "text_encoder.pooling", "decides its pooled vector itself"),
+        ("conditioner.pooling=mean", "conditioner.pooling", "decides its pooled vector itself"),
     ],
 )
 def test_config_rules_name_the_key(sana_folder, override, key, says):

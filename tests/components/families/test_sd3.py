@@ -1,4 +1,4 @@
-"""The sd3 family (``SD3Transformer2DModel``) and its conditioner (``text_encoder.kind=sd3``): built from the
+"""The sd3 family (``SD3Transformer2DModel``) and its conditioner (``conditioner.kind=sd3``): built from the
 config and the conditioner's sizes, refused clearly where it cannot work, and conditioned exactly as
 ``StableDiffusion3Pipeline`` conditions it."""
 
@@ -15,7 +15,7 @@ from dit_trainer.components.conditioners.text_encoder import build_text_encoder
 from dit_trainer.components.families import FAMILIES
 from dit_trainer.components.families.sd3 import LORA_TARGETS
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ModelConfig, TextEncoderConfig
+from dit_trainer.config import ConditionerConfig, ModelConfig
 from dit_trainer.errors import ConfigError, ModelLoadError
 
 from ...conftest import TINY_SHAPES, compose_config, one_paragraph
@@ -32,7 +32,7 @@ def sd3_dir(tmp_path_factory) -> Path:
 
 
 def _encoders(root: Path, memo_size: int = 0):
-    cfg = TextEncoderConfig(kind="sd3", pretrained=str(root), max_length=T5_LENGTH, memo_size=memo_size)
+    cfg = ConditionerConfig(kind="sd3", pretrained=str(root), max_length=T5_LENGTH, memo_size=memo_size)
     return build_text_encoder(cfg, torch.device("cpu"))
 
 
@@ -130,16 +130,16 @@ def test_lora_targets_cover_both_streams_and_the_dual_attention():
 @pytest.mark.parametrize(
     ("overrides", "key", "says"),
     [
-        ((*FLOW,), "text_encoder.pooling", "pooled text vector"),
-        (("model.family=sd3", "text_encoder.pooling=mean"), "diffusion.objective", "rectified-flow"),
-        ((*FLOW, "text_encoder.pooling=mean", "+model.extra_config.qk_nrom=rms_norm"), "model.extra_config.qk_nrom",
+        ((*FLOW,), "conditioner.pooling", "pooled text vector"),
+        (("model.family=sd3", "conditioner.pooling=mean"), "diffusion.objective", "rectified-flow"),
+        ((*FLOW, "conditioner.pooling=mean", "+model.extra_config.qk_nrom=rms_norm"), "model.extra_config.qk_nrom",
          "no such argument"),
-        ((*FLOW, "text_encoder.pooling=mean", "+model.extra_config.in_channels=4"), "model.extra_config.in_channels",
+        ((*FLOW, "conditioner.pooling=mean", "+model.extra_config.in_channels=4"), "model.extra_config.in_channels",
          "follows `model.*`"),
-        ((*FLOW, "text_encoder.pooling=mean", "+model.extra_config.dual_attention_layers=[0,2]"),
+        ((*FLOW, "conditioner.pooling=mean", "+model.extra_config.dual_attention_layers=[0,2]"),
          "model.extra_config.dual_attention_layers", "block indices in 0 .. 1"),
-        ((*FLOW, "text_encoder.pooling=mean", "model.learned_sigma=true"), "model.learned_sigma", "velocity"),
-        ((*FLOW, "text_encoder.kind=sd3", "text_encoder.max_length=600"), "text_encoder.max_length", "512"),
+        ((*FLOW, "conditioner.pooling=mean", "model.learned_sigma=true"), "model.learned_sigma", "velocity"),
+        ((*FLOW, "conditioner.kind=sd3", "conditioner.max_length=600"), "conditioner.max_length", "512"),
     ],
 )  # fmt: skip
 def test_a_run_that_cannot_work_is_refused_naming_the_key(overrides, key, says):

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from dit_trainer.apps.precompute import precompute
-from dit_trainer.data.cache.cache import INDEX, open_cache, save_shard
+from dit_trainer.data.cache.cache import INDEX, save_shard
 from dit_trainer.errors import ConfigError
-from tests.conftest import CACHE_SHAPES, DATA_SMALL, TINY_SHAPES, compose_config, digest, one_paragraph
+from tests.conftest import CACHE_SHAPES, DATA_SMALL, TINY_SHAPES, compose_config, digest, one_paragraph, open_cache_of
 
 CPU = torch.device("cpu")
 
@@ -19,7 +19,7 @@ CPU = torch.device("cpu")
 def test_an_incomplete_cache_and_random_augmentation_are_refused(tmp_path):
     (tmp_path / "shard-00000-00000.safetensors").write_bytes(b"")
     with pytest.raises(ConfigError, match="no complete cache there"):
-        open_cache(compose_config([*CACHE_SHAPES, f"data.cache_dir={tmp_path}"]), None, CPU)
+        open_cache_of(compose_config([*CACHE_SHAPES, f"data.cache_dir={tmp_path}"]))
     with pytest.raises(ConfigError, match="`data.horizontal_flip`.*drawn once and frozen"):
         precompute(compose_config([*CACHE_SHAPES, f"data.cache_dir={tmp_path}", "data.horizontal_flip=true"]))
 
@@ -39,7 +39,7 @@ def test_a_folder_whose_index_json_is_not_a_cache_index_is_refused_and_kept(tmp_
     (tmp_path / "shard-000000.tar").write_bytes(b"a webdataset shard")
     before = digest(tmp_path)
     cfg = compose_config([*DATA_SMALL, f"data.cache_dir={tmp_path}"])
-    for use in (lambda: open_cache(cfg, None, torch.device("cpu")), lambda: precompute(cfg)):
+    for use in (lambda: open_cache_of(cfg), lambda: precompute(cfg)):
         with pytest.raises(ConfigError) as caught:
             use()
         assert "not written by" in one_paragraph(caught.value, "data.cache_dir")
@@ -75,11 +75,11 @@ def folder_cache(tmp_path) -> tuple[Path, Path]:
 
 def test_a_grown_image_folder_refuses_its_stale_cache(folder_cache):
     images, cache = folder_cache
-    dataset, _ = open_cache(_folder_config(images, cache), None, CPU)
+    dataset, _ = open_cache_of(_folder_config(images, cache))
     assert len(dataset) == 4
     _image_folder(images, 5)  # one more image and metadata line
     with pytest.raises(ConfigError) as caught:
-        open_cache(_folder_config(images, cache), None, CPU)
+        open_cache_of(_folder_config(images, cache))
     message = str(caught.value)
     assert "`data.cache_dir`" in message and "entries: cache 4, config 5" in message and "precompute.py" in message
 
@@ -87,7 +87,7 @@ def test_a_grown_image_folder_refuses_its_stale_cache(folder_cache):
 def test_a_cache_made_with_another_tokenizer_subfolder_is_refused(folder_cache):
     images, cache = folder_cache
     with pytest.raises(ConfigError, match="tokenizer_subfolder: cache None, config 'tokenizer'"):
-        open_cache(_folder_config(images, cache, "text_encoder.tokenizer_subfolder=tokenizer"), None, CPU)
+        open_cache_of(_folder_config(images, cache, "conditioner.tokenizer_subfolder=tokenizer"))
 
 
 def test_a_cache_of_an_older_format_says_to_write_it_again(folder_cache):
@@ -96,7 +96,7 @@ def test_a_cache_of_an_older_format_says_to_write_it_again(folder_cache):
     index["fingerprint"]["format"] = 1
     (cache / INDEX).write_text(json.dumps(index))
     with pytest.raises(ConfigError) as caught:
-        open_cache(_folder_config(images, cache), None, CPU)
+        open_cache_of(_folder_config(images, cache))
     message = str(caught.value)
     assert "written by an older version" in message and "precompute.py" in message and "new folder" in message
 
@@ -112,7 +112,7 @@ def test_a_damaged_cache_is_refused_naming_the_file(folder_cache, damage):
     else:
         (cache / "prompts.safetensors").unlink()
     with pytest.raises(ConfigError) as caught:
-        open_cache(_folder_config(images, cache), None, CPU)
+        open_cache_of(_folder_config(images, cache))
     message = str(caught.value)
     assert "`data.cache_dir`" in message and "damaged" in message and "\n" not in message
 
@@ -133,11 +133,13 @@ def test_source_content_is_part_of_the_fingerprint(tmp_path):
     fingerprint `datasets` keeps for a saved data set."""
     import datasets
 
-    from dit_trainer.config import DataConfig, TrainConfig
+    from dit_trainer.config import ConditionerConfig, DataConfig, VAEConfig
     from dit_trainer.data.cache.cache import cache_fingerprint
 
     def fingerprint(source: str, path: str) -> dict:
-        return cache_fingerprint(TrainConfig(data=DataConfig(source=source, path=path)), None)["data_content"]
+        return cache_fingerprint(DataConfig(source=source, path=path), VAEConfig(), ConditionerConfig(), None)[
+            "data_content"
+        ]
 
     (tmp_path / "000000.tar").write_bytes(b"x" * 512)
     pattern = str(tmp_path / "{000000..000000}.tar")
@@ -156,7 +158,9 @@ def test_source_content_is_part_of_the_fingerprint(tmp_path):
     assert before["entries"] == 2
     (images / "metadata.jsonl").write_text((images / "metadata.jsonl").read_text().replace("picture 1", "a dog"))
     assert fingerprint("imagefolder", str(images)) != before
-    assert "data_content" not in cache_fingerprint(TrainConfig(), None)  # shapes: its config is its content
+    assert "data_content" not in cache_fingerprint(
+        DataConfig(), VAEConfig(), ConditionerConfig(), None
+    )  # shapes: its config is its content
 
 
 @pytest.mark.parametrize("in_memory", [True, False])

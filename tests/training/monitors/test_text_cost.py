@@ -20,7 +20,7 @@ def _warnings(overrides: list[str], caplog) -> list[str]:
     parts = build_components(cfg, torch.device("cpu"), torch.float32)
     PartialState()  # accelerate's logger asks which process it is on
     with caplog.at_level(logging.WARNING):
-        warn_live_text_encoding(cfg.text_encoder, cfg.trainer.batch_size, parts)
+        warn_live_text_encoding(cfg.conditioner, cfg.trainer.batch_size, parts)
     return [record.message for record in caplog.records if WARNING in record.message]
 
 
@@ -34,18 +34,18 @@ def test_the_parameter_count_matches_the_counted_flops(tiny_parts):
 
 def test_an_expensive_live_encoder_is_warned_about_with_both_counts(caplog):
     """MiniLM (22.7 M parameters) beside the 1.3 M-parameter shapes DiT: ~3x the DiT's step."""
-    (message,) = _warnings([*TINY_SHAPES, "text_encoder.memo_size=0"], caplog)
+    (message,) = _warnings([*TINY_SHAPES, "conditioner.memo_size=0"], caplog)
     assert "TFLOP per step of trainer.batch_size=16" in message and "scripts/precompute.py" in message
     assert "data.cache_dir=DIR" in message
 
 
 def test_no_warning_when_captions_are_remembered_or_the_encoder_is_cheap(caplog, tiny_t5_dir, digits):
     assert not _warnings(TINY_SHAPES, caplog)  # the shapes default remembers its 24 captions
-    tiny_t5 = ["text_encoder=t5", f"text_encoder.pretrained={tiny_t5_dir}", "text_encoder.memo_size=0"]
+    tiny_t5 = ["conditioner=t5", f"conditioner.pretrained={tiny_t5_dir}", "conditioner.memo_size=0"]
     cfg = compose_config([*TINY_SHAPES, *tiny_t5])
     parts = build_components(cfg, torch.device("cpu"), torch.float32)
-    text, dit = live_encoding_cost(cfg.text_encoder, cfg.trainer.batch_size, parts)
+    text, dit = live_encoding_cost(cfg.conditioner, cfg.trainer.batch_size, parts)
     assert 0 < text < 0.25 * dit  # a 2-layer, 32-wide T5 at 120 tokens
     assert not _warnings([*TINY_SHAPES, *tiny_t5], caplog)
-    labels = [*TINY_SHAPES, *class_conditional(digits), "text_encoder.memo_size=0"]
+    labels = [*TINY_SHAPES, *class_conditional(digits), "conditioner.memo_size=0"]
     assert not _warnings(labels, caplog)  # class labels: ids, no weights, nothing to encode
