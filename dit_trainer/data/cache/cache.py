@@ -96,7 +96,7 @@ def cache_fingerprint(
     fingerprint = {
         "format": FORMAT_VERSION,
         "vae": asdict(vae),
-        "text_encoder": encoder,
+        "text_encoder": encoder,  # the section's name when format 2 began (see `_config_key`)
         "data": read,
     }
     require_table_of(data.buckets, buckets)
@@ -110,6 +110,13 @@ def cache_prompts(sample_prompts: Sequence[str], monitor_prompts: Sequence[str])
     """The prompts a run needs embedded besides its captions: "" (caption dropout, CFG), the sample grid's and the
     reward monitor's."""
     return list(dict.fromkeys(["", *sample_prompts, *monitor_prompts]))
+
+
+def _config_key(difference: str) -> str:
+    """A fingerprint difference named by the config key that changes it: the conditioner's settings are recorded
+    under ``text_encoder`` (the section's name when cache format 2 began), so caches written before the rename
+    still match."""
+    return re.sub(r"^text_encoder\.", "conditioner.", difference)
 
 
 def _differences(saved: dict, wanted: dict, prefix: str = "") -> list[str]:
@@ -197,7 +204,7 @@ def check_fingerprint(index: dict, fingerprint: dict, cache_dir: Path) -> None:
             "write the cache again with `python scripts/precompute.py <the same overrides as train.py>` into a new "
             "folder (or delete this one first)",
         )
-    differences = _differences(saved, fingerprint)
+    differences = [_config_key(difference) for difference in _differences(saved, fingerprint)]
     if differences:
         shown = shortlist(differences, 4, "; ")
         raise ConfigError(
