@@ -32,7 +32,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from dit_trainer.components import TEXT_ENCODER_KINDS, VAE_KINDS
+from dit_trainer.components import CONDITIONER_KINDS, VAE_KINDS
 from dit_trainer.components.families import FAMILIES
 from dit_trainer.config import TrainConfig, check_fields, register_configs
 from dit_trainer.config.choices import CLASS_LABELS
@@ -144,7 +144,7 @@ def check_names(cfg: TrainConfig) -> None:
     for registry, name in (
         (FAMILIES, cfg.model.family),
         (VAE_KINDS, cfg.vae.kind),
-        (TEXT_ENCODER_KINDS, cfg.conditioner.kind),
+        (CONDITIONER_KINDS, cfg.conditioner.kind),
         (SOURCES, cfg.data.source),
         (OBJECTIVES, cfg.diffusion.objective),
         (SAMPLERS, cfg.diffusion.sampler),

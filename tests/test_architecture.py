@@ -18,7 +18,7 @@ PACKAGE = REPO / "dit_trainer"
 REGISTRIES = {
     "dit_trainer.components.families:FAMILIES": "dit_trainer.components.families.base:Family",
     "dit_trainer.components:VAE_KINDS": "dit_trainer.components.kinds:VAEKind",
-    "dit_trainer.components:TEXT_ENCODER_KINDS": "dit_trainer.components.kinds:ConditionerKind",
+    "dit_trainer.components:CONDITIONER_KINDS": "dit_trainer.components.kinds:ConditionerKind",
     "dit_trainer.data:SOURCES": "dit_trainer.data.sources.source:Source",
     "dit_trainer.diffusion:OBJECTIVES": "dit_trainer.diffusion.schedule:NoiseSchedule",
     "dit_trainer.rewards:REWARDS": "dit_trainer.rewards.base:Reward",

@@ -15,7 +15,7 @@ from .conftest import compose_config
     ("override", "key", "registry"),
     [("data.source=laion", "data.source", "dit_trainer.data:SOURCES"),
      ("vae.kind=vqgan", "vae.kind", "dit_trainer.components:VAE_KINDS"),
-     ("conditioner.kind=gemma", "conditioner.kind", "dit_trainer.components:TEXT_ENCODER_KINDS"),
+     ("conditioner.kind=gemma", "conditioner.kind", "dit_trainer.components:CONDITIONER_KINDS"),
      ("diffusion.objective=x0", "diffusion.objective", "dit_trainer.diffusion:OBJECTIVES"),
      ("diffusion.sampler=heun", "diffusion.sampler", "dit_trainer.diffusion:SAMPLERS"),
      ("+reward.weights.aesthetic=1", "reward.weights.aesthetic", "dit_trainer.rewards:REWARDS")],

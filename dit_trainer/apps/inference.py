@@ -54,7 +54,7 @@ class TrainedRun:
         """This run generating ``height`` x ``width`` images (either None: the run's ``data.resolution``); a side
         that the latent would not cut into whole patches is a ``ConfigError`` naming it."""
         resolution, vae = self.cfg.data.resolution, self.text_to_image.vae
-        multiple = vae.downsample_factor * self.dit.transformer.config.patch_size * self.dit.family.packing
+        multiple = vae.downsample_factor * self.dit.family.latents_per_token(self.dit.transformer.config)
         height, width = height or resolution, width or resolution
         for key, side in (("height", height), ("width", width)):
             if side % multiple:

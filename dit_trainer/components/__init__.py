@@ -19,7 +19,7 @@ VAE_KINDS = Registry(
 # auto reads the checkpoint's model type; T5 and CLIP checkpoints hold more than their text encoder, so t5 and clip
 # load their encoder-only classes; class_labels conditions a class-conditional family on class ids; sd3, flux and sana
 # are those families' own encoders, read from the subfolders of one pipeline folder (`conditioner.pretrained`).
-TEXT_ENCODER_KINDS = Registry(
+CONDITIONER_KINDS = Registry(
     "conditioner.kind",
     {
         "auto": "dit_trainer.components.conditioners.text_encoder:TRANSFORMERS_ENCODER",
@@ -29,5 +29,6 @@ TEXT_ENCODER_KINDS = Registry(
         "sd3": "dit_trainer.components.conditioners.sd3:SD3_ENCODERS",
         "flux": "dit_trainer.components.conditioners.flux:FLUX_ENCODERS",
         "sana": "dit_trainer.components.conditioners.sana:SANA_ENCODER",
+        "z_image": "dit_trainer.components.conditioners.z_image:Z_IMAGE_ENCODER",
     },
 )

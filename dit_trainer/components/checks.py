@@ -5,14 +5,14 @@ the hub is offline."""
 
 from __future__ import annotations
 
-from dit_trainer.components import TEXT_ENCODER_KINDS, VAE_KINDS
+from dit_trainer.components import CONDITIONER_KINDS, VAE_KINDS
 from dit_trainer.components.families import FAMILIES
 from dit_trainer.components.fp8 import check_fp8
 from dit_trainer.components.fused_qkv import check_fused_qkv
 from dit_trainer.components.geometry import check_resolution
 from dit_trainer.config import TrainConfig
-from dit_trainer.errors import require
-from dit_trainer.hub import require_offline_copy
+from dit_trainer.errors import ConfigError, require
+from dit_trainer.hub import pretrained_config, require_offline_copy
 
 CONDITIONS = {"text": "text", "class": "class labels"}
 
@@ -22,7 +22,8 @@ def check_components(cfg: TrainConfig) -> None:
     check_fused_qkv(cfg)
     family = FAMILIES.get(cfg.model.family)
     vae = VAE_KINDS.get(cfg.vae.kind)
-    conditioner = TEXT_ENCODER_KINDS.get(cfg.conditioner.kind)
+    conditioner = CONDITIONER_KINDS.get(cfg.conditioner.kind)
+    check_pretrained_class(cfg)
     if family.check is not None:
         family.check(cfg)
     factor = vae.downsample_factor(cfg.vae, False)  # from config files on this machine: nothing downloaded
@@ -85,3 +86,22 @@ def check_components(cfg: TrainConfig) -> None:
     for key, name_or_path in models.items():
         if name_or_path:
             require_offline_copy(str(name_or_path), key)
+
+
+def check_pretrained_class(cfg: TrainConfig) -> None:
+    """A ``model.pretrained`` whose config.json (read where it is on this machine) names another transformer class
+    than ``model.family``'s is refused before anything loads, naming the family that loads it: loading it as this
+    family's class would fail deep in diffusers, or load it half."""
+    m = cfg.model
+    declared = (pretrained_config(m.pretrained, m.subfolder, m.revision) or {}).get("_class_name")
+    expected = FAMILIES.get(m.family).transformer_class.__name__
+    if declared is None or declared == expected:
+        return
+    owners = [name for name in FAMILIES if FAMILIES.get(name).transformer_class.__name__ == declared]
+    fix = f"set `model.family={owners[0]}`" if owners else f"point `model.pretrained` at a {expected} folder"
+    raise ConfigError(
+        "model.pretrained",
+        m.pretrained,
+        f"its transformer is a {declared} (its config.json says), and `model.family={m.family}` loads {expected}",
+        f"{fix}, or check `model.subfolder`",
+    )

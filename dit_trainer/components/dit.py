@@ -75,8 +75,8 @@ def known_patch_size(cfg: ModelConfig) -> int | None:
     checks the latent size against it then)."""
     if not cfg.pretrained:
         return cfg.patch_size
-    patch = (pretrained_config(cfg.pretrained, cfg.subfolder, cfg.revision) or {}).get("patch_size")
-    return None if patch is None else patch * FAMILIES.get(cfg.family).packing
+    config = pretrained_config(cfg.pretrained, cfg.subfolder, cfg.revision)
+    return None if config is None else FAMILIES.get(cfg.family).latents_per_token(config)
 
 
 def load_trained_transformer(folder: Path, transformer_class: type[ModelMixin]) -> ModelMixin:
@@ -109,27 +109,35 @@ def build_dit(
     checkpoint's transformer folder), the one trained there."""
     family = FAMILIES.get(cfg.family)
     if weights is not None or cfg.pretrained:
+
+        def refuse_misfit(config) -> None:
+            problem = family.mismatch(config, in_channels, condition_size)
+            if problem:
+                raise ConfigError(
+                    "model.pretrained",
+                    str(weights or cfg.pretrained),
+                    problem,
+                    "use the VAE and the text encoder this transformer was trained with (`vae=...`, `conditioner=...`)",
+                )
+
+        where = (str(weights), None, None) if weights is not None else (cfg.pretrained, cfg.subfolder, cfg.revision)
+        found = pretrained_config(*where)
+        if found is not None and found.get("_class_name") == family.transformer_class.__name__:
+            refuse_misfit(found)  # from its config.json, before its weights load (a 6 B-parameter one takes minutes)
         transformer = (
             load_transformer(cfg) if weights is None else load_trained_transformer(weights, family.transformer_class)
         )
-        problem = family.mismatch(transformer.config, in_channels, condition_size)
-        if problem:
-            raise ConfigError(
-                "model.pretrained",
-                str(weights or cfg.pretrained),
-                problem,
-                "use the VAE and the text encoder this transformer was trained with (`vae=...`, `conditioner=...`)",
-            )
+        refuse_misfit(transformer.config)
     else:
         transformer = family.build(cfg, in_channels, sample_size, condition_size)
     if family.prepare is not None:
         family.prepare(transformer)
     if family.configure is not None:
         family.configure(transformer, cfg)
-    if sample_size % transformer.config.patch_size:
+    if sample_size % family.patch_size(transformer.config):
         raise ConfigError(
             "model.patch_size",
-            transformer.config.patch_size,
+            family.patch_size(transformer.config),
             f"the latent size {sample_size} must be divisible by it",
             "pick a patch size that divides the latent size, or change `data.resolution`",
         )

@@ -42,7 +42,7 @@ def pixel_multiple(cfg: TrainConfig, download: bool = False) -> int | None:
     factor, patch = known_downsample_factor(cfg.vae, download), known_patch_size(cfg.model)
     if download and patch is None:
         config = model_config(cfg.model.pretrained, cfg.model.subfolder, cfg.model.revision, "model.pretrained")
-        patch = config["patch_size"] * FAMILIES.get(cfg.model.family).packing
+        patch = FAMILIES.get(cfg.model.family).latents_per_token(config)
     return None if factor is None or patch is None else factor * patch
 
 

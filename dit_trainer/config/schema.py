@@ -42,6 +42,7 @@ class ModelConfig:
     # pixart_alpha | pixart_sigma (diffusers' PixArtTransformer2DModel, text-conditioned; they differ in the pipeline
     # an export writes) | dit (DiTTransformer2DModel, class-conditional: with `conditioner.kind=class_labels`) |
     # sd3 (SD3Transformer2DModel: SD3, SD3.5) | flux (FluxTransformer2DModel) | sana (SanaTransformer2DModel) |
+    # z_image (ZImageTransformer2DModel) |
     # package.module:FAMILY, a family of your own (dit_trainer.components.families)
     family: str = "pixart_alpha"
     pretrained: str | None = None  # hub id or local path; when set, the architecture fields below are ignored

@@ -16,7 +16,7 @@ from dit_trainer.errors import ConfigError
 
 from ..conftest import QUIET, TINY_SHAPES, compose_config, one_paragraph, read_metrics
 
-FAMILIES = {"pixart_alpha": 12, "dit": 10, "sd3": 12, "flux": 12, "sana": 12}  # family -> condition width
+FAMILIES = {"pixart_alpha": 12, "dit": 10, "sd3": 12, "flux": 12, "sana": 12, "z_image": 12}  # -> condition width
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -24,7 +24,10 @@ def test_every_familys_blocks_are_found(family, tiny_transformer):
     dit = tiny_transformer(family, condition_dim=FAMILIES[family], pooled_dim=12 if family in ("sd3", "flux") else None)
     blocks = dit.blocks()
     config = dit.transformer.config
-    assert len(blocks) == config.num_layers + config.get("num_single_layers", 0)
+    if family == "z_image":  # a refiner stack per stream, then the joint blocks
+        assert len(blocks) == 2 * config.n_refiner_layers + config.n_layers
+    else:
+        assert len(blocks) == config.num_layers + config.get("num_single_layers", 0)
     assert len({type(block) for block in blocks}) == (2 if family == "flux" else 1)
 
 

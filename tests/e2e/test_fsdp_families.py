@@ -24,6 +24,7 @@ from ..tiny_flux import flux_overrides, write_tiny_flux
 from ..tiny_sana import sana_overrides, write_sana_folder
 from ..tiny_sd3 import overrides as sd3_overrides
 from ..tiny_sd3 import write_tiny_sd3
+from ..tiny_z_image import write_tiny_z_image, z_image_overrides
 from .test_fsdp import FSDP_TOLERANCE, WEIGHTS, fsdp_launch, launch, losses
 
 # Each family's tiny run (overrides after TINY_SHAPES), from a scratch folder its files may be written to. A family
@@ -33,6 +34,7 @@ TINY_RUNS: dict[str, Callable[[Path], list[str]]] = {
     "sd3": lambda folder: sd3_overrides(write_tiny_sd3(folder)),
     "flux": lambda folder: flux_overrides(write_tiny_flux(folder)),
     "sana": lambda folder: sana_overrides(write_sana_folder(folder)),
+    "z_image": lambda folder: z_image_overrides(write_tiny_z_image(folder)),
 }
 # Trained sharded elsewhere, against DDP too.
 ELSEWHERE = {"pixart_alpha": "test_fsdp.py (TINY_SHAPES)", "pixart_sigma": "test_fsdp.py: pixart_alpha's class"}

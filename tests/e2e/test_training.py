@@ -136,6 +136,8 @@ def test_pixel_space_imagefolder_run(tmp_path):
         ("sd35_medium", "stabilityai/stable-diffusion-3.5-medium", "vae.pretrained"),
         ("flux_lora", "black-forest-labs/FLUX.1-dev", "vae.pretrained"),
         ("sana", "Efficient-Large-Model/Sana_1600M_1024px_diffusers", "vae.pretrained"),
+        ("z_image", "Tongyi-MAI/Z-Image-Turbo", "vae.pretrained"),
+        ("z_image_lora", "Tongyi-MAI/Z-Image-Turbo", "vae.pretrained"),
     ],
 )
 def test_a_cluster_recipe_offline_fails_fast_naming_the_model(tmp_path, experiment, model, key):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig, AutoModel, AutoTokenizer, CLIPTextModel, PreTrainedModel, T5EncoderModel
 
-from dit_trainer.components import TEXT_ENCODER_KINDS
+from dit_trainer.components import CONDITIONER_KINDS
 from dit_trainer.components.conditioners.base import FrozenConditioner, load_part, tokenize
 from dit_trainer.components.freeze import freeze
 from dit_trainer.components.kinds import Conditioner, ConditionerKind
@@ -94,4 +94,4 @@ TRANSFORMERS_ENCODER = ConditionerKind(_transformers_encoder, pooling=True)
 def build_text_encoder(cfg: ConditionerConfig, device: torch.device, dtype: torch.dtype = torch.float32) -> Conditioner:
     """The conditioner ``conditioner.kind`` names, frozen, on ``device`` in ``dtype``: a text encoder, or the
     class labels that stand in for one in a class-conditional run."""
-    return TEXT_ENCODER_KINDS.get(cfg.kind).build(cfg, device, dtype)
+    return CONDITIONER_KINDS.get(cfg.kind).build(cfg, device, dtype)

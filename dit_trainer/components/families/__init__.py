@@ -20,5 +20,6 @@ FAMILIES = Registry(
         "sd3": "dit_trainer.components.families.sd3:SD3",
         "flux": "dit_trainer.components.families.flux:FLUX",
         "sana": "dit_trainer.components.families.sana:SANA",
+        "z_image": "dit_trainer.components.families.z_image:Z_IMAGE",
     },
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +61,12 @@ class PipelineExport:
     usage: Callable[[str], str]
 
 
+def config_patch_size(config: Mapping) -> int | None:
+    """A diffusers transformer config's ``patch_size``: latents per token side before any packing (None: the config
+    does not say, as another family's does not; its mismatch is named when it loads)."""
+    return config.get("patch_size")
+
+
 @dataclass(frozen=True)
 class Family:
     """One transformer family.
@@ -108,6 +114,14 @@ class Family:
     # Its pipeline samples with the resolution-dependent shift (`diffusion.resolution_shift`, FluxPipeline's grid
     # and mu): another family's pipeline would not reproduce our sampler with it, or refuse it.
     resolution_shift: bool = False
+    # Latents per token side in a transformer's config (its `patch_size`; Z-Image's lists one per patching mode).
+    patch_size: Callable[[Mapping], int | None] = config_patch_size
+
+    def latents_per_token(self, config: Mapping) -> int | None:
+        """Latents per token side of a transformer with ``config``, the family's packing included: what a latent side
+        must be a multiple of (None: the config does not say)."""
+        patch = self.patch_size(config)
+        return None if patch is None else patch * self.packing
 
 
 def architecture(cfg: ModelConfig, in_channels: int, sample_size: int) -> dict:
@@ -201,6 +215,28 @@ def require_extra_one_of(m: ModelConfig, key: str, accepted: tuple, why: str) ->
         f"set `model.extra_config.{key}` to one of those, or remove it"
         if len(accepted) > 1
         else f"remove `{key}` from `model.extra_config` ({listed} is its default)",
+    )
+
+
+def require_rope_axes(m: ModelConfig, key: str, axes: str, default: Callable[[int], tuple[int, ...]]) -> None:
+    """A new transformer whose heads split into three even rotary parts (``axes`` names them): an even head of at
+    least 8 for the family's ``default`` split, or ``model.extra_config.<key>``'s three even parts that sum to it."""
+    head, given = m.attention_head_dim, m.extra_config.get(key)
+    if given is None:
+        require(
+            head % 2 == 0 and head >= 8,
+            "model.attention_head_dim",
+            head,
+            f"each head splits into three even rotary parts ({axes})",
+            f"set an even `model.attention_head_dim` of at least 8, or `+model.extra_config.{key}=[...]`",
+        )
+        return
+    require(
+        len(given) == 3 and all(int(a) % 2 == 0 for a in given) and sum(given) == head,
+        f"model.extra_config.{key}",
+        given,
+        f"three even rotary dimensions ({axes}) that sum to `model.attention_head_dim={head}`",
+        f"set e.g. `+model.extra_config.{key}=[{', '.join(map(str, default(head)))}]`",
     )
 
 

@@ -28,7 +28,13 @@ import torch
 from diffusers import FluxTransformer2DModel
 
 from dit_trainer.components.families import mmdit, mmdit_export
-from dit_trainer.components.families.base import ExportParts, Family, PipelineExport, require_extra_at_least
+from dit_trainer.components.families.base import (
+    ExportParts,
+    Family,
+    PipelineExport,
+    require_extra_at_least,
+    require_rope_axes,
+)
 from dit_trainer.components.families.mmdit import MMDiT
 from dit_trainer.components.vae import known_downsample_factor
 from dit_trainer.condition import Condition, ConditionSize
@@ -79,24 +85,7 @@ def _check_new(m: ModelConfig) -> None:
         "Flux packs 2 x 2 latents into one token (the resolution and bucket checks read it here)",
         "set `model.patch_size=2`",
     )
-    axes = m.extra_config.get("axes_dims_rope")
-    head = m.attention_head_dim
-    if axes is None:
-        require(
-            head % 2 == 0 and head >= 8,
-            "model.attention_head_dim",
-            head,
-            "Flux splits each head into three even rotary parts (row, column, index)",
-            "set an even `model.attention_head_dim` of at least 8, or `+model.extra_config.axes_dims_rope=[...]`",
-        )
-        return
-    require(
-        len(axes) == 3 and all(int(a) % 2 == 0 for a in axes) and sum(axes) == head,
-        "model.extra_config.axes_dims_rope",
-        axes,
-        f"three even rotary dimensions that sum to `model.attention_head_dim={head}`",
-        f"set e.g. `+model.extra_config.axes_dims_rope=[{', '.join(map(str, rope_axes(head)))}]`",
-    )
+    require_rope_axes(m, "axes_dims_rope", "index, row, column", rope_axes)
 
 
 def check(cfg: TrainConfig) -> None:
