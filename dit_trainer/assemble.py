@@ -30,8 +30,9 @@ from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.components.geometry import configured_buckets
 from dit_trainer.config import TrainConfig, TrainerConfig
 from dit_trainer.data.buckets import BucketTable
-from dit_trainer.data.cache.cache import CacheDataset, cache_fingerprint, cache_prompts, open_cache
+from dit_trainer.data.cache.cache import CacheDataset, cache_prompts, open_cache
 from dit_trainer.data.cache.cached_prompts import CachedPrompts
+from dit_trainer.data.cache.fingerprint import cache_fingerprint
 from dit_trainer.data.loading import build_dataloader, build_source, build_training_data, loader_options
 from dit_trainer.data.stream_loader import StreamLoader
 from dit_trainer.diffusion.sampler import TextToImage

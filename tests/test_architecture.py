@@ -107,14 +107,17 @@ def test_the_data_imports_nothing_of_the_models():
 
 
 # Modules that take the whole run config where a section would do (issue 42's goal: only the loader, the checks,
-# the composition root and the scripts' entry points). The ceiling only goes down: lower it when a module stops.
-ROOT_CONFIG_READERS_AT_MOST = 49
+# the composition root and the scripts' entry points). A family's and a conditioner's own module is not counted: its
+# `check(cfg)` relates its section to the others (a family owns its rules), so each new one names the run config.
+# The ceiling only goes down: lower it when a module stops.
+ROOT_CONFIG_READERS_AT_MOST = 38
+OWN_RULES = ("dit_trainer.components.families.", "dit_trainer.components.conditioners.")
 
 
 def test_the_whole_run_config_reaches_no_more_modules():
     readers = sorted(
         name for name, path in MODULES.items()
-        if not name.startswith("dit_trainer.config") and "TrainConfig" in path.read_text(encoding="utf-8")
+        if not name.startswith(("dit_trainer.config", *OWN_RULES)) and "TrainConfig" in path.read_text(encoding="utf-8")
     )  # fmt: skip
     assert len(readers) <= ROOT_CONFIG_READERS_AT_MOST, f"{len(readers)} modules name TrainConfig: {readers}"
 

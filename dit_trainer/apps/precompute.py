@@ -31,14 +31,13 @@ from dit_trainer.data.cache.cache import (
     PROMPTS,
     SHARD_LIST,
     TENSOR_KEYS,
-    cache_fingerprint,
     cache_prompts,
     check_cache_folder,
-    check_fingerprint,
     read_index,
     save_shard,
     shard_name,
 )
+from dit_trainer.data.cache.fingerprint import cache_fingerprint, check_fingerprint
 from dit_trainer.data.sources.source import build_dataset
 from dit_trainer.durable import write_atomically, write_text_atomically
 from dit_trainer.errors import ConfigError

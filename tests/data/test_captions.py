@@ -10,7 +10,7 @@ import torch
 
 from dit_trainer.components.conditioners.class_labels import ClassLabels
 from dit_trainer.config import DataConfig
-from dit_trainer.data.cache.cache import cache_fingerprint
+from dit_trainer.data.cache.fingerprint import cache_fingerprint
 from dit_trainer.data.captions import TagAugmentation, tag_augmentation
 from dit_trainer.data.sources.source import build_dataset
 from dit_trainer.diffusion.loss import batch_condition

@@ -36,10 +36,10 @@ from dit_trainer.config import TrainConfig
 from dit_trainer.data.cache.cache import (
     INDEX,
     PROMPTS,
-    cache_fingerprint,
     save_shard,
     shard_name,
 )
+from dit_trainer.data.cache.fingerprint import cache_fingerprint
 from dit_trainer.data.sources.shapes import CAPTIONS
 from dit_trainer.errors import ConfigError
 from dit_trainer.methods import method_of

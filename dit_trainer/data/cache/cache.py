@@ -27,7 +27,6 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,10 +36,9 @@ from safetensors.torch import load_file, save_file
 from torch.utils.data import Dataset
 
 from dit_trainer.condition import Condition
-from dit_trainer.config import ConditionerConfig, DataConfig, VAEConfig
-from dit_trainer.data import SOURCES
-from dit_trainer.data.buckets import BucketTable, require_table_of
+from dit_trainer.data.buckets import BucketTable
 from dit_trainer.data.cache.cached_prompts import CachedPrompts
+from dit_trainer.data.cache.fingerprint import check_fingerprint
 from dit_trainer.data.image_sizes import INDEX_FILE
 from dit_trainer.durable import share_as_umask_allows
 from dit_trainer.errors import ConfigError, shortlist
@@ -56,79 +54,14 @@ CACHE_FILE = re.compile(
     r"\.(index\.json|prompts\.safetensors)\.partial"
 )
 INDEX_KEYS = ("fingerprint", "items", "dtype", "shards", "prompts")
-FORMAT_VERSION = 2  # 2: the fingerprint holds the text encoder's tokenizer_subfolder and the data's content
 TENSOR_KEYS = ("latent_mean", "latent_std", "text_embeds", "text_mask", "text_pooled")  # text_pooled: when given
-ENCODER_KEYS = ("pretrained", "kind", "subfolder", "tokenizer_subfolder", "revision", "max_length")  # format 2's
 IN_MEMORY_BYTES = 2 << 30  # as stored, and as held in memory
-# Settings that change nothing in the cached tensors: reading options and training-time augmentation knobs.
-NOT_FINGERPRINTED = (
-    "caption_dropout",
-    "max_bad_fraction",
-    "num_workers",
-    "prefetch_factor",
-    "cache_latents",
-    "cache_dir",
-    "cache_shard_size",
-    "shuffle_buffer",
-    "shuffle_tags",  # the per-step tag draws, refused with a cache (``captions.check_caption_tools``)
-    "keep_tags",
-    "tag_dropout",
-)
-# Data settings added since format 2 that shape the tensors: counted only away from their defaults, so that caches
-# written before they existed still match.
-ADDED_DATA_KEYS = {"caption_prefix": ""}
-
-
-def cache_fingerprint(
-    data: DataConfig, vae: VAEConfig, conditioner: ConditionerConfig, buckets: BucketTable | None
-) -> dict:
-    """Everything that shaped the cached tensors: the VAE, the text encoder, how images and captions were read, and
-    what the source holds (its ``content``: a folder that grew since must not reuse the cache). ``buckets``: the
-    run's table (``components.geometry.configured_buckets``), whose sizes depend on the VAE and the patch size too."""
-    read = {
-        k: v
-        for k, v in asdict(data).items()
-        if k not in NOT_FINGERPRINTED and not (k in ADDED_DATA_KEYS and v == ADDED_DATA_KEYS[k])
-    }
-    text, defaults = asdict(conditioner), asdict(ConditionerConfig())
-    # Settings added since format 2 (pooling, ...) count only away from their defaults, so older caches still match.
-    encoder = {k: v for k, v in text.items() if k in ENCODER_KEYS or (k != "memo_size" and v != defaults[k])}
-    fingerprint = {
-        "format": FORMAT_VERSION,
-        "vae": asdict(vae),
-        "text_encoder": encoder,  # the section's name when format 2 began (see `_config_key`)
-        "data": read,
-    }
-    require_table_of(data.buckets, buckets)
-    if buckets is not None:
-        fingerprint["bucket_sizes"] = [list(size) for size in buckets.sizes]
-    content = SOURCES.get(data.source).content
-    return fingerprint | ({"data_content": content(data)} if content else {})
 
 
 def cache_prompts(sample_prompts: Sequence[str], monitor_prompts: Sequence[str]) -> list[str]:
     """The prompts a run needs embedded besides its captions: "" (caption dropout, CFG), the sample grid's and the
     reward monitor's."""
     return list(dict.fromkeys(["", *sample_prompts, *monitor_prompts]))
-
-
-def _config_key(difference: str) -> str:
-    """A fingerprint difference named by the config key that changes it: the conditioner's settings are recorded
-    under ``text_encoder`` (the section's name when cache format 2 began), so caches written before the rename
-    still match."""
-    return re.sub(r"^text_encoder\.", "conditioner.", difference)
-
-
-def _differences(saved: dict, wanted: dict, prefix: str = "") -> list[str]:
-    keys = sorted(set(saved) | set(wanted))
-    found = []
-    for key in keys:
-        a, b = saved.get(key), wanted.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            found += _differences(a, b, f"{prefix}{key}.")
-        elif a != b:
-            found.append(f"{prefix}{key}: cache {a!r}, config {b!r}")
-    return found
 
 
 def read_index(cache_dir: Path) -> dict:
@@ -187,33 +120,6 @@ def check_cache_folder(cache_dir: Path) -> list[Path]:
             "point `data.cache_dir` at a new or empty folder",
         )
     return [entry for entry in entries if entry.name != IMAGE_SIZES]
-
-
-def check_fingerprint(index: dict, fingerprint: dict, cache_dir: Path) -> None:
-    """Refuse a cache made with other settings or from other data (``fingerprint``: this run's
-    ``cache_fingerprint``): training on it would silently learn from the wrong inputs."""
-    saved = index["fingerprint"]
-    if not isinstance(saved, dict) or saved.get("format") != FORMAT_VERSION:
-        version = saved.get("format") if isinstance(saved, dict) else None
-        age = "an older" if isinstance(version, int) and version < FORMAT_VERSION else "another"
-        raise ConfigError(
-            "data.cache_dir",
-            str(cache_dir),
-            f"the cache was written by {age} version of dit-trainer (cache format {version}; this one reads format "
-            f"{FORMAT_VERSION}, whose fingerprint also covers the data's content)",
-            "write the cache again with `python scripts/precompute.py <the same overrides as train.py>` into a new "
-            "folder (or delete this one first)",
-        )
-    differences = [_config_key(difference) for difference in _differences(saved, fingerprint)]
-    if differences:
-        shown = shortlist(differences, 4, "; ")
-        raise ConfigError(
-            "data.cache_dir",
-            str(cache_dir),
-            f"the cache was made with other settings than this run's ({shown})",
-            "train with the settings the cache was made with, or write a new cache for these settings with "
-            "`python scripts/precompute.py ... data.cache_dir=<new folder>`",
-        )
 
 
 class CacheDataset(Dataset):

@@ -134,7 +134,7 @@ def test_source_content_is_part_of_the_fingerprint(tmp_path):
     import datasets
 
     from dit_trainer.config import ConditionerConfig, DataConfig, VAEConfig
-    from dit_trainer.data.cache.cache import cache_fingerprint
+    from dit_trainer.data.cache.fingerprint import cache_fingerprint
 
     def fingerprint(source: str, path: str) -> dict:
         return cache_fingerprint(DataConfig(source=source, path=path), VAEConfig(), ConditionerConfig(), None)[
