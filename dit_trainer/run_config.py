@@ -37,7 +37,7 @@ from dit_trainer.components.families import FAMILIES
 from dit_trainer.config import TrainConfig, check_fields, register_configs
 from dit_trainer.config.choices import CLASS_LABELS
 from dit_trainer.config.command_line import parsed_overrides
-from dit_trainer.config.renamed import move_renamed_keys
+from dit_trainer.config.renamed import move_renamed_keys, move_renamed_sections_in_saved
 from dit_trainer.config.resolvers import register_resolvers
 from dit_trainer.data import SOURCES
 from dit_trainer.diffusion import OBJECTIVES, SAMPLERS
@@ -259,6 +259,8 @@ def saved_config(run_dir: Path) -> DictConfig:
         ) from None
     refuse_interpolations(saved, config_path)
     drop_unread_sections(saved)
+    if isinstance(saved, DictConfig):  # (not a mapping: the merge below says so in one paragraph)
+        saved = OmegaConf.create(move_renamed_sections_in_saved(OmegaConf.to_container(saved)))
     try:
         return OmegaConf.merge(OmegaConf.structured(TrainConfig), saved)
     except OmegaConfBaseException as error:  # a setting renamed, removed or retyped since the run was trained

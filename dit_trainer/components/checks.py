@@ -1,4 +1,4 @@
-"""The checks of the model sections (``model``, ``lora``, ``vae``, ``text_encoder``): each names a registry entry
+"""The checks of the model sections (``model``, ``lora``, ``vae``, ``conditioner``): each names a registry entry
 (a family, a VAE kind, a conditioner kind) that checks its own part, the conditioner gives what the family is
 conditioned on, the resolution cuts into whole patches, and every model named by hub id is on this machine when
 the hub is offline."""

@@ -117,7 +117,8 @@ def build_dit(
                     "model.pretrained",
                     str(weights or cfg.pretrained),
                     problem,
-                    "use the VAE and the text encoder this transformer was trained with (`vae=...`, `conditioner=...`)",
+                    "point `model.pretrained` at a transformer that fits this run, or use the VAE and the conditioner "
+                    "it was trained with (`vae=...`, `conditioner=...`)",
                 )
 
         where = (str(weights), None, None) if weights is not None else (cfg.pretrained, cfg.subfolder, cfg.revision)
@@ -134,10 +135,11 @@ def build_dit(
         family.prepare(transformer)
     if family.configure is not None:
         family.configure(transformer, cfg)
-    if sample_size % family.patch_size(transformer.config):
+    patch = family.patch_size_of(transformer.config)  # a misfit without one was refused above
+    if sample_size % patch:
         raise ConfigError(
             "model.patch_size",
-            family.patch_size(transformer.config),
+            patch,
             f"the latent size {sample_size} must be divisible by it",
             "pick a patch size that divides the latent size, or change `data.resolution`",
         )

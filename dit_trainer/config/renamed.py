@@ -15,7 +15,9 @@ import dataclasses
 import logging
 import os
 
-from dit_trainer.config.conditioner import RenamedTextEncoder
+from omegaconf import OmegaConf
+
+from dit_trainer.config.conditioner import ConditionerConfig, RenamedTextEncoder
 from dit_trainer.config.monitors import RenamedRewardMonitor
 from dit_trainer.config.schema import TrainConfig
 from dit_trainer.errors import ConfigError
@@ -29,22 +31,38 @@ def move_renamed_keys(cfg: TrainConfig) -> TrainConfig:
 
 
 def _move_text_encoder(cfg: TrainConfig) -> TrainConfig:
-    """``text_encoder.*`` set (on a command line, in a recipe or a run folder's config of before the rename), or an
-    option of the old group (``text_encoder=t5``, which selects ``conditioner=t5`` and says so), moved to
-    ``conditioner.*``, each field set there overriding the new section's."""
+    """``text_encoder.*`` set on a command line or in a recipe moved to ``conditioner.*``, each field set there
+    overriding the new section's. An option of the old group (``text_encoder=t5``) replaces the whole section, as a
+    group option always did: its settings and the old keys set with it, on the schema's defaults; what else the
+    section held (a recipe's conditioner, ``conditioner.KEY``) is dropped, and the warning names it."""
     old = cfg.text_encoder
     moved = {f.name: getattr(old, f.name) for f in dataclasses.fields(old) if getattr(old, f.name) is not None}
     group = moved.pop("group", None)
     if not moved and group is None:
         return cfg
-    if group is not None:  # its option's settings are among the moved: name the option, not each of them
-        _warn(f"`text_encoder={group}` -> `conditioner={group}` (and `text_encoder.KEY` -> `conditioner.KEY`)")
-    elif len(moved) > 2:  # a run folder's config of before the rename: the whole section
-        _warn(f"`text_encoder.KEY` -> `conditioner.KEY` ({', '.join(moved)})")
-    else:
+    if group is None:
         _warn(", ".join(f"`text_encoder.{key}` -> `conditioner.{key}`" for key in moved))
-    conditioner = dataclasses.replace(cfg.conditioner, **moved)
+        return dataclasses.replace(
+            cfg, conditioner=dataclasses.replace(cfg.conditioner, **moved), text_encoder=RenamedTextEncoder()
+        )
+    conditioner = dataclasses.replace(_resolved(ConditionerConfig()), **moved)
+    dropped = [
+        f"`conditioner.{f.name}={getattr(cfg.conditioner, f.name)!r}`"
+        for f in dataclasses.fields(conditioner)
+        if getattr(cfg.conditioner, f.name) != getattr(conditioner, f.name) and f.name not in moved
+    ]
+    note = (
+        f"; as an option of the old group it replaced the whole section, dropping {', '.join(dropped)}"
+        if dropped
+        else ""
+    )
+    _warn(f"`text_encoder={group}` -> `conditioner={group}` (and `text_encoder.KEY` -> `conditioner.KEY`){note}")
     return dataclasses.replace(cfg, conditioner=conditioner, text_encoder=RenamedTextEncoder())
+
+
+def _resolved(section: ConditionerConfig) -> ConditionerConfig:
+    """A section with its interpolations resolved (the default conditioner's MiniLM path), as a composed one is."""
+    return OmegaConf.to_object(OmegaConf.structured(section))
 
 
 def _move_reward_monitor(cfg: TrainConfig) -> TrainConfig:
@@ -101,10 +119,13 @@ def _move_method_keys(cfg: TrainConfig) -> TrainConfig:
 def move_renamed_keys_in_saved(config: dict) -> dict:
     """A config as a checkpoint written before a move recorded it (a plain dict), its old keys moved as
     ``move_renamed_keys`` moves them: a resume then compares like with like."""
-    return _move_method_keys_in_saved(_move_reward_monitor_in_saved(_move_text_encoder_in_saved(config)))
+    return _move_method_keys_in_saved(_move_reward_monitor_in_saved(move_renamed_sections_in_saved(config)))
 
 
-def _move_text_encoder_in_saved(config: dict) -> dict:
+def move_renamed_sections_in_saved(config: dict) -> dict:
+    """A saved config's whole sections under their new names (``text_encoder`` -> ``conditioner``): done before a
+    run folder's config meets the command line's keys, so that those keys (``conditioner.KEY``) win as they would
+    over a folder written after the rename."""
     if "conditioner" in config or "text_encoder" not in config:
         return config
     return {**config, "conditioner": config["text_encoder"], "text_encoder": dataclasses.asdict(RenamedTextEncoder())}

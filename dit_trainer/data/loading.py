@@ -63,6 +63,8 @@ def build_source(
     checked to give every process a complete batch of ``batch_size`` before any model is built. ``sizes_dir``: the
     run's folder for the sizes index of bucketed data (``image_sizes``)."""
     require_table_of(data.buckets, buckets)
+    if (cache is None) == bool(data.cache_dir):  # the caller's mistake: it would train on the images, or no cache
+        raise ValueError(f"cache {cache} for data.cache_dir={data.cache_dir!r}: pass assemble.open_run_cache's")
     if cache is not None:  # encoded in its own buckets, which its fingerprint showed to be these
         source, table = cache, cache.table
     else:  # a stream in buckets batches itself, dropping incomplete batches as the loader would

@@ -62,3 +62,31 @@ def test_a_checkpoint_written_before_the_conditioner_rename_compares_as_written_
     assert config_changes(move_renamed_keys_in_saved(before), now) == {}
     changed = {**before, "text_encoder": {**now["conditioner"], "max_length": 3}}
     assert config_changes(move_renamed_keys_in_saved(changed), now) == {"conditioner.max_length": (3, 120)}
+
+
+def test_an_option_of_the_earlier_group_replaces_the_conditioner_a_recipe_chose(online, tmp_path, caplog):
+    """`+experiment=dit text_encoder=minilm` gives MiniLM as `conditioner=minilm` does, not MiniLM's two keys over
+    the recipe's T5 (a group option replaces its section); the warning names what was dropped."""
+    (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
+    recipe = ["+experiment=dit", f"data.path={tmp_path}"]
+    with caplog.at_level("WARNING", logger="dit_trainer.config.renamed"):
+        old = compose_config([*recipe, "text_encoder=minilm"])
+    assert old.conditioner == compose_config([*recipe, "conditioner=minilm"]).conditioner
+    assert "dropping `conditioner.pretrained='PixArt-alpha/PixArt-XL-2-1024-MS'`" in caplog.text
+
+
+def test_a_run_folder_written_before_the_rename_takes_the_new_keys_of_a_command_line(tmp_path):
+    """Its `text_encoder` section becomes `conditioner` before the command line's keys meet it, so that
+    `conditioner.KEY` given to a resume wins over the folder's, as over a folder written after the rename."""
+    from omegaconf import OmegaConf
+
+    from dit_trainer.run_config import saved_config, to_train_config
+
+    now = dataclasses.asdict(compose_config(SHAPES))
+    before = {key: value for key, value in now.items() if key not in ("conditioner", "text_encoder")}
+    before["text_encoder"] = now["conditioner"]
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(before)))
+    saved = saved_config(tmp_path)
+    assert saved.conditioner.max_length == now["conditioner"]["max_length"] == 8
+    resumed = to_train_config(OmegaConf.merge(saved, OmegaConf.from_dotlist(["conditioner.max_length=5"])))
+    assert resumed.conditioner.max_length == 5 and resumed.text_encoder == RenamedTextEncoder()

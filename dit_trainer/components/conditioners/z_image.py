@@ -12,7 +12,7 @@ with their mask, and the Z-Image family drops the padding where it calls the tra
 from __future__ import annotations
 
 import torch
-from transformers import AutoModel, AutoTokenizer, PreTrainedModel
+from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from dit_trainer.components.conditioners.base import FrozenConditioner, load_part, tokenize
 from dit_trainer.components.freeze import freeze
@@ -25,7 +25,7 @@ TEXT_ENCODER, TOKENIZER = "text_encoder", "tokenizer"  # the subfolders of a Z-I
 MAX_LENGTH = 512  # ZImagePipeline's default max_sequence_length
 
 
-def chat_prompt(tokenizer, prompt: str) -> str:
+def chat_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> str:
     """``prompt`` as ZImagePipeline hands it to its tokenizer: the user's turn of the chat template, the assistant's
     turn opened, thinking enabled."""
     messages = [{"role": "user", "content": prompt}]
@@ -36,7 +36,9 @@ class ZImageConditioner(FrozenConditioner):
     """``encode(prompts) -> Condition``: Qwen3's penultimate hidden states (B, ``max_length``, D) of the
     chat-templated prompts, and the mask of their real tokens (the template's included); no pooled vector."""
 
-    def __init__(self, tokenizer, model: PreTrainedModel, max_length: int, memo_size: int = 0) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, max_length: int, memo_size: int = 0
+    ) -> None:
         super().__init__(memo_size)
         self.tokenizer = tokenizer
         self.model = freeze(model)

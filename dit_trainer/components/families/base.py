@@ -115,12 +115,12 @@ class Family:
     # and mu): another family's pipeline would not reproduce our sampler with it, or refuse it.
     resolution_shift: bool = False
     # Latents per token side in a transformer's config (its `patch_size`; Z-Image's lists one per patching mode).
-    patch_size: Callable[[Mapping], int | None] = config_patch_size
+    patch_size_of: Callable[[Mapping], int | None] = config_patch_size
 
     def latents_per_token(self, config: Mapping) -> int | None:
         """Latents per token side of a transformer with ``config``, the family's packing included: what a latent side
         must be a multiple of (None: the config does not say)."""
-        patch = self.patch_size(config)
+        patch = self.patch_size_of(config)
         return None if patch is None else patch * self.packing
 
 

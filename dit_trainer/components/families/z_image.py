@@ -55,6 +55,7 @@ from dit_trainer.errors import ConfigError, require
 
 PATCH = 2  # the transformer's own patching (ZImagePipeline's patch_size): 2 x 2 latents a token
 PIPELINE_SIZE = 1024  # ZImagePipeline's default height and width
+CONDITIONERS = ("z_image", "auto", "t5", "clip")  # its own Qwen3, or one transformers text encoder
 # The attention projections and the SwiGLU feed-forward of every block (diffusers' Z-Image LoRA loader's names).
 LORA_TARGETS = (
     "attention.to_q", "attention.to_k", "attention.to_v", "attention.to_out.0",
@@ -74,7 +75,7 @@ def rope_axes(head_dim: int) -> tuple[int, int, int]:
     return head_dim - 2 * side, side, side
 
 
-def patch_size(config: Mapping) -> int | None:
+def patch_size_of(config: Mapping) -> int | None:
     """Latents per token side of a Z-Image config: ``PATCH`` when its ``all_patch_size`` offers it (what
     ``predict`` and the pipeline use), else None (its mismatch says why)."""
     return PATCH if PATCH in list(config.get("all_patch_size") or ()) else None
@@ -91,16 +92,13 @@ def _check_new(m: ModelConfig) -> None:
         "Z-Image cuts 2 x 2 latent patches (the pipeline's patch_size; the resolution and bucket checks read it here)",
         f"set `model.patch_size={PATCH}`",
     )
-    unused = {"learned_sigma": m.learned_sigma, "cross_attention_dim": m.cross_attention_dim, "dropout": m.dropout}
-    for key, value in unused.items():
-        require(
-            not value,
-            f"model.{key}",
-            value,
-            "Z-Image predicts the velocity alone (no variance), attends to the caption within one joint sequence (no "
-            "cross-attention) and has no dropout",
-            f"remove `model.{key}` (leave it at its default)",
-        )
+    unused = {
+        "learned_sigma": "Z-Image predicts the velocity alone, no variance",
+        "cross_attention_dim": "Z-Image attends to the caption within one joint sequence, with no cross-attention",
+        "dropout": "Z-Image's blocks have no dropout",
+    }
+    for key, why in unused.items():
+        require(not getattr(m, key), f"model.{key}", getattr(m, key), why, f"remove `model.{key}` (its default)")
     require_rope_axes(m, "axes_dims", "caption index, row, column", rope_axes)
 
 
@@ -109,7 +107,15 @@ def check(cfg: TrainConfig) -> None:
     require_flow_matching(
         cfg,
         "Z-Image is trained with flow matching (its released weights predict the flow velocity, negated)",
-        "set `diffusion=flow` (and `diffusion.resolution_shift=true` for ZImagePipeline's own schedule)",
+        "set `diffusion=flow` (Z-Image-Turbo samples at a fixed `diffusion.shift=3.0`)",
+    )
+    require(
+        cfg.conditioner.kind in CONDITIONERS,
+        "conditioner.kind",
+        cfg.conditioner.kind,
+        "Z-Image is conditioned on one encoder's hidden states (no pooled vector): its own Qwen3 or one "
+        "transformers text encoder, the two an export can hand ZImagePipeline",
+        "use `conditioner=z_image`, or a transformers text encoder (`conditioner=minilm`, `conditioner=t5`)",
     )
     require(
         cfg.conditioner.pooling == "none",
@@ -131,6 +137,7 @@ def check(cfg: TrainConfig) -> None:
 
 
 def build(cfg: ModelConfig, in_channels: int, sample_size: int, condition: ConditionSize) -> ZImageTransformer2DModel:
+    """A new transformer sized by ``model.*`` (see the module); ``sample_size`` is not the class's: it takes any."""
     extra = dict(cfg.extra_config)
     extra["axes_dims"] = list(extra.get("axes_dims") or rope_axes(cfg.attention_head_dim))
     return ZImageTransformer2DModel(
@@ -149,7 +156,7 @@ def build(cfg: ModelConfig, in_channels: int, sample_size: int, condition: Condi
 def mismatch(config: dict, in_channels: int, condition: ConditionSize) -> str | None:
     if config.get("siglip_feat_dim"):
         return "it is a Z-Image Omni transformer (it takes SigLIP image features), whose pipeline is another"
-    if patch_size(config) is None:
+    if patch_size_of(config) is None:
         return f"it offers the patch sizes {config.get('all_patch_size')}, and ZImagePipeline uses {PATCH}"
     return features_mismatch(config, "cap_feat_dim", condition.sequence) or input_mismatch(config, in_channels)
 
@@ -304,5 +311,5 @@ Z_IMAGE = Family(
     blocks=("noise_refiner", "context_refiner", "layers"),
     pipeline_applies_shift=True,
     resolution_shift=True,
-    patch_size=patch_size,
+    patch_size_of=patch_size_of,
 )

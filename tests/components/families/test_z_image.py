@@ -84,6 +84,7 @@ def test_a_loaded_transformer_that_does_not_fit_is_refused_before_its_weights_lo
     ("override", "key"),
     [
         ("conditioner.pooling=mean", "conditioner.pooling"),
+        ("conditioner.kind=sd3", "conditioner.kind"),  # a pooled vector Z-Image would drop
         ("diffusion.objective=v_prediction", "diffusion.objective"),
         ("model.patch_size=4", "model.patch_size"),
         ("model.learned_sigma=true", "model.learned_sigma"),
@@ -152,3 +153,20 @@ def test_z_image_turbo_s_size_from_the_model_keys_is_the_class_s_published_confi
     with FlopCounterMode(display=False) as counted:
         forward.sum().backward()
     assert round(counted.get_total_flops() / 1e12, 1) == 125.0  # the backward: twice the forward
+
+
+@pytest.mark.parametrize("shift", [1.0, 3.0])
+def test_at_a_fixed_shift_the_export_hands_the_pipeline_our_sampler_s_noise_levels(shift):
+    """ZImagePipeline spaces its sigmas as linspace(1, 1/N, N) and shifts what it is given; the export's ``sigmas``
+    (unshifted) make it step through the levels our Euler sampler does (z_image.yaml samples at shift 3)."""
+    from diffusers.pipelines.z_image.pipeline_z_image import retrieve_timesteps
+
+    from dit_trainer.components.families.z_image import fixed_shift_sigmas
+    from dit_trainer.diffusion.flow import ResolutionShift, euler_scheduler
+
+    ours = euler_scheduler(1000, shift, None)
+    ours.set_timesteps(8)
+    pipeline = euler_scheduler(1000, shift, None)
+    retrieve_timesteps(pipeline, 8, "cpu", sigmas=fixed_shift_sigmas(pipeline, 8), mu=0.5)  # as __call__ does
+    torch.testing.assert_close(pipeline.sigmas, ours.sigmas, rtol=0, atol=1e-6)
+    assert fixed_shift_sigmas(euler_scheduler(1000, 1.0, ResolutionShift()), 8) is None  # its spacing is ours
