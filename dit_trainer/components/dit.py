@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -101,6 +102,38 @@ def enable_gradient_checkpointing(dit: DiTAdapter, reentrant: bool = False, ever
     dit.transformer.enable_gradient_checkpointing(checkpoint)
 
 
+def refuse_misfit(family: Family, config: Mapping, source: str, in_channels: int, condition: ConditionSize) -> None:
+    """A transformer config (``source``: where it is) that does not take the VAE's latents or the conditioner's
+    features is a ``ConfigError`` naming ``model.pretrained``."""
+    problem = family.mismatch(config, in_channels, condition)
+    if problem:
+        raise ConfigError(
+            "model.pretrained",
+            source,
+            problem,
+            "point `model.pretrained` at a transformer that fits this run, or use the VAE and the conditioner it was "
+            "trained with (`vae=...`, `conditioner=...`)",
+        )
+
+
+def load_fitting_transformer(
+    cfg: ModelConfig, family: Family, in_channels: int, condition: ConditionSize, weights: Path | None
+) -> ModelMixin:
+    """``model.pretrained`` (or, with ``weights``, a checkpoint's transformer folder), refused if it does not fit
+    the run: from its config.json when that is on this machine, before its weights load (a 6 B-parameter model
+    takes minutes), else once loaded."""
+    source = str(weights or cfg.pretrained)
+    where = (str(weights), None, None) if weights is not None else (cfg.pretrained, cfg.subfolder, cfg.revision)
+    config = pretrained_config(*where)
+    if config is not None and config.get("_class_name") == family.transformer_class.__name__:
+        refuse_misfit(family, config, source, in_channels, condition)
+    transformer = (
+        load_transformer(cfg) if weights is None else load_trained_transformer(weights, family.transformer_class)
+    )
+    refuse_misfit(family, transformer.config, source, in_channels, condition)
+    return transformer
+
+
 def build_dit(
     cfg: ModelConfig, in_channels: int, sample_size: int, condition_size: ConditionSize, weights: Path | None = None
 ) -> DiTAdapter:
@@ -109,26 +142,7 @@ def build_dit(
     checkpoint's transformer folder), the one trained there."""
     family = FAMILIES.get(cfg.family)
     if weights is not None or cfg.pretrained:
-
-        def refuse_misfit(config) -> None:
-            problem = family.mismatch(config, in_channels, condition_size)
-            if problem:
-                raise ConfigError(
-                    "model.pretrained",
-                    str(weights or cfg.pretrained),
-                    problem,
-                    "point `model.pretrained` at a transformer that fits this run, or use the VAE and the conditioner "
-                    "it was trained with (`vae=...`, `conditioner=...`)",
-                )
-
-        where = (str(weights), None, None) if weights is not None else (cfg.pretrained, cfg.subfolder, cfg.revision)
-        found = pretrained_config(*where)
-        if found is not None and found.get("_class_name") == family.transformer_class.__name__:
-            refuse_misfit(found)  # from its config.json, before its weights load (a 6 B-parameter one takes minutes)
-        transformer = (
-            load_transformer(cfg) if weights is None else load_trained_transformer(weights, family.transformer_class)
-        )
-        refuse_misfit(transformer.config)
+        transformer = load_fitting_transformer(cfg, family, in_channels, condition_size, weights)
     else:
         transformer = family.build(cfg, in_channels, sample_size, condition_size)
     if family.prepare is not None:
