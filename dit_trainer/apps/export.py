@@ -29,7 +29,8 @@ with no per-channel statistics and no shift. Both are affine maps per channel, a
 ``post_quant_conv`` (decode side) and ``quant_conv`` (encode side) are affine too, so the statistics are folded
 into those convolutions exactly and dropped from the exported config. The exported VAE then speaks the
 normalised latent space divided by ``scaling_factor``: ``decode(z / scaling_factor)`` is ``FrozenVAE.decode(z)``
-and ``encode(x).latent_dist.mean * scaling_factor`` is ``FrozenVAE.encode(x)``.
+and ``encode(x).latent_dist.mean * scaling_factor`` is ``FrozenVAE.encode(x)``. (QwenImagePipeline applies the
+VAE config's own statistics itself: its VAE is exported as it is.)
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from dit_trainer.apps.model_card import write_model_card
 from dit_trainer.components.build import trained_start
 from dit_trainer.components.dit import load_trained_transformer, load_transformer
 from dit_trainer.components.families import FAMILIES
-from dit_trainer.components.families.base import ExportParts
+from dit_trainer.components.families.base import ExportParts, Family
 from dit_trainer.components.lora import merge_adapter
 from dit_trainer.components.vae import FrozenVAE
 from dit_trainer.config import ExportConfig
@@ -133,6 +134,14 @@ def fold_latent_normalisation(vae: FrozenVAE, applies_shift: bool = False) -> Au
         quant.weight.copy_(weight[:, :, None, None])
         quant.bias.copy_(bias)
     return autoencoder
+
+
+def exported_vae(vae: FrozenVAE, family: Family) -> ModelMixin:
+    """A float32 copy of the run's autoencoder as ``family``'s pipeline decodes with it: as it is where the pipeline
+    applies the config's own statistics (``Family.pipeline_normalises``), else with them folded in."""
+    if family.pipeline_normalises:
+        return copy.deepcopy(vae.autoencoder).float()
+    return fold_latent_normalisation(vae, family.pipeline_applies_shift)
 
 
 def clean_model(model: ModelMixin) -> ModelMixin:
@@ -254,7 +263,7 @@ def export_run(cfg: ExportConfig) -> ExportResult:
             ExportParts(
                 cfg=train_cfg,
                 transformer=_cast(clean_model(transformer), dtype),
-                vae=_cast(clean_model(fold_latent_normalisation(parts.vae, family.pipeline_applies_shift)), dtype),
+                vae=_cast(clean_model(exported_vae(parts.vae, family)), dtype),
                 scheduler=scheduler,
                 text_encoder=parts.text_encoder,
                 pipeline=family.pipeline,
@@ -272,7 +281,10 @@ def export_run(cfg: ExportConfig) -> ExportResult:
             "pipeline_class": family.pipeline,
             "transformer_class": family.transformer_class.__name__,
             "scheduler_class": type(scheduler).__name__,
-            "latents": "per-channel normalisation folded into vae/ (quant_conv, post_quant_conv): decode with "
+            "latents": f"per-channel statistics in vae/config.json (latents_mean, latents_std): {family.pipeline} "
+            "decodes vae.decode(latents * latents_std + latents_mean) itself"
+            if family.pipeline_normalises
+            else "per-channel normalisation folded into vae/ (quant_conv, post_quant_conv): decode with "
             f"vae.decode(latents / vae.config.scaling_factor), as {family.pipeline} does",
             **exported.manifest,
             "usage": exported.usage("."),  # wherever the folder is moved

@@ -13,12 +13,14 @@ VAE_KINDS = Registry(
     {
         "autoencoder_kl": "dit_trainer.components.vae:AUTOENCODER_KL",
         "autoencoder_dc": "dit_trainer.components.vae:AUTOENCODER_DC",
+        "qwen_image": "dit_trainer.components.vae:QWEN_IMAGE",
         "pixel": "dit_trainer.components.vae:PIXEL",
     },
 )
 # auto reads the checkpoint's model type; T5 and CLIP checkpoints hold more than their text encoder, so t5 and clip
-# load their encoder-only classes; class_labels conditions a class-conditional family on class ids; sd3, flux and sana
-# are those families' own encoders, read from the subfolders of one pipeline folder (`conditioner.pretrained`).
+# load their encoder-only classes; class_labels conditions a class-conditional family on class ids; sd3, flux, sana,
+# z_image and qwen_image are those families' own encoders, read from the subfolders of one pipeline folder
+# (`conditioner.pretrained`).
 CONDITIONER_KINDS = Registry(
     "conditioner.kind",
     {
@@ -30,5 +32,6 @@ CONDITIONER_KINDS = Registry(
         "flux": "dit_trainer.components.conditioners.flux:FLUX_ENCODERS",
         "sana": "dit_trainer.components.conditioners.sana:SANA_ENCODER",
         "z_image": "dit_trainer.components.conditioners.z_image:Z_IMAGE_ENCODER",
+        "qwen_image": "dit_trainer.components.conditioners.qwen_image:QWEN_IMAGE_ENCODER",
     },
 )

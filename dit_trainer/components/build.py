@@ -58,6 +58,7 @@ def build_components(
     dit = build_dit(cfg.model, vae.latent_channels, latent_size, text_encoder.size, dit_weights)
     if cfg.lora.enabled:
         apply_lora(dit.transformer, cfg.lora, dit.family.lora_targets)
+    dit.freeze_dead_ends()  # after LoRA: an adapter there would wait for a gradient too
     if cfg.privacy.enabled and dit.family.prepare_private is not None:
         dit.family.prepare_private(dit.transformer)  # before the optimizer and EMA collect the parameters
     apply_fused_qkv(cfg, dit)  # before the memory estimate's meta copy and GRPO's reference copy

@@ -46,6 +46,11 @@ class DiTAdapter(nn.Module):
         lists = [getattr(self.transformer, name, None) for name in self.family.blocks]
         return [block for blocks in lists if isinstance(blocks, nn.ModuleList) for block in blocks]
 
+    def freeze_dead_ends(self) -> None:
+        """Freeze the family's ``dead_ends`` (see ``Family``), with any adapter LoRA put in them."""
+        for path in self.family.dead_ends(self.transformer) if self.family.dead_ends is not None else ():
+            self.transformer.get_submodule(path).requires_grad_(False)
+
     def shared_modules(self) -> list[nn.Module]:
         """The modules that run outside the block holding them (``Family.shared``): FSDP's units of their own."""
         return [self.transformer.get_submodule(path) for path in self.family.shared]

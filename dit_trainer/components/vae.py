@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from diffusers import AutoencoderDC, AutoencoderKL, ModelMixin
+from diffusers import AutoencoderDC, AutoencoderKL, AutoencoderKLQwenImage, ModelMixin
 from torch import nn
 
 from dit_trainer.components import VAE_KINDS
@@ -17,7 +17,10 @@ from dit_trainer.hub import load_pretrained, model_config, pretrained_config
 
 def autoencoder_downsample_factor(config: dict) -> int | None:
     """An ``AutoencoderKL`` (``block_out_channels``) or ``AutoencoderDC`` (``encoder_block_out_channels``) halves
-    the size in every encoder block but the last; None for a config that lists neither."""
+    the size in every encoder block but the last; a video autoencoder (Qwen-Image's) once per entry of its
+    ``temperal_downsample``, as its pipeline counts; None for a config that lists none of them."""
+    if config.get("temperal_downsample") is not None:
+        return 2 ** len(config["temperal_downsample"])
     blocks = config.get("encoder_block_out_channels") or config.get("block_out_channels")
     return 2 ** (len(blocks) - 1) if blocks else None
 
@@ -29,14 +32,15 @@ class FrozenVAE(nn.Module):
 
     With ``latents_mean``/``latents_std`` in the config (per-channel statistics, as SDXL-style VAEs and our
     shapes VAE carry) latents become ``(z - mean) * scaling_factor / std``; otherwise ``(z - shift) * scaling_factor``.
+    A config without ``scaling_factor`` (Qwen-Image's: its statistics alone normalise) scales by 1.
     """
 
-    def __init__(self, autoencoder: AutoencoderKL | AutoencoderDC) -> None:
+    def __init__(self, autoencoder: ModelMixin) -> None:
         super().__init__()
         self.autoencoder = freeze(autoencoder)
         config = autoencoder.config
-        channels = config.latent_channels
-        self.scaling_factor = float(config.scaling_factor)
+        channels = config.get("latent_channels") or config["z_dim"]  # a video autoencoder's name for them
+        self.scaling_factor = float(config.get("scaling_factor") or 1.0)
         shift = config.get("shift_factor") or 0.0
         mean = config.get("latents_mean") or [shift] * channels
         std = config.get("latents_std") or [1.0] * channels
@@ -59,10 +63,11 @@ class FrozenVAE(nn.Module):
     def encode_posterior(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, 3, H, W) in [-1, 1] -> the raw posterior's (mean, std), float32: what a latent cache stores. A
         deterministic autoencoder's latent has no std (None): caches store half the bytes, and nothing is drawn."""
-        encoded = self.autoencoder.encode(images.to(self.dtype))
+        encoded = self.autoencoder.encode(self._to_autoencoder(images.to(self.dtype)))
         if not hasattr(encoded, "latent_dist"):
-            return encoded.latent.float(), None
-        return encoded.latent_dist.mean.float(), encoded.latent_dist.std.float()
+            return self._from_autoencoder(encoded.latent).float(), None
+        posterior = encoded.latent_dist
+        return self._from_autoencoder(posterior.mean).float(), self._from_autoencoder(posterior.std).float()
 
     def latents_from_posterior(
         self, mean: torch.Tensor, std: torch.Tensor | None, generator: torch.Generator | None = None
@@ -90,7 +95,37 @@ class FrozenVAE(nn.Module):
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Normalised latents -> images in [-1, 1] (float32)."""
         latents = latents.float() * self.latents_std / self.scaling_factor + self.latents_mean
-        return self.autoencoder.decode(latents.to(self.dtype)).sample.float().clamp(-1, 1)
+        decoded = self.autoencoder.decode(self._to_autoencoder(latents.to(self.dtype))).sample
+        return self._from_autoencoder(decoded).float().clamp(-1, 1)
+
+    @staticmethod
+    def _to_autoencoder(images: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) as the autoencoder takes it."""
+        return images
+
+    @staticmethod
+    def _from_autoencoder(output: torch.Tensor) -> torch.Tensor:
+        """The autoencoder's output as (B, C, H, W)."""
+        return output
+
+
+class OneFrameVAE(FrozenVAE):
+    """A video autoencoder (Qwen-Image's ``AutoencoderKLQwenImage``: (B, C, T, H, W), causal in time) on images, each
+    a video of one frame, as QwenImagePipeline uses it."""
+
+    def drop_encoder(self) -> None:
+        """As ``FrozenVAE``'s, but the encoder becomes an empty module: the decoder's frame cache counts the encoder's
+        convolutions too (none, now)."""
+        self.autoencoder.encoder = nn.Module()
+        self.autoencoder.quant_conv = None
+
+    @staticmethod
+    def _to_autoencoder(images: torch.Tensor) -> torch.Tensor:
+        return images.unsqueeze(2)
+
+    @staticmethod
+    def _from_autoencoder(output: torch.Tensor) -> torch.Tensor:
+        return output.squeeze(2)
 
 
 class PixelVAE(nn.Module):
@@ -118,8 +153,11 @@ class PixelVAE(nn.Module):
         """Nothing to free: the identity has no weights."""
 
 
-def frozen_autoencoder(autoencoder_class: type[ModelMixin]) -> Callable[..., FrozenVAE]:
-    """A kind's ``build(cfg, device, dtype)``: its autoencoder class loaded from ``vae.pretrained``, frozen."""
+def frozen_autoencoder(
+    autoencoder_class: type[ModelMixin], frozen: type[FrozenVAE] = FrozenVAE
+) -> Callable[..., FrozenVAE]:
+    """A kind's ``build(cfg, device, dtype)``: its autoencoder class loaded from ``vae.pretrained``, frozen (by
+    ``frozen``: the wrapper that feeds it its input's layout)."""
 
     def build(cfg: VAEConfig, device: torch.device, dtype: torch.dtype) -> FrozenVAE:
         autoencoder = load_pretrained(
@@ -130,7 +168,7 @@ def frozen_autoencoder(autoencoder_class: type[ModelMixin]) -> Callable[..., Fro
             revision=cfg.revision,
             torch_dtype=dtype,
         )
-        return FrozenVAE(autoencoder).to(device)
+        return frozen(autoencoder).to(device)
 
     return build
 
@@ -147,6 +185,7 @@ def _autoencoder_factor(cfg: VAEConfig, download: bool) -> int | None:
 
 AUTOENCODER_KL = VAEKind(frozen_autoencoder(AutoencoderKL), _autoencoder_factor)
 AUTOENCODER_DC = VAEKind(frozen_autoencoder(AutoencoderDC), _autoencoder_factor)
+QWEN_IMAGE = VAEKind(frozen_autoencoder(AutoencoderKLQwenImage, OneFrameVAE), _autoencoder_factor)
 PIXEL = VAEKind(
     lambda cfg, device, dtype: PixelVAE(), lambda cfg, download: PixelVAE.downsample_factor, pretrained=False
 )

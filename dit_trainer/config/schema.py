@@ -116,7 +116,8 @@ class VAEConfig:
 
     DEFINES_TRAINING: ClassVar[bool] = True  # changed at a resume, another thing is trained (refused unless allowed)
 
-    # autoencoder_kl (SD, SDXL, SD3, Flux) | autoencoder_dc (Sana's deterministic 32x one) | pixel: identity
+    # autoencoder_kl (SD, SDXL, SD3, Flux) | autoencoder_dc (Sana's deterministic 32x one) | qwen_image (Qwen-Image's
+    # video autoencoder, on one-frame videos) | pixel: identity
     kind: str = "autoencoder_kl"
     pretrained: str | None = "${asset:shapes_vae}"  # hub id or local path of a diffusers autoencoder of that kind
     subfolder: str | None = None

@@ -16,7 +16,7 @@ from dit_trainer.errors import ConfigError
 
 from ..conftest import QUIET, TINY_SHAPES, compose_config, one_paragraph, read_metrics
 
-FAMILIES = {"pixart_alpha": 12, "dit": 10, "sd3": 12, "flux": 12, "sana": 12, "z_image": 12}  # -> condition width
+FAMILIES = {"pixart_alpha": 12, "dit": 10, "sd3": 12, "flux": 12, "sana": 12, "z_image": 12, "qwen_image": 12}  # width
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

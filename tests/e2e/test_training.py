@@ -138,6 +138,7 @@ def test_pixel_space_imagefolder_run(tmp_path):
         ("sana", "Efficient-Large-Model/Sana_1600M_1024px_diffusers", "vae.pretrained"),
         ("z_image", "Tongyi-MAI/Z-Image-Turbo", "vae.pretrained"),
         ("z_image_lora", "Tongyi-MAI/Z-Image-Turbo", "vae.pretrained"),
+        ("qwen_image_lora", "Qwen/Qwen-Image", "vae.pretrained"),
     ],
 )
 def test_a_cluster_recipe_offline_fails_fast_naming_the_model(tmp_path, experiment, model, key):

@@ -21,5 +21,6 @@ FAMILIES = Registry(
         "flux": "dit_trainer.components.families.flux:FLUX",
         "sana": "dit_trainer.components.families.sana:SANA",
         "z_image": "dit_trainer.components.families.z_image:Z_IMAGE",
+        "qwen_image": "dit_trainer.components.families.qwen_image:QWEN_IMAGE",
     },
 )

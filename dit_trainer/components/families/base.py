@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from diffusers import ModelMixin
+from diffusers import FlowMatchEulerDiscreteScheduler, ModelMixin
 from diffusers.schedulers.scheduling_utils import SchedulerMixin
 from torch import nn
 
@@ -111,6 +111,13 @@ class Family:
     # The pipeline decodes `latents / scaling_factor + shift_factor` (SD3's, Flux's): an export keeps a VAE's
     # shift_factor instead of folding it into quant convs (which SD3's and Flux's VAEs lack).
     pipeline_applies_shift: bool = False
+    # Submodules whose outputs never reach the prediction, given the transformer (Qwen-Image's last block's text
+    # stream: no later block reads it): frozen, with any LoRA adapter in them, so that no trained parameter waits for
+    # a gradient that cannot come (the gradient-flow check and DDP would stop on it).
+    dead_ends: Callable[[ModelMixin], list[str]] | None = None
+    # The pipeline un-normalises latents with the VAE config's own `latents_mean`/`latents_std` (QwenImagePipeline):
+    # an export keeps the VAE as it is, its statistics in its config.
+    pipeline_normalises: bool = False
     # Its pipeline samples with the resolution-dependent shift (`diffusion.resolution_shift`, FluxPipeline's grid
     # and mu): another family's pipeline would not reproduce our sampler with it, or refuse it.
     resolution_shift: bool = False
@@ -316,3 +323,16 @@ def cross_attention_prediction(
         return_dict=False,
         **kwargs,
     )[0][:, : x_t.shape[1]]
+
+
+def fixed_shift_sigmas(scheduler: FlowMatchEulerDiscreteScheduler, steps: int) -> list[float] | None:
+    """The noise levels our Euler sampler steps through at a fixed shift (diffusers' default spacing of the
+    timesteps, then shifted), unshifted: ZImagePipeline and QwenImagePipeline space their own as
+    ``linspace(1, 1/N, N)`` unless given ``sigmas``, and shift what they are given. None with the resolution shift,
+    whose spacing is the pipelines'."""
+    if scheduler.config.use_dynamic_shifting:
+        return None
+    ours = FlowMatchEulerDiscreteScheduler.from_config(scheduler.config)
+    ours.set_timesteps(steps)
+    shift = scheduler.config.shift
+    return [float(sigma / (shift - (shift - 1) * sigma)) for sigma in ours.sigmas[:-1]]

@@ -41,6 +41,7 @@ from dit_trainer.components.families.base import (
     Family,
     PipelineExport,
     features_mismatch,
+    fixed_shift_sigmas,
     input_mismatch,
     require_extra_at_least,
     require_flow_matching,
@@ -172,18 +173,6 @@ def predict(
     captions = list(rows.unbind(0)) if rows.is_meta else [row[mask.bool()] for row, mask in zip(rows, masks)]
     time = (1000 - t.expand(x_t.shape[0])) / 1000
     return -torch.stack(transformer(images, time, captions, return_dict=False)[0]).squeeze(2)
-
-
-def fixed_shift_sigmas(scheduler: FlowMatchEulerDiscreteScheduler, steps: int) -> list[float] | None:
-    """The noise levels our Euler sampler steps through at a fixed shift (diffusers' default spacing of the
-    timesteps, then shifted), unshifted: ZImagePipeline spaces its own as ``linspace(1, 1/N, N)`` unless given
-    ``sigmas``, and shifts what it is given. None with the resolution shift, whose spacing is the pipeline's."""
-    if scheduler.config.use_dynamic_shifting:
-        return None
-    ours = FlowMatchEulerDiscreteScheduler.from_config(scheduler.config)
-    ours.set_timesteps(steps)
-    shift = scheduler.config.shift
-    return [float(sigma / (shift - (shift - 1) * sigma)) for sigma in ours.sigmas[:-1]]
 
 
 def _generation(cfg: TrainConfig, scheduler: FlowMatchEulerDiscreteScheduler, bundled: bool) -> dict:

@@ -161,7 +161,7 @@ def test_at_a_fixed_shift_the_export_hands_the_pipeline_our_sampler_s_noise_leve
     (unshifted) make it step through the levels our Euler sampler does (z_image.yaml samples at shift 3)."""
     from diffusers.pipelines.z_image.pipeline_z_image import retrieve_timesteps
 
-    from dit_trainer.components.families.z_image import fixed_shift_sigmas
+    from dit_trainer.components.families.base import fixed_shift_sigmas
     from dit_trainer.diffusion.flow import ResolutionShift, euler_scheduler
 
     ours = euler_scheduler(1000, shift, None)
