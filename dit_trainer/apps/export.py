@@ -29,8 +29,8 @@ with no per-channel statistics and no shift. Both are affine maps per channel, a
 ``post_quant_conv`` (decode side) and ``quant_conv`` (encode side) are affine too, so the statistics are folded
 into those convolutions exactly and dropped from the exported config. The exported VAE then speaks the
 normalised latent space divided by ``scaling_factor``: ``decode(z / scaling_factor)`` is ``FrozenVAE.decode(z)``
-and ``encode(x).latent_dist.mean * scaling_factor`` is ``FrozenVAE.encode(x)``. (QwenImagePipeline applies the
-VAE config's own statistics itself: its VAE is exported as it is.)
+and ``encode(x).latent_dist.mean * scaling_factor`` is ``FrozenVAE.encode(x)``. (QwenImagePipeline and
+Flux2KleinPipeline apply the VAE's own statistics themselves: their VAEs are exported as they are.)
 """
 
 from __future__ import annotations
@@ -281,8 +281,8 @@ def export_run(cfg: ExportConfig) -> ExportResult:
             "pipeline_class": family.pipeline,
             "transformer_class": family.transformer_class.__name__,
             "scheduler_class": type(scheduler).__name__,
-            "latents": f"per-channel statistics in vae/config.json (latents_mean, latents_std): {family.pipeline} "
-            "decodes vae.decode(latents * latents_std + latents_mean) itself"
+            "latents": f"the VAE's own per-channel statistics (vae/), which {family.pipeline} undoes itself before "
+            "decoding"
             if family.pipeline_normalises
             else "per-channel normalisation folded into vae/ (quant_conv, post_quant_conv): decode with "
             f"vae.decode(latents / vae.config.scaling_factor), as {family.pipeline} does",

@@ -81,9 +81,11 @@ def merge_adapter(
 
 @contextlib.contextmanager
 def adapters_disabled(transformer: ModelMixin) -> Iterator[None]:
-    """``transformer`` computes as its base model inside (peft's switch; it also clears the adapters'
-    ``requires_grad``, which re-enabling restores)."""
+    """``transformer`` computes as its base model inside (peft's switch). peft's switch also clears the adapters'
+    ``requires_grad`` and sets them all on when re-enabling: each is given back what it had, so an adapter frozen on
+    purpose (a family's dead end) stays frozen."""
     layers = [module for module in transformer.modules() if isinstance(module, BaseTunerLayer)]
+    trained = {parameter: parameter.requires_grad for parameter in transformer.parameters()}
     for layer in layers:
         layer.enable_adapters(False)
     try:
@@ -91,3 +93,5 @@ def adapters_disabled(transformer: ModelMixin) -> Iterator[None]:
     finally:
         for layer in layers:
             layer.enable_adapters(True)
+        for parameter, requires_grad in trained.items():
+            parameter.requires_grad_(requires_grad)

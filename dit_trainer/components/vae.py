@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from diffusers import AutoencoderDC, AutoencoderKL, AutoencoderKLQwenImage, ModelMixin
+from diffusers import AutoencoderDC, AutoencoderKL, AutoencoderKLFlux2, AutoencoderKLQwenImage, ModelMixin
 from torch import nn
 
 from dit_trainer.components import VAE_KINDS
@@ -81,7 +81,7 @@ class FrozenVAE(nn.Module):
                 mean, std, torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
             )
         )
-        return (latents - self.latents_mean) * self.scaling_factor / self.latents_std
+        return (self._patched(latents) - self.latents_mean) * self.scaling_factor / self.latents_std
 
     @torch.no_grad()
     def encode(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -94,9 +94,19 @@ class FrozenVAE(nn.Module):
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Normalised latents -> images in [-1, 1] (float32)."""
-        latents = latents.float() * self.latents_std / self.scaling_factor + self.latents_mean
+        latents = self._unpatched(latents.float() * self.latents_std / self.scaling_factor + self.latents_mean)
         decoded = self.autoencoder.decode(self._to_autoencoder(latents.to(self.dtype))).sample
         return self._from_autoencoder(decoded).float().clamp(-1, 1)
+
+    @staticmethod
+    def _patched(latents: torch.Tensor) -> torch.Tensor:
+        """The autoencoder's latents as the DiT's, before normalisation."""
+        return latents
+
+    @staticmethod
+    def _unpatched(latents: torch.Tensor) -> torch.Tensor:
+        """The DiT's latents, unnormalised, as the autoencoder's."""
+        return latents
 
     @staticmethod
     def _to_autoencoder(images: torch.Tensor) -> torch.Tensor:
@@ -153,6 +163,32 @@ class PixelVAE(nn.Module):
         """Nothing to free: the identity has no weights."""
 
 
+class PatchedVAE(FrozenVAE):
+    """FLUX.2's autoencoder (``AutoencoderKLFlux2``): its latents (32 channels at 1/8) cut into 2 x 2 patches (128
+    channels at 1/16) and normalised by the running statistics of its BatchNorm, as FLUX.2's pipelines do; the DiT
+    learns on those, one token a patched latent."""
+
+    def __init__(self, autoencoder: AutoencoderKLFlux2) -> None:
+        super().__init__(autoencoder)
+        bn = autoencoder.bn
+        self.latents_mean = bn.running_mean.detach().float().view(1, -1, 1, 1)
+        self.latents_std = (bn.running_var.detach().float() + bn.eps).sqrt().view(1, -1, 1, 1)
+        self.latent_channels *= 4
+        self.downsample_factor *= 2
+
+    @staticmethod
+    def _patched(latents: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = latents.shape
+        patches = latents.reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 1, 3, 5, 2, 4)
+        return patches.reshape(b, c * 4, h // 2, w // 2)
+
+    @staticmethod
+    def _unpatched(latents: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = latents.shape
+        patches = latents.reshape(b, c // 4, 2, 2, h, w).permute(0, 1, 4, 2, 5, 3)
+        return patches.reshape(b, c // 4, h * 2, w * 2)
+
+
 def frozen_autoencoder(
     autoencoder_class: type[ModelMixin], frozen: type[FrozenVAE] = FrozenVAE
 ) -> Callable[..., FrozenVAE]:
@@ -186,6 +222,10 @@ def _autoencoder_factor(cfg: VAEConfig, download: bool) -> int | None:
 AUTOENCODER_KL = VAEKind(frozen_autoencoder(AutoencoderKL), _autoencoder_factor)
 AUTOENCODER_DC = VAEKind(frozen_autoencoder(AutoencoderDC), _autoencoder_factor)
 QWEN_IMAGE = VAEKind(frozen_autoencoder(AutoencoderKLQwenImage, OneFrameVAE), _autoencoder_factor)
+FLUX2 = VAEKind(
+    frozen_autoencoder(AutoencoderKLFlux2, PatchedVAE),
+    lambda cfg, download: None if (factor := _autoencoder_factor(cfg, download)) is None else 2 * factor,
+)
 PIXEL = VAEKind(
     lambda cfg, device, dtype: PixelVAE(), lambda cfg, download: PixelVAE.downsample_factor, pretrained=False
 )

@@ -117,7 +117,7 @@ class VAEConfig:
     DEFINES_TRAINING: ClassVar[bool] = True  # changed at a resume, another thing is trained (refused unless allowed)
 
     # autoencoder_kl (SD, SDXL, SD3, Flux) | autoencoder_dc (Sana's deterministic 32x one) | qwen_image (Qwen-Image's
-    # video autoencoder, on one-frame videos) | pixel: identity
+    # video autoencoder, on one-frame videos) | flux2 (FLUX.2's, its latents in 2 x 2 patches) | pixel: identity
     kind: str = "autoencoder_kl"
     pretrained: str | None = "${asset:shapes_vae}"  # hub id or local path of a diffusers autoencoder of that kind
     subfolder: str | None = None

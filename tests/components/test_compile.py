@@ -16,7 +16,17 @@ from dit_trainer.errors import ConfigError
 
 from ..conftest import QUIET, TINY_SHAPES, compose_config, one_paragraph, read_metrics
 
-FAMILIES = {"pixart_alpha": 12, "dit": 10, "sd3": 12, "flux": 12, "sana": 12, "z_image": 12, "qwen_image": 12}  # width
+# family -> the width of its condition
+FAMILIES = {
+    "pixart_alpha": 12,
+    "dit": 10,
+    "sd3": 12,
+    "flux": 12,
+    "sana": 12,
+    "z_image": 12,
+    "qwen_image": 12,
+    "flux2": 12,
+}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -28,7 +38,7 @@ def test_every_familys_blocks_are_found(family, tiny_transformer):
         assert len(blocks) == 2 * config.n_refiner_layers + config.n_layers
     else:
         assert len(blocks) == config.num_layers + config.get("num_single_layers", 0)
-    assert len({type(block) for block in blocks}) == (2 if family == "flux" else 1)
+    assert len({type(block) for block in blocks}) == (2 if family in ("flux", "flux2") else 1)
 
 
 def test_compiled_blocks_keep_their_names_and_a_copy_runs_its_own_weights(tiny_transformer):

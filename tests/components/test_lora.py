@@ -49,3 +49,22 @@ def test_lora_needs_a_pretrained_base_and_known_target_modules(tiny_pixart_dir):
     cfg = compose_config([*TINY_SHAPES, *lora_overrides(tiny_pixart_dir), "lora.target_modules=[no_such_layer]"])
     with pytest.raises(ConfigError, match="`lora.target_modules`"):
         build_components(cfg, CPU, torch.float32)
+
+
+def test_switching_the_adapters_off_and_on_keeps_a_frozen_adapter_frozen(tiny_transformer):
+    """The KL reference of the online methods computes with the adapters off; turning them back on (peft sets every
+    adapter trainable) must not wake the ones frozen on purpose: Qwen-Image's dead ends, whose EMA and optimizer
+    leave them out."""
+    from dit_trainer.components.families.qwen_image import QWEN_IMAGE
+    from dit_trainer.components.lora import adapters_disabled, apply_lora
+    from dit_trainer.config import LoRAConfig
+
+    dit = tiny_transformer("qwen_image", condition_dim=12, num_layers=2)
+    apply_lora(dit.transformer, LoRAConfig(enabled=True, rank=2), QWEN_IMAGE.lora_targets)
+    dit.freeze_dead_ends()
+    trained = [name for name, parameter in dit.named_parameters() if parameter.requires_grad]
+    assert not any("transformer_blocks.1.txt_mlp" in name for name in trained)
+    assert any("transformer_blocks.0.txt_mlp" in name for name in trained)
+    with adapters_disabled(dit.transformer):
+        assert not any(parameter.requires_grad for parameter in dit.parameters())
+    assert [name for name, parameter in dit.named_parameters() if parameter.requires_grad] == trained

@@ -21,6 +21,7 @@ from dit_trainer.data.sources.digits import write_digits_folder
 
 from ..conftest import CONFIG_DIR, TINY_SHAPES, accelerate_launch, class_conditional, read_metrics, run_script
 from ..tiny_flux import flux_overrides, write_tiny_flux
+from ..tiny_flux2 import flux2_overrides, write_tiny_flux2
 from ..tiny_qwen_image import qwen_image_overrides, write_tiny_qwen_image
 from ..tiny_sana import sana_overrides, write_sana_folder
 from ..tiny_sd3 import overrides as sd3_overrides
@@ -37,6 +38,7 @@ TINY_RUNS: dict[str, Callable[[Path], list[str]]] = {
     "sana": lambda folder: sana_overrides(write_sana_folder(folder)),
     "z_image": lambda folder: z_image_overrides(write_tiny_z_image(folder)),
     "qwen_image": lambda folder: qwen_image_overrides(write_tiny_qwen_image(folder)),
+    "flux2": lambda folder: flux2_overrides(write_tiny_flux2(folder)),
 }
 # Trained sharded elsewhere, against DDP too.
 ELSEWHERE = {"pixart_alpha": "test_fsdp.py (TINY_SHAPES)", "pixart_sigma": "test_fsdp.py: pixart_alpha's class"}

@@ -139,6 +139,7 @@ def test_pixel_space_imagefolder_run(tmp_path):
         ("z_image", "Tongyi-MAI/Z-Image-Turbo", "vae.pretrained"),
         ("z_image_lora", "Tongyi-MAI/Z-Image-Turbo", "vae.pretrained"),
         ("qwen_image_lora", "Qwen/Qwen-Image", "vae.pretrained"),
+        ("flux2_lora", "black-forest-labs/FLUX.2-klein-base-4B", "vae.pretrained"),
     ],
 )
 def test_a_cluster_recipe_offline_fails_fast_naming_the_model(tmp_path, experiment, model, key):

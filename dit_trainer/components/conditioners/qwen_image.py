@@ -52,8 +52,15 @@ class QwenImageConditioner(FrozenConditioner):
     @torch.no_grad()
     def encode_uncached(self, prompts: list[str]) -> Condition:
         texts = [TEMPLATE.format(prompt) for prompt in prompts]
-        tokens = tokenize(self.tokenizer, texts, TEMPLATE_TOKENS + self.max_length).to(self.device)
-        output = self.model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, output_hidden_states=True)
+        # Padded on the right, whatever the tokenizer's setting: the template's first rows are cut by position.
+        tokens = tokenize(self.tokenizer, texts, TEMPLATE_TOKENS + self.max_length, padding_side="right")
+        tokens = tokens.to(self.device)
+        output = self.model(
+            input_ids=tokens.input_ids,
+            attention_mask=tokens.attention_mask,
+            output_hidden_states=True,
+            logits_to_keep=1,  # the language-model head's output is not used: one token's, not every token's
+        )
         mask = tokens.attention_mask[:, TEMPLATE_TOKENS:]
         hidden = output.hidden_states[-1][:, TEMPLATE_TOKENS:]
         return Condition(hidden * mask[..., None].to(hidden.dtype), mask)

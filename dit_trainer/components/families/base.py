@@ -115,8 +115,8 @@ class Family:
     # stream: no later block reads it): frozen, with any LoRA adapter in them, so that no trained parameter waits for
     # a gradient that cannot come (the gradient-flow check and DDP would stop on it).
     dead_ends: Callable[[ModelMixin], list[str]] | None = None
-    # The pipeline un-normalises latents with the VAE config's own `latents_mean`/`latents_std` (QwenImagePipeline):
-    # an export keeps the VAE as it is, its statistics in its config.
+    # The pipeline un-normalises latents with the VAE's own statistics (QwenImagePipeline: its config's
+    # `latents_mean`/`latents_std`; FLUX.2's: its BatchNorm's running ones): an export keeps the VAE as it is.
     pipeline_normalises: bool = False
     # Its pipeline samples with the resolution-dependent shift (`diffusion.resolution_shift`, FluxPipeline's grid
     # and mu): another family's pipeline would not reproduce our sampler with it, or refuse it.

@@ -63,7 +63,7 @@ VARIANT_SWITCHES = {
     "guidance_embeds": "a guidance embedding, which no released Qwen-Image has (and diffusers' class cannot call)",
 }
 # Both streams' attention (the image's to_*, the text's add_*_proj / to_add_out) and both MLPs (img_mlp, txt_mlp):
-# every linear layer of a block but its modulation, as ai-toolkit and DiffSynth-Studio train Qwen-Image LoRAs.
+# every linear layer of a block but its modulation, as ai-toolkit trains Qwen-Image LoRAs.
 LORA_TARGETS = (
     *MMDIT_TARGETS[:8], "img_mlp.net.0.proj", "img_mlp.net.2", "txt_mlp.net.0.proj", "txt_mlp.net.2",
 )  # fmt: skip
@@ -175,7 +175,7 @@ def predict(
 def dead_ends(transformer: QwenImageTransformer2DModel) -> list[str]:
     """What only the last block's text output reads (the text's queries and their norm, the attention's text
     projection, the text MLP): the transformer keeps only the image tokens after it, so these get no gradient, or
-    zeros (the released model's are never trained either)."""
+    zeros."""
     last = f"transformer_blocks.{len(transformer.transformer_blocks) - 1}"
     return [f"{last}.attn.{name}" for name in ("add_q_proj", "norm_added_q", "to_add_out")] + [f"{last}.txt_mlp"]
 
