@@ -39,6 +39,10 @@ class DiTAdapter(nn.Module):
 
     predict = forward
 
+    def guide(self, cond: torch.Tensor, uncond: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+        """Classifier-free guidance as the family's pipeline combines the two predictions (``Family.guide``)."""
+        return self.family.guide(cond, uncond, guidance_scale)
+
     def blocks(self) -> list[nn.Module]:
         """The transformer's repeated blocks, in order, from the ModuleLists its family names (``Family.blocks``):
         what ``trainer.compile`` compiles, FSDP wraps and the memory estimate checkpoints. None for a model without

@@ -52,7 +52,16 @@ def guided_prediction(
     cond, uncond = doubled.chunk(2)
     if detach_unconditional:
         uncond = uncond.detach()
-    return uncond + guidance_scale * (cond - uncond)
+    return guide(dit, cond, uncond, guidance_scale)
+
+
+def guide(dit: nn.Module, cond: torch.Tensor, uncond: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+    """CFG's combination of the conditional and the empty-prompt predictions: ``uncond + s (cond - uncond)``, or the
+    DiT's own rule where its family's pipeline has one (``DiTAdapter.guide``; Qwen-Image rescales each token), so that
+    an exported pipeline samples what we do. DDP's wrapper is looked through; a module without a rule combines as
+    usual."""
+    rule = getattr(getattr(dit, "module", dit), "guide", None)
+    return uncond + guidance_scale * (cond - uncond) if rule is None else rule(cond, uncond, guidance_scale)
 
 
 def initial_noise(seeds: Sequence[int], latent_shape: tuple[int, int, int]) -> torch.Tensor:

@@ -65,6 +65,7 @@ def test_flux2_lora_trains_only_the_adapters(flux2_folder, tmp_path):
     assert {name.split(".0.", 1)[0].removeprefix("base_model.model.") for name in adapter} == set(lists)
     targets = {name.split(".lora_")[0].split(".0.", 1)[-1] for name in adapter}
     assert {"attn.to_q", "attn.to_add_out", "ff.linear_in", "ff_context.linear_out", "attn.to_qkv_mlp_proj"} <= targets
+    assert any(name.startswith("single_transformer_blocks.0.attn.to_out.lora_") for name in adapter)
 
 
 @pytest.mark.slow

@@ -127,22 +127,24 @@ def test_pixel_space_imagefolder_run(tmp_path):
     assert model.config.in_channels == 3 and model.config.sample_size == 16
 
 
+# Each cluster recipe and the model its first load names offline (the VAE, loaded first).
+CLUSTER_RECIPES = [
+    ("dit", "stabilityai/sd-vae-ft-ema", "vae.pretrained"),
+    ("pixart_sigma", "PixArt-alpha/pixart_sigma_sdxlvae_T5_diffusers", "vae.pretrained"),
+    ("sd35_medium", "stabilityai/stable-diffusion-3.5-medium", "vae.pretrained"),
+    ("flux_lora", "black-forest-labs/FLUX.1-dev", "vae.pretrained"),
+    ("sana", "Efficient-Large-Model/Sana_1600M_1024px_diffusers", "vae.pretrained"),
+    ("z_image", "Tongyi-MAI/Z-Image-Turbo", "vae.pretrained"),
+    ("z_image_lora", "Tongyi-MAI/Z-Image-Turbo", "vae.pretrained"),
+    ("qwen_image_lora", "Qwen/Qwen-Image", "vae.pretrained"),
+    ("flux2_lora", "black-forest-labs/FLUX.2-klein-base-4B", "vae.pretrained"),
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("experiment", "model", "key"),
-    [
-        ("dit", "stabilityai/sd-vae-ft-ema", "vae.pretrained"),
-        ("pixart_sigma", "PixArt-alpha/pixart_sigma_sdxlvae_T5_diffusers", "vae.pretrained"),
-        ("sd35_medium", "stabilityai/stable-diffusion-3.5-medium", "vae.pretrained"),
-        ("flux_lora", "black-forest-labs/FLUX.1-dev", "vae.pretrained"),
-        ("sana", "Efficient-Large-Model/Sana_1600M_1024px_diffusers", "vae.pretrained"),
-        ("z_image", "Tongyi-MAI/Z-Image-Turbo", "vae.pretrained"),
-        ("z_image_lora", "Tongyi-MAI/Z-Image-Turbo", "vae.pretrained"),
-        ("qwen_image_lora", "Qwen/Qwen-Image", "vae.pretrained"),
-        ("flux2_lora", "black-forest-labs/FLUX.2-klein-base-4B", "vae.pretrained"),
-    ],
-)
-def test_a_cluster_recipe_offline_fails_fast_naming_the_model(tmp_path, experiment, model, key):
+def test_a_cluster_recipe_offline_fails_fast_naming_the_model(tmp_path):
+    """train.py itself: exit 2 within a minute, one paragraph, no traceback (every recipe's message: below)."""
+    experiment, model, key = CLUSTER_RECIPES[0]
     start = time.perf_counter()
     result = run_script(
         ["train.py", f"+experiment={experiment}", f"hydra.run.dir={tmp_path / 'run'}"],
@@ -153,6 +155,20 @@ def test_a_cluster_recipe_offline_fails_fast_naming_the_model(tmp_path, experime
     assert time.perf_counter() - start < 60
     assert model in result.stderr and f"{key}=DIR" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("experiment", "model", "key"), CLUSTER_RECIPES)
+def test_every_cluster_recipe_offline_names_the_model_before_anything_is_written(tmp_path, experiment, model, key):
+    """Composed and run as train.py runs it (in this process): the first model to load names itself and the key
+    that points at a local copy, and no run folder is left."""
+    from dit_trainer.errors import ModelLoadError
+
+    from .family_runs import train_in_process
+
+    with pytest.raises(ModelLoadError) as error:
+        train_in_process(tmp_path / "run", f"+experiment={experiment}", base=())
+    assert model in str(error.value) and f"{key}=DIR" in str(error.value)
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow

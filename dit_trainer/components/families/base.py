@@ -67,6 +67,11 @@ def config_patch_size(config: Mapping) -> int | None:
     return config.get("patch_size")
 
 
+def classifier_free_guidance(cond: torch.Tensor, uncond: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+    """``uncond + s (cond - uncond)``: how every pipeline but Qwen-Image's combines CFG's two predictions."""
+    return uncond + guidance_scale * (cond - uncond)
+
+
 @dataclass(frozen=True)
 class Family:
     """One transformer family.
@@ -111,6 +116,9 @@ class Family:
     # The pipeline decodes `latents / scaling_factor + shift_factor` (SD3's, Flux's): an export keeps a VAE's
     # shift_factor instead of folding it into quant convs (which SD3's and Flux's VAEs lack).
     pipeline_applies_shift: bool = False
+    # How CFG combines the conditional and the empty-prompt predictions (``guide(cond, uncond, scale)``) in our
+    # sampler, GRPO's rollouts and updates: as the family's pipeline does, so that an export samples what we do.
+    guide: Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor] = classifier_free_guidance
     # Submodules whose outputs never reach the prediction, given the transformer (Qwen-Image's last block's text
     # stream: no later block reads it): frozen, with any LoRA adapter in them, so that no trained parameter waits for
     # a gradient that cannot come (the gradient-flow check and DDP would stop on it).

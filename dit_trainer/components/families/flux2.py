@@ -13,7 +13,8 @@ A new model is sized by ``model.*`` and the conditioner: ``in_channels`` the VAE
 (``model.patch_size`` must say 1: the patches are the VAE's), ``joint_attention_dim`` the conditioner's width;
 ``model.extra_config`` gives ``num_single_layers`` (default 4 x ``num_layers``, klein 4B's ratio), ``mlp_ratio``,
 ``axes_dims_rope`` (default: a quarter of the head each), ``rope_theta`` and ``guidance_embeds`` (off: the klein
-models are not guidance-distilled; on, ``model.embedded_guidance`` is fed as FLUX.1-dev's).
+models are not guidance-distilled; on, ``model.embedded_guidance`` is fed as FLUX.1-dev's, and the export, whose
+pipeline passes no guidance, is refused).
 
 The pipeline shifts its noise levels by an empirical mu of the image size and the step count, which our schedule
 does not compute: FLUX.2 trains at a fixed ``diffusion.shift`` and an export hands the pipeline our sampler's noise
@@ -51,12 +52,15 @@ DERIVED = frozenset(
     {"patch_size", "in_channels", "out_channels", "num_layers", "attention_head_dim", "num_attention_heads",
      "joint_attention_dim"}
 )  # fmt: skip
+SINGLE_BLOCKS_AT_MOST = 48  # FLUX.2 [dev]'s single-stream blocks: the most any FLUX.2 has
 # The double blocks' attention projections and feed-forwards of both streams, and the single blocks' fused
-# query/key/value/MLP projection. (A single block's output projection, `attn.to_out`, shares its name's ending with
-# the double blocks' output list, which peft cannot adapt: no suffix names it alone.)
+# query/key/value/MLP projection and output projection (diffusers' train_dreambooth_lora_flux2_klein defaults). A
+# single block's `attn.to_out` is named in full: its ending is also that of the double blocks' output list, which peft
+# cannot adapt (names past the model's depth match nothing, and peft lets them be).
 LORA_TARGETS = (
     "to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out",
     "ff.linear_in", "ff.linear_out", "ff_context.linear_in", "ff_context.linear_out", "to_qkv_mlp_proj",
+    *(f"single_transformer_blocks.{i}.attn.to_out" for i in range(SINGLE_BLOCKS_AT_MOST)),
 )  # fmt: skip
 
 
@@ -103,7 +107,7 @@ def check(cfg: TrainConfig) -> None:
     require_flow_matching(
         cfg,
         "FLUX.2 is trained with flow matching (its released weights predict the flow velocity)",
-        "set `diffusion=flow` (and a fixed `diffusion.shift`, e.g. 3.0)",
+        "set `diffusion=flow` (and a fixed `diffusion.shift`: 7.56 is the pipeline's at 1024 px and 50 steps)",
     )
     require(
         cfg.conditioner.kind == "flux2",
@@ -228,6 +232,14 @@ def export(parts: ExportParts) -> PipelineExport:
     """A whole Flux2KleinPipeline folder (transformer, its VAE as it is, Qwen3 and its tokenizer, the run's scheduler
     at its fixed shift) that takes prompts as text."""
     cfg = parts.cfg
+    if parts.transformer.config.guidance_embeds:
+        raise ConfigError(
+            "model.extra_config.guidance_embeds",
+            True,
+            "Flux2KleinPipeline calls the transformer without a guidance strength, and this one embeds "
+            "`model.embedded_guidance` in every prediction: the pipeline would not sample as this run did",
+            "export a klein model (no guidance embedding), or load the transformer into a Flux2Pipeline yourself",
+        )
     if cfg.diffusion.guidance_scale < 1:
         raise ConfigError(
             "diffusion.guidance_scale",

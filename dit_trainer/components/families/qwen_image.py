@@ -14,11 +14,10 @@ Edit and Layered variants' switches (``zero_cond_t``, ``use_additional_t_cond``,
 
 Its conditioner is its own (``conditioner=qwen_image``: Qwen2.5-VL, the pipeline's template) and its VAE Qwen-Image's
 video autoencoder on one-frame videos (``vae=qwen_image``), whose per-channel statistics the pipeline applies
-itself. The export is a whole ``QwenImagePipeline`` folder that takes prompts as text. Our CFG,
-``uncond + s (cond - uncond)`` with the empty prompt, is its ``true_cfg_scale=s`` with ``negative_prompt=""``, but the
-pipeline then rescales each token's guided prediction to the norm of its conditional one, which our sampler does
-not: at ``diffusion.guidance_scale`` 1 the pipeline reproduces our samples, above it they differ by that rescaling
-(the manifest says so). DP-SGD is refused (``check`` says why).
+itself. The export is a whole ``QwenImagePipeline`` folder that takes prompts as text. Its CFG (``true_cfg_scale=s``
+with ``negative_prompt=""``) rescales each token's guided prediction, ``uncond + s (cond - uncond)``, to the norm of
+its conditional one; ``guide`` does the same in our sampler, GRPO's rollouts and updates, so the pipeline reproduces
+our samples at any scale. DP-SGD is refused (``check`` says why).
 """
 
 from __future__ import annotations
@@ -180,9 +179,20 @@ def dead_ends(transformer: QwenImageTransformer2DModel) -> list[str]:
     return [f"{last}.attn.{name}" for name in ("add_q_proj", "norm_added_q", "to_add_out")] + [f"{last}.txt_mlp"]
 
 
+def guide(cond: torch.Tensor, uncond: torch.Tensor, guidance_scale: float) -> torch.Tensor:
+    """QwenImagePipeline's CFG: the guided prediction of each token (a 2 x 2 patch of every channel) rescaled to the
+    norm of the conditional one."""
+    height, width = cond.shape[-2:]
+    conditional, guided = pack(cond), pack(uncond + guidance_scale * (cond - uncond))
+    norms = torch.linalg.vector_norm(conditional, dim=-1, keepdim=True) / torch.linalg.vector_norm(
+        guided, dim=-1, keepdim=True
+    )
+    return unpack(guided * norms, height, width)
+
+
 def _generation(parts: ExportParts) -> dict:
     """QwenImagePipeline's arguments that reproduce our sampler (with the prompt, and ``latents=`` for the same
-    noise; with CFG up to the pipeline's rescaling, see the module)."""
+    noise)."""
     cfg = parts.cfg
     d = cfg.diffusion
     generation = {
@@ -205,16 +215,10 @@ def _usage(folder: str, parts: ExportParts, generation: dict) -> str:
     settings = ", ".join(f"{key}={value!r}" for key, value in generation.items())
     cast = parts.dtype != "float32"
     torch_dtype = f", torch_dtype=torch.{parts.dtype}" if cast else ""
-    rescaled = (
-        "# QwenImagePipeline rescales each token's guided prediction to its conditional one's norm; the run's "
-        "samples were not\n"
-        if generation["true_cfg_scale"] > 1
-        else ""
-    )
     return (
         ("import torch\n" if cast else "") + "from diffusers import QwenImagePipeline\n\n"
         f"pipe = QwenImagePipeline.from_pretrained({folder!r}{torch_dtype})  # or DiffusionPipeline.from_pretrained\n"
-        f'{rescaled}image = pipe("a red circle", {settings}).images[0]'
+        f'image = pipe("a red circle", {settings}).images[0]'
     )
 
 
@@ -236,8 +240,8 @@ def export(parts: ExportParts) -> PipelineExport:
         "bundled": True,
         "conditioning": "QwenImagePipeline.encode_prompt: Qwen2.5-VL's last hidden states of the templated prompt "
         "past its 34-token system turn (max_sequence_length tokens), padding masked; the empty prompt '' is the "
-        "negative prompt of classifier-free guidance (true_cfg_scale), whose guided prediction the pipeline "
-        "rescales per token to the conditional one's norm",
+        "negative prompt of classifier-free guidance (true_cfg_scale), whose guided prediction is rescaled per "
+        "token to the conditional one's norm, as the run sampled",
     }
     manifest = {"text_encoder": conditioning, "generation": generation, "required": required}
     conditioner = parts.text_encoder
@@ -259,6 +263,7 @@ QWEN_IMAGE = Family(
     input_layer="img_in",
     lora_targets=LORA_TARGETS,
     dead_ends=dead_ends,
+    guide=guide,
     pipeline_normalises=True,
     resolution_shift=True,
 )

@@ -58,6 +58,9 @@ def test_the_patched_vae_encodes_and_decodes_as_the_pipeline_does(flux2_folder):
         raw = latents * (bn.running_var + bn.eps).sqrt().view(1, -1, 1, 1) + bn.running_mean.view(1, -1, 1, 1)
         decoded = pipe.vae.decode(pipe._unpatchify_latents(raw)).sample
     torch.testing.assert_close(vae.decode(latents), decoded.clamp(-1, 1), rtol=0, atol=1e-5)
+    in_bf16 = build_vae(cfg, torch.device("cpu"), torch.bfloat16)  # its statistics are not rounded to bf16
+    assert in_bf16.dtype == torch.bfloat16
+    assert torch.equal(in_bf16.latents_std, vae.latents_std) and torch.equal(in_bf16.latents_mean, vae.latents_mean)
 
 
 def test_predict_calls_the_transformer_as_the_pipeline_does():
@@ -126,6 +129,18 @@ def test_a_loaded_transformer_that_does_not_fit_is_refused_before_its_weights_lo
             build_dit(model, 16, 4, ConditionSize(7680))
     with pytest.raises(ConfigError, match="input channels"):
         build_dit(model, 32, 4, ConditionSize(3 * WIDTH))
+
+
+def test_a_guidance_distilled_transformer_is_not_exported_to_the_klein_pipeline():
+    """Flux2KleinPipeline passes no guidance strength, which such a transformer embeds in every prediction."""
+    from dit_trainer.components.families.base import ExportParts
+
+    extra = {**EXTRA, "guidance_embeds": True}
+    dit = build_dit(ModelConfig(family="flux2", **TRANSFORMER, extra_config=extra), 16, 4, ConditionSize(3 * WIDTH))
+    parts = ExportParts(None, dit.transformer, None, None, None, "Flux2KleinPipeline", "float32", (16, 4, 4))
+    with pytest.raises(ConfigError, match="without a guidance strength") as error:
+        FLUX2.export(parts)
+    assert "`model.extra_config.guidance_embeds`" in str(error.value)
 
 
 @pytest.mark.parametrize(

@@ -87,6 +87,41 @@ def test_predict_calls_the_transformer_as_the_pipeline_does():
     torch.testing.assert_close(prediction[1:], second, rtol=0, atol=1e-5)
 
 
+class Wrapper(torch.nn.Module):
+    """Holds the DiT as ``module`` and calls it, as DistributedDataParallel does."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *inputs):
+        return self.module(*inputs)
+
+
+def test_guidance_rescales_each_token_as_the_pipeline_does():
+    """``guided_prediction`` with a Qwen-Image DiT (behind DDP's ``.module`` too) combines as QwenImagePipeline:
+    each packed token's guided prediction rescaled to its conditional one's norm; other families keep the plain
+    formula."""
+    from dit_trainer.diffusion.sampler import guided_prediction
+
+    dit = build_dit(ModelConfig(family="qwen_image", **TRANSFORMER), 16, 8, ConditionSize(WIDTH))
+    generator = torch.Generator().manual_seed(1)
+    x_t, t = torch.randn(1, 16, 8, 4, generator=generator), torch.tensor([600.0])
+    condition = Condition.cat([Condition(torch.randn(1, 5, WIDTH, generator=generator), torch.ones(1, 5))] * 2)
+    condition = Condition(condition.sequence * torch.tensor([1.0, 0.0])[:, None, None], condition.mask)
+    with torch.no_grad():
+        cond, uncond = pack(dit(torch.cat([x_t, x_t]), t.expand(2), condition).float()).chunk(2)
+        comb = uncond + 4.0 * (cond - uncond)
+        theirs = comb * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(comb, dim=-1, keepdim=True))
+        ours = guided_prediction(dit, x_t, t, condition, 4.0)
+        assert torch.equal(guided_prediction(Wrapper(dit), x_t, t, condition, 4.0), ours)
+    torch.testing.assert_close(pack(ours), theirs, rtol=0, atol=1e-6)
+    assert not torch.allclose(pack(ours), comb, atol=1e-3)  # the rescaling changed it
+    pixart = build_dit(ModelConfig(family="pixart_alpha", num_layers=1, attention_head_dim=8, num_attention_heads=2,
+                                   patch_size=2), 4, 8, ConditionSize(WIDTH))  # fmt: skip
+    assert torch.equal(pixart.guide(cond, uncond, 4.0), comb)
+
+
 def test_flops_are_counted_on_the_meta_device(qwen_image_folder):
     cfg = compose_config([*TINY_SHAPES, *qwen_image_overrides(qwen_image_folder)])
     parts = build_components(cfg, torch.device("cpu"), torch.float32, None)
