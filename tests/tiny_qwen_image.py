@@ -27,10 +27,12 @@ SHIFT = ResolutionShift(0.5, 0.9, 256, 8192)  # Qwen-Image's scheduler: max_shif
 
 
 def qwen_image_overrides(root: Path) -> list[str]:
-    """Train a new tiny Qwen-Image with the folder's Qwen2.5-VL and VAE on 16-px shapes, its resolution shift on."""
+    """Train a new tiny Qwen-Image with the folder's Qwen2.5-VL and VAE on 16-px shapes, its resolution shift (and
+    its sampler's last level, 0.02) on."""
     return own_pipeline_overrides(
         "qwen_image", root, MAX_LENGTH, RESOLUTION, TRANSFORMER, "vae.kind=qwen_image",
         "diffusion.resolution_shift=true", "diffusion.max_shift=0.9", "diffusion.max_image_seq_len=8192",
+        "diffusion.shift_terminal=0.02",
     )  # fmt: skip
 
 

@@ -61,6 +61,14 @@ def check_components(cfg: TrainConfig) -> None:
         "set `diffusion.resolution_shift=false` and a fixed `diffusion.shift` (SD3 and Sana: 3.0)",
     )
     require(
+        not cfg.diffusion.resolution_shift or cfg.diffusion.resolution_shift_rule == family.resolution_shift_rule,
+        "diffusion.resolution_shift_rule",
+        cfg.diffusion.resolution_shift_rule,
+        f"`model.family={cfg.model.family}`'s pipeline computes its mu by the {family.resolution_shift_rule} rule, so "
+        "an export would not reproduce our sampler with another",
+        f"set `diffusion.resolution_shift_rule={family.resolution_shift_rule}`",
+    )
+    require(
         conditioner.pooling or cfg.conditioner.pooling == "none",
         "conditioner.pooling",
         cfg.conditioner.pooling,

@@ -246,6 +246,13 @@ class DiffusionConfig:
     max_shift: float = 1.15  # resolution_shift: mu at max_image_seq_len tokens
     base_image_seq_len: int = at_least(1, 256)
     max_image_seq_len: int = at_least(1, 4096)
+    # resolution_shift: how mu follows the image: linear (Flux's, Qwen-Image's: in the tokens of 2 x 2 latents, from
+    # base_shift to max_shift) | flux2 (FLUX.2's empirical mu of the latent positions and the sampler's step count;
+    # training's at 50 steps, its pipeline's default)
+    resolution_shift_rule: str = one_of(("linear", "flux2"), "linear")
+    # resolution_shift: sampling's noise levels stretched to end at this one instead of 1/N's (Qwen-Image's
+    # shift_terminal, 0.02); training's timesteps are not stretched. null: no stretch
+    shift_terminal: float | None = fraction(None, note="or null")
     # Where training timesteps fall: uniform | logit_normal | mode | cosmap (SD3's densities)
     timestep_sampling: str = one_of(TIMESTEP_DENSITIES, "uniform")
     logit_mean: float = 0.0  # logit_normal

@@ -56,23 +56,52 @@ class ResolutionShift:
     """Flux's resolution-dependent shift (``diffusion.resolution_shift``): larger images need more noise to destroy
     their structure, so the shift grows with the image's tokens. mu is linear in the token count (``base_shift`` at
     ``base_seq_len`` tokens, ``max_shift`` at ``max_seq_len``), and sigma -> e^mu sigma / (1 + (e^mu - 1) sigma),
-    FluxPipeline's ``calculate_shift`` and FlowMatchEulerDiscreteScheduler's exponential time shift."""
+    FluxPipeline's ``calculate_shift`` and FlowMatchEulerDiscreteScheduler's exponential time shift. ``terminal``:
+    the sampler's levels stretched to end there (Qwen-Image's ``shift_terminal``); training's are not stretched.
+
+    With ``empirical_steps`` (``diffusion.resolution_shift_rule=flux2``) mu is FLUX.2's empirical one instead
+    (``empirical_mu``): a function of the latent positions (FLUX.2's latents come patched: one token each) and of the
+    step count, the sampler's when it samples, ``empirical_steps`` (``EMPIRICAL_TRAINING_STEPS``) when training
+    draws timesteps."""
 
     base_shift: float = 0.5
     max_shift: float = 1.15
     base_seq_len: int = 256
     max_seq_len: int = 4096
+    terminal: float | None = None
+    empirical_steps: int | None = None
 
-    def mu(self, latent_size: tuple[int, int]) -> float:
-        """mu for (H, W) latents: tokens counted as FluxPipeline packs them, 2 x 2 latents a token."""
+    def mu(self, latent_size: tuple[int, int], steps: int | None = None) -> float:
+        """mu for (H, W) latents (sampled in ``steps``, for the empirical rule): tokens counted as FluxPipeline packs
+        them, 2 x 2 latents a token."""
+        if self.empirical_steps is not None:
+            return empirical_mu(latent_size[0] * latent_size[1], steps or self.empirical_steps)
         tokens = (latent_size[0] // 2) * (latent_size[1] // 2)
         slope = (self.max_shift - self.base_shift) / (self.max_seq_len - self.base_seq_len)
         return tokens * slope + self.base_shift - slope * self.base_seq_len
 
 
+# The step count training's empirical mu is taken at: Flux2KleinPipeline's default for base models (their
+# sampling's), fixed so that the noise training draws does not follow the preview's step count.
+EMPIRICAL_TRAINING_STEPS = 50
+
+
+def empirical_mu(tokens: int, steps: int) -> float:
+    """FLUX.2's mu (Flux2Pipeline's ``compute_empirical_mu``), fitted by Black Forest Labs: linear in the image's
+    tokens at 10 and at 200 steps, and between those linear in the step count; above 4,300 tokens the 200-step line
+    alone."""
+    at_200 = 1.6927e-4 * tokens + 0.45666666
+    if tokens > 4300:
+        return float(at_200)
+    at_10 = 8.73809524e-5 * tokens + 1.89833333
+    slope = (at_200 - at_10) / 190.0
+    return float(at_200 + slope * (steps - 200))
+
+
 def euler_scheduler(num_train_timesteps: int, shift: float, resolution: ResolutionShift | None) -> SchedulerMixin:
     """Diffusers' Euler sampler of flow matching: a fixed ``shift``, or Flux's resolution shift (the scheduler
-    config FLUX.1 ships: ``use_dynamic_shifting``, mu passed at ``set_timesteps``)."""
+    config FLUX.1 ships: ``use_dynamic_shifting``, mu passed at ``set_timesteps``; Qwen-Image's adds its
+    ``shift_terminal``)."""
     if resolution is None:
         return FlowMatchEulerDiscreteScheduler(num_train_timesteps=num_train_timesteps, shift=shift)
     return FlowMatchEulerDiscreteScheduler(
@@ -82,6 +111,7 @@ def euler_scheduler(num_train_timesteps: int, shift: float, resolution: Resoluti
         max_shift=resolution.max_shift,
         base_image_seq_len=resolution.base_seq_len,
         max_image_seq_len=resolution.max_seq_len,
+        shift_terminal=resolution.terminal,
     )
 
 
@@ -111,14 +141,16 @@ class FlowSchedule(NoiseSchedule):
         self.shift = shift
         self.weighting = weighting
         self.resolution = resolution
-        self.mu: float | None = None  # set by at_size with a resolution shift
+        self.mu: float | None = None  # set by at_size with a resolution shift: training's
+        self.size: tuple[int, int] | None = None  # the latent (H, W) at_size set
 
     def at_size(self, latent_shape: tuple[int, ...]) -> FlowSchedule:
         """Itself, or with a resolution shift a copy for (..., H, W) latents whose shift is e^mu."""
         if self.resolution is None:
             return self
         sized = copy.copy(self)
-        sized.mu = self.resolution.mu(tuple(latent_shape[-2:]))
+        sized.size = tuple(latent_shape[-2:])
+        sized.mu = self.resolution.mu(sized.size)
         sized.shift = math.exp(sized.mu)
         if self.is_fallback:
             sized.scheduler = FallbackFlowScheduler(self.num_train_timesteps, sized.shift)
@@ -135,7 +167,8 @@ class FlowSchedule(NoiseSchedule):
             super().set_timesteps(sampler, num_steps, device)
             return
         self._require_size()
-        sampler.set_timesteps(sigmas=np.linspace(1.0, 1 / num_steps, num_steps), mu=self.mu, device=device)
+        mu = self.resolution.mu(self.size, num_steps)  # the empirical rule's depends on the step count
+        sampler.set_timesteps(sigmas=np.linspace(1.0, 1 / num_steps, num_steps), mu=mu, device=device)
 
     @classmethod
     def check_config(cls, d: DiffusionConfig) -> None:
@@ -172,6 +205,24 @@ class FlowSchedule(NoiseSchedule):
                 "set e.g. `diffusion.base_image_seq_len=256 diffusion.max_image_seq_len=4096` (Flux's)",
             )
         require(
+            d.resolution_shift_rule == "linear" or (d.resolution_shift and d.scheduler is not None),
+            "diffusion.resolution_shift_rule",
+            d.resolution_shift_rule,
+            "FLUX.2's empirical mu depends on the sampler's step count, which diffusers' Euler scheduler takes on the "
+            "resolution-shifted grid and a fixed shift or the built-in Euler does not",
+            f"set `diffusion.resolution_shift=true` with `diffusion.scheduler={FLOW_SCHEDULER}`, or "
+            "`diffusion.resolution_shift_rule=linear`",
+        )
+        require(
+            d.shift_terminal is None or (d.resolution_shift and d.scheduler is not None),
+            "diffusion.shift_terminal",
+            d.shift_terminal,
+            "the last noise level is stretched by diffusers' Euler scheduler on the resolution-shifted grid "
+            "(Qwen-Image's scheduler), which a fixed shift or the built-in Euler does not use",
+            f"set `diffusion.resolution_shift=true` with `diffusion.scheduler={FLOW_SCHEDULER}`, or "
+            "`diffusion.shift_terminal=null`",
+        )
+        require(
             d.scheduler in (None, FLOW_SCHEDULER),
             "diffusion.scheduler",
             d.scheduler,
@@ -184,7 +235,15 @@ class FlowSchedule(NoiseSchedule):
         """Diffusers' Euler scheduler samples when ``diffusion.scheduler`` is set, else the built-in Euler."""
         resolution = None
         if cfg.resolution_shift:
-            resolution = ResolutionShift(cfg.base_shift, cfg.max_shift, cfg.base_image_seq_len, cfg.max_image_seq_len)
+            empirical = EMPIRICAL_TRAINING_STEPS if cfg.resolution_shift_rule == "flux2" else None
+            resolution = ResolutionShift(
+                cfg.base_shift,
+                cfg.max_shift,
+                cfg.base_image_seq_len,
+                cfg.max_image_seq_len,
+                cfg.shift_terminal,
+                empirical,
+            )
         if cfg.scheduler is None:
             scheduler = FallbackFlowScheduler(cfg.num_train_timesteps, cfg.shift)
         else:

@@ -73,3 +73,45 @@ def test_the_option_is_refused_where_it_does_not_apply():
         FlowSchedule.check_config(DiffusionConfig(**(FLUX | {"shift": 3.0})))
     with pytest.raises(ConfigError, match="`diffusion.max_image_seq_len`"):
         FlowSchedule.check_config(DiffusionConfig(**(FLUX | {"max_image_seq_len": 256})))
+    for elsewhere in ({"resolution_shift": False, "shift": 3.0}, {"scheduler": None}):
+        with pytest.raises(ConfigError, match="`diffusion.shift_terminal`"):
+            FlowSchedule.check_config(DiffusionConfig(**(FLUX | elsewhere | {"shift_terminal": 0.02})))
+
+
+def test_qwen_image_s_last_level_is_its_pipeline_s():
+    """With ``diffusion.shift_terminal`` (Qwen-Image's 0.02) our sampler steps through QwenImagePipeline's levels for
+    the image size (its scheduler config, its grid and mu), and the export ships the stretch; training's timesteps
+    are not stretched."""
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift as qwen_shift
+
+    qwen = FLUX | {"max_shift": 0.9, "max_image_seq_len": 8192, "shift_terminal": 0.02}
+    schedule = build_noise_schedule(DiffusionConfig(**qwen))
+    theirs = FlowMatchEulerDiscreteScheduler(
+        use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9, base_image_seq_len=256, max_image_seq_len=8192,
+        shift_terminal=0.02, time_shift_type="exponential",
+    )  # fmt: skip
+    theirs.set_timesteps(sigmas=np.linspace(1.0, 1 / 8, 8), mu=qwen_shift(64 * 64, 256, 8192, 0.5, 0.9))
+    ours = schedule.at_size((16, 128, 128)).sampler(8, torch.device("cpu"))
+    torch.testing.assert_close(ours.sigmas, theirs.sigmas, rtol=0, atol=1e-6)
+    assert abs(ours.sigmas[-2].item() - 0.02) < 1e-6
+    assert schedule.diffusers_sampler("euler").config.shift_terminal == 0.02
+    unstretched = build_noise_schedule(DiffusionConfig(**(qwen | {"shift_terminal": None}))).at_size((16, 128, 128))
+    u = torch.linspace(0.05, 0.95, 19)
+    assert torch.equal(schedule.at_size((16, 128, 128)).timesteps_at(u), unstretched.timesteps_at(u))
+
+
+@pytest.mark.parametrize(("side", "steps"), [(16, 4), (64, 28), (64, 50), (96, 50)])
+def test_flux2_s_empirical_mu_is_its_pipeline_s_for_the_size_and_the_step_count(side, steps):
+    """``resolution_shift_rule=flux2``: our sampler steps through Flux2KleinPipeline's levels (its mu of the latent
+    positions and the step count, its grid), and training draws at its mu for 50 steps, whatever the sampler's."""
+    from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
+
+    from dit_trainer.diffusion.flow import empirical_mu
+
+    flux2 = FLUX | {"resolution_shift_rule": "flux2", "sample_steps": 7}
+    schedule = build_noise_schedule(DiffusionConfig(**flux2)).at_size((128, side, side))
+    theirs = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, shift=3.0)
+    theirs.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps), mu=compute_empirical_mu(side * side, steps))
+    torch.testing.assert_close(schedule.sampler(steps, torch.device("cpu")).sigmas, theirs.sigmas, rtol=0, atol=1e-6)
+    assert empirical_mu(side * side, steps) == pytest.approx(compute_empirical_mu(side * side, steps), abs=1e-9)
+    assert schedule.mu == pytest.approx(compute_empirical_mu(side * side, 50), abs=1e-9)  # training's

@@ -46,7 +46,8 @@ def test_qwen_image_export_is_a_qwen_image_pipeline_that_reproduces_our_sampler(
     assert "undoes itself" in result.manifest["latents"]
 
     pipe = QwenImagePipeline.from_pretrained(folder)
-    assert pipe.scheduler.config.use_dynamic_shifting and pipe.scheduler.config.max_image_seq_len == 8192
+    config = pipe.scheduler.config
+    assert config.use_dynamic_shifting and config.max_image_seq_len == 8192 and config.shift_terminal == 0.02
     run = load_run(run_dir, device="cpu")
     ours = run.generate_images(PROMPTS, SEEDS, run.settings(4, 3.0))
     packed = pack(family_runs.seeded_noise(run.text_to_image.latent_shape, SEEDS))  # the pipeline's latents

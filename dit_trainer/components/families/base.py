@@ -129,6 +129,9 @@ class Family:
     # Its pipeline samples with the resolution-dependent shift (`diffusion.resolution_shift`, FluxPipeline's grid
     # and mu): another family's pipeline would not reproduce our sampler with it, or refuse it.
     resolution_shift: bool = False
+    # How that pipeline's mu follows the image (`diffusion.resolution_shift_rule`): linear in the tokens (Flux's,
+    # Qwen-Image's) or FLUX.2's empirical one of the tokens and the step count.
+    resolution_shift_rule: str = "linear"
     # Latents per token side in a transformer's config (its `patch_size`; Z-Image's lists one per patching mode).
     patch_size_of: Callable[[Mapping], int | None] = config_patch_size
 

@@ -16,11 +16,12 @@ A new model is sized by ``model.*`` and the conditioner: ``in_channels`` the VAE
 models are not guidance-distilled; on, ``model.embedded_guidance`` is fed as FLUX.1-dev's, and the export, whose
 pipeline passes no guidance, is refused).
 
-The pipeline shifts its noise levels by an empirical mu of the image size and the step count, which our schedule
-does not compute: FLUX.2 trains at a fixed ``diffusion.shift`` and an export hands the pipeline our sampler's noise
-levels (``sigmas``, with a scheduler at that fixed shift), so that it steps through the levels we sample with. The
-export is a whole ``Flux2KleinPipeline`` folder (its own Qwen3, prompts as text); our CFG is its
-``guidance_scale`` (the same formula, the empty prompt as the negative). DP-SGD is refused (``check`` says why).
+The pipeline shifts its noise levels by an empirical mu of the image's tokens and the step count:
+``diffusion.resolution_shift=true`` with ``diffusion.resolution_shift_rule=flux2`` is that schedule (training's mu
+at 50 steps), and the exported pipeline computes the same mu on the same grid; at a fixed ``diffusion.shift``
+instead, an export hands the pipeline our sampler's noise levels (``sigmas``). The export is a whole
+``Flux2KleinPipeline`` folder (its own Qwen3, prompts as text); our CFG is its ``guidance_scale`` (the same formula,
+the empty prompt as the negative). DP-SGD is refused (``check`` says why).
 """
 
 from __future__ import annotations
@@ -102,12 +103,12 @@ def _check_new(m: ModelConfig) -> None:
 
 
 def check(cfg: TrainConfig) -> None:
-    """Flow matching at a fixed shift, its own conditioner and VAE (what its pipeline holds), no DP-SGD, and a new
-    model's sizes."""
+    """Flow matching, its own conditioner and VAE (what its pipeline holds), no DP-SGD, and a new model's sizes."""
     require_flow_matching(
         cfg,
         "FLUX.2 is trained with flow matching (its released weights predict the flow velocity)",
-        "set `diffusion=flow` (and a fixed `diffusion.shift`: 7.56 is the pipeline's at 1024 px and 50 steps)",
+        "set `diffusion=flow` (and `diffusion.resolution_shift=true diffusion.resolution_shift_rule=flux2` for "
+        "FLUX.2's own schedule)",
     )
     require(
         cfg.conditioner.kind == "flux2",
@@ -206,14 +207,17 @@ def _generation(parts: ExportParts) -> dict:
     noise)."""
     cfg = parts.cfg
     d = cfg.diffusion
-    return {
+    generation = {
         "height": cfg.data.resolution,
         "width": cfg.data.resolution,
         "num_inference_steps": d.sample_steps,
         "guidance_scale": d.guidance_scale,
-        "sigmas": fixed_shift_sigmas(parts.scheduler, d.sample_steps),
         "max_sequence_length": cfg.conditioner.max_length,
     }
+    sigmas = fixed_shift_sigmas(parts.scheduler, d.sample_steps)
+    if sigmas is not None:
+        generation["sigmas"] = sigmas
+    return generation
 
 
 def _usage(folder: str, parts: ExportParts, generation: dict) -> str:
@@ -229,8 +233,8 @@ def _usage(folder: str, parts: ExportParts, generation: dict) -> str:
 
 
 def export(parts: ExportParts) -> PipelineExport:
-    """A whole Flux2KleinPipeline folder (transformer, its VAE as it is, Qwen3 and its tokenizer, the run's scheduler
-    at its fixed shift) that takes prompts as text."""
+    """A whole Flux2KleinPipeline folder (transformer, its VAE as it is, Qwen3 and its tokenizer, the run's
+    scheduler) that takes prompts as text."""
     cfg = parts.cfg
     if parts.transformer.config.guidance_embeds:
         raise ConfigError(
@@ -281,4 +285,6 @@ FLUX2 = Family(
     lora_targets=LORA_TARGETS,
     blocks=("transformer_blocks", "single_transformer_blocks"),
     pipeline_normalises=True,
+    resolution_shift=True,
+    resolution_shift_rule="flux2",
 )

@@ -149,7 +149,7 @@ def test_a_guidance_distilled_transformer_is_not_exported_to_the_klein_pipeline(
         ("conditioner.kind=t5", "conditioner.kind"),
         ("vae.kind=autoencoder_kl", "vae.kind"),
         ("diffusion.objective=v_prediction", "diffusion.objective"),
-        ("diffusion.resolution_shift=true", "diffusion.resolution_shift"),
+        ("diffusion.resolution_shift_rule=linear", "diffusion.resolution_shift_rule"),  # FluxPipeline's, not ours
         ("model.patch_size=2", "model.patch_size"),
         ("model.learned_sigma=true", "model.learned_sigma"),
         ("privacy.enabled=true", "privacy.enabled"),
