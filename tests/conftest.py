@@ -155,6 +155,7 @@ def run_here(args: list[str]) -> subprocess.CompletedProcess:
     finally:
         sys.argv = argv
         reset_accelerate_state()
+        register_configs()  # a resume by folder put its run's config in the schema's place in Hydra's ConfigStore
         gc.collect()  # a trainer's autograd hooks keep its models alive in a reference cycle
     return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
 
