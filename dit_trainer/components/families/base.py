@@ -347,3 +347,46 @@ def fixed_shift_sigmas(scheduler: FlowMatchEulerDiscreteScheduler, steps: int) -
     ours.set_timesteps(steps)
     shift = scheduler.config.shift
     return [float(sigma / (shift - (shift - 1) * sigma)) for sigma in ours.sigmas[:-1]]
+
+
+def sampler_generation(parts: ExportParts, **guidance: object) -> dict:
+    """The pipeline arguments that reproduce our sampler's size, steps and noise levels (with the prompt, and
+    ``latents=`` for the same noise), ``guidance`` (the pipeline's names for our CFG) among them: at a fixed shift
+    our sampler's levels (``sigmas``), which Z-Image's, Qwen-Image's and FLUX.2's pipelines would space otherwise."""
+    cfg = parts.cfg
+    generation = {
+        "height": cfg.data.resolution,
+        "width": cfg.data.resolution,
+        "num_inference_steps": cfg.diffusion.sample_steps,
+        **guidance,
+    }
+    sigmas = fixed_shift_sigmas(parts.scheduler, cfg.diffusion.sample_steps)
+    if sigmas is not None:
+        generation["sigmas"] = sigmas
+    return generation
+
+
+def bundled_usage(folder: str, parts: ExportParts, generation: dict, prompt_argument: str = "") -> str:
+    """Python that loads a whole ``parts.pipeline`` folder (its own text encoder: prompts as text) from ``folder`` and
+    generates an image as our sampler would; ``prompt_argument`` names the prompt where it is not the first
+    argument (``prompt=``)."""
+    settings = ", ".join(f"{key}={value!r}" for key, value in generation.items())
+    cast = parts.dtype != "float32"
+    torch_dtype = f", torch_dtype=torch.{parts.dtype}" if cast else ""
+    return (
+        ("import torch\n" if cast else "") + f"from diffusers import {parts.pipeline}\n\n"
+        f"pipe = {parts.pipeline}.from_pretrained({folder!r}{torch_dtype})  # or DiffusionPipeline.from_pretrained\n"
+        f'image = pipe({prompt_argument}"a red circle", {settings}).images[0]'
+    )
+
+
+def require_guidance_of_at_least_one(cfg: TrainConfig, pipeline: str) -> None:
+    """An export of a pipeline that guides only above our scale 1 (Z-Image's, Qwen-Image's, FLUX.2's) cannot sample as
+    a run sampled with a scale below it."""
+    require(
+        cfg.diffusion.guidance_scale >= 1,
+        "diffusion.guidance_scale",
+        cfg.diffusion.guidance_scale,
+        f"{pipeline} guides only with a scale above our 1: it cannot sample as this run did",
+        "export a run sampled with `diffusion.guidance_scale` of 1 (no guidance) or more",
+    )

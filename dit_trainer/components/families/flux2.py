@@ -35,12 +35,14 @@ from dit_trainer.components.families.base import (
     ExportParts,
     Family,
     PipelineExport,
+    bundled_usage,
     features_mismatch,
-    fixed_shift_sigmas,
     input_mismatch,
     require_extra_at_least,
     require_flow_matching,
     require_further_arguments,
+    require_guidance_of_at_least_one,
+    sampler_generation,
     save_with_encoder,
 )
 from dit_trainer.condition import Condition, ConditionSize
@@ -202,36 +204,6 @@ def predict(
     return tokens.transpose(1, 2).reshape(batch, channels, height, width)
 
 
-def _generation(parts: ExportParts) -> dict:
-    """Flux2KleinPipeline's arguments that reproduce our sampler (with the prompt, and ``latents=`` for the same
-    noise)."""
-    cfg = parts.cfg
-    d = cfg.diffusion
-    generation = {
-        "height": cfg.data.resolution,
-        "width": cfg.data.resolution,
-        "num_inference_steps": d.sample_steps,
-        "guidance_scale": d.guidance_scale,
-        "max_sequence_length": cfg.conditioner.max_length,
-    }
-    sigmas = fixed_shift_sigmas(parts.scheduler, d.sample_steps)
-    if sigmas is not None:
-        generation["sigmas"] = sigmas
-    return generation
-
-
-def _usage(folder: str, parts: ExportParts, generation: dict) -> str:
-    """Python that loads the export in ``folder`` and generates an image as our sampler would."""
-    settings = ", ".join(f"{key}={value!r}" for key, value in generation.items())
-    cast = parts.dtype != "float32"
-    torch_dtype = f", torch_dtype=torch.{parts.dtype}" if cast else ""
-    return (
-        ("import torch\n" if cast else "") + "from diffusers import Flux2KleinPipeline\n\n"
-        f"pipe = Flux2KleinPipeline.from_pretrained({folder!r}{torch_dtype})  # or DiffusionPipeline.from_pretrained\n"
-        f'image = pipe(prompt="a red circle", {settings}).images[0]'
-    )
-
-
 def export(parts: ExportParts) -> PipelineExport:
     """A whole Flux2KleinPipeline folder (transformer, its VAE as it is, Qwen3 and its tokenizer, the run's
     scheduler) that takes prompts as text."""
@@ -244,14 +216,9 @@ def export(parts: ExportParts) -> PipelineExport:
             "`model.embedded_guidance` in every prediction: the pipeline would not sample as this run did",
             "export a klein model (no guidance embedding), or load the transformer into a Flux2Pipeline yourself",
         )
-    if cfg.diffusion.guidance_scale < 1:
-        raise ConfigError(
-            "diffusion.guidance_scale",
-            cfg.diffusion.guidance_scale,
-            "Flux2KleinPipeline guides only with a guidance_scale above 1: it cannot sample as this run did",
-            "export a run sampled with `diffusion.guidance_scale` of 1 (no guidance) or more",
-        )
-    generation = _generation(parts)
+    require_guidance_of_at_least_one(cfg, "Flux2KleinPipeline")
+    generation = sampler_generation(parts, guidance_scale=cfg.diffusion.guidance_scale)  # the same CFG formula
+    generation["max_sequence_length"] = cfg.conditioner.max_length
     size = cfg.data.resolution
     conditioning = {
         "bundled": True,
@@ -269,7 +236,8 @@ def export(parts: ExportParts) -> PipelineExport:
     def save(folder: Path) -> None:
         save_with_encoder(parts, Flux2KleinPipeline, conditioner.tokenizer, conditioner.model, folder)
 
-    return PipelineExport(True, manifest, save, lambda folder: _usage(folder, parts, generation))
+    # (its first argument is a conditioning image: the prompt is named)
+    return PipelineExport(True, manifest, save, lambda folder: bundled_usage(folder, parts, generation, "prompt="))
 
 
 FLUX2 = Family(

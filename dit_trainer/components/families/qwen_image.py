@@ -31,20 +31,22 @@ from dit_trainer.components.families.base import (
     ExportParts,
     Family,
     PipelineExport,
+    bundled_usage,
     features_mismatch,
-    fixed_shift_sigmas,
     input_mismatch,
     require_extra_one_of,
     require_flow_matching,
     require_further_arguments,
+    require_guidance_of_at_least_one,
     require_rope_axes,
+    sampler_generation,
     save_with_encoder,
 )
 from dit_trainer.components.families.flux import pack, rope_axes, unpack
 from dit_trainer.components.families.mmdit import LORA_TARGETS as MMDIT_TARGETS
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ModelConfig, TrainConfig
-from dit_trainer.errors import ConfigError, require
+from dit_trainer.errors import require
 
 PACK = 2  # QwenImagePipeline packs 2 x 2 latents into one token (the transformer's patch_size)
 PIPELINE_SIZE = 1024  # QwenImagePipeline's default height and width
@@ -190,50 +192,15 @@ def guide(cond: torch.Tensor, uncond: torch.Tensor, guidance_scale: float) -> to
     return unpack(guided * norms, height, width)
 
 
-def _generation(parts: ExportParts) -> dict:
-    """QwenImagePipeline's arguments that reproduce our sampler (with the prompt, and ``latents=`` for the same
-    noise)."""
-    cfg = parts.cfg
-    d = cfg.diffusion
-    generation = {
-        "height": cfg.data.resolution,
-        "width": cfg.data.resolution,
-        "num_inference_steps": d.sample_steps,
-        "true_cfg_scale": d.guidance_scale,
-        "max_sequence_length": cfg.conditioner.max_length,
-    }
-    if d.guidance_scale > 1:
-        generation["negative_prompt"] = ""
-    sigmas = fixed_shift_sigmas(parts.scheduler, d.sample_steps)
-    if sigmas is not None:
-        generation["sigmas"] = sigmas
-    return generation
-
-
-def _usage(folder: str, parts: ExportParts, generation: dict) -> str:
-    """Python that loads the export in ``folder`` and generates an image as our sampler would."""
-    settings = ", ".join(f"{key}={value!r}" for key, value in generation.items())
-    cast = parts.dtype != "float32"
-    torch_dtype = f", torch_dtype=torch.{parts.dtype}" if cast else ""
-    return (
-        ("import torch\n" if cast else "") + "from diffusers import QwenImagePipeline\n\n"
-        f"pipe = QwenImagePipeline.from_pretrained({folder!r}{torch_dtype})  # or DiffusionPipeline.from_pretrained\n"
-        f'image = pipe("a red circle", {settings}).images[0]'
-    )
-
-
 def export(parts: ExportParts) -> PipelineExport:
     """A whole QwenImagePipeline folder (transformer, its VAE as it is, Qwen2.5-VL and its tokenizer, the run's
     scheduler) that takes prompts as text."""
     cfg = parts.cfg
-    if cfg.diffusion.guidance_scale < 1:
-        raise ConfigError(
-            "diffusion.guidance_scale",
-            cfg.diffusion.guidance_scale,
-            "QwenImagePipeline guides only with a true_cfg_scale above 1: it cannot sample as this run did",
-            "export a run sampled with `diffusion.guidance_scale` of 1 (no guidance) or more",
-        )
-    generation = _generation(parts)
+    require_guidance_of_at_least_one(cfg, "QwenImagePipeline")
+    scale = cfg.diffusion.guidance_scale  # its true_cfg_scale, with the empty prompt as the negative one
+    negative = {"negative_prompt": ""} if scale > 1 else {}
+    generation = sampler_generation(parts, true_cfg_scale=scale, **negative)
+    generation["max_sequence_length"] = cfg.conditioner.max_length
     size = cfg.data.resolution
     required = {} if size == PIPELINE_SIZE else {"height": size, "width": size}
     conditioning = {
@@ -249,7 +216,7 @@ def export(parts: ExportParts) -> PipelineExport:
     def save(folder: Path) -> None:
         save_with_encoder(parts, QwenImagePipeline, conditioner.tokenizer, conditioner.model, folder)
 
-    return PipelineExport(True, manifest, save, lambda folder: _usage(folder, parts, generation))
+    return PipelineExport(True, manifest, save, lambda folder: bundled_usage(folder, parts, generation))
 
 
 QWEN_IMAGE = Family(

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+from diffusers import ZImagePipeline, ZImageTransformer2DModel
 
 from dit_trainer.components.conditioners.text_encoder import FrozenTextEncoder
 from dit_trainer.components.conditioners.z_image import ZImageConditioner
@@ -40,13 +40,15 @@ from dit_trainer.components.families.base import (
     ExportParts,
     Family,
     PipelineExport,
+    bundled_usage,
     features_mismatch,
-    fixed_shift_sigmas,
     input_mismatch,
     require_extra_at_least,
     require_flow_matching,
     require_further_arguments,
+    require_guidance_of_at_least_one,
     require_rope_axes,
+    sampler_generation,
     save_text_encoder,
     save_with_encoder,
 )
@@ -175,35 +177,22 @@ def predict(
     return -torch.stack(transformer(images, time, captions, return_dict=False)[0]).squeeze(2)
 
 
-def _generation(cfg: TrainConfig, scheduler: FlowMatchEulerDiscreteScheduler, bundled: bool) -> dict:
+def _generation(parts: ExportParts, bundled: bool) -> dict:
     """ZImagePipeline's arguments that reproduce our sampler (with the prompt, and ``latents=`` for the same noise)."""
-    d = cfg.diffusion
-    generation = {
-        "height": cfg.data.resolution,
-        "width": cfg.data.resolution,
-        "num_inference_steps": d.sample_steps,
-        "guidance_scale": d.guidance_scale - 1,  # the pipeline's g: cond + g (cond - uncond)
-        "cfg_normalization": False,
-    }
-    sigmas = fixed_shift_sigmas(scheduler, d.sample_steps)
-    if sigmas is not None:
-        generation["sigmas"] = sigmas
+    cfg = parts.cfg
+    # the pipeline's g: cond + g (cond - uncond)
+    generation = sampler_generation(parts, guidance_scale=cfg.diffusion.guidance_scale - 1, cfg_normalization=False)
     if bundled:
         generation |= {"negative_prompt": "", "max_sequence_length": cfg.conditioner.max_length}
     return generation
 
 
-def _usage(folder: str, parts: ExportParts, generation: dict, bundled: bool) -> str:
-    """Python that loads the export in ``folder`` and generates an image as our sampler would."""
+def _pieces_usage(folder: str, parts: ExportParts, generation: dict) -> str:
+    """Python that loads the export in ``folder`` (the pipeline without its text encoder, the run's in
+    ``conditioner/``) and generates an image as our sampler would, passing our conditioner's embeddings."""
     settings = ", ".join(f"{key}={value!r}" for key, value in generation.items())
     cast = parts.dtype != "float32"
     torch_dtype = f", torch_dtype=torch.{parts.dtype}" if cast else ""
-    if bundled:
-        return (
-            ("import torch\n" if cast else "") + "from diffusers import ZImagePipeline\n\n"
-            f"pipe = ZImagePipeline.from_pretrained({folder!r}{torch_dtype})  # or DiffusionPipeline.from_pretrained\n"
-            f'image = pipe("a red circle", {settings}).images[0]'
-        )
     te = parts.cfg.conditioner
     encoder_class = type(parts.text_encoder.model).__name__
     to_dtype = f".to(torch.{parts.dtype})" if cast else ""
@@ -250,6 +239,7 @@ def export(parts: ExportParts) -> PipelineExport:
     """A ZImagePipeline folder: whole with Z-Image's own Qwen3, else without text encoder and the run's transformers
     text encoder in ``conditioner/`` (see the module)."""
     conditioner, cfg = parts.text_encoder, parts.cfg
+    require_guidance_of_at_least_one(cfg, "ZImagePipeline")
     bundled = isinstance(conditioner, ZImageConditioner)
     if not bundled and not isinstance(conditioner, FrozenTextEncoder):
         raise ConfigError(
@@ -259,16 +249,9 @@ def export(parts: ExportParts) -> PipelineExport:
             "transformers text encoder (`auto`, `t5`, `clip`), and this conditioner is neither",
             "train Z-Image with `conditioner=z_image` (or one text encoder) to export it",
         )
-    if cfg.diffusion.guidance_scale < 1:
-        raise ConfigError(
-            "diffusion.guidance_scale",
-            cfg.diffusion.guidance_scale,
-            "ZImagePipeline's guidance is ours minus 1 and it skips guidance below 0: it cannot sample as this run did",
-            "export a run sampled with `diffusion.guidance_scale` of 1 (no guidance) or more",
-        )
     if parts.vae.config.shift_factor is None:  # folded into the weights; the pipeline adds it unconditionally
         parts.vae.register_to_config(shift_factor=0.0)
-    generation = _generation(cfg, parts.scheduler, bundled)
+    generation = _generation(parts, bundled)
     required = (
         {} if cfg.data.resolution == PIPELINE_SIZE else {"height": cfg.data.resolution, "width": cfg.data.resolution}
     )
@@ -284,7 +267,8 @@ def export(parts: ExportParts) -> PipelineExport:
         pipeline.save_pretrained(folder)
         save_text_encoder(parts, folder / CONDITIONER_FOLDER)
 
-    return PipelineExport(bundled, manifest, save, lambda folder: _usage(folder, parts, generation, bundled))
+    usage = bundled_usage if bundled else _pieces_usage
+    return PipelineExport(bundled, manifest, save, lambda folder: usage(folder, parts, generation))
 
 
 Z_IMAGE = Family(

@@ -38,3 +38,26 @@ def test_a_dit_exported_for_dit_pipeline_takes_id_1000_as_our_null_class(tiny_tr
         theirs = widened(x, timestep=t, class_labels=torch.tensor([0, 1, 2, 1000]), return_dict=False)[0]
     torch.testing.assert_close(theirs, ours, atol=1e-6, rtol=0)
     assert with_pipeline_null_class(widened, DIT_PIPELINE_CLASSES) is widened  # 1,000 classes: kept
+
+
+def test_a_pipeline_that_guides_only_above_1_refuses_a_run_sampled_below_it(tiny_transformer):
+    """Z-Image's, Qwen-Image's and FLUX.2's pipelines cannot guide with our scale below 1 (Z-Image's counts ours
+    minus 1 and skips guidance under 0; the others guide only above 1): their exports refuse, naming the key."""
+    import dataclasses
+
+    import pytest
+
+    from dit_trainer.components.families import FAMILIES
+    from dit_trainer.components.families.base import ExportParts
+    from dit_trainer.config import DiffusionConfig, TrainConfig
+    from dit_trainer.errors import ConfigError
+
+    cfg = TrainConfig()
+    cfg = dataclasses.replace(cfg, diffusion=DiffusionConfig(objective="flow_matching", guidance_scale=0.5))
+    for name in ("z_image", "qwen_image", "flux2"):
+        family = FAMILIES.get(name)
+        transformer = tiny_transformer(name, condition_dim=12).transformer
+        parts = ExportParts(cfg, transformer, None, None, None, family.pipeline, "float32", (16, 4, 4))
+        with pytest.raises(ConfigError, match=f"{family.pipeline} guides only with a scale above our 1") as error:
+            family.export(parts)
+        assert "`diffusion.guidance_scale`" in str(error.value)
