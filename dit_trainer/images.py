@@ -1,16 +1,19 @@
-"""Image tensors to PIL: single images and labelled grids, for sample folders, monitors and reports; and which
-files of a folder are images, and which of its sub-folders are classes of images."""
+"""Image tensors to PIL: single images and labelled grids (of clips: one grid per frame, an animation), for sample
+folders, monitors and reports; and which files of a folder are images, and which of its sub-folders are classes of
+images."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from PIL import Image, ImageDraw, ImageFont
 
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff")  # the files of a class folder that are its images
 LABEL_HEIGHT = 12  # a line of PIL's default font
+ANIMATION_FPS = 8.0  # frames per second of the monitors' animated grids of clips
 CHAR_WIDTH = 6
 
 
@@ -77,3 +80,16 @@ def image_grid(
         if labels:
             draw.text((left + 2, top + tile_height), drawable(labels[index], font), fill="black", font=font)
     return grid
+
+
+def clip_grids(clips: torch.Tensor, columns: int, **labels) -> list[Image.Image]:
+    """(N, 3, F, H, W) clips in [0, 1] -> F grids (``image_grid``'s, with its ``labels``/``row_labels``), frame by
+    frame: the frames of one animated grid."""
+    return [image_grid(clips[:, :, frame], columns, **labels) for frame in range(clips.shape[2])]
+
+
+def save_animation(frames: list[Image.Image], target: Path | BinaryIO, fps: float) -> None:
+    """``frames`` as a looping animated GIF at ``fps`` into the file ``target`` names or is: PIL writes it, so a clip
+    needs no video codec to be seen in a browser, W&B (``wandb.Video``) or a file viewer."""
+    duration = round(1000 / fps)
+    frames[0].save(target, format="GIF", save_all=True, append_images=frames[1:], duration=duration, loop=0)

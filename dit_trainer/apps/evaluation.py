@@ -17,7 +17,7 @@ from dit_trainer.config import EvaluateConfig, RewardConfig, TrainConfig
 from dit_trainer.data import SOURCES
 from dit_trainer.diffusion.sampler import SamplerSettings
 from dit_trainer.errors import ConfigError
-from dit_trainer.images import image_grid
+from dit_trainer.images import ANIMATION_FPS, clip_grids, image_grid, save_animation
 from dit_trainer.prompts import load_prompts
 from dit_trainer.rewards import REWARDS
 from dit_trainer.rewards.build import build_reward
@@ -33,10 +33,11 @@ from dit_trainer.rewards.fid import (
     validation_reference,
 )
 from dit_trainer.rewards.groups import reward_metrics
+from dit_trainer.run_config import read_run_config
 from dit_trainer.runs.run_folder import find_checkpoint
 
 logger = logging.getLogger(__name__)
-REPORT, GRID = "report.json", "grid.png"
+REPORT, GRID, CLIP_GRID = "report.json", "grid.png", "grid.gif"
 
 
 def evaluation_prompts(cfg: EvaluateConfig, run_cfg: TrainConfig) -> list[str]:
@@ -193,7 +194,8 @@ def evaluate_to_folder(cfg: EvaluateConfig) -> tuple[Path, dict]:
         require_feature_extractor(cfg.fid_features, cfg.fid_weights, "fid_features", "fid_weights")
     checkpoint = find_checkpoint(Path(cfg.run_dir).expanduser(), cfg.checkpoint)
     out_dir = evaluation_folder(cfg, checkpoint)
-    names = [REPORT, GRID] if "rewards" in cfg.metrics else [REPORT]
+    grid_name = CLIP_GRID if read_run_config(Path(cfg.run_dir).expanduser()).data.frames > 1 else GRID
+    names = [REPORT, grid_name] if "rewards" in cfg.metrics else [REPORT]
     refuse_repeat(cfg, out_dir, names)
     run = load_run(cfg.run_dir, str(checkpoint), cfg.ema).at_size(cfg.height, cfg.width)
     report, images, rewards = evaluate(run, cfg)
@@ -202,9 +204,12 @@ def evaluate_to_folder(cfg: EvaluateConfig) -> tuple[Path, dict]:
     if images is not None:
         labels = [f"{value:.2f}" for value in rewards.tolist()]
         prompts = [entry["prompt"] for entry in report["per_prompt"]]
-        grid = image_grid(images, cfg.images_per_prompt, labels=labels, row_labels=prompts)
-        with (out_dir / GRID).open("xb") as file:
-            grid.save(file, format="PNG")
+        with (out_dir / grid_name).open("xb") as file:
+            if images.ndim == 5:  # clips: an animated grid
+                frames = clip_grids(images, cfg.images_per_prompt, labels=labels, row_labels=prompts)
+                save_animation(frames, file, ANIMATION_FPS)
+            else:
+                image_grid(images, cfg.images_per_prompt, labels=labels, row_labels=prompts).save(file, format="PNG")
     with (out_dir / REPORT).open("x", encoding="utf-8") as file:  # last: a folder with a report is complete
         file.write(json.dumps(report, indent=2) + "\n")
     return out_dir, report

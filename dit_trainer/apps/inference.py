@@ -6,6 +6,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 
@@ -14,6 +15,7 @@ from dit_trainer.components.dit import DiTAdapter
 from dit_trainer.components.lora import load_adapter
 from dit_trainer.config import SampleConfig, TrainConfig, check_fields
 from dit_trainer.config.scripts import RunCheckpointArgs
+from dit_trainer.data.sources.videofolder import write_mp4
 from dit_trainer.diffusion import SAMPLERS
 from dit_trainer.diffusion.checks import check_sampler
 from dit_trainer.diffusion.sampler import SamplerSettings, TextToImage
@@ -24,6 +26,7 @@ from dit_trainer.run_config import read_run_config
 from dit_trainer.runs.run_folder import check_writable_folder, find_checkpoint, weights_layout
 
 SAMPLE_INDEX = "index.jsonl"
+VIDEO_FPS = 16.0  # a video run's sample clips without `data.fps`: Wan's rate
 
 
 @dataclass
@@ -67,7 +70,7 @@ class TrainedRun:
                     f"set {nearest}",
                 )
         factor = vae.downsample_factor
-        latent_shape = (self.text_to_image.latent_shape[0], height // factor, width // factor)
+        latent_shape = (*self.text_to_image.latent_shape[:-2], height // factor, width // factor)  # clips: frames kept
         return dataclasses.replace(
             self, text_to_image=dataclasses.replace(self.text_to_image, latent_shape=latent_shape)
         )
@@ -136,16 +139,27 @@ def refuse_overwrite(out_dir: Path, names: list[str], command: str = "sampling")
         )
 
 
+def save_sample(sample: torch.Tensor, file: BinaryIO, fps: float) -> None:
+    """An image (3, H, W) in [0, 1] as a PNG, or a clip (3, F, H, W) as an H.264 MP4 at ``fps``."""
+    if sample.ndim == 3:
+        to_pil(sample).save(file, format="PNG")
+        return
+    frames = (sample.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 3, 0).cpu().numpy()
+    write_mp4(frames, file, fps)
+
+
 def sample_to_folder(cfg: SampleConfig) -> Path:
-    """Write one PNG per image and ``index.jsonl`` (``{"file", "prompt", "seed"}`` per image) into ``out_dir``,
-    none of whose files are replaced (files are created exclusively)."""
+    """Write one PNG per image (an MP4 per clip, for a video run) and ``index.jsonl`` (``{"file", "prompt", "seed"}``
+    per image) into ``out_dir``, none of whose files are replaced (files are created exclusively)."""
     check_sampling_args(cfg)
     prompts = load_prompts(cfg.prompts, cfg.prompt_file)
     jobs = [
         (prompt, cfg.seed + index)
         for index, prompt in enumerate(p for p in prompts for _ in range(cfg.images_per_prompt))
     ]
-    names = [f"{index:05d}.png" for index in range(len(jobs))]
+    data = read_run_config(Path(cfg.run_dir).expanduser()).data
+    suffix, fps = ("mp4", data.fps or VIDEO_FPS) if data.frames > 1 else ("png", 0.0)
+    names = [f"{index:05d}.{suffix}" for index in range(len(jobs))]
     out_dir = Path(cfg.out_dir).expanduser()
     refuse_overwrite(out_dir, [SAMPLE_INDEX, *names])
     run = load_run(cfg.run_dir, cfg.checkpoint, cfg.ema).at_size(cfg.height, cfg.width)
@@ -158,6 +172,6 @@ def sample_to_folder(cfg: SampleConfig) -> Path:
             images = run.generate_images([p for p, _ in batch], [s for _, s in batch], settings, cfg.batch_size)
             for name, (prompt, seed), image in zip(names[start:], batch, images):
                 with (out_dir / name).open("xb") as file:
-                    to_pil(image).save(file, format="PNG")
+                    save_sample(image, file, fps)
                 index_file.write(json.dumps({"file": name, "prompt": prompt, "seed": seed}) + "\n")
     return out_dir

@@ -76,12 +76,13 @@ def card_metadata(cfg: TrainConfig) -> ModelCardData:
     text = cfg.conditioner.kind != CLASS_LABELS
     base, data = hub_id(cfg.model.pretrained), hub_id(cfg.data.path) if cfg.data.source == "hf" else None
     tags = ["dit-trainer", "diffusers", "diffusion-transformer", cfg.model.family]
-    tags += ["text-to-image"] if text else ["class-conditional"]
+    task = "text-to-video" if cfg.data.frames > 1 else "text-to-image"
+    tags += [task] if text else ["class-conditional"]
     tags += ["lora"] if cfg.lora.enabled else []
     tags += [tag] if (tag := method_of(cfg).card_tag) else []
     return ModelCardData(
         library_name="diffusers",
-        pipeline_tag="text-to-image" if text else None,
+        pipeline_tag=task if text else None,
         base_model=base,
         datasets=[data] if data else None,
         tags=tags,

@@ -14,13 +14,14 @@ VAE_KINDS = Registry(
         "autoencoder_kl": "dit_trainer.components.vae:AUTOENCODER_KL",
         "autoencoder_dc": "dit_trainer.components.vae:AUTOENCODER_DC",
         "qwen_image": "dit_trainer.components.vae:QWEN_IMAGE",
+        "wan": "dit_trainer.components.vae:WAN",
         "flux2": "dit_trainer.components.vae:FLUX2",
         "pixel": "dit_trainer.components.vae:PIXEL",
     },
 )
 # auto reads the checkpoint's model type; T5 and CLIP checkpoints hold more than their text encoder, so t5 and clip
 # load their encoder-only classes; class_labels conditions a class-conditional family on class ids; sd3, flux, sana,
-# z_image, qwen_image and flux2 are those families' own encoders, read from the subfolders of one pipeline folder
+# z_image, qwen_image, flux2 and wan are those families' own encoders, read from the subfolders of one pipeline folder
 # (`conditioner.pretrained`).
 CONDITIONER_KINDS = Registry(
     "conditioner.kind",
@@ -35,5 +36,6 @@ CONDITIONER_KINDS = Registry(
         "z_image": "dit_trainer.components.conditioners.z_image:Z_IMAGE_ENCODER",
         "qwen_image": "dit_trainer.components.conditioners.qwen_image:QWEN_IMAGE_ENCODER",
         "flux2": "dit_trainer.components.conditioners.flux2:FLUX2_ENCODER",
+        "wan": "dit_trainer.components.conditioners.wan:WAN_ENCODER",
     },
 )

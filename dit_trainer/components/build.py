@@ -27,7 +27,7 @@ class Components:
     text_encoder: Conditioner
     dit: DiTAdapter
     schedule: NoiseSchedule
-    latent_shape: tuple[int, int, int]
+    latent_shape: tuple[int, ...]  # (C, H, W), or a clip's (C, F, H, W)
 
 
 def trained_start(cfg: TrainConfig) -> Path | None:
@@ -67,4 +67,13 @@ def build_components(
             dit, cfg.trainer.reentrant_checkpointing, cfg.trainer.gradient_checkpointing_every
         )
     schedule = build_noise_schedule(cfg.diffusion)
-    return Components(vae, text_encoder, dit, schedule, (vae.latent_channels, latent_size, latent_size))
+    return Components(vae, text_encoder, dit, schedule, latent_shape(cfg.data.frames, vae, latent_size))
+
+
+def latent_shape(frames: int, vae: torch.nn.Module, latent_size: int) -> tuple[int, ...]:
+    """(C, H, W) of an image's latents, or of a clip of ``frames``: (C, F', H, W), a temporal VAE giving the first
+    frame's latent frame and one per group of ``vae.temporal_factor`` frames after it."""
+    spatial = (latent_size, latent_size)
+    if frames == 1:
+        return (vae.latent_channels, *spatial)
+    return (vae.latent_channels, (frames - 1) // vae.temporal_factor + 1, *spatial)

@@ -26,6 +26,7 @@ def check_components(cfg: TrainConfig) -> None:
     check_pretrained_class(cfg)
     if family.check is not None:
         family.check(cfg)
+    check_frames(cfg, family.video, vae.temporal_factor)
     factor = vae.downsample_factor(cfg.vae, False)  # from config files on this machine: nothing downloaded
     if factor is not None:  # else checked as soon as the VAE has loaded (build_components)
         check_resolution(cfg, factor)
@@ -94,6 +95,45 @@ def check_components(cfg: TrainConfig) -> None:
     for key, name_or_path in models.items():
         if name_or_path:
             require_offline_copy(str(name_or_path), key)
+
+
+def check_frames(cfg: TrainConfig, video: bool, temporal_factor: int) -> None:
+    """Clips (``data.frames`` > 1) need a family that takes them (``video``), a frame count the VAE's time
+    compression divides into whole latent frames (the first alone, then groups of ``temporal_factor``), and the parts
+    built for clips: the supervised method and no FID (both read images)."""
+    frames = cfg.data.frames
+    if frames == 1:
+        return
+    require(
+        video,
+        "data.frames",
+        frames,
+        f"`model.family={cfg.model.family}` is an image family: its transformer takes one frame",
+        "set `data.frames=1`, or train a video family (`model.family=wan`)",
+    )
+    fits = [n for n in range(frames - temporal_factor, frames + temporal_factor + 1) if (n - 1) % temporal_factor == 0]
+    require(
+        (frames - 1) % temporal_factor == 0,
+        "data.frames",
+        frames,
+        f"`vae.kind={cfg.vae.kind}` encodes the first frame alone, then groups of {temporal_factor}: a clip has "
+        f"{temporal_factor} k + 1 frames",
+        f"set `data.frames` to one of {', '.join(map(str, fits))}",
+    )
+    require(
+        cfg.trainer.method == "sft",
+        "trainer.method",
+        cfg.trainer.method,
+        "the online methods' rollouts, rewards and image statistics read images, not clips (yet)",
+        "train clips with `trainer.method=sft`, or images (`data.frames=1`) with an online method",
+    )
+    require(
+        not cfg.monitor.fid.enabled,
+        "monitor.fid.enabled",
+        cfg.monitor.fid.enabled,
+        "FID compares images' Inception features, and this run samples clips",
+        "set `monitor.fid.enabled=false`",
+    )
 
 
 def check_pretrained_class(cfg: TrainConfig) -> None:

@@ -33,11 +33,13 @@ class Conditioner(Protocol):
 class VAEKind:
     """``build(cfg, device, dtype)``: the frozen VAE. ``downsample_factor(cfg, download)``: its factor before any
     model loads (None when only loading tells, unless ``download`` may fetch a config file). ``pretrained``: whether
-    ``vae.pretrained`` names a model it loads."""
+    ``vae.pretrained`` names a model it loads. ``temporal_factor``: frames per latent frame after the first (1: an
+    image autoencoder, which encodes a clip frame by frame), what `data.frames` must fit before any model loads."""
 
     build: Callable[[VAEConfig, torch.device, torch.dtype], Any]
     downsample_factor: Callable[[VAEConfig, bool], int | None]
     pretrained: bool = True
+    temporal_factor: int = 1
 
 
 @dataclass(frozen=True)

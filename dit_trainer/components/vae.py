@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from diffusers import AutoencoderDC, AutoencoderKL, AutoencoderKLFlux2, AutoencoderKLQwenImage, ModelMixin
+from diffusers import (
+    AutoencoderDC,
+    AutoencoderKL,
+    AutoencoderKLFlux2,
+    AutoencoderKLQwenImage,
+    AutoencoderKLWan,
+    ModelMixin,
+)
 from torch import nn
 
 from dit_trainer.components import VAE_KINDS
@@ -17,8 +24,11 @@ from dit_trainer.hub import load_pretrained, model_config, pretrained_config
 
 def autoencoder_downsample_factor(config: dict) -> int | None:
     """An ``AutoencoderKL`` (``block_out_channels``) or ``AutoencoderDC`` (``encoder_block_out_channels``) halves
-    the size in every encoder block but the last; a video autoencoder (Qwen-Image's) once per entry of its
-    ``temperal_downsample``, as its pipeline counts; None for a config that lists none of them."""
+    the size in every encoder block but the last; a video autoencoder once per entry of its ``temperal_downsample``
+    (Qwen-Image's, Wan 2.1's), unless its config states ``scale_factor_spatial`` (Wan 2.2's, whose 2 x 2 pixel patches
+    double it); None for a config that lists none of them."""
+    if config.get("scale_factor_spatial") is not None:
+        return int(config["scale_factor_spatial"])
     if config.get("temperal_downsample") is not None:
         return 2 ** len(config["temperal_downsample"])
     blocks = config.get("encoder_block_out_channels") or config.get("block_out_channels")
@@ -33,7 +43,12 @@ class FrozenVAE(nn.Module):
     With ``latents_mean``/``latents_std`` in the config (per-channel statistics, as SDXL-style VAEs and our
     shapes VAE carry) latents become ``(z - mean) * scaling_factor / std``; otherwise ``(z - shift) * scaling_factor``.
     A config without ``scaling_factor`` (Qwen-Image's: its statistics alone normalise) scales by 1.
+
+    A clip (B, 3, F, H, W) goes through an image autoencoder frame by frame (``temporal_factor`` 1: as many latent
+    frames as frames); ``VideoVAE`` compresses time too.
     """
+
+    temporal_factor = 1
 
     def __init__(self, autoencoder: ModelMixin) -> None:
         super().__init__()
@@ -44,8 +59,8 @@ class FrozenVAE(nn.Module):
         shift = config.get("shift_factor") or 0.0
         mean = config.get("latents_mean") or [shift] * channels
         std = config.get("latents_std") or [1.0] * channels
-        self.register_buffer("latents_mean", torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1))
-        self.register_buffer("latents_std", torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1))
+        self.register_buffer("latents_mean", torch.tensor(mean, dtype=torch.float32))
+        self.register_buffer("latents_std", torch.tensor(std, dtype=torch.float32))
         self.latent_channels = channels
         self.downsample_factor = autoencoder_downsample_factor(config)
 
@@ -59,15 +74,27 @@ class FrozenVAE(nn.Module):
         if hasattr(self.autoencoder, "quant_conv"):
             self.autoencoder.quant_conv = None
 
+    def _stats(self, latents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-channel (mean, std) shaped to broadcast over ``latents``, an image's or a clip's."""
+        shape = (1, -1) + (1,) * (latents.ndim - 2)
+        return self.latents_mean.view(shape), self.latents_std.view(shape)
+
     @torch.no_grad()
     def encode_posterior(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(B, 3, H, W) in [-1, 1] -> the raw posterior's (mean, std), float32: what a latent cache stores. A
-        deterministic autoencoder's latent has no std (None): caches store half the bytes, and nothing is drawn."""
+        """(B, 3, H, W) or a clip's (B, 3, F, H, W) in [-1, 1] -> the raw posterior's (mean, std), float32: what a
+        latent cache stores. A deterministic autoencoder's latent has no std (None): caches store half the bytes, and
+        nothing is drawn."""
+        if images.ndim == 5 and self.temporal_factor == 1:
+            mean, std = self.encode_posterior(fold_frames(images))
+            return unfold_frames(mean, len(images)), None if std is None else unfold_frames(std, len(images))
         encoded = self.autoencoder.encode(self._to_autoencoder(images.to(self.dtype)))
         if not hasattr(encoded, "latent_dist"):
-            return self._from_autoencoder(encoded.latent).float(), None
+            return self._from_autoencoder(encoded.latent, images.ndim).float(), None
         posterior = encoded.latent_dist
-        return self._from_autoencoder(posterior.mean).float(), self._from_autoencoder(posterior.std).float()
+        return (
+            self._from_autoencoder(posterior.mean, images.ndim).float(),
+            self._from_autoencoder(posterior.std, images.ndim).float(),
+        )
 
     def latents_from_posterior(
         self, mean: torch.Tensor, std: torch.Tensor | None, generator: torch.Generator | None = None
@@ -81,11 +108,13 @@ class FrozenVAE(nn.Module):
                 mean, std, torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
             )
         )
-        return (self._patched(latents) - self.latents_mean) * self.scaling_factor / self.latents_std
+        latents = self._patched(latents)
+        mean, std = self._stats(latents)
+        return (latents - mean) * self.scaling_factor / std
 
     @torch.no_grad()
     def encode(self, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """(B, 3, H, W) in [-1, 1] -> normalised latents (B, C, H/f, W/f), float32.
+        """(B, 3, H, W) in [-1, 1] -> normalised latents (B, C, H/f, W/f), float32 (a clip's: (B, C, F', H/f, W/f)).
 
         With a ``generator`` the latent is sampled from the posterior, as training should; without, its mode.
         """
@@ -93,10 +122,13 @@ class FrozenVAE(nn.Module):
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
-        """Normalised latents -> images in [-1, 1] (float32)."""
-        latents = self._unpatched(latents.float() * self.latents_std / self.scaling_factor + self.latents_mean)
+        """Normalised latents -> images (or clips) in [-1, 1] (float32)."""
+        if latents.ndim == 5 and self.temporal_factor == 1:
+            return unfold_frames(self.decode(fold_frames(latents)), len(latents))
+        mean, std = self._stats(latents)
+        latents = self._unpatched(latents.float() * std / self.scaling_factor + mean)
         decoded = self.autoencoder.decode(self._to_autoencoder(latents.to(self.dtype))).sample
-        return self._from_autoencoder(decoded).float().clamp(-1, 1)
+        return self._from_autoencoder(decoded, latents.ndim).float().clamp(-1, 1)
 
     @staticmethod
     def _patched(latents: torch.Tensor) -> torch.Tensor:
@@ -110,18 +142,35 @@ class FrozenVAE(nn.Module):
 
     @staticmethod
     def _to_autoencoder(images: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) as the autoencoder takes it."""
+        """Our layout as the autoencoder takes it."""
         return images
 
     @staticmethod
-    def _from_autoencoder(output: torch.Tensor) -> torch.Tensor:
-        """The autoencoder's output as (B, C, H, W)."""
+    def _from_autoencoder(output: torch.Tensor, ndim: int) -> torch.Tensor:
+        """The autoencoder's output in our layout of ``ndim`` dimensions."""
         return output
 
 
-class OneFrameVAE(FrozenVAE):
-    """A video autoencoder (Qwen-Image's ``AutoencoderKLQwenImage``: (B, C, T, H, W), causal in time) on images, each
-    a video of one frame, as QwenImagePipeline uses it."""
+def fold_frames(clips: torch.Tensor) -> torch.Tensor:
+    """(B, C, F, H, W) -> (B F, C, H, W): a clip's frames as a batch of images."""
+    return clips.transpose(1, 2).flatten(0, 1)
+
+
+def unfold_frames(images: torch.Tensor, batch: int) -> torch.Tensor:
+    """``fold_frames`` undone for ``batch`` clips."""
+    return images.unflatten(0, (batch, -1)).transpose(1, 2)
+
+
+class VideoVAE(FrozenVAE):
+    """A video autoencoder ((B, C, T, H, W), causal in time: Wan's ``AutoencoderKLWan``, Qwen-Image's
+    ``AutoencoderKLQwenImage``): a clip of F frames becomes (F - 1) / ``temporal_factor`` + 1 latent frames (the first
+    alone, then each group), and an image is a clip of one frame, as QwenImagePipeline and Wan's training on images
+    use it (its latents stay (B, C, H, W))."""
+
+    def __init__(self, autoencoder: ModelMixin) -> None:
+        super().__init__(autoencoder)
+        config = autoencoder.config
+        self.temporal_factor = int(config.get("scale_factor_temporal") or 2 ** sum(config["temperal_downsample"]))
 
     def drop_encoder(self) -> None:
         """As ``FrozenVAE``'s, but the encoder becomes an empty module: the decoder's frame cache counts the encoder's
@@ -131,11 +180,11 @@ class OneFrameVAE(FrozenVAE):
 
     @staticmethod
     def _to_autoencoder(images: torch.Tensor) -> torch.Tensor:
-        return images.unsqueeze(2)
+        return images if images.ndim == 5 else images.unsqueeze(2)
 
     @staticmethod
-    def _from_autoencoder(output: torch.Tensor) -> torch.Tensor:
-        return output.squeeze(2)
+    def _from_autoencoder(output: torch.Tensor, ndim: int) -> torch.Tensor:
+        return output if ndim == 5 else output.squeeze(2)
 
 
 class PixelVAE(nn.Module):
@@ -143,6 +192,7 @@ class PixelVAE(nn.Module):
 
     latent_channels = 3
     downsample_factor = 1
+    temporal_factor = 1
     dtype = torch.float32
 
     def encode_posterior(self, images: torch.Tensor) -> tuple[torch.Tensor, None]:
@@ -171,8 +221,8 @@ class PatchedVAE(FrozenVAE):
     def __init__(self, autoencoder: AutoencoderKLFlux2) -> None:
         super().__init__(autoencoder)
         bn = autoencoder.bn
-        self.latents_mean = bn.running_mean.detach().float().view(1, -1, 1, 1)
-        self.latents_std = (bn.running_var.detach().float() + bn.eps).sqrt().view(1, -1, 1, 1)
+        self.latents_mean = bn.running_mean.detach().float()
+        self.latents_std = (bn.running_var.detach().float() + bn.eps).sqrt()
         self.latent_channels *= 4
         self.downsample_factor *= 2
 
@@ -221,7 +271,8 @@ def _autoencoder_factor(cfg: VAEConfig, download: bool) -> int | None:
 
 AUTOENCODER_KL = VAEKind(frozen_autoencoder(AutoencoderKL), _autoencoder_factor)
 AUTOENCODER_DC = VAEKind(frozen_autoencoder(AutoencoderDC), _autoencoder_factor)
-QWEN_IMAGE = VAEKind(frozen_autoencoder(AutoencoderKLQwenImage, OneFrameVAE), _autoencoder_factor)
+QWEN_IMAGE = VAEKind(frozen_autoencoder(AutoencoderKLQwenImage, VideoVAE), _autoencoder_factor, temporal_factor=4)
+WAN = VAEKind(frozen_autoencoder(AutoencoderKLWan, VideoVAE), _autoencoder_factor, temporal_factor=4)
 
 
 def _patched_vae(cfg: VAEConfig, device: torch.device, dtype: torch.dtype) -> PatchedVAE:

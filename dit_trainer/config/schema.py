@@ -42,7 +42,8 @@ class ModelConfig:
     # pixart_alpha | pixart_sigma (diffusers' PixArtTransformer2DModel, text-conditioned; they differ in the pipeline
     # an export writes) | dit (DiTTransformer2DModel, class-conditional: with `conditioner.kind=class_labels`) |
     # sd3 (SD3Transformer2DModel: SD3, SD3.5) | flux (FluxTransformer2DModel) | sana (SanaTransformer2DModel) |
-    # z_image (ZImageTransformer2DModel) |
+    # z_image (ZImageTransformer2DModel) | qwen_image (QwenImageTransformer2DModel) | flux2 (Flux2Transformer2DModel) |
+    # wan (WanTransformer3DModel: Wan 2.1/2.2 text-to-video; with `data.frames` > 1 it trains on clips) |
     # package.module:FAMILY, a family of your own (dit_trainer.components.families)
     family: str = "pixart_alpha"
     pretrained: str | None = None  # hub id or local path; when set, the architecture fields below are ignored
@@ -165,6 +166,13 @@ class DataConfig:
     # `caption_column` is ignored. Empty: use `caption_column`.
     caption_columns: list[str] = field(default_factory=list)
     resolution: int = at_least(8, 32)
+    # Frames per training clip: 1 trains on images (an image is a one-frame clip to a video family); more needs a
+    # source of clips (videofolder, moving_shapes) and a video family (wan). A temporal VAE (Wan's: the first frame,
+    # then groups of 4) needs 4k + 1 frames.
+    frames: int = at_least(1, 1)
+    # Clips are resampled to this rate before `frames` consecutive frames are taken (the start drawn from the run's
+    # generator); null: every frame at the file's own rate
+    fps: float | None = positive(None, note="or null")
     crop: str = one_of(CROPS, "center")  # center | random | none (squash the whole image to the target size)
     # Aspect-ratio buckets: none (every image cut to a `resolution` square) | pixart (PixArt's bin table, scaled to
     # `resolution`) | a list of [height, width] sizes in pixels. Each image is trained at the bucket nearest its

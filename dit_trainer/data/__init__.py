@@ -16,6 +16,8 @@ SOURCES = Registry(
     "data.source",
     {
         "shapes": "dit_trainer.data.sources.shapes:SOURCE",
+        "moving_shapes": "dit_trainer.data.sources.moving_shapes:SOURCE",
+        "videofolder": "dit_trainer.data.sources.videofolder:SOURCE",
         "imagefolder": "dit_trainer.data.sources.imagefolder:SOURCE",
         "hf": "dit_trainer.data.sources.hf:SOURCE",
         "webdataset": "dit_trainer.data.sources.webdataset:SOURCE",

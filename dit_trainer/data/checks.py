@@ -19,6 +19,8 @@ def check_data(cfg: TrainConfig) -> None:
         _check_source_path(cfg.data.source, cfg.data.path, "data.path")
     if cfg.data.buckets != "none":
         _check_buckets(cfg)
+    if cfg.data.frames > 1:
+        _check_clips(cfg)
     check_caption_tools(cfg)
     if cfg.validation.every_n_steps:
         _check_validation(cfg)
@@ -36,6 +38,23 @@ def _check_source_path(name: str, path: str | None, key: str) -> None:
     )
     if source.check_path is not None:
         source.check_path(path, key)
+
+
+def _check_clips(cfg: TrainConfig) -> None:
+    """Clips of ``data.frames`` frames come from sources of clips, one at a time, in one size."""
+    for name in configured_sources(cfg.data):
+        require(
+            SOURCES.get(name).clips,
+            "data.frames",
+            cfg.data.frames,
+            f"`data={name}` reads images, one frame each",
+            "set `data.frames=1`, or read clips (`data=videofolder`, or the embedded `data=moving_shapes`)",
+        )
+    for key, value, why in (
+        ("data.mixture", cfg.data.mixture, "a mixture of clip sources is not supported yet"),
+        ("data.buckets", cfg.data.buckets, "clips are trained at one size (`data.resolution`) for now"),
+    ):
+        require(value in ([], "none"), key, value, why, f"remove `{key}`")
 
 
 def _check_mixture(cfg: TrainConfig) -> None:

@@ -63,6 +63,11 @@ class SkipUnreadable(Dataset):
         """How the bad-file record names ``index`` (a file name, or a row number)."""
         raise NotImplementedError
 
+    def prepare(self, image: Image.Image, size: int | tuple[int, int]) -> torch.Tensor:
+        """What ``read`` gave, as the model's input at ``size``: an image's (3, H, W) uint8 (a source of clips
+        prepares its frames alike)."""
+        return to_model_input(image, size, self.crop, self.horizontal_flip)
+
     def image_size(self, index: int) -> tuple[int, int] | None:
         """(width, height) of ``index`` as decoded, without decoding it (what aspect-ratio buckets sort by); None
         when unreadable."""
@@ -87,10 +92,7 @@ class SkipUnreadable(Dataset):
             current = candidates[(start + offset) % len(candidates)]
             try:  # the transform too: an image can decode and still fail to convert
                 image, caption = self.read(current)
-                item = {
-                    "image": to_model_input(image, size or self.resolution, self.crop, self.horizontal_flip),
-                    "caption": caption,
-                }
+                item = {"image": self.prepare(image, size or self.resolution), "caption": caption}
             except UNREADABLE_ERRORS as error:
                 bad.append(describe_failure(self.name(current), error))
                 continue

@@ -64,7 +64,7 @@ def guide(dit: nn.Module, cond: torch.Tensor, uncond: torch.Tensor, guidance_sca
     return uncond + guidance_scale * (cond - uncond) if rule is None else rule(cond, uncond, guidance_scale)
 
 
-def initial_noise(seeds: Sequence[int], latent_shape: tuple[int, int, int]) -> torch.Tensor:
+def initial_noise(seeds: Sequence[int], latent_shape: tuple[int, ...]) -> torch.Tensor:
     """(B, C, H, W) on the CPU: image ``i``'s noise depends only on ``seeds[i]``, never on global RNG."""
     return torch.stack([torch.randn(latent_shape, generator=torch.Generator("cpu").manual_seed(int(s))) for s in seeds])
 
@@ -76,7 +76,7 @@ def generate(
     text_encoder,
     prompts: Sequence[str],
     seeds: Sequence[int],
-    latent_shape: tuple[int, int, int],
+    latent_shape: tuple[int, ...],
     settings: SamplerSettings,
     device: torch.device,
 ) -> torch.Tensor:
@@ -101,14 +101,14 @@ class TextToImage:
     vae: nn.Module
     text_encoder: nn.Module
     schedule: NoiseSchedule
-    latent_shape: tuple[int, int, int]
+    latent_shape: tuple[int, ...]  # (C, H, W), or a clip's (C, F, H, W)
     device: torch.device
 
     @property
     def image_size(self) -> tuple[int, int]:
-        """(height, width) in pixels of the images it generates."""
+        """(height, width) in pixels of the images (or clips) it generates."""
         factor = self.vae.downsample_factor
-        return self.latent_shape[1] * factor, self.latent_shape[2] * factor
+        return self.latent_shape[-2] * factor, self.latent_shape[-1] * factor
 
     @torch.no_grad()
     def __call__(
@@ -119,7 +119,8 @@ class TextToImage:
         settings: SamplerSettings,
         batch_size: int = 32,
     ) -> torch.Tensor:
-        """(len(prompts), 3, H, W) float32 images, ``batch_size`` at a time; each depends on its seed, not its batch."""
+        """(len(prompts), 3, H, W) float32 images (clips: (len(prompts), 3, F, H, W)), ``batch_size`` at a time; each
+        depends on its seed, not its batch."""
         images = []
         for start in range(0, len(prompts), batch_size):
             latents = generate(

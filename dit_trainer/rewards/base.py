@@ -36,10 +36,12 @@ class Reward:
     models: Callable[[RewardConfig], dict[str, str | None]] = no_models
 
 
-def check_reward_inputs(images: torch.Tensor, prompts: Sequence[str]) -> None:
-    """Fail with a readable message rather than deep inside a model when the protocol is not followed."""
-    if images.ndim != 4 or images.shape[1] != 3:
-        raise ValueError(f"reward functions take images of shape (B, 3, H, W), got {tuple(images.shape)}")
+def check_reward_inputs(images: torch.Tensor, prompts: Sequence[str], clips: bool = False) -> None:
+    """Fail with a readable message rather than deep inside a model when the protocol is not followed. A reward of
+    ``clips`` takes (B, 3, F, H, W) clips too (a video run's samples)."""
+    shape = "(B, 3, H, W) or clips (B, 3, F, H, W)" if clips else "(B, 3, H, W)"
+    if images.ndim not in ((4, 5) if clips else (4,)) or images.shape[1] != 3:
+        raise ValueError(f"this reward function takes images of shape {shape}, got {tuple(images.shape)}")
     if len(prompts) != images.shape[0]:
         raise ValueError(f"reward functions take one prompt per image: got {len(prompts)} for {images.shape[0]}")
 
@@ -56,8 +58,8 @@ class WeightedReward:
 
     @torch.no_grad()
     def scores(self, images: torch.Tensor, prompts: Sequence[str]) -> dict[str, torch.Tensor]:
-        """Each reward function's (B,) scores, unweighted, by name."""
-        check_reward_inputs(images, prompts)
+        """Each reward function's (B,) scores, unweighted, by name (each checks whether it takes clips)."""
+        check_reward_inputs(images, prompts, clips=True)
         return {name: reward(images, prompts).float() for name, (_, reward) in self.terms.items()}
 
     def combine(self, scores: dict[str, torch.Tensor]) -> torch.Tensor:

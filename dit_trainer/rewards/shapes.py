@@ -1,5 +1,6 @@
-"""The shapes data set's judge as rewards, read from the pixels, offline: ``shapes_alignment`` (does the image show
-the captioned colour and shape?) and ``shapes_margin`` (how clearly does it show the captioned shape?)."""
+"""The shapes data sets' judges as rewards, read from the pixels, offline: ``shapes_alignment`` (does the image show
+the captioned colour and shape?), ``shapes_margin`` (how clearly does it show the captioned shape?) and
+``moving_shapes_alignment`` (does the clip show the captioned colour, shape and direction?)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
+from dit_trainer.data.sources.moving_shapes import alignment_components
 from dit_trainer.data.sources.shapes import score_alignment, shape_margins
 from dit_trainer.rewards.base import Reward, check_reward_inputs
 
@@ -35,5 +37,21 @@ class ShapesMarginReward:
         return shape_margins(images, list(prompts)).to(images.device)
 
 
+class MovingShapesAlignmentReward:
+    """Range [0, 1]: a third each for the captioned colour, shape and direction of a clip (B, 3, F, H, W) (the
+    moving shapes data set's judge)."""
+
+    name = "moving_shapes_alignment"
+
+    @torch.no_grad()
+    def __call__(self, clips: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        check_reward_inputs(clips, prompts, clips=True)
+        if clips.ndim == 4:
+            raise ValueError("moving_shapes_alignment judges clips (B, 3, F, H, W): a direction needs frames")
+        components = alignment_components(clips, list(prompts))
+        return (sum(components.values()) / len(components)).to(clips.device)
+
+
 SHAPES_ALIGNMENT = Reward(lambda cfg, device, dtype: ShapesAlignmentReward())
 SHAPES_MARGIN = Reward(lambda cfg, device, dtype: ShapesMarginReward())
+MOVING_SHAPES_ALIGNMENT = Reward(lambda cfg, device, dtype: MovingShapesAlignmentReward())

@@ -15,7 +15,7 @@ from dit_trainer.config.resolvers import asset_path
 from dit_trainer.data import configured_sources
 
 logger = get_logger(__name__)
-SHAPES_SOURCE = "shapes"
+SHAPES_SOURCES = ("shapes", "moving_shapes")  # the data it was trained on (moving_shapes: the same shapes, moving)
 
 
 def uses_shapes_vae(vae: VAEConfig) -> bool:
@@ -29,7 +29,7 @@ def uses_shapes_vae(vae: VAEConfig) -> bool:
 def warn_shapes_vae_on_other_data(vae: VAEConfig, data: DataConfig) -> None:
     """Warn, on the main process, when data other than the shapes source is to be encoded by the shapes VAE."""
     sources = configured_sources(data)
-    other = [name for name in sources if name != SHAPES_SOURCE]
+    other = [name for name in sources if name not in SHAPES_SOURCES]
     if not other or not uses_shapes_vae(vae):
         return
     named = f"`data.mixture` names {other[0]}" if data.mixture else f"`data.source={other[0]}`"

@@ -26,6 +26,7 @@ FAMILIES = {
     "z_image": 12,
     "qwen_image": 12,
     "flux2": 12,
+    "wan": 12,
 }
 
 

@@ -19,7 +19,7 @@ from dit_trainer.condition import Condition
 
 # family -> what its tiny transformer is conditioned on: (condition width, pooled width or None)
 FAMILIES = {"pixart_alpha": (12, None), "dit": (10, None), "sd3": (12, 12), "flux": (12, 12), "sana": (12, None),
-            "z_image": (12, None), "qwen_image": (12, None), "flux2": (12, None)}  # fmt: skip
+            "z_image": (12, None), "qwen_image": (12, None), "flux2": (12, None), "wan": (12, None)}  # fmt: skip
 
 
 def _inputs(family: str, batch: int = 2, size: int = 8) -> tuple[torch.Tensor, torch.Tensor, Condition]:

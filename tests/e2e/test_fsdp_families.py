@@ -26,6 +26,7 @@ from ..tiny_qwen_image import qwen_image_overrides, write_tiny_qwen_image
 from ..tiny_sana import sana_overrides, write_sana_folder
 from ..tiny_sd3 import overrides as sd3_overrides
 from ..tiny_sd3 import write_tiny_sd3
+from ..tiny_wan import wan_overrides, write_tiny_wan
 from ..tiny_z_image import write_tiny_z_image, z_image_overrides
 from .test_fsdp import FSDP_TOLERANCE, WEIGHTS, fsdp_launch, launch, losses
 
@@ -39,6 +40,7 @@ TINY_RUNS: dict[str, Callable[[Path], list[str]]] = {
     "z_image": lambda folder: z_image_overrides(write_tiny_z_image(folder)),
     "qwen_image": lambda folder: qwen_image_overrides(write_tiny_qwen_image(folder)),
     "flux2": lambda folder: flux2_overrides(write_tiny_flux2(folder)),
+    "wan": lambda folder: wan_overrides(write_tiny_wan(folder)),  # clips of a video folder
 }
 # Trained sharded elsewhere, against DDP too.
 ELSEWHERE = {"pixart_alpha": "test_fsdp.py (TINY_SHAPES)", "pixart_sigma": "test_fsdp.py: pixart_alpha's class"}

@@ -138,6 +138,8 @@ CLUSTER_RECIPES = [
     ("z_image_lora", "Tongyi-MAI/Z-Image-Turbo", "vae.pretrained"),
     ("qwen_image_lora", "Qwen/Qwen-Image", "vae.pretrained"),
     ("flux2_lora", "black-forest-labs/FLUX.2-klein-base-4B", "vae.pretrained"),
+    ("wan21_t2v_1_3b", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "vae.pretrained"),
+    ("wan21_t2v_14b_lora", "Wan-AI/Wan2.1-T2V-14B-Diffusers", "vae.pretrained"),
 ]
 
 

@@ -288,7 +288,7 @@ def run_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> dict:
         cfg, device, weight_dtype(resolve_mixed_precision(cfg.trainer.mixed_precision)), cached_text
     )
     with torch.device("meta"):  # the model's own FLOPs: recomputation by checkpointing is not counted
-        meta_dit = build_dit(cfg.model, *parts.latent_shape[:2], parts.text_encoder.size)
+        meta_dit = build_dit(cfg.model, parts.latent_shape[0], parts.latent_shape[-1], parts.text_encoder.size)
     train_flops = count_flops(meta_dit, *synthetic_inputs(parts, 2, device))[1]
     kernels, make = (_bare_steps if job.what == "bare" else _trainer_steps)(job, cfg, parts, device, work)
     results, oom = [], None

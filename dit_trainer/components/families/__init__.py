@@ -23,5 +23,6 @@ FAMILIES = Registry(
         "z_image": "dit_trainer.components.families.z_image:Z_IMAGE",
         "qwen_image": "dit_trainer.components.families.qwen_image:QWEN_IMAGE",
         "flux2": "dit_trainer.components.families.flux2:FLUX2",
+        "wan": "dit_trainer.components.families.wan:WAN",
     },
 )

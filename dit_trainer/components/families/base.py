@@ -134,6 +134,8 @@ class Family:
     resolution_shift_rule: str = "linear"
     # Latents per token side in a transformer's config (its `patch_size`; Z-Image's lists one per patching mode).
     patch_size_of: Callable[[Mapping], int | None] = config_patch_size
+    # It takes clips, latents (B, C, F, H, W) (an image is a clip of one frame): what `data.frames` > 1 needs.
+    video: bool = False
 
     def latents_per_token(self, config: Mapping) -> int | None:
         """Latents per token side of a transformer with ``config``, the family's packing included: what a latent side

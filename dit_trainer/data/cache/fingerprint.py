@@ -31,7 +31,7 @@ NOT_FINGERPRINTED = (
 )
 # Data settings added since format 2 that shape the tensors: counted only away from their defaults, so that caches
 # written before they existed still match.
-ADDED_DATA_KEYS = {"caption_prefix": ""}
+ADDED_DATA_KEYS = {"caption_prefix": "", "frames": 1, "fps": None}
 
 
 def cache_fingerprint(

@@ -116,6 +116,46 @@ def open_inside(real_root: Path, name: str) -> BinaryIO:
     return os.fdopen(descriptor, "rb")
 
 
+def read_metadata(
+    path: Path, key: str, columns: list[str]
+) -> tuple[list[tuple[str, tuple[str, ...]]], list[Size | None]]:
+    """(file name, captions) of every line of a metadata.jsonl, and its declared (width, height) (None where it
+    declares none); a bad line, or one naming a file outside the folder, is a ``ConfigError``."""
+    records, sizes = [], []
+    with path.open("rb") as lines:
+        for number, raw in enumerate(lines, start=1):
+            row = metadata_row(raw, number, path.parent)
+            if row is None:
+                continue
+            if "file_name" not in row or any(column not in row for column in columns):
+                raise ConfigError(
+                    key,
+                    columns if key == "data.caption_columns" else columns[0],
+                    f"line {number} of {path} has keys {sorted(row)}; each line needs `file_name` "
+                    f"and the caption column(s)",
+                    f"set `{key}` to the key(s) holding captions",
+                )
+            name = str(row["file_name"])
+            if outside(name):
+                raise ConfigError(
+                    "data.path",
+                    str(path.parent),
+                    f"line {number} of {METADATA} names {name!r}, outside that folder (an absolute path, or one "
+                    "climbing out with `..`), and a data set reads only the files inside the folder it was given",
+                    "move or copy the image into the folder and list it by its path there (e.g. `images/1.png`)",
+                )
+            records.append((name, tuple(row[column] for column in columns)))
+            sizes.append(declared_size(row.get("width"), row.get("height")))
+    if not records:
+        raise ConfigError(
+            "data.path",
+            str(path.parent),
+            "its metadata.jsonl lists no images",
+            "add one line per image with `file_name` and a caption",
+        )
+    return records, sizes
+
+
 class ImageFolderDataset(SkipUnreadable):
     """Images listed in ``root/metadata.jsonl`` (``{"file_name": ..., "<caption_column>": ...}`` per line), or
     without one, the images of ``root``'s sub-folders captioned with the sub-folder's name (a class).
@@ -143,7 +183,7 @@ class ImageFolderDataset(SkipUnreadable):
         self.caption_prefix = caption_prefix
         metadata = self.root / METADATA
         if metadata.is_file():
-            self.records, self.sizes = self._read_metadata(metadata, *caption_keys(caption_column, caption_columns))
+            self.records, self.sizes = read_metadata(metadata, *caption_keys(caption_column, caption_columns))
             declared = len(self.sizes) - self.sizes.count(None)
             if 0 < declared < len(self.sizes):  # all or none: the sizes index is keyed by the files, not the metadata
                 logger.info(
@@ -161,45 +201,6 @@ class ImageFolderDataset(SkipUnreadable):
                     f"sub-folders of {self.root} that are hidden or hold no images are no classes and are ignored: "
                     f"{shortlist(ignored, 5)}"
                 )
-
-    @staticmethod
-    def _read_metadata(
-        path: Path, key: str, columns: list[str]
-    ) -> tuple[list[tuple[str, tuple[str, ...]]], list[Size | None]]:
-        """(file name, captions) of every line, and its declared (width, height) (None where it declares none)."""
-        records, sizes = [], []
-        with path.open("rb") as lines:
-            for number, raw in enumerate(lines, start=1):
-                row = metadata_row(raw, number, path.parent)
-                if row is None:
-                    continue
-                if "file_name" not in row or any(column not in row for column in columns):
-                    raise ConfigError(
-                        key,
-                        columns if key == "data.caption_columns" else columns[0],
-                        f"line {number} of {path} has keys {sorted(row)}; each line needs `file_name` "
-                        f"and the caption column(s)",
-                        f"set `{key}` to the key(s) holding captions",
-                    )
-                name = str(row["file_name"])
-                if outside(name):
-                    raise ConfigError(
-                        "data.path",
-                        str(path.parent),
-                        f"line {number} of {METADATA} names {name!r}, outside that folder (an absolute path, or one "
-                        "climbing out with `..`), and a data set reads only the files inside the folder it was given",
-                        "move or copy the image into the folder and list it by its path there (e.g. `images/1.png`)",
-                    )
-                records.append((name, tuple(row[column] for column in columns)))
-                sizes.append(declared_size(row.get("width"), row.get("height")))
-        if not records:
-            raise ConfigError(
-                "data.path",
-                str(path.parent),
-                "its metadata.jsonl lists no images",
-                "add one line per image with `file_name` and a caption",
-            )
-        return records, sizes
 
     def __len__(self) -> int:
         return len(self.records)

@@ -28,6 +28,8 @@ class Source:
     # ``unsharded()`` reads it whole on one process (validation).
     streamed: bool = False
     bucketed: bool = False  # its items can come at any (height, width) and it reads image sizes: `data.buckets`
+    # Its items are clips, (3, F, H, W) of `data.frames` frames (with `data.frames=1`, single frames (3, H, W)).
+    clips: bool = False
     caption_prefix: bool = False  # it puts `data.caption_prefix` before the captions it reads (``augmentation``)
     # What identifies the data beyond its config, for the cache fingerprint: cheap (no image is read), so None
     # where the config alone determines the data (shapes).

@@ -21,7 +21,7 @@ from torch import nn
 
 from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.diffusion.sampler import SamplerSettings, TextToImage
-from dit_trainer.images import image_grid
+from dit_trainer.images import ANIMATION_FPS, clip_grids, image_grid, save_animation
 from dit_trainer.rewards.base import WeightedReward
 from dit_trainer.rewards.groups import reward_metrics
 from dit_trainer.sharding import reshard
@@ -143,17 +143,27 @@ class SamplingMonitor(Monitor):
             )
 
     def _save_grid(self, images: torch.Tensor, key: str, step: int, rewards: list[float] | None = None) -> Path:
-        """``out_dir/step_<N>.png``, one row per prompt (each image labelled with its reward, if any), also sent to
-        the tracker as ``key``, image by image with its prompt and seed (by the main process: under FSDP the others
-        sampled the same images)."""
-        path = self.out_dir / f"step_{step:07d}.png"
+        """``out_dir/step_<N>.png`` (clips: an animated ``.gif``), one row per prompt (each image labelled with its
+        reward, if any), also sent to the tracker as ``key``, image by image with its prompt and seed (by the main
+        process: under FSDP the others sampled the same images)."""
+        clips = images.ndim == 5
+        path = self.out_dir / f"step_{step:07d}.{'gif' if clips else 'png'}"
         if not self.context.accelerator.is_main_process:
             return path
-        labels = None if rewards is None else [f"{value:.2f}" for value in rewards]
-        grid = image_grid(images, self.plan.group_size, labels=labels, row_labels=self.plan.prompts)
+        labels = {
+            "labels": None if rewards is None else [f"{value:.2f}" for value in rewards],
+            "row_labels": self.plan.prompts,
+        }
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        grid.save(path)
-        logged = MonitorImages(key, grid, images, self.plan.image_prompts, self.plan.image_seeds, rewards)
+        if clips:  # an animated grid; trackers get it whole (W&B) or its middle frame (TensorBoard)
+            frames = clip_grids(images, self.plan.group_size, **labels)
+            save_animation(frames, path, ANIMATION_FPS)
+            grid = frames[len(frames) // 2]
+        else:
+            grid = image_grid(images, self.plan.group_size, **labels)
+            grid.save(path)
+        prompts, seeds = self.plan.image_prompts, self.plan.image_seeds
+        logged = MonitorImages(key, grid, images, prompts, seeds, rewards, path if clips else None)
         self.context.trackers.log_images(logged, step)
         return path
 

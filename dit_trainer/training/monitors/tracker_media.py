@@ -5,7 +5,8 @@ W&B gets each prompt's images as one captioned media panel (``samples/00 a red c
 reward in the caption), so a prompt can be followed across steps with the step slider, and a ``wandb.Table`` of every
 image at every step (step, prompt, seed, image, reward) to filter and scrub; the final weights (the EMA ones when
 saved) become a version of the model artifact ``model-<run id>`` and, with ``logger.log_checkpoints``, so does every
-checkpoint's. TensorBoard gets the grids the run folder holds.
+checkpoint's. TensorBoard gets the grids the run folder holds. A video run's clips go to W&B as its animated grid
+(``samples/video``, a ``wandb.Video``) and to TensorBoard as the grid of their middle frames (its videos need moviepy).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ PANEL_TITLE = 48  # characters of a prompt in a W&B panel's key
 @dataclass(frozen=True)
 class MonitorImages:
     """One monitor's images at one step: ``images`` (N, 3, H, W) in [0, 1] with the ``prompt`` and ``seed`` of each
-    (and its reward, for the reward monitor), and the ``grid`` the run folder keeps."""
+    (and its reward, for the reward monitor), and the ``grid`` the run folder keeps. Clips (N, 3, F, H, W) come with
+    their animated grid's file (``animation``) and the middle frame's grid as ``grid``."""
 
     key: str  # samples | rewards
     grid: Image.Image
@@ -38,6 +40,7 @@ class MonitorImages:
     prompts: list[str]
     seeds: list[int]
     rewards: list[float] | None = None
+    animation: Path | None = None
 
 
 def panel_key(key: str, index: int, prompt: str) -> str:
@@ -58,7 +61,12 @@ class Trackers:
         self.name = tracker_name(cfg) if accelerator.is_main_process else None
 
     def log_images(self, logged: MonitorImages, step: int) -> None:
-        if self.name == "wandb":
+        if self.name == "wandb" and logged.animation is not None:
+            import wandb
+
+            run = self.accelerator.get_tracker("wandb", unwrap=True)
+            run.log({f"{logged.key}/video": wandb.Video(str(logged.animation), format="gif")}, step=step)
+        elif self.name == "wandb":
             self._wandb_images(logged, step)
         elif self.name == "tensorboard":
             tracker = self.accelerator.get_tracker("tensorboard")

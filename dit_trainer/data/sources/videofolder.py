@@ -1,0 +1,182 @@
+"""A folder of video clips with captions (``data=videofolder``): the image folder's conventions, a
+``metadata.jsonl`` (``{"file_name": "clip.mp4", "text": ...}`` per line) or, without one, every clip beside a
+sidecar ``.txt`` of the same name holding its caption.
+
+Clips are decoded with PyAV (FFmpeg's libraries, bundled in its wheels: no system FFmpeg, no build against the
+installed torch as torchcodec's wheels need, every container and codec FFmpeg reads). ``data.frames`` frames are
+taken from each clip, resampled to ``data.fps`` when set (every frame at the file's rate otherwise), starting at an
+offset drawn from torch's RNG (the DataLoader seeds it per worker from the run's seed); every frame is resized and
+cropped alike (one crop offset and one flip per clip). A file that cannot be read (not a video, truncated, no video
+stream, fewer frames than a clip needs) is skipped and counted like a bad image (``SkipUnreadable``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+import av
+import numpy as np
+import torch
+from PIL import Image
+
+from dit_trainer.config import DataConfig
+from dit_trainer.data.collate import SkipUnreadable
+from dit_trainer.data.sources.imagefolder import METADATA, metadata_fingerprint, open_inside, read_metadata
+from dit_trainer.data.sources.source import Source, augmentation
+from dit_trainer.data.sources.transforms import caption_keys, pick_caption, to_model_input
+from dit_trainer.errors import ConfigError
+
+VIDEO_SUFFIXES = (".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v", ".gif")
+
+
+def sidecar_records(folder: Path) -> list[tuple[str, tuple[str, ...]]]:
+    """(file, (caption,)) of every clip in ``folder`` (recursively) that has a sidecar ``.txt``, sorted."""
+    clips = sorted(p for p in folder.rglob("*") if p.suffix.lower() in VIDEO_SUFFIXES and not p.name.startswith("."))
+    return [
+        (str(clip.relative_to(folder)), (clip.with_suffix(".txt").read_text(encoding="utf-8").strip(),))
+        for clip in clips
+        if clip.with_suffix(".txt").is_file()
+    ]
+
+
+def check_video_folder(path: str, key: str = "data.path") -> None:
+    """``key`` holds a metadata.jsonl, or clips with sidecar captions: checked with the config, before any model is
+    built."""
+    folder = Path(path).expanduser()
+    if (folder / METADATA).is_file() or (folder.is_dir() and sidecar_records(folder)):
+        return
+    raise ConfigError(
+        key,
+        str(folder),
+        "no metadata.jsonl was found there (one JSON object per clip with `file_name` and a caption column), nor "
+        f"clips ({', '.join(VIDEO_SUFFIXES)}) with a caption in a .txt file of the same name",
+        f"point `{key}` at the folder that holds the clips and their captions",
+    )
+
+
+def decode_clip(file, frames: int, fps: float | None) -> list[np.ndarray]:
+    """``frames`` RGB frames (H, W, 3) of the video in ``file``: consecutive at the file's rate, or at ``fps`` (frames
+    repeated or skipped), from an offset drawn from torch's RNG. Anything that makes it no clip of that length is a
+    ``ValueError`` (the sources' unreadable-file errors)."""
+    try:
+        with av.open(file) as container:
+            if not container.streams.video:
+                raise ValueError("it has no video stream (audio only?)")
+            stream = container.streams.video[0]
+            rate = float(stream.average_rate or stream.guessed_rate or 0) or None
+            step = rate / fps if fps and rate else 1.0  # source frames per clip frame
+            span = math.floor((frames - 1) * step) + 1  # source frames a clip covers
+            count = stream.frames  # 0 where the container does not say
+            if count and count < span:
+                raise ValueError(f"it has {count} frames, fewer than the {span} a clip of {frames} needs")
+            start = int(torch.randint(count - span + 1, ())) if count else 0
+            wanted = [start + math.floor(k * step) for k in range(frames)]
+            picked: list[np.ndarray] = []
+            for index, frame in enumerate(container.decode(stream)):
+                while len(picked) < frames and wanted[len(picked)] == index:
+                    picked.append(frame.to_ndarray(format="rgb24"))
+                if len(picked) == frames:
+                    return picked
+    except av.FFmpegError as error:  # a subclass of neither OSError nor ValueError
+        raise ValueError(f"FFmpeg cannot decode it: {error}") from error
+    raise ValueError(f"it decodes to fewer frames than the {span} a clip of {frames} needs (truncated?)")
+
+
+def same_draws(seed: int) -> torch.Generator:
+    """A generator that makes every frame of a clip draw the crop offset and flip the first one drew."""
+    return torch.Generator().manual_seed(seed)
+
+
+class VideoFolderDataset(SkipUnreadable):
+    """Clips listed in ``root/metadata.jsonl`` or beside sidecar captions (see the module); items are
+    ``{"image": (3, F, H, W) uint8, "caption": str}`` (one frame: (3, H, W))."""
+
+    def __init__(
+        self,
+        root: str | Path,
+        resolution: int,
+        frames: int,
+        fps: float | None = None,
+        caption_column: str = "text",
+        crop: str = "center",
+        horizontal_flip: bool = False,
+        caption_columns: Sequence[str] = (),
+        caption_prefix: str = "",
+    ) -> None:
+        self.root = Path(root).expanduser()
+        self.real_root, self.path = self.root.resolve(), str(self.root)
+        self.resolution, self.crop, self.horizontal_flip = resolution, crop, horizontal_flip
+        self.frames, self.fps, self.caption_prefix = frames, fps, caption_prefix
+        metadata = self.root / METADATA
+        if metadata.is_file():
+            self.records, _ = read_metadata(metadata, *caption_keys(caption_column, caption_columns))
+        else:
+            self.records = sidecar_records(self.root)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def name(self, index: int) -> str:
+        return self.records[index][0]
+
+    def image_size(self, index: int) -> tuple[int, int] | None:
+        return None  # clips are trained at one size: no buckets read it
+
+    def read(self, index: int) -> tuple[list[np.ndarray], str]:
+        file_name, captions = self.records[index]
+        with open_inside(self.real_root, file_name) as file:
+            frames = decode_clip(file, self.frames, self.fps)
+        return frames, pick_caption(captions, prefix=self.caption_prefix)
+
+    def prepare(self, frames: list[np.ndarray], size: int | tuple[int, int]) -> torch.Tensor:
+        """Every frame resized and cropped alike: one crop offset and one flip drawn for the clip."""
+        seed = int(torch.randint(2**62, ()))
+        prepared = [
+            to_model_input(
+                Image.fromarray(frame), size, self.crop, self.horizontal_flip, torch.Generator().manual_seed(seed)
+            )
+            for frame in frames
+        ]
+        return torch.stack(prepared, dim=1) if len(prepared) > 1 else prepared[0]
+
+
+def _build(cfg: DataConfig) -> VideoFolderDataset:
+    return VideoFolderDataset(cfg.path, cfg.resolution, cfg.frames, cfg.fps, cfg.caption_column, **augmentation(cfg))
+
+
+def _content(cfg: DataConfig) -> dict:
+    """metadata.jsonl's fingerprint, or the sidecar captions': their number and a hash of (file, caption)."""
+    folder = Path(cfg.path).expanduser()
+    if (folder / METADATA).is_file():
+        return metadata_fingerprint(cfg.path)
+    records = sidecar_records(folder)
+    return {"entries": len(records), "sidecars_sha256": hashlib.sha256(json.dumps(records).encode()).hexdigest()}
+
+
+def write_mp4(frames: np.ndarray, target: Path | BinaryIO, fps: float) -> None:
+    """(F, H, W, 3) uint8 frames as an H.264 MP4 (yuv420p: what browsers and players read; even sides needed) into
+    the file ``target`` names or is (opened for binary writing)."""
+    with av.open(str(target) if isinstance(target, Path) else target, mode="w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=round(fps))
+        stream.height, stream.width = frames.shape[1:3]
+        stream.pix_fmt = "yuv420p"
+        stream.options = {"crf": "18"}
+        for pixels in frames:
+            container.mux(stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(pixels), format="rgb24")))
+        container.mux(stream.encode())
+
+
+SOURCE = Source(
+    _build,
+    "the folder that holds your clips and their captions (metadata.jsonl, or a .txt beside each clip)",
+    "/path/to/clips",
+    check_video_folder,
+    caption_prefix=True,
+    content=_content,
+    clips=True,
+)

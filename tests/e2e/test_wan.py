@@ -1,0 +1,76 @@
+"""Wan end to end, in-process, on a tiny random Wan pipeline folder (``tests/tiny_wan.py``: its UMT5 conditioner and
+video VAE) trained on a folder of MP4 clips: training, resuming bit for bit, LoRA, an export that
+``WanPipeline.from_pretrained`` loads and that generates our sampler's clip from the same noise (prompts as text), and
+``scripts/sample.py`` writing one MP4 per prompt and seed."""
+
+import json
+
+import av
+import pytest
+
+from ..tiny_wan import FRAMES, RESOLUTION, wan_overrides, write_tiny_wan
+from . import family_runs
+
+PROMPTS, SEEDS = ["a red circle moving left"], [3]
+# The tiny pipeline folder and its clips (`wan_folder`) and 30 steps on it with a copy resumed at step 15 (`wan_runs`).
+wan_folder, wan_runs = family_runs.family_fixtures("wan", write_tiny_wan, wan_overrides)
+
+
+@pytest.mark.slow
+def test_wan_trains_on_clips_and_a_resumed_run_matches_the_uninterrupted_one(wan_runs):
+    losses = family_runs.check_resumed_run(wan_runs)
+    print(f"wan loss: first 5 steps {sum(losses[:5]) / 5:.3f} -> last 5 {sum(losses[-5:]) / 5:.3f}")
+    assert sum(losses[-5:]) / 5 < 0.9 * sum(losses[:5]) / 5, losses
+    config = json.loads(
+        (wan_runs / "straight" / "checkpoints" / "checkpoint-30" / "transformer" / "config.json").read_text()
+    )
+    assert config["_class_name"] == "WanTransformer3DModel" and config["text_dim"] == 16 and config["in_channels"] == 4
+
+
+@pytest.mark.slow
+def test_wan_export_is_a_wan_pipeline_that_reproduces_our_sampler(wan_runs, tmp_path):
+    """With CFG (the empty prompt as the negative one): the pipeline's clip from our sampler's noise."""
+    from diffusers import WanPipeline
+
+    from dit_trainer.apps.inference import load_run
+
+    run_dir, folder = wan_runs / "straight", tmp_path / "export"
+    result = family_runs.export(run_dir, folder, "WanPipeline")
+    generation = result.manifest["generation"]
+    assert generation == {"height": RESOLUTION, "width": RESOLUTION, "num_frames": FRAMES, "num_inference_steps": 4,
+                          "guidance_scale": 3.0, "negative_prompt": "", "max_sequence_length": 32}  # fmt: skip
+    pipe = WanPipeline.from_pretrained(folder)
+    run = load_run(run_dir, device="cpu")
+    ours = run.generate_images(PROMPTS, SEEDS, run.settings(4, 3.0))
+    noise = family_runs.seeded_noise(run.text_to_image.latent_shape, SEEDS)
+    theirs = pipe(list(PROMPTS), latents=noise, output_type="pt", **generation).frames.transpose(1, 2)
+    assert theirs.shape == ours.shape == (1, 3, FRAMES, RESOLUTION, RESOLUTION)
+    difference = (theirs - ours).abs().max().item()
+    print(f"max abs difference, WanPipeline vs our sampler (CFG 3): {difference:.2e}")
+    assert difference < 1e-4
+    unguided = pipe(list(PROMPTS), latents=noise, output_type="pt", **(generation | {"guidance_scale": 1.0})).frames
+    assert (unguided.transpose(1, 2) - ours).abs().max() > 1e-3  # the guidance reaches the transformer
+
+
+@pytest.mark.slow
+def test_sample_py_writes_one_mp4_per_prompt_and_seed(wan_runs, tmp_path):
+    from dit_trainer.apps.cli import run_cli
+    from dit_trainer.apps.inference import sample_to_folder
+    from dit_trainer.config import SampleConfig
+
+    out_dir = tmp_path / "samples"
+    argv = [str(wan_runs / "straight"), f"out_dir={out_dir}", "prompts=[a red circle moving left]",
+            "images_per_prompt=2", "steps=2"]  # fmt: skip
+    assert run_cli(sample_to_folder, SampleConfig, argv, "usage: sample.py") == 0
+    index = [json.loads(line) for line in (out_dir / "index.jsonl").read_text().splitlines()]
+    assert [entry["file"] for entry in index] == ["00000.mp4", "00001.mp4"]
+    with av.open(str(out_dir / "00000.mp4")) as container:
+        frames = list(container.decode(video=0))
+    assert len(frames) == FRAMES and (frames[0].height, frames[0].width) == (RESOLUTION, RESOLUTION)
+
+
+@pytest.mark.slow
+def test_wan_lora_trains_only_the_adapters(wan_folder, tmp_path):
+    adapter = family_runs.train_lora(tmp_path / "lora", wan_folder, *wan_overrides(wan_folder))
+    targets = {name.split(".lora_")[0].split(".0.", 1)[-1] for name in adapter}
+    assert {"attn1.to_q", "attn2.to_k", "attn1.to_out.0", "ffn.net.0.proj", "ffn.net.2"} <= targets
