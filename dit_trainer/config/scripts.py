@@ -45,7 +45,8 @@ class SamplingArgs(RunCheckpointArgs):
 
 @dataclass
 class SampleConfig(SamplingArgs):
-    """``scripts/sample.py``: one PNG per image (an MP4 per clip, for a video run) and ``index.jsonl`` in ``out_dir``."""
+    """``scripts/sample.py``: one PNG per image (an MP4 per clip, for a video run) and ``index.jsonl`` in
+    ``out_dir``."""
 
     out_dir: str = MISSING
 

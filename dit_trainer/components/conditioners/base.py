@@ -9,8 +9,9 @@ from typing import TypeVar
 
 import torch
 from torch import nn
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from dit_trainer.components.freeze import freeze
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ConditionerConfig, TrainConfig
 from dit_trainer.errors import require
@@ -65,6 +66,20 @@ class FrozenConditioner(nn.Module):
         while len(self._memo) > self.memo_size:
             self._memo.popitem(last=False)
         return condition
+
+
+class TokenizedConditioner(FrozenConditioner):
+    """A conditioner of one tokenizer and one frozen encoder (Sana's, Z-Image's, Qwen-Image's, FLUX.2's, Wan's), each
+    prompt tokenized to ``max_length`` tokens; subclasses say how the encoder reads them (``encode_uncached``) and
+    what width it gives (``size``)."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, max_length: int, memo_size: int = 0
+    ) -> None:
+        super().__init__(memo_size)
+        self.tokenizer = tokenizer
+        self.model = freeze(model)
+        self.max_length = max_length
 
 
 def tokenize(tokenizer, prompts: list[str], max_length: int, **kwargs):

@@ -12,10 +12,9 @@ no mask), so the mask is kept for the cache and the statistics only.
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from dit_trainer.components.conditioners.base import FrozenConditioner, load_part, tokenize
-from dit_trainer.components.freeze import freeze
+from dit_trainer.components.conditioners.base import TokenizedConditioner, load_part, tokenize
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ConditionerConfig, TrainConfig
@@ -33,17 +32,9 @@ def chat_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
 
 
-class Flux2Conditioner(FrozenConditioner):
+class Flux2Conditioner(TokenizedConditioner):
     """``encode(prompts) -> Condition``: Qwen3's hidden states of layers ``HIDDEN_LAYERS``, concatenated per token
     (B, ``max_length``, 3 D), of the chat-templated prompts, and their mask; no pooled vector."""
-
-    def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, max_length: int, memo_size: int = 0
-    ) -> None:
-        super().__init__(memo_size)
-        self.tokenizer = tokenizer
-        self.model = freeze(model)
-        self.max_length = max_length
 
     @property
     def size(self) -> ConditionSize:

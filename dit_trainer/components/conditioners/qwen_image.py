@@ -13,10 +13,9 @@ transformer masks the padding, so a row does not depend on its length).
 from __future__ import annotations
 
 import torch
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, Qwen2_5_VLForConditionalGeneration
+from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-from dit_trainer.components.conditioners.base import FrozenConditioner, load_part, tokenize
-from dit_trainer.components.freeze import freeze
+from dit_trainer.components.conditioners.base import TokenizedConditioner, load_part, tokenize
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ConditionerConfig, TrainConfig
@@ -32,18 +31,10 @@ TEMPLATE = (
 TEMPLATE_TOKENS = 34
 
 
-class QwenImageConditioner(FrozenConditioner):
+class QwenImageConditioner(TokenizedConditioner):
     """``encode(prompts) -> Condition``: Qwen2.5-VL's last hidden states (B, ``max_length``, D) of the templated
     prompts past the template's system turn, zero past each prompt's real tokens, and their mask; no pooled
     vector."""
-
-    def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, max_length: int, memo_size: int = 0
-    ) -> None:
-        super().__init__(memo_size)
-        self.tokenizer = tokenizer
-        self.model = freeze(model)
-        self.max_length = max_length
 
     @property
     def size(self) -> ConditionSize:

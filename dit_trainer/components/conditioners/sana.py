@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 
-from dit_trainer.components.conditioners.base import FrozenConditioner, load_part, tokenize
-from dit_trainer.components.freeze import freeze
+from dit_trainer.components.conditioners.base import TokenizedConditioner, load_part, tokenize
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ConditionerConfig
@@ -25,18 +24,15 @@ from dit_trainer.config import ConditionerConfig
 TEXT_ENCODER, TOKENIZER = "text_encoder", "tokenizer"  # the subfolders of a Sana pipeline folder
 
 
-class SanaConditioner(FrozenConditioner):
+class SanaConditioner(TokenizedConditioner):
     """``encode(prompts) -> Condition``: Gemma-2's last hidden states (B, max_length, D) and their mask, no pooled
     vector (Sana's transformer takes none)."""
 
     def __init__(
         self, tokenizer, model: PreTrainedModel, max_length: int, instruction: list[str], memo_size: int = 0
     ) -> None:
-        super().__init__(memo_size)
-        self.tokenizer = tokenizer
+        super().__init__(tokenizer, model, max_length, memo_size)
         self.tokenizer.padding_side = "right"  # what SanaPipeline sets before every encode
-        self.model = freeze(model)
-        self.max_length = max_length
         self.instruction = "\n".join(instruction)
 
     @property

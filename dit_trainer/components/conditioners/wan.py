@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import torch
 from diffusers.pipelines.wan.pipeline_wan import prompt_clean
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase, UMT5EncoderModel
+from transformers import AutoTokenizer, UMT5EncoderModel
 
-from dit_trainer.components.conditioners.base import FrozenConditioner, load_part, tokenize
-from dit_trainer.components.freeze import freeze
+from dit_trainer.components.conditioners.base import TokenizedConditioner, load_part, tokenize
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ConditionerConfig, TrainConfig
@@ -28,17 +27,9 @@ TEXT_ENCODER, TOKENIZER = "text_encoder", "tokenizer"  # the subfolders of a Wan
 MAX_LENGTH = 512  # WanPipeline.__call__'s max_sequence_length (its encode_prompt's own default is 226)
 
 
-class WanConditioner(FrozenConditioner):
+class WanConditioner(TokenizedConditioner):
     """``encode(prompts) -> Condition``: UMT5's last hidden states (B, ``max_length``, D) of the cleaned prompts, zero
     past each prompt's real tokens, and their mask; no pooled vector."""
-
-    def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, max_length: int, memo_size: int = 0
-    ) -> None:
-        super().__init__(memo_size)
-        self.tokenizer = tokenizer
-        self.model = freeze(model)
-        self.max_length = max_length
 
     @property
     def size(self) -> ConditionSize:

@@ -12,10 +12,9 @@ with their mask, and the Z-Image family drops the padding where it calls the tra
 from __future__ import annotations
 
 import torch
-from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
-from dit_trainer.components.conditioners.base import FrozenConditioner, load_part, tokenize
-from dit_trainer.components.freeze import freeze
+from dit_trainer.components.conditioners.base import TokenizedConditioner, load_part, tokenize
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ConditionerConfig, TrainConfig
@@ -32,17 +31,9 @@ def chat_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> str:
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=True)
 
 
-class ZImageConditioner(FrozenConditioner):
+class ZImageConditioner(TokenizedConditioner):
     """``encode(prompts) -> Condition``: Qwen3's penultimate hidden states (B, ``max_length``, D) of the
     chat-templated prompts, and the mask of their real tokens (the template's included); no pooled vector."""
-
-    def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, max_length: int, memo_size: int = 0
-    ) -> None:
-        super().__init__(memo_size)
-        self.tokenizer = tokenizer
-        self.model = freeze(model)
-        self.max_length = max_length
 
     @property
     def size(self) -> ConditionSize:

@@ -12,9 +12,10 @@ conditioner's hidden size, patches of 1 x ``model.patch_size`` x ``model.patch_s
 may give ``[t, p, p]``: a temporal patch of t frames), ``ffn_dim`` 4 x the width unless ``model.extra_config`` gives
 it. Image-to-video switches (``image_dim``, ``added_kv_proj_dim``) are refused: this is the text-to-video family.
 
-Training needs flow matching at a fixed ``diffusion.shift`` (WanPipeline's scheduler: 3.0 at 480p, 5.0 at 720p); any
-VAE and text conditioner train, but an export is a whole ``WanPipeline`` folder, which holds Wan's UMT5
-(``conditioner=wan``) and video autoencoder (``vae=wan``) and takes prompts as text. DP-SGD is refused (``check``).
+A released Wan is trained with flow matching at a fixed ``diffusion.shift`` (WanPipeline's scheduler: 3.0 at 480p,
+5.0 at 720p); a new one may take another objective (the embedded example's v-prediction). Any VAE and text
+conditioner train, but an export is a whole ``WanPipeline`` folder, which samples flow matching and holds Wan's UMT5
+(``conditioner=wan``) and video autoencoder (``vae=wan``), taking prompts as text. DP-SGD is refused (``check``).
 """
 
 from __future__ import annotations
@@ -102,12 +103,13 @@ def _check_new(m: ModelConfig) -> None:
 
 
 def check(cfg: TrainConfig) -> None:
-    """Flow matching, no DP-SGD, and a new model's sizes."""
-    require_flow_matching(
-        cfg,
-        "Wan is trained with flow matching (its released weights predict the flow velocity)",
-        "set `diffusion=flow` with Wan's fixed shift (`diffusion.shift=3.0` at 480p, 5.0 at 720p)",
-    )
+    """Flow matching for a released model, no DP-SGD, and a new model's sizes and patches."""
+    if cfg.model.pretrained is not None:
+        require_flow_matching(
+            cfg,
+            "Wan is trained with flow matching (its released weights predict the flow velocity)",
+            "set `diffusion=flow` with Wan's fixed shift (`diffusion.shift=3.0` at 480p, 5.0 at 720p)",
+        )
     require(
         not cfg.privacy.enabled,
         "privacy.enabled",
@@ -158,13 +160,13 @@ def predict(
 ) -> torch.Tensor:
     """WanPipeline's transformer call (see the module); an image is a one-frame clip."""
     clip = x_t if x_t.ndim == 5 else x_t.unsqueeze(2)
-    velocity = transformer(
+    prediction = transformer(
         hidden_states=clip,
         timestep=t.expand(len(x_t)),
         encoder_hidden_states=condition.sequence,
         return_dict=False,
     )[0]
-    return velocity if x_t.ndim == 5 else velocity.squeeze(2)
+    return prediction if x_t.ndim == 5 else prediction.squeeze(2)
 
 
 def export(parts: ExportParts) -> PipelineExport:
@@ -172,6 +174,11 @@ def export(parts: ExportParts) -> PipelineExport:
     takes prompts as text and samples as our sampler does: its Euler grid at the run's fixed shift is ours."""
     cfg = parts.cfg
     require_guidance_of_at_least_one(cfg, "WanPipeline")
+    require_flow_matching(
+        cfg,
+        "WanPipeline samples flow matching's velocity, and this run trained another objective",
+        "train with `diffusion=flow` to export to WanPipeline (this run samples with `scripts/sample.py` as it is)",
+    )
     for key, value in (("vae.kind", cfg.vae.kind), ("conditioner.kind", cfg.conditioner.kind)):
         if value != "wan":
             raise ConfigError(

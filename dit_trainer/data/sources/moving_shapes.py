@@ -36,7 +36,7 @@ def clip_spec(index: int, seed: int, resolution: int) -> tuple[str, str, str, in
     rng = np.random.default_rng((seed, index))
     size = int(rng.integers(resolution * 3 // 8, resolution // 2 + 1))  # 12 to 16 px at 32: room left to move
     room = resolution - size
-    travel = int(rng.integers(room // 2, room + 1))  # at least half the free width, so the motion is plain
+    travel = int(rng.integers(room // 4, room // 2 + 1))  # 4 to 10 px at 32: plain motion, the shape kept whole
     start, across = int(rng.integers(0, room - travel + 1)), int(rng.integers(0, room + 1))
     return color, shape, direction, size, start, travel, across
 

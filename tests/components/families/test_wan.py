@@ -172,7 +172,6 @@ def test_the_14b_lora_recipe_s_memory_estimate_is_printed_and_refuses_a_batch_th
 @pytest.mark.parametrize(
     "overrides, key",
     [
-        (["diffusion.objective=v_prediction"], "diffusion.objective"),
         (["privacy.enabled=true"], "privacy.enabled"),
         (["+model.extra_config.image_dim=1280"], "model.extra_config.image_dim"),
         (["+model.extra_config.patch_size=[1,4,4]"], "model.extra_config.patch_size"),
@@ -185,6 +184,17 @@ def test_config_rules_are_refused_with_the_key_that_breaks_them(wan_folder, over
     with pytest.raises(ConfigError) as refused:
         compose_config([*TINY_SHAPES, *wan_overrides(wan_folder), *overrides])
     assert refused.value.key == key, refused.value
+
+
+def test_a_released_wan_trains_with_flow_matching_and_a_new_one_may_take_another_objective(wan_folder):
+    """The released weights predict the flow velocity; a new model is free (the embedded example's v-prediction)."""
+    v_prediction = ["diffusion.scheduler=DDPMScheduler", "diffusion.objective=v_prediction",
+                    "diffusion.timestep_sampling=uniform", "diffusion.sampler=ddim"]  # fmt: skip
+    compose_config([*TINY_SHAPES, *wan_overrides(wan_folder), *v_prediction])
+    with pytest.raises(ConfigError) as refused:
+        pretrained = [f"model.pretrained={wan_folder}", "model.subfolder=transformer"]
+        compose_config([*TINY_SHAPES, *wan_overrides(wan_folder), *v_prediction, *pretrained])
+    assert refused.value.key == "diffusion.objective"
 
 
 def test_an_image_family_cannot_take_clips():

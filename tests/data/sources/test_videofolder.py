@@ -135,7 +135,7 @@ def test_a_run_trains_on_the_readable_clips_and_writes_only_its_folder(tmp_path)
             "trainer.log_every=1",
             "monitor.reward.enabled=false",
             "validation.every_n_steps=0",
-            "model.extra_config.patch_size=[1,2,2]",
+            "model.extra_config.patch_size=[1,4,4]",
             f"hydra.run.dir={run_dir}",
         ],  # fmt: skip
         capture_output=True,
