@@ -3,8 +3,6 @@ rate or resampled to ``data.fps``), cut alike; metadata.jsonl or sidecar caption
 too short, not a video, audio only) skipped and counted; a folder with no usable clip refused in one paragraph."""
 
 import json
-import subprocess
-import sys
 
 import av
 import numpy as np
@@ -112,37 +110,19 @@ def test_a_folder_with_no_usable_clip_is_refused_in_one_paragraph(tmp_path):
 
 @pytest.mark.slow
 def test_a_run_trains_on_the_readable_clips_and_writes_only_its_folder(tmp_path):
-    """train.py on a folder with every kind of bad clip: it trains, counts them (data/skipped), and leaves the data
-    folder as it was."""
+    """train.py's run (in this process) on a folder with every kind of bad clip: it trains, counts them
+    (data/skipped), and leaves the data folder as it was."""
+    from tests.e2e.family_runs import train_in_process
+
     write_bad_clips(tmp_path / "clips")
     before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "clips").iterdir())
-    run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "train.py",
-            "+experiment=moving_shapes",
-            "data=videofolder",
-            f"data.path={tmp_path / 'clips'}",
-            "data.frames=5",
-            "data.resolution=16",
-            "data.cache_latents=false",
-            "data.num_workers=0",
-            "data.max_bad_fraction=0.9",
-            "trainer.max_steps=3",
-            "trainer.batch_size=2",
-            "trainer.sample_every=0",
-            "trainer.log_every=1",
-            "monitor.reward.enabled=false",
-            "validation.every_n_steps=0",
-            "model.extra_config.patch_size=[1,4,4]",
-            f"hydra.run.dir={run_dir}",
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = train_in_process(
+        tmp_path / "run", "+experiment=moving_shapes", "data=videofolder", f"data.path={tmp_path / 'clips'}",
+        "data.frames=5", "data.resolution=16", "data.cache_latents=false", "data.num_workers=0",
+        "data.max_bad_fraction=0.9", "trainer.max_steps=3", "trainer.batch_size=2", "trainer.sample_every=0",
+        "trainer.log_every=1", "monitor.reward.enabled=false", "validation.every_n_steps=0",
+        "model.extra_config.patch_size=[1,4,4]", base=(),
+    )  # fmt: skip
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]
     assert max(r.get("data/skipped", 0) for r in records) >= 3  # the bad clips the 6 items met
