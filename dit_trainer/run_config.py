@@ -38,7 +38,7 @@ from dit_trainer.config import TrainConfig, check_fields, register_configs
 from dit_trainer.config.choices import CLASS_LABELS
 from dit_trainer.config.command_line import parsed_overrides
 from dit_trainer.config.renamed import move_renamed_keys, move_renamed_sections_in_saved
-from dit_trainer.config.resolvers import register_resolvers
+from dit_trainer.config.resolvers import check_package_model, register_resolvers
 from dit_trainer.data import SOURCES
 from dit_trainer.diffusion import OBJECTIVES, SAMPLERS
 from dit_trainer.errors import ConfigError
@@ -74,6 +74,7 @@ def to_train_config(
     if structured.trainer.init_from and structured.trainer.init_weights is None:
         check_init_from(structured, method_of(structured).reads_data)
         structured = start_from_run(structured, overrides, run_dir)
+    check_package_model(str(structured.conditioner.pretrained))
     return with_tracker_names(with_lora_targets(validate(with_class_folders(structured))), overrides)
 
 
@@ -325,6 +326,21 @@ def run_of(path: Path) -> tuple[Path, Path | None] | None:
     return None
 
 
+def recorded_keys_set(argv: list[str], recorded: DictConfig) -> list[str]:
+    """``argv`` with each ``+key=value`` whose key the recorded config already holds as ``++key=value`` (set, whether
+    there or not): the run was started with that key added, so the command line that started it, given again with
+    ``trainer.resume``, composes onto its record instead of failing as an addition of a key that is there."""
+    missing = object()
+    present = {
+        item
+        for item, override in parsed_overrides(argv)
+        if override is not None
+        and override.is_add()
+        and OmegaConf.select(recorded, override.key_or_group, default=missing) is not missing
+    }
+    return [f"+{item}" if item in present else item for item in argv]
+
+
 def continue_run(argv: list[str]) -> Continuation | None:
     """``train.py``'s command line when ``trainer.resume`` names a run folder or a checkpoint in one (None
     otherwise): that run's recorded config becomes the base Hydra composes onto (registered in the schema's place,
@@ -361,7 +377,7 @@ def continue_run(argv: list[str]) -> Continuation | None:
     base.trainer.allow_config_change = False
     ConfigStore.instance().store(name="train_schema", node=base)
     replaced = (RESUME, "hydra.run.dir") if in_place else (RESUME,)
-    rest = [item for item in argv if item.partition("=")[0].lstrip("+~") not in replaced]
+    rest = recorded_keys_set([item for item in argv if item.partition("=")[0].lstrip("+~") not in replaced], base)
     resume = f"{RESUME}={'latest' if checkpoint is None else hydra_quoted(str(checkpoint))}"
     place = [f"hydra.run.dir={hydra_quoted(str(run_dir))}", "hydra.output_subdir=null"] if in_place else []
     overrides = [item for item in rest if "=" in item and not item.startswith("-")]

@@ -73,6 +73,17 @@ def test_another_run_folder_starts_from_the_runs_newest_checkpoint(recorded_run,
         continue_run([f"trainer.resume={recorded_run}", f"hydra.run.dir={tmp_path / 'fork'}"])
 
 
+def test_the_command_line_that_started_the_run_continues_it(recorded_run):
+    """A key the first launch added (``+model.extra_config.ffn_dim=32``) is in the record; given again it is set,
+    and a key added now for the first time is added."""
+    config = OmegaConf.load(recorded_run / "config.yaml")
+    config.model.extra_config = {"ffn_dim": 32}
+    (recorded_run / "config.yaml").write_text(OmegaConf.to_yaml(config))
+    argv = [f"trainer.resume={recorded_run}", "+model.extra_config.ffn_dim=48", "+model.extra_config.qk_norm=rms"]
+    cfg = composed(continue_run(argv).argv)
+    assert OmegaConf.to_container(cfg.model.extra_config) == {"ffn_dim": 48, "qk_norm": "rms"}
+
+
 def test_a_path_hydra_would_split_is_passed_on_quoted(recorded_run):
     odd = recorded_run.rename(recorded_run.with_name("my run, take 2"))
     continuation = continue_run([f"trainer.resume='{odd}'"])

