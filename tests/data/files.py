@@ -5,6 +5,7 @@ source to mix in, and captioned folders for validation."""
 import io
 import json
 import tarfile
+from pathlib import Path
 
 import datasets
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 import webdataset
 from PIL import Image
 
+from dit_trainer.data.sources.moving_shapes import write_moving_shapes_folder
 from dit_trainer.data.sources.shapes import write_shapes_folder
 
 from ..conftest import TINY_SHAPES
@@ -133,6 +135,23 @@ def captioned_folder(folder, count: int) -> None:
         for i in range(count):
             Image.new("RGB", (32, 32), (i * 6, 255 - i * 6, 128)).save(folder / f"{i}.png")
             metadata.write(json.dumps({"file_name": f"{i}.png", "text": f"image {i}"}) + "\n")
+
+
+def video_folder_shards(clips: Path, folder: Path, extra: list[dict] = (), shards: int = 2) -> str:
+    """The clips of the video folder ``clips`` (``mp4`` and ``txt`` members) and the samples ``extra`` after them,
+    dealt over ``shards`` tar shards in ``folder``; returns the brace pattern."""
+    rows = [json.loads(line) for line in (clips / "metadata.jsonl").read_text().splitlines()]
+    samples = [{"__key__": Path(row["file_name"]).stem, "mp4": (clips / row["file_name"]).read_bytes(),
+                "txt": row["text"]} for row in rows] + list(extra)  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    return write_shards(folder, [samples[shard::shards] for shard in range(shards)])
+
+
+def clip_shards(folder, count: int, extra: list[dict] = (), shards: int = 2, frames: int = 5) -> str:
+    """``count`` moving-shapes clips of ``frames`` frames at 32 px and the samples ``extra`` after them as
+    ``shards`` tar shards (``video_folder_shards``); returns the brace pattern."""
+    clips = write_moving_shapes_folder(folder / "folder", count, frames=frames, resolution=32)
+    return video_folder_shards(clips, folder, extra, shards)
 
 
 def captioned_shards(folder, shards: int, per_shard: int, bad: int = 0) -> str:

@@ -18,7 +18,7 @@ from dit_trainer.data.stream_loader import StreamLoader
 from dit_trainer.errors import ConfigError
 from dit_trainer.training.batches import resumable_batches
 
-from .files import captioned_shards, noise_png
+from .files import captioned_shards, clip_shards, noise_png
 
 
 def _loader(pattern: str, workers: int = 0, allow_change: bool = False) -> StreamLoader:
@@ -49,6 +49,24 @@ def test_a_restored_stream_continues_exactly_and_decodes_only_what_it_trains_on(
     assert len(decodes) == 8 * 4 + 1  # the batches' images and the held-back item's, decoded again
     for (captions, images), (expected_captions, expected_images) in zip(continued, straight[22:]):
         assert captions == expected_captions and torch.equal(images, expected_images)
+
+
+def test_a_restored_clip_stream_continues_exactly(tmp_path):
+    """Video shards resume like image shards: the clips' drawn start frames, crops and flips included."""
+    pattern = clip_shards(tmp_path / "shards", 24, shards=3, frames=8)  # 5 of 8 frames: the start is drawn
+
+    def loader() -> StreamLoader:
+        source = WebDatasetSource(pattern, 16, "txt", crop="random", horizontal_flip=True, shuffle_buffer=4, frames=5)
+        return StreamLoader(source, False, batch_size=4, drop_last=True, collate_fn=collate_batch, num_workers=0)
+
+    straight = _batches(loader(), 9)  # 6 batches an epoch: into epoch 1
+    interrupted = loader()
+    _batches(interrupted, 4)
+    restored = loader()
+    restored.load_state_dict(interrupted.state_dict())
+    for (captions, clips), (expected_captions, expected_clips) in zip(_batches(restored, 5), straight[4:], strict=True):
+        assert clips.shape == (4, 3, 5, 16, 16)
+        assert captions == expected_captions and torch.equal(clips, expected_clips)
 
 
 def test_a_position_saved_with_other_workers_is_refused(tmp_path):

@@ -1,13 +1,15 @@
 """Wan end to end, in-process, on a tiny random Wan pipeline folder (``tests/tiny_wan.py``: its UMT5 conditioner and
 video VAE) trained on a folder of MP4 clips: training, resuming bit for bit, LoRA, an export that
-``WanPipeline.from_pretrained`` loads and that generates our sampler's clip from the same noise (prompts as text), and
-``scripts/sample.py`` writing one MP4 per prompt and seed."""
+``WanPipeline.from_pretrained`` loads and that generates our sampler's clip from the same noise (prompts as text),
+``scripts/sample.py`` writing one MP4 per prompt and seed, and the same clips from webdataset shards, resumed at the
+stream's position."""
 
 import json
 
 import av
 import pytest
 
+from ..data.files import video_folder_shards
 from ..tiny_wan import FRAMES, RESOLUTION, wan_overrides, write_tiny_wan
 from . import family_runs
 
@@ -74,3 +76,18 @@ def test_wan_lora_trains_only_the_adapters(wan_folder, tmp_path):
     adapter = family_runs.train_lora(tmp_path / "lora", wan_folder, *wan_overrides(wan_folder))
     targets = {name.split(".lora_")[0].split(".0.", 1)[-1] for name in adapter}
     assert {"attn1.to_q", "attn2.to_k", "attn1.to_out.0", "ffn.net.0.proj", "ffn.net.2"} <= targets
+
+
+@pytest.mark.slow
+def test_wan_trains_on_video_shards_and_a_resumed_run_continues_the_stream(wan_folder, tmp_path):
+    """The tiny Wan's clips as tar shards (``data=webdataset``, 5 batches an epoch): 7 steps, and the same run
+    resumed from step 3: the same losses bit for bit, so the stream went on from its saved shard position."""
+    pattern = video_folder_shards(wan_folder / "clips", tmp_path / "shards")
+    shards = ("data.source=webdataset", f"data.path='{pattern}'", "data.caption_column=txt", "data.shuffle_buffer=4")
+    common = (*wan_overrides(wan_folder), *shards, *family_runs.COMMON[:2], "trainer.batch_size=8",
+              "trainer.checkpoint_every=3", "trainer.max_steps=7")  # fmt: skip
+    straight = family_runs.losses(family_runs.train_in_process(tmp_path / "straight", *common))
+    resume = f"trainer.resume={tmp_path / 'straight' / 'checkpoints' / 'checkpoint-3'}"
+    resumed = family_runs.losses(family_runs.train_in_process(tmp_path / "resumed", *common, resume))
+    assert sorted(straight) == list(range(1, 8)) and sorted(resumed) == list(range(4, 8))
+    assert [resumed[step] for step in range(4, 8)] == [straight[step] for step in range(4, 8)]

@@ -16,7 +16,7 @@ from PIL import Image
 from webdataset.tariterators import base_plus_ext
 
 from dit_trainer.data.sources.streams import seeded_index, seeded_int, worker_and_workers
-from dit_trainer.data.sources.transforms import UNREADABLE_ERRORS, describe_failure, to_model_input
+from dit_trainer.data.sources.transforms import UNREADABLE_ERRORS, describe_failure
 from dit_trainer.data.stream_changes import Fingerprint, list_key, shard_fingerprint
 from dit_trainer.errors import ConfigError
 
@@ -32,15 +32,15 @@ class ShardSource(Protocol):
     epoch: int
     seed: int
     rank: int
-    crop: str
-    horizontal_flip: bool
     shuffle_buffer: int
 
     def assigned_shards(self, epoch: int | None = None) -> list[str]: ...
 
-    def decode(
-        self, members: dict[str, bytes], generator: torch.Generator | None = None
-    ) -> tuple[Image.Image, str]: ...
+    def decode(self, members: dict[str, bytes], generator: torch.Generator | None = None) -> tuple[Any, str]: ...
+
+    def pixels(
+        self, decoded: Any, size_of: Callable[[Image.Image], tuple[int, int]], generator: torch.Generator
+    ) -> torch.Tensor: ...
 
 
 def read_shard(shard: str, bad: list[str], start: int = 0) -> Iterator[tuple[str, dict[str, bytes]]]:
@@ -141,9 +141,8 @@ class ShardStream:
     def _item(self, ref: Ref, key: str, members: dict[str, bytes]) -> dict[str, Any]:
         source = self.source
         generator = torch.Generator().manual_seed(seeded_int(source.seed, self.epoch, self.shards[ref[0]], key) >> 1)
-        image, caption = source.decode(members, generator)
-        pixels = to_model_input(image, self.size_of(image), source.crop, source.horizontal_flip, generator)
-        return {"image": pixels, "caption": caption}
+        decoded, caption = source.decode(members, generator)
+        return {"image": source.pixels(decoded, self.size_of, generator), "caption": caption}
 
     def _next_sample(self) -> Sample | None:
         """The next sample out of the shuffle buffer; None when this worker's shards are done."""

@@ -59,10 +59,10 @@ def check_video_folder(path: str, key: str = "data.path") -> None:
     )
 
 
-def decode_clip(file, frames: int, fps: float | None) -> list[np.ndarray]:
+def decode_clip(file, frames: int, fps: float | None, generator: torch.Generator | None = None) -> list[np.ndarray]:
     """``frames`` RGB frames (H, W, 3) of the video in ``file``: consecutive at the file's rate, or at ``fps`` (frames
-    repeated or skipped), from an offset drawn from torch's RNG. Anything that makes it no clip of that length is a
-    ``ValueError`` (the sources' unreadable-file errors)."""
+    repeated or skipped), from an offset drawn from ``generator`` (torch's RNG by default). Anything that makes it no
+    clip of that length is a ``ValueError`` (the sources' unreadable-file errors)."""
     try:
         with av.open(file) as container:
             if not container.streams.video:
@@ -74,7 +74,7 @@ def decode_clip(file, frames: int, fps: float | None) -> list[np.ndarray]:
             count = stream.frames  # 0 where the container does not say
             if count and count < span:
                 raise ValueError(f"it has {count} frames, fewer than the {span} a clip of {frames} needs")
-            start = int(torch.randint(count - span + 1, ())) if count else 0
+            start = int(torch.randint(count - span + 1, (), generator=generator)) if count else 0
             wanted = [start + math.floor(k * step) for k in range(frames)]
             picked: list[np.ndarray] = []
             for index, frame in enumerate(container.decode(stream)):
@@ -87,9 +87,21 @@ def decode_clip(file, frames: int, fps: float | None) -> list[np.ndarray]:
     raise ValueError(f"it decodes to fewer frames than the {span} a clip of {frames} needs (truncated?)")
 
 
-def same_draws(seed: int) -> torch.Generator:
-    """A generator that makes every frame of a clip draw the crop offset and flip the first one drew."""
-    return torch.Generator().manual_seed(seed)
+def prepare_clip(
+    frames: list[np.ndarray],
+    size: int | tuple[int, int],
+    crop: str,
+    flip: bool,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """(3, F, H, W) model input of a clip's frames (one frame: (3, H, W)), every frame resized and cropped alike: one
+    crop offset and one flip drawn for the clip from ``generator`` (torch's RNG by default)."""
+    seed = int(torch.randint(2**62, (), generator=generator))
+    prepared = [
+        to_model_input(Image.fromarray(frame), size, crop, flip, torch.Generator().manual_seed(seed))
+        for frame in frames
+    ]
+    return torch.stack(prepared, dim=1) if len(prepared) > 1 else prepared[0]
 
 
 class VideoFolderDataset(SkipUnreadable):
@@ -134,15 +146,7 @@ class VideoFolderDataset(SkipUnreadable):
         return frames, pick_caption(captions, prefix=self.caption_prefix)
 
     def prepare(self, frames: list[np.ndarray], size: int | tuple[int, int]) -> torch.Tensor:
-        """Every frame resized and cropped alike: one crop offset and one flip drawn for the clip."""
-        seed = int(torch.randint(2**62, ()))
-        prepared = [
-            to_model_input(
-                Image.fromarray(frame), size, self.crop, self.horizontal_flip, torch.Generator().manual_seed(seed)
-            )
-            for frame in frames
-        ]
-        return torch.stack(prepared, dim=1) if len(prepared) > 1 else prepared[0]
+        return prepare_clip(frames, size, self.crop, self.horizontal_flip)
 
 
 def _build(cfg: DataConfig) -> VideoFolderDataset:

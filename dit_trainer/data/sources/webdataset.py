@@ -1,10 +1,13 @@
 """WebDataset tar shards: each sample is the tar members sharing a key (``0001.jpg``, ``0001.txt``, ``0001.json``),
-split over processes and DataLoader workers by whole shards and read by ``shard_stream.ShardStream``."""
+split over processes and DataLoader workers by whole shards and read by ``shard_stream.ShardStream``. With
+``data.frames`` > 1 a sample's video member (``0001.mp4``, ``.webm``, ...) gives a clip, decoded as the video
+folder's are (``videofolder.decode_clip``)."""
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import io
 import json
 import logging
 import random
@@ -12,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from braceexpand import braceexpand
 from PIL import Image
@@ -21,13 +25,23 @@ from dit_trainer.config import DataConfig
 from dit_trainer.data.sources.shard_stream import ShardStream, read_shard
 from dit_trainer.data.sources.source import Source, augmentation
 from dit_trainer.data.sources.streams import process_rank_and_world_size, worker_and_workers
-from dit_trainer.data.sources.transforms import UNREADABLE_ERRORS, caption_keys, decode_image, json_type, pick_caption
+from dit_trainer.data.sources.transforms import (
+    UNREADABLE_ERRORS,
+    caption_keys,
+    decode_image,
+    json_type,
+    pick_caption,
+    to_model_input,
+)
+from dit_trainer.data.sources.videofolder import VIDEO_SUFFIXES, decode_clip, prepare_clip
 from dit_trainer.data.stream_changes import list_key, refuse_unless_allowed, shard_changes
 from dit_trainer.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "tif", "tiff")
+VIDEO_EXTENSIONS = tuple(suffix.removeprefix(".") for suffix in VIDEO_SUFFIXES)
+Decoded = Image.Image | list[np.ndarray]  # an image, or a clip's frames (H, W, 3)
 
 
 def expand_shards(pattern: str | None) -> list[str]:
@@ -87,8 +101,11 @@ class WebDatasetSource(IterableDataset):
         world_size: int | None = None,
         shuffle_buffer: int = 0,
         caption_prefix: str = "",
+        frames: int = 1,
+        fps: float | None = None,
     ) -> None:
         self.path, self.resolution, self.crop, self.horizontal_flip = path, resolution, crop, horizontal_flip
+        self.frames, self.fps = frames, fps
         self.seed, self.epoch, self.shuffle_buffer = seed, 0, shuffle_buffer
         self.caption_prefix = caption_prefix
         default_rank, default_world_size = process_rank_and_world_size()
@@ -171,18 +188,35 @@ class WebDatasetSource(IterableDataset):
         refuse_unless_allowed("data.path", self.path, changes, allow_change)
         return ({"epoch": epoch} if changes else state), changes
 
-    def decode(self, members: dict[str, bytes], generator: torch.Generator | None = None) -> tuple[Image.Image, str]:
-        """The image and a caption (drawn from ``generator`` when there are several) of one sample; raises one of
+    def decode(self, members: dict[str, bytes], generator: torch.Generator | None = None) -> tuple[Decoded, str]:
+        """The image (or, with ``frames`` > 1, the clip's frames, from an offset drawn from ``generator``) and a
+        caption (drawn from ``generator`` when there are several) of one sample; raises one of
         ``UNREADABLE_ERRORS`` if it has none."""
-        extension = next((e for e in IMAGE_EXTENSIONS if e in members), None)
+        wanted = VIDEO_EXTENSIONS if self.frames > 1 else IMAGE_EXTENSIONS
+        extension = next((e for e in wanted if e in members), None)
         if extension is None:
-            raise ValueError(f"no image member (it has {', '.join(sorted(members))})")
+            kind = "video" if self.frames > 1 else "image"
+            raise ValueError(f"no {kind} member (it has {', '.join(sorted(members))})")
         fields = caption_fields(members)
         missing = [column for column in self.caption_columns if column not in fields]
         if missing:
             raise ValueError(f"no caption {missing[0]!r}")
         captions = [fields[c] for c in self.caption_columns]
-        return decode_image(members[extension]), pick_caption(captions, generator, self.caption_prefix)
+        if self.frames > 1:
+            decoded: Decoded = decode_clip(io.BytesIO(members[extension]), self.frames, self.fps, generator)
+        else:
+            decoded = decode_image(members[extension])
+        return decoded, pick_caption(captions, generator, self.caption_prefix)
+
+    def pixels(
+        self, decoded: Decoded, size_of: Callable[[Image.Image], tuple[int, int]], generator: torch.Generator
+    ) -> torch.Tensor:
+        """The model input of a decoded sample, brought to the size ``size_of`` picks for it (for a clip, for its
+        first frame: every frame is cut alike)."""
+        if isinstance(decoded, Image.Image):
+            return to_model_input(decoded, size_of(decoded), self.crop, self.horizontal_flip, generator)
+        size = size_of(Image.fromarray(decoded[0]))
+        return prepare_clip(decoded, size, self.crop, self.horizontal_flip, generator)
 
     def __iter__(self) -> ShardStream:
         return self.items(lambda image: (self.resolution, self.resolution))
@@ -199,6 +233,8 @@ def _build(cfg: DataConfig) -> WebDatasetSource:
         cfg.caption_column,
         seed=cfg.seed,
         shuffle_buffer=cfg.shuffle_buffer,
+        frames=cfg.frames,
+        fps=cfg.fps,
         **augmentation(cfg),
     )
 
@@ -211,4 +247,5 @@ SOURCE = Source(
     bucketed=True,
     caption_prefix=True,
     content=lambda cfg: shards_fingerprint(cfg.path),
+    clips=True,  # with `data.frames` > 1: each sample's video member
 )

@@ -1,6 +1,6 @@
 """WebDataset tar shards (``data/sources/webdataset.py``): every sample once per epoch across ranks and workers, a
-seeded shuffle buffer, corrupt samples and truncated shards skipped and reported, JSON captions, bad paths, and shards
-from other writers."""
+seeded shuffle buffer, corrupt samples and truncated shards skipped and reported, JSON captions, bad paths, shards
+from other writers, and clips from video members."""
 
 import io
 import logging
@@ -11,9 +11,11 @@ import pytest
 from torch.utils.data import DataLoader
 
 from dit_trainer.data.collate import collate_batch
+from dit_trainer.data.sources.moving_shapes import judge
 from dit_trainer.data.sources.webdataset import WebDatasetSource
 from dit_trainer.errors import ConfigError
-from tests.data.files import CORRUPT, assert_in_range, noise_png, png_bytes, write_shards
+from tests.data.files import CORRUPT, assert_in_range, clip_shards, noise_png, png_bytes, write_shards
+from tests.data.sources.test_videofolder import write_bad_clips
 
 
 def _captions(dataset, num_workers: int) -> list[str]:
@@ -144,3 +146,23 @@ def test_the_fix_for_a_shard_pattern_shows_the_quoting_a_shell_passes_to_hydra()
         WebDatasetSource("", 8)
     example = str(caught.value).rpartition("e.g. `")[2].removesuffix("`.")
     assert shlex.split(example) == ["data.path='/data/shards/{000000..000099}.tar'"]
+
+
+def test_video_members_give_clips_cut_alike_and_bad_ones_are_skipped_and_counted(tmp_path):
+    """Clips from the shards' .mp4 members read back as written (the judge reads every colour, shape and direction);
+    a truncated, empty, too short, text or audio-only member is skipped and counted, the image members ignored."""
+    write_bad_clips(tmp_path / "bad")
+    bad = {name: (tmp_path / "bad" / f"{name}.mp4").read_bytes() for name in ("truncated", "empty", "short", "text")}
+    bad["audio"] = (tmp_path / "bad" / "audio.mp4").read_bytes()
+    extra = [{"__key__": name, "mp4": data, "txt": name} for name, data in bad.items()]
+    extra.append({"__key__": "still", "png": png_bytes(), "txt": "an image, no clip"})
+    pattern = clip_shards(tmp_path / "clips", 8, extra)
+    dataset = WebDatasetSource(pattern, 32, frames=5, crop="random", horizontal_flip=False)
+    batches = list(DataLoader(dataset, batch_size=16, collate_fn=collate_batch, num_workers=0))
+    assert len(batches) == 1 and batches[0]["image"].shape == (8, 3, 5, 32, 32)
+    clips = batches[0]["image"].float() / 255
+    assert judge(clips, batches[0]["caption"]) == {"color": 1.0, "shape": 1.0, "direction": 1.0}
+    skipped = sorted(record.split(":")[1] for record in batches[0]["bad_files"])
+    assert skipped == sorted([*bad, "still"]), batches[0]["bad_files"]
+    assert "no video member (it has png, txt)" in " ".join(batches[0]["bad_files"])
+    assert [item["image"].shape for item in dataset][:1] == [(3, 5, 32, 32)]
