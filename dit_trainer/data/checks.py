@@ -41,20 +41,23 @@ def _check_source_path(name: str, path: str | None, key: str) -> None:
 
 
 def _check_clips(cfg: TrainConfig) -> None:
-    """Clips of ``data.frames`` frames come from sources of clips, one at a time, in one size."""
+    """Clips of ``data.frames`` frames come from sources of clips, one source at a time."""
     for name in configured_sources(cfg.data):
         require(
             SOURCES.get(name).clips,
             "data.frames",
             cfg.data.frames,
             f"`data={name}` reads images, one frame each",
-            "set `data.frames=1`, or read clips (`data=videofolder`, or the embedded `data=moving_shapes`)",
+            "set `data.frames=1`, or read clips (`data=videofolder`, `data=webdataset` shards of videos, or the "
+            "embedded `data=moving_shapes`)",
         )
-    for key, value, why in (
-        ("data.mixture", cfg.data.mixture, "a mixture of clip sources is not supported yet"),
-        ("data.buckets", cfg.data.buckets, "clips are trained at one size (`data.resolution`) for now"),
-    ):
-        require(value in ([], "none"), key, value, why, f"remove `{key}`")
+    require(
+        not cfg.data.mixture,
+        "data.mixture",
+        cfg.data.mixture,
+        "a mixture of clip sources is not supported yet",
+        "remove `data.mixture`",
+    )
 
 
 def _check_mixture(cfg: TrainConfig) -> None:

@@ -1,14 +1,24 @@
 """Wan end to end, in-process, on a tiny random Wan pipeline folder (``tests/tiny_wan.py``: its UMT5 conditioner and
 video VAE) trained on a folder of MP4 clips: training, resuming bit for bit, LoRA, an export that
 ``WanPipeline.from_pretrained`` loads and that generates our sampler's clip from the same noise (prompts as text),
-``scripts/sample.py`` writing one MP4 per prompt and seed, and the same clips from webdataset shards, resumed at the
-stream's position."""
+``scripts/sample.py`` writing one MP4 per prompt and seed, the same clips from webdataset shards, resumed at the
+stream's position, and from the disk cache ``scripts/precompute.py`` writes, and clips of three shapes in
+aspect-ratio buckets."""
 
 import json
+from itertools import islice
 
 import av
+import numpy as np
 import pytest
+import torch
+from safetensors.torch import load_file
 
+from dit_trainer.assemble import build_trainer
+from dit_trainer.data.sources.videofolder import write_mp4
+from dit_trainer.training.batches import resumable_batches
+
+from ..conftest import CACHE, TINY_SHAPES, compose_config, run_here
 from ..data.files import video_folder_shards
 from ..tiny_wan import FRAMES, RESOLUTION, wan_overrides, write_tiny_wan
 from . import family_runs
@@ -91,3 +101,50 @@ def test_wan_trains_on_video_shards_and_a_resumed_run_continues_the_stream(wan_f
     resumed = family_runs.losses(family_runs.train_in_process(tmp_path / "resumed", *common, resume))
     assert sorted(straight) == list(range(1, 8)) and sorted(resumed) == list(range(4, 8))
     assert [resumed[step] for step in range(4, 8)] == [straight[step] for step in range(4, 8)]
+
+
+@pytest.mark.slow
+def test_wan_trains_from_the_disk_cache_of_its_clips_as_encoding_every_batch(wan_folder, tmp_path):
+    """``scripts/precompute.py`` writes the clips' posteriors (4 x 2 x 4 x 4 each) and UMT5 embeddings; training
+    from them takes the losses of encoding every batch."""
+    common = (*wan_overrides(wan_folder), *CACHE, *family_runs.COMMON[:2], "trainer.max_steps=4")
+    result = run_here(["scripts/precompute.py", *TINY_SHAPES, *common, f"data.cache_dir={tmp_path / 'cache'}"])
+    assert result.returncode == 0 and "encoded 40 items" in result.stdout, result.stderr[-3000:]
+    index = json.loads((tmp_path / "cache" / "index.json").read_text())
+    shard = load_file(tmp_path / "cache" / index["shards"][0]["file"])
+    assert shard["latent_mean"].shape[1:] == (4, 2, 4, 4) and shard["text_embeds"].shape[-1] == 16
+    encoded = family_runs.losses(family_runs.train_in_process(tmp_path / "encoded", *common))
+    cached = family_runs.train_in_process(tmp_path / "cached", *common, f"data.cache_dir={tmp_path / 'cache'}")
+    assert list(family_runs.losses(cached).values()) == pytest.approx(list(encoded.values()), rel=1e-5)
+
+
+CLIP_SIZES = [(32, 32), (32, 48), (48, 32)]  # (height, width): whole 16-pixel patches of the tiny Wan
+
+
+def write_clips_of_three_shapes(folder) -> None:
+    """8 clips of 5 frames in each of ``CLIP_SIZES``, listed without their sizes (buckets read the headers)."""
+    folder.mkdir()
+    rows = []
+    for number in range(24):
+        height, width = CLIP_SIZES[number % 3]
+        frames = np.full((FRAMES, height, width, 3), 128, dtype=np.uint8)
+        for k in range(FRAMES):
+            frames[k, 8:20, 4 + 2 * k : 16 + 2 * k] = (40 * (number % 6), 200, 60)  # a square moving right
+        write_mp4(frames, folder / f"{number:02d}.mp4", fps=8)
+        rows.append(json.dumps({"file_name": f"{number:02d}.mp4", "text": f"a square {number % 6}"}) + "\n")
+    (folder / "metadata.jsonl").write_text("".join(rows))
+
+
+@pytest.mark.slow
+def test_wan_trains_on_clips_in_aspect_ratio_buckets_and_resumes_their_batches(wan_folder, tmp_path):
+    write_clips_of_three_shapes(tmp_path / "clips")
+    buckets = ("data.buckets=[[32,32],[32,48],[48,32]]", f"data.path={tmp_path / 'clips'}", "data.num_workers=0")
+    overrides = [*TINY_SHAPES, *wan_overrides(wan_folder), *buckets, "trainer.batch_size=4"]
+    trainer = build_trainer(compose_config(overrides), tmp_path / "run")
+    batches = list(islice(resumable_batches(trainer.step.dataloader, trainer.accelerator, 0), 10))  # 6 an epoch
+    assert {tuple(batch["image"].shape[-3:]) for batch in batches} == {(FRAMES, h, w) for h, w in CLIP_SIZES}
+    resumed = list(islice(resumable_batches(trainer.step.dataloader, trainer.accelerator, 7), 3))
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(resumed, batches[7:], strict=True))
+    steps = (*family_runs.COMMON[:2], "trainer.max_steps=6")
+    trained = family_runs.train_in_process(tmp_path / "trained", *overrides[len(TINY_SHAPES) :], *steps)
+    assert sorted(family_runs.losses(trained)) == list(range(1, 7))

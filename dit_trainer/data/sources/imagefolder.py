@@ -156,7 +156,44 @@ def read_metadata(
     return records, sizes
 
 
-class ImageFolderDataset(SkipUnreadable):
+class ListedFiles:
+    """What aspect-ratio buckets read of a source of the files ``records`` lists under ``real_root``: the sizes its
+    metadata declared (all or none: the sizes index is keyed by the files, not the metadata), and a fingerprint of
+    the files for the index of the sizes read from their headers."""
+
+    root: Path
+    real_root: Path
+    records: list[tuple[str, tuple[str, ...]]]
+    sizes: list[Size | None]
+    source_name: str  # the registry's name, in the fingerprint
+    kind: str  # "images" or "clips", in messages
+
+    def keep_all_or_no_sizes(self) -> None:
+        declared = len(self.sizes) - self.sizes.count(None)
+        if 0 < declared < len(self.sizes):
+            logger.info(
+                f"{METADATA} of {self.root} gives width and height for {declared} of its {len(self.sizes)} "
+                f"{self.kind}, not all: buckets read the headers instead (once: see dit_trainer.data.image_sizes)"
+            )
+            self.sizes = [None] * len(self.sizes)
+
+    def declared_sizes(self) -> list[Size] | None:
+        return None if None in self.sizes else list(self.sizes)
+
+    def sizes_fingerprint(self) -> dict:
+        """The listed files with their sizes and modification times (a ``stat`` each, no file opened): a file
+        replaced, added or removed since the sizes index was written gets another one."""
+        digest = hashlib.sha256()
+        for name, _ in self.records:
+            try:
+                found = os.stat(self.real_root / name)
+                digest.update(f"{name}\0{found.st_size}\0{found.st_mtime_ns}\n".encode())
+            except OSError:  # missing: unreadable, skipped when its turn comes
+                digest.update(f"{name}\0-\n".encode())
+        return {"source": self.source_name, "entries": len(self.records), "files_sha256": digest.hexdigest()}
+
+
+class ImageFolderDataset(ListedFiles, SkipUnreadable):
     """Images listed in ``root/metadata.jsonl`` (``{"file_name": ..., "<caption_column>": ...}`` per line), or
     without one, the images of ``root``'s sub-folders captioned with the sub-folder's name (a class).
 
@@ -165,6 +202,8 @@ class ImageFolderDataset(SkipUnreadable):
     (see ``SkipUnreadable``); a bad metadata line, or one naming a file outside ``root``, is an error. ``width`` and
     ``height`` on every line (as img2dataset writes them) spare buckets reading the images' headers.
     """
+
+    source_name, kind = "imagefolder", "images"
 
     def __init__(
         self,
@@ -184,13 +223,7 @@ class ImageFolderDataset(SkipUnreadable):
         metadata = self.root / METADATA
         if metadata.is_file():
             self.records, self.sizes = read_metadata(metadata, *caption_keys(caption_column, caption_columns))
-            declared = len(self.sizes) - self.sizes.count(None)
-            if 0 < declared < len(self.sizes):  # all or none: the sizes index is keyed by the files, not the metadata
-                logger.info(
-                    f"{METADATA} of {self.root} gives width and height for {declared} of its {len(self.sizes)} "
-                    "images, not all: buckets read the headers instead (once: see dit_trainer.data.image_sizes)"
-                )
-                self.sizes = [None] * len(self.sizes)
+            self.keep_all_or_no_sizes()
         else:
             self.records = class_folder_records(self.root)
             self.sizes = [None] * len(self.records)
@@ -207,21 +240,6 @@ class ImageFolderDataset(SkipUnreadable):
 
     def name(self, index: int) -> str:
         return self.records[index][0]
-
-    def declared_sizes(self) -> list[Size] | None:
-        return None if None in self.sizes else list(self.sizes)
-
-    def sizes_fingerprint(self) -> dict:
-        """The listed files with their sizes and modification times (a ``stat`` each, no file opened): an image
-        replaced, added or removed since the sizes index was written gets another one."""
-        digest = hashlib.sha256()
-        for name, _ in self.records:
-            try:
-                found = os.stat(self.real_root / name)
-                digest.update(f"{name}\0{found.st_size}\0{found.st_mtime_ns}\n".encode())
-            except OSError:  # missing: unreadable, skipped when its turn comes
-                digest.update(f"{name}\0-\n".encode())
-        return {"source": "imagefolder", "entries": len(self.records), "files_sha256": digest.hexdigest()}
 
     def image_size(self, index: int) -> tuple[int, int] | None:
         if self.sizes[index] is not None:

@@ -26,9 +26,15 @@ from PIL import Image
 
 from dit_trainer.config import DataConfig
 from dit_trainer.data.collate import SkipUnreadable
-from dit_trainer.data.sources.imagefolder import METADATA, metadata_fingerprint, open_inside, read_metadata
+from dit_trainer.data.sources.imagefolder import (
+    METADATA,
+    ListedFiles,
+    metadata_fingerprint,
+    open_inside,
+    read_metadata,
+)
 from dit_trainer.data.sources.source import Source, augmentation
-from dit_trainer.data.sources.transforms import caption_keys, pick_caption, to_model_input
+from dit_trainer.data.sources.transforms import UNREADABLE_ERRORS, caption_keys, pick_caption, to_model_input
 from dit_trainer.errors import ConfigError
 
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v", ".gif")
@@ -57,6 +63,20 @@ def check_video_folder(path: str, key: str = "data.path") -> None:
         f"clips ({', '.join(VIDEO_SUFFIXES)}) with a caption in a .txt file of the same name",
         f"point `{key}` at the folder that holds the clips and their captions",
     )
+
+
+def clip_size(file) -> tuple[int, int]:
+    """(width, height) of the video in ``file`` as decoded, from its container's header (no frame decoded)."""
+    try:
+        with av.open(file) as container:
+            if not container.streams.video:
+                raise ValueError("it has no video stream (audio only?)")
+            context = container.streams.video[0].codec_context
+            if not (context.width and context.height):
+                raise ValueError("its header gives no frame size")
+            return context.width, context.height
+    except av.FFmpegError as error:  # a subclass of neither OSError nor ValueError
+        raise ValueError(f"FFmpeg cannot read it: {error}") from error
 
 
 def decode_clip(file, frames: int, fps: float | None, generator: torch.Generator | None = None) -> list[np.ndarray]:
@@ -104,9 +124,12 @@ def prepare_clip(
     return torch.stack(prepared, dim=1) if len(prepared) > 1 else prepared[0]
 
 
-class VideoFolderDataset(SkipUnreadable):
+class VideoFolderDataset(ListedFiles, SkipUnreadable):
     """Clips listed in ``root/metadata.jsonl`` or beside sidecar captions (see the module); items are
-    ``{"image": (3, F, H, W) uint8, "caption": str}`` (one frame: (3, H, W))."""
+    ``{"image": (3, F, H, W) uint8, "caption": str}`` (one frame: (3, H, W)). ``width`` and ``height`` on every
+    metadata line spare buckets reading each clip's header (``clip_size``)."""
+
+    source_name, kind = "videofolder", "clips"
 
     def __init__(
         self,
@@ -126,9 +149,11 @@ class VideoFolderDataset(SkipUnreadable):
         self.frames, self.fps, self.caption_prefix = frames, fps, caption_prefix
         metadata = self.root / METADATA
         if metadata.is_file():
-            self.records, _ = read_metadata(metadata, *caption_keys(caption_column, caption_columns))
+            self.records, self.sizes = read_metadata(metadata, *caption_keys(caption_column, caption_columns))
+            self.keep_all_or_no_sizes()
         else:
             self.records = sidecar_records(self.root)
+            self.sizes = [None] * len(self.records)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -137,7 +162,13 @@ class VideoFolderDataset(SkipUnreadable):
         return self.records[index][0]
 
     def image_size(self, index: int) -> tuple[int, int] | None:
-        return None  # clips are trained at one size: no buckets read it
+        if self.sizes[index] is not None:
+            return self.sizes[index]
+        try:
+            with open_inside(self.real_root, self.records[index][0]) as file:
+                return clip_size(file)
+        except UNREADABLE_ERRORS:  # skipped as unreadable when its turn comes
+            return None
 
     def read(self, index: int) -> tuple[list[np.ndarray], str]:
         file_name, captions = self.records[index]
@@ -180,6 +211,7 @@ SOURCE = Source(
     "the folder that holds your clips and their captions (metadata.jsonl, or a .txt beside each clip)",
     "/path/to/clips",
     check_video_folder,
+    bucketed=True,
     caption_prefix=True,
     content=_content,
     clips=True,

@@ -62,6 +62,20 @@ def test_sidecar_captions_stand_in_for_metadata(tmp_path):
     assert len(dataset) == 1 and dataset[0]["caption"] == "a grey fade"
 
 
+def test_a_clips_size_is_declared_or_read_from_its_header(tmp_path):
+    """What buckets sort by, without decoding a frame: the metadata's width and height on every line, else each
+    clip's header (None for an unreadable one, skipped when its turn comes)."""
+    write_mp4(np.zeros((3, 16, 24, 3), dtype=np.uint8), tmp_path / "wide.mp4", 8)
+    (tmp_path / "text.mp4").write_text("not a video")
+    lines = [{"file_name": "wide.mp4", "text": "w"}, {"file_name": "text.mp4", "text": "t"}]
+    (tmp_path / "metadata.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    read = VideoFolderDataset(tmp_path, resolution=16, frames=3)
+    assert read.declared_sizes() is None and [read.image_size(i) for i in range(2)] == [(24, 16), None]
+    declared = [line | {"width": 48, "height": 32} for line in lines]
+    (tmp_path / "metadata.jsonl").write_text("".join(json.dumps(line) + "\n" for line in declared))
+    assert VideoFolderDataset(tmp_path, resolution=16, frames=3).declared_sizes() == [(48, 32), (48, 32)]
+
+
 def write_bad_clips(folder) -> list[str]:
     """Good clips among a truncated MP4, a zero-frame one, one too short, a text file named .mp4 and an audio-only
     file; the bad names."""
