@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
@@ -167,6 +167,17 @@ class ListedFiles:
     sizes: list[Size | None]
     source_name: str  # the registry's name, in the fingerprint
     kind: str  # "images" or "clips", in messages
+    read_size: Callable[[BinaryIO], Size | None]  # (width, height) from a file's header; None or an error if unreadable
+
+    def image_size(self, index: int) -> Size | None:
+        """(width, height) of item ``index``: declared, else read from its file's header; None when unreadable."""
+        if self.sizes[index] is not None:
+            return self.sizes[index]
+        try:
+            with open_inside(self.real_root, self.records[index][0]) as file:
+                return self.read_size(file)
+        except UNREADABLE_ERRORS:  # skipped as unreadable when its turn comes
+            return None
 
     def keep_all_or_no_sizes(self) -> None:
         declared = len(self.sizes) - self.sizes.count(None)
@@ -203,7 +214,7 @@ class ImageFolderDataset(ListedFiles, SkipUnreadable):
     ``height`` on every line (as img2dataset writes them) spare buckets reading the images' headers.
     """
 
-    source_name, kind = "imagefolder", "images"
+    source_name, kind, read_size = "imagefolder", "images", staticmethod(header_size)
 
     def __init__(
         self,
@@ -240,15 +251,6 @@ class ImageFolderDataset(ListedFiles, SkipUnreadable):
 
     def name(self, index: int) -> str:
         return self.records[index][0]
-
-    def image_size(self, index: int) -> tuple[int, int] | None:
-        if self.sizes[index] is not None:
-            return self.sizes[index]
-        try:
-            with open_inside(self.real_root, self.records[index][0]) as file:
-                return header_size(file)
-        except UNREADABLE_ERRORS:  # skipped as unreadable when its turn comes
-            return None
 
     def read(self, index: int) -> tuple[Image.Image, str]:
         file_name, captions = self.records[index]

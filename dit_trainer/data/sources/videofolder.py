@@ -34,7 +34,7 @@ from dit_trainer.data.sources.imagefolder import (
     read_metadata,
 )
 from dit_trainer.data.sources.source import Source, augmentation
-from dit_trainer.data.sources.transforms import UNREADABLE_ERRORS, caption_keys, pick_caption, to_model_input
+from dit_trainer.data.sources.transforms import caption_keys, pick_caption, to_model_input
 from dit_trainer.errors import ConfigError
 
 VIDEO_SUFFIXES = (".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v", ".gif")
@@ -129,7 +129,7 @@ class VideoFolderDataset(ListedFiles, SkipUnreadable):
     ``{"image": (3, F, H, W) uint8, "caption": str}`` (one frame: (3, H, W)). ``width`` and ``height`` on every
     metadata line spare buckets reading each clip's header (``clip_size``)."""
 
-    source_name, kind = "videofolder", "clips"
+    source_name, kind, read_size = "videofolder", "clips", staticmethod(clip_size)
 
     def __init__(
         self,
@@ -160,15 +160,6 @@ class VideoFolderDataset(ListedFiles, SkipUnreadable):
 
     def name(self, index: int) -> str:
         return self.records[index][0]
-
-    def image_size(self, index: int) -> tuple[int, int] | None:
-        if self.sizes[index] is not None:
-            return self.sizes[index]
-        try:
-            with open_inside(self.real_root, self.records[index][0]) as file:
-                return clip_size(file)
-        except UNREADABLE_ERRORS:  # skipped as unreadable when its turn comes
-            return None
 
     def read(self, index: int) -> tuple[list[np.ndarray], str]:
         file_name, captions = self.records[index]
