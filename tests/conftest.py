@@ -21,6 +21,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # pytest -n N: the workers share the cores, so each (and every run it launches) computes on one thread rather
+    # than N workers x all cores of threads contending for them.
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -54,6 +54,11 @@ class GRPOConfig(RolloutConfig):
     # Roll the deterministic steps before the window out once per prompt and branch into the group's images at the
     # window (Flow-GRPO-Fast): a group's images then share their initial noise and differ only by the window's.
     shared_prefix: bool = False
+    # Finish each image after the window in this many deterministic steps spread over the rest of the sampler's grid
+    # instead of all of them (MixGRPO-Flash's compressed tail; it takes a second-order solver, this the sampler's own
+    # step): nothing after the window is trained, only the final image is scored, so a coarser finish makes rollouts
+    # cheaper. The reward monitor, samples and evaluation keep the full sampler. Null: every step.
+    tail_steps: int | None = at_least(1, None, note="or null for every step")
     # Of the window's steps, how many each trajectory trains per epoch: a random subset per trajectory (DanceGRPO's
     # and Flow-GRPO's timestep_fraction), for cheaper updates and so more epochs. Null: every step of the window.
     steps_per_trajectory: int | None = at_least(1, None, note="or null for every step of the window")

@@ -53,12 +53,25 @@ class StochasticPolicy(ABC):
     def num_steps(self) -> int:
         return len(self.timesteps)
 
+    @property
+    def window_end(self) -> int:
+        """One past the last step that draws noise (0 when none does): the steps after it only finish the image."""
+        drawn = [index for index, stochastic in enumerate(self.stochastic_steps) if stochastic]
+        return drawn[-1] + 1 if drawn else 0
+
     @abstractmethod
     def distribution(
         self, sample: torch.Tensor, prediction: torch.Tensor, index: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, std) of the next latent, float32; ``index`` (B,) is each row's step, so rows of one batch may sit
         at different steps (GRPO's updates batch many steps of many trajectories). std broadcasts (B, 1, 1, 1)."""
+
+    @abstractmethod
+    def jump(self, sample: torch.Tensor, prediction: torch.Tensor, index: int, target: int) -> torch.Tensor:
+        """The deterministic sampler's step from grid point ``index`` straight to grid point ``target`` (>
+        ``index``; ``num_steps`` is the end), float32: a coarser sampler over the same grid, for the steps after
+        GRPO's window that only finish the image (``grpo.tail_steps``). ``target = index + 1`` is the step with no
+        noise."""
 
     def step(
         self, sample: torch.Tensor, prediction: torch.Tensor, index: int, generator: torch.Generator
@@ -87,6 +100,10 @@ class FlowPolicy(StochasticPolicy):
         super().__init__(timesteps, stochastic, (sigmas[1:] > 0) & (noise_level > 0))
         self.sigmas = sigmas.float()
         self.noise_level = noise_level
+
+    def jump(self, sample: torch.Tensor, prediction: torch.Tensor, index: int, target: int) -> torch.Tensor:
+        """Euler from sigma_index to sigma_target (both samplers' step without noise)."""
+        return sample.float() + (self.sigmas[target] - self.sigmas[index]).to(sample.device) * prediction.float()
 
 
 class FlowSDEPolicy(FlowPolicy):
@@ -158,14 +175,24 @@ class DDIMPolicy(StochasticPolicy):
     def distribution(
         self, sample: torch.Tensor, prediction: torch.Tensor, index: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        sample, prediction = sample.float(), prediction.float()
         a, a_next = _rows(self.alpha_bars, index), _rows(self.alpha_bars_next, index)
-        if self.objective == "epsilon":
-            eps = prediction
-            x0 = (sample - (1 - a).sqrt() * eps) / a.sqrt()
-        else:  # v_prediction
-            x0 = a.sqrt() * sample - (1 - a).sqrt() * prediction
-            eps = (1 - a).sqrt() * sample + a.sqrt() * prediction
+        x0, eps = self._x0_and_noise(sample, prediction, a)
         variance = _rows(self.variance, index) * _rows(self.stochastic.float(), index)
         mean = a_next.sqrt() * x0 + (1 - a_next - variance).sqrt() * eps
         return mean, variance.sqrt()
+
+    def jump(self, sample: torch.Tensor, prediction: torch.Tensor, index: int, target: int) -> torch.Tensor:
+        """DDIM with eta 0 from grid point ``index``'s alpha-bar to ``target``'s (1 at the end)."""
+        a = self.alpha_bars[index].to(sample.device)
+        a_target = self.alpha_bars_next[target - 1].to(sample.device)
+        x0, eps = self._x0_and_noise(sample, prediction, a)
+        return a_target.sqrt() * x0 + (1 - a_target).sqrt() * eps
+
+    def _x0_and_noise(
+        self, sample: torch.Tensor, prediction: torch.Tensor, a: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x0, eps) that ``prediction`` implies for ``sample`` at alpha-bar ``a``, float32."""
+        sample, prediction = sample.float(), prediction.float()
+        if self.objective == "epsilon":
+            return (sample - (1 - a).sqrt() * prediction) / a.sqrt(), prediction
+        return a.sqrt() * sample - (1 - a).sqrt() * prediction, (1 - a).sqrt() * sample + a.sqrt() * prediction

@@ -37,6 +37,7 @@ def grpo_settings(cfg: TrainConfig) -> GRPOSettings:
         steps_per_trajectory=g.steps_per_trajectory,
         train_unconditional=g.train_unconditional,
         shared_prefix=g.shared_prefix,
+        tail_steps=g.tail_steps,
     )
 
 

@@ -1,5 +1,6 @@
 """Rollouts: prompts x G images from the stochastic policy with the current weights, with the trajectory GRPO's
-update needs (every latent, the log-probability of every step taken) and the prompts' text condition."""
+update needs (every latent up to the window's end, the log-probability of every step taken) and the prompts' text
+condition."""
 
 from __future__ import annotations
 
@@ -16,22 +17,21 @@ from dit_trainer.diffusion.sampler import guided_prediction
 
 @dataclass
 class Rollout:
-    """``len(prompts) x group_size`` trajectories, prompt-major (trajectory ``i`` belongs to prompt ``i // G``)."""
+    """``len(prompts) x group_size`` trajectories, prompt-major (trajectory ``i`` belongs to prompt ``i // G``).
+    ``samples`` holds the latents of the first S steps: all K of the sampler's, or those up to the window's end when
+    a coarser sampler finished the images (``tail_steps``)."""
 
     prompts: list[str]
     group_size: int
-    samples: torch.Tensor  # (N, K + 1, C, H, W) float32: the noise, then the latent after each of the K steps
-    log_probs: torch.Tensor  # (N, K) float32 log-probability of each step taken (0 where a step was deterministic)
+    samples: torch.Tensor  # (N, S + 1, C, H, W) float32: the noise, then the latent after each of the S steps
+    log_probs: torch.Tensor  # (N, S) float32 log-probability of each step taken (0 where a step was deterministic)
+    final_latents: torch.Tensor  # (N, C, H, W) float32: the finished images' latents, what the reward reads
     prompt_condition: Condition  # (P, ...) the prompts' condition
     null_condition: Condition  # (1, ...) the empty prompt's, for CFG
 
     @property
     def image_prompts(self) -> list[str]:
         return [prompt for prompt in self.prompts for _ in range(self.group_size)]
-
-    @property
-    def final_latents(self) -> torch.Tensor:
-        return self.samples[:, -1]
 
     def condition(self, rows: torch.Tensor, guidance_scale: float) -> Condition:
         """The condition of trajectories ``rows``, in ``guided_prediction``'s layout (empty-prompt rows appended
@@ -72,6 +72,30 @@ class _Denoiser:
             log_probs.append(torch.stack(step_log_probs, dim=1))
         return torch.cat(samples), torch.cat(log_probs)
 
+    def finish(self, latents: torch.Tensor, rows: torch.Tensor, grid: list[int]) -> torch.Tensor:
+        """``latents`` of trajectories ``rows`` at grid point ``grid[0]`` to the end, in deterministic steps
+        between the grid points ``grid`` (the policy's ``jump``), ``batch_size`` at a time: the final latents."""
+        finished = []
+        for batch in torch.arange(len(rows), device=rows.device).split(self.batch_size):
+            condition = self.rollout.condition(rows[batch], self.guidance_scale)
+            x = latents[batch]
+            for index, target in zip(grid[:-1], grid[1:]):
+                t = self.policy.timesteps[index].reshape(1)
+                prediction = guided_prediction(self.dit, x, t, condition, self.guidance_scale)
+                x = self.policy.jump(x, prediction, index, target)
+            finished.append(x)
+        return torch.cat(finished)
+
+
+def tail_grid(start: int, num_steps: int, tail_steps: int | None) -> list[int]:
+    """The grid points that finish a trajectory from grid point ``start``: every one to ``num_steps`` (the
+    sampler's own steps), or ``tail_steps`` steps between points spread evenly over that stretch (MixGRPO-Flash's
+    compressed tail, with the sampler's own first-order step)."""
+    remaining = num_steps - start
+    if tail_steps is None or tail_steps >= remaining:
+        return list(range(start, num_steps + 1))
+    return torch.linspace(start, num_steps, tail_steps + 1).round().long().tolist()
+
 
 @torch.no_grad()
 def roll_out(
@@ -85,16 +109,21 @@ def roll_out(
     generator: torch.Generator,
     batch_size: int,
     prefix_steps: int | None = None,
+    tail_steps: int | None = None,
 ) -> Rollout:
     """Sample ``group_size`` trajectories per prompt with ``policy`` (all randomness from ``generator``),
     ``batch_size`` trajectories at a time, each from its own noise; or, with ``prefix_steps`` (Flow-GRPO-Fast's
     shared prefix), each group from one noise and through its first ``prefix_steps`` steps (deterministic ones) once:
-    a group branches where its window starts, and its latents before that are the same."""
+    a group branches where its window starts, and its latents before that are the same. With ``tail_steps``, the
+    deterministic steps after the window are replaced by that many coarser ones (``tail_grid``): nothing after the
+    window is trained, only its final image is scored."""
     shared = prefix_steps or 0
     assert not any(policy.stochastic_steps[:shared]), "a shared prefix has no noise to draw"
+    stop = policy.num_steps if tail_steps is None else policy.window_end
     prompt_condition, null_condition = text_encoder.encode(list(prompts)), text_encoder.encode([""])
     count, device = len(prompts) * group_size, generator.device
-    rollout = Rollout(list(prompts), group_size, torch.empty(0), torch.empty(0), prompt_condition, null_condition)
+    empty = torch.empty(0)
+    rollout = Rollout(list(prompts), group_size, empty, empty, empty, prompt_condition, null_condition)
     denoise = _Denoiser(dit, policy, rollout, guidance_scale, generator, batch_size)
     if prefix_steps is None:
         head = torch.randn((count, *latent_shape), generator=generator, device=device)[:, None]
@@ -104,9 +133,11 @@ def roll_out(
         head = noise[:, None] if shared == 0 else denoise(noise, firsts, range(shared))[0]
         head = head.repeat_interleave(group_size, dim=0)
     rows = torch.arange(count, device=device)
-    samples, log_probs = denoise(head[:, -1], rows, range(shared, policy.num_steps))
+    samples, log_probs = denoise(head[:, -1], rows, range(shared, stop))
     rollout.samples = torch.cat([head[:, :-1], samples], dim=1)
     rollout.log_probs = torch.cat([torch.zeros(count, shared, device=device), log_probs], dim=1)
+    grid = tail_grid(stop, policy.num_steps, tail_steps)
+    rollout.final_latents = samples[:, -1] if len(grid) == 1 else denoise.finish(samples[:, -1], rows, grid)
     return rollout
 
 

@@ -4,11 +4,12 @@ Everything else (checkpoints, exact resume, monitors, metrics, preemption) is th
 
 An epoch on each process: draw ``prompts_per_epoch`` prompts, place the window of noisy steps (``grpo.sde_window``),
 roll out ``group_size`` trajectories each with the raw weights (``roll_out``; with ``shared_prefix`` the steps
-before the window once per prompt), decode and score the final latents, turn rewards into advantages within each
-prompt's group (statistics gathered over processes), then ``passes`` x ``minibatches`` optimizer updates of the clipped
-policy loss over the trained steps of the kept trajectories (every step of the noisy window, or a random
-``steps_per_trajectory`` of them per trajectory). The model stays in eval mode throughout (no dropout):
-the policy that rolls out is exactly the one that is updated, so the first update's ratio is 1.
+before the window once per prompt, with ``tail_steps`` those after it in fewer, coarser steps), decode and score
+the final latents, turn rewards into advantages within each prompt's group (statistics gathered over processes),
+then ``passes`` x ``minibatches`` optimizer updates of the clipped policy loss over the trained steps of the kept
+trajectories (every step of the noisy window, or a random ``steps_per_trajectory`` of them per trajectory). The
+model stays in eval mode throughout (no dropout): the policy that rolls out is exactly the one that is updated, so
+the first update's ratio is 1.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class GRPOSettings:
     train_unconditional: bool = True
     steps_per_trajectory: int | None = None
     shared_prefix: bool = False
+    tail_steps: int | None = None
 
 
 def steps_to_train(window: torch.Tensor, count: int, k: int | None, generator: torch.Generator) -> torch.Tensor:
@@ -113,6 +115,7 @@ class GRPOStep:
             self.state.generator,
             self.grpo.rollout_batch_size,
             prefix_steps=self.window.start if self.grpo.shared_prefix else None,
+            tail_steps=self.grpo.tail_steps,
         )
         rewards, reward_metrics = self.feedback.score(rollout.final_latents, rollout.image_prompts)
         advantages = self.feedback.advantages(rewards, prompt_indices)

@@ -213,3 +213,41 @@ def test_ddim_policy_is_diffusers_ddim_with_eta(scheduler, num_steps):
         torch.testing.assert_close(mean, expected, rtol=1e-5, atol=1e-5)
         assert bool(policy.stochastic[i]) == (variance > 0)
         x = mean
+
+
+@pytest.mark.parametrize("case", list(DETERMINISTIC_CASES))
+def test_a_jump_with_the_exact_prediction_lands_on_the_noised_data_at_its_target(case):
+    """For one (x0, noise) pair and the prediction that pair implies, a jump between any two grid points lands on
+    the pair's noised latent there (at the end: x0, or DDIM's last alpha-bar): the coarser sampler of a compressed
+    GRPO tail is exact where the model is; and a one-point jump is the noiseless step. (DDIM, as diffusers', arrives
+    at the alpha-bar of the timestep T // K below the one it left, which may differ by one timestep from the next
+    grid point's.)"""
+    num_steps = 6
+    policy = _schedule(**DETERMINISTIC_CASES[case][0]).policy(num_steps, CPU, 0.0)
+    generator = torch.Generator().manual_seed(0)
+    x0, noise = torch.randn(SHAPE, generator=generator), torch.randn(SHAPE, generator=generator)
+    if hasattr(policy, "sigmas"):
+        leave = arrive = policy.sigmas.double()  # K + 1 sigmas, 0 at the end
+
+        def noised(level):
+            return (1 - level) * x0 + level * noise
+
+        def prediction(level):
+            return noise - x0
+    else:
+        leave = policy.alpha_bars.double()  # alpha-bar a step starts from at each grid point
+        arrive = torch.cat([leave[:1], policy.alpha_bars_next.double()])  # and arrives at (1 at the end)
+
+        def noised(level):
+            return level.sqrt() * x0 + (1 - level).sqrt() * noise
+
+        def prediction(level):
+            return noise if policy.objective == "epsilon" else level.sqrt() * noise - (1 - level).sqrt() * x0
+
+    for index in range(num_steps):
+        x, predicted = noised(leave[index]).float(), prediction(leave[index]).float()
+        for target in range(index + 1, num_steps + 1):
+            landed = policy.jump(x, predicted, index, target)
+            torch.testing.assert_close(landed, noised(arrive[target]).float(), rtol=1e-4, atol=1e-4)
+        step = policy.distribution(x, predicted, _rows(index))[0]
+        torch.testing.assert_close(policy.jump(x, predicted, index, index + 1), step)

@@ -199,10 +199,11 @@ def test_tensorboard_writes_event_files(tmp_path):
     assert list((run_dir / "logs").rglob("events.out.tfevents.*"))
 
 
-def test_readme_commands_exist():
+def test_the_readme_s_set_up_commands_exist_and_ci_runs_its_test_command():
     readme = (REPO / "README.md").read_text()
     assert "bash scripts/install.sh && python train.py +experiment=shapes" in readme
-    assert "bash scripts/install.sh test && python -m pytest" in readme
+    ci_command = (REPO / ".ci/run").read_text().strip().splitlines()[-1]
+    assert ci_command.startswith("bash scripts/install.sh test && python -m pytest") and ci_command in readme
 
 
 @pytest.mark.slow

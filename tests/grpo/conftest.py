@@ -40,13 +40,17 @@ def schedule_of(family: str, parts):
         return build_noise_schedule(DiffusionConfig(**FLOW))
 
 
-def tiny_roll_out(parts, policy, prompts=PROMPTS, group_size=GROUP, seed=0, prefix_steps=None) -> Rollout:
+def tiny_roll_out(
+    parts, policy, prompts=PROMPTS, group_size=GROUP, seed=0, prefix_steps=None, tail_steps=None
+) -> Rollout:
     """prompts x G trajectories, 5 at a time (batches split unevenly, across groups), from the dit in eval mode;
-    the first ``prefix_steps`` once per prompt."""
+    the first ``prefix_steps`` once per prompt, the steps after the window in ``tail_steps``."""
     parts.dit.eval()
     generator = torch.Generator().manual_seed(seed)
     text_encoder, shape = parts.text_encoder, parts.latent_shape
-    return roll_out(parts.dit, policy, text_encoder, prompts, group_size, shape, GUIDANCE, generator, 5, prefix_steps)
+    return roll_out(
+        parts.dit, policy, text_encoder, prompts, group_size, shape, GUIDANCE, generator, 5, prefix_steps, tail_steps
+    )
 
 
 def trained_rows(policy, trajectories: torch.Tensor, shuffle: int | None = None):

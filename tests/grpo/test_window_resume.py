@@ -10,10 +10,17 @@ import pytest
 from ..conftest import grpo_overrides, read_metrics, run_here, train_here
 
 WEIGHTS = "checkpoints/checkpoint-4/transformer/diffusion_pytorch_model.safetensors"
-# A 1-step window within the first 3 of the 4 sampler steps: starts 0, 1 or 2.
+# A 1-step window within the first 3 of the 4 sampler steps: starts 0, 1 or 2; the random one finishes its images in
+# one step from the window's end (a compressed tail: what it rolls out depends on where the window sat).
 WINDOWS = {
     "fixed": ["grpo.sde_steps=1", "grpo.sde_start=1"],
-    "random": ["grpo.sde_window=random", "grpo.sde_steps=1", "grpo.window_range=3", "grpo.shared_prefix=true"],
+    "random": [
+        "grpo.sde_window=random",
+        "grpo.sde_steps=1",
+        "grpo.window_range=3",
+        "grpo.shared_prefix=true",
+        "grpo.tail_steps=1",
+    ],
     "sliding": ["grpo.sde_window=sliding", "grpo.sde_steps=1", "grpo.window_range=3", "grpo.slide_every=1"],
 }
 
