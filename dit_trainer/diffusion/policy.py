@@ -182,7 +182,7 @@ class DDIMPolicy(StochasticPolicy):
         return mean, variance.sqrt()
 
     def jump(self, sample: torch.Tensor, prediction: torch.Tensor, index: int, target: int) -> torch.Tensor:
-        """DDIM with eta 0 from grid point ``index``'s alpha-bar to ``target``'s (1 at the end)."""
+        """DDIM with eta 0 from grid point ``index``'s alpha-bar to the one a step arrives at on reaching ``target``."""
         a = self.alpha_bars[index].to(sample.device)
         a_target = self.alpha_bars_next[target - 1].to(sample.device)
         x0, eps = self._x0_and_noise(sample, prediction, a)
