@@ -4,7 +4,7 @@ condition."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -54,18 +54,25 @@ class _Denoiser:
     generator: torch.Generator
     batch_size: int
 
+    def _batches(self, rows: torch.Tensor) -> Iterator[tuple[torch.Tensor, Condition]]:
+        """Positions in ``rows`` of each batch of ``batch_size`` trajectories, with the batch's condition."""
+        for batch in torch.arange(len(rows), device=rows.device).split(self.batch_size):
+            yield batch, self.rollout.condition(rows[batch], self.guidance_scale)
+
+    def _predict(self, x: torch.Tensor, index: int, condition: Condition) -> torch.Tensor:
+        """The (guided) prediction at grid point ``index``."""
+        t = self.policy.timesteps[index].reshape(1)
+        return guided_prediction(self.dit, x, t, condition, self.guidance_scale)
+
     def __call__(self, latents: torch.Tensor, rows: torch.Tensor, steps: range) -> tuple[torch.Tensor, torch.Tensor]:
         """``latents`` of trajectories ``rows`` through ``steps``, ``batch_size`` at a time: the trajectory
         (B, len(steps) + 1, C, H, W), from ``latents`` on, and the (B, len(steps)) log-probs (0 where a step was
         deterministic)."""
         samples, log_probs = [], []
-        for batch in torch.arange(len(rows), device=rows.device).split(self.batch_size):
-            condition = self.rollout.condition(rows[batch], self.guidance_scale)
+        for batch, condition in self._batches(rows):
             x, trajectory, step_log_probs = latents[batch], [latents[batch]], []
             for index in steps:
-                t = self.policy.timesteps[index].reshape(1)
-                prediction = guided_prediction(self.dit, x, t, condition, self.guidance_scale)
-                x, log_prob = self.policy.step(x, prediction, index, self.generator)
+                x, log_prob = self.policy.step(x, self._predict(x, index, condition), index, self.generator)
                 trajectory.append(x)
                 step_log_probs.append(torch.zeros(len(batch), device=rows.device) if log_prob is None else log_prob)
             samples.append(torch.stack(trajectory, dim=1))
@@ -76,13 +83,10 @@ class _Denoiser:
         """``latents`` of trajectories ``rows`` at grid point ``grid[0]`` to the end, in deterministic steps
         between the grid points ``grid`` (the policy's ``jump``), ``batch_size`` at a time: the final latents."""
         finished = []
-        for batch in torch.arange(len(rows), device=rows.device).split(self.batch_size):
-            condition = self.rollout.condition(rows[batch], self.guidance_scale)
+        for batch, condition in self._batches(rows):
             x = latents[batch]
             for index, target in zip(grid[:-1], grid[1:]):
-                t = self.policy.timesteps[index].reshape(1)
-                prediction = guided_prediction(self.dit, x, t, condition, self.guidance_scale)
-                x = self.policy.jump(x, prediction, index, target)
+                x = self.policy.jump(x, self._predict(x, index, condition), index, target)
             finished.append(x)
         return torch.cat(finished)
 
