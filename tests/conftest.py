@@ -134,8 +134,9 @@ def train(run_dir: Path, *overrides: str, timeout: float = 300, env: dict | None
 def run_here(args: list[str]) -> subprocess.CompletedProcess:
     """``run_script(args)`` in this process: ``train.py`` or a script run as ``__main__`` with its command line, its
     stdout, stderr (logging and warnings included) and exit code as a process gives them (an uncaught exception: its
-    traceback and 1), without the ~6 s of interpreter start-up and imports. For runs whose outcome is the point;
-    where the process is (a refusal's exit code and stderr, signals, several processes), use ``run_script``."""
+    traceback and 1), without the ~6-10 s of interpreter start-up and imports. For runs whose outcome is the point,
+    refusals included (their exit code is the ``SystemExit``'s); where the process is (signals, several processes,
+    what a fresh interpreter imports or prints before a model loads), use ``run_script``."""
     script, argv = str(REPO / args[0]), sys.argv
     stdout, stderr = io.StringIO(), io.StringIO()
     reset_accelerate_state()

@@ -6,7 +6,7 @@ import pytest
 from dit_trainer.apps.cli import parse_cli, run_cli, run_train_script
 from dit_trainer.config import SampleConfig
 from dit_trainer.errors import EXIT_BAD_INPUT
-from tests.conftest import CONFIG_DIR, run_script
+from tests.conftest import CONFIG_DIR, run_here, run_script
 
 
 def test_parse_cli_takes_a_bare_run_folder_and_key_value_overrides():
@@ -39,8 +39,8 @@ def test_verify_gradients_reports_a_bad_value_without_a_traceback(capsys):
 def test_train_py_refuses_an_extra_config_value_of_another_type_with_exit_2(tmp_path):
     """SD3's `+model.extra_config.dual_attention_layers=3` ended in `TypeError: 'int' object is not iterable`."""
     run = f"hydra.run.dir={tmp_path / 'run'}"
-    result = run_script(["train.py", "+experiment=shapes_sd3", "model.num_layers=2", "trainer.max_steps=1",
-                         "+model.extra_config.dual_attention_layers=3", run])  # fmt: skip
+    result = run_here(["train.py", "+experiment=shapes_sd3", "model.num_layers=2", "trainer.max_steps=1",
+                       "+model.extra_config.dual_attention_layers=3", run])  # fmt: skip
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert last.startswith("error: Invalid config: `model.extra_config.dual_attention_layers` is 3") and "list" in last

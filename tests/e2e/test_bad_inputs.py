@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from ..conftest import QUIET, TINY_SHAPES, class_conditional, digest, read_metrics, run_script, train_here
+from ..conftest import QUIET, TINY_SHAPES, class_conditional, digest, read_metrics, run_here, run_script, train_here
 from ..data.files import BUCKETS, photos_folder
 
 
@@ -24,9 +24,8 @@ def _refused(run_dir, *overrides: str, into=None) -> str:
     traceback and leave the finished run's files (checkpoints, metrics, config) as they were. Returns stderr."""
     owned = ("checkpoints", "metrics", "config.yaml")
     before = digest(run_dir)
-    result = run_script(
-        ["train.py", *TINY_SHAPES, f"hydra.run.dir={into or run_dir}", "trainer.sample_every=0", *overrides],
-        timeout=240,
+    result = run_here(
+        ["train.py", *TINY_SHAPES, f"hydra.run.dir={into or run_dir}", "trainer.sample_every=0", *overrides]
     )
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
@@ -97,8 +96,8 @@ def test_a_bad_image_folder_is_refused(finished_run, tmp_path, metadata, expecte
 
 @pytest.mark.slow
 def test_a_missing_prompt_file_for_sampling_is_refused(finished_run, tmp_path):
-    result = run_script(["scripts/sample.py", f"run_dir={finished_run}", f"prompt_file={tmp_path / 'nope.txt'}",
-                         f"out_dir={tmp_path / 'out'}"])  # fmt: skip
+    result = run_here(["scripts/sample.py", f"run_dir={finished_run}", f"prompt_file={tmp_path / 'nope.txt'}",
+                       f"out_dir={tmp_path / 'out'}"])  # fmt: skip
     assert result.returncode == 2 and "no such file" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists()
 
@@ -214,9 +213,9 @@ def test_a_mixture_with_a_lone_wide_image_and_files_that_are_not_regular_images_
         for name in ("wide.png", "fifo.png", "dir.png", "link.png"):
             metadata.write(json.dumps({"file_name": name, "text": name}) + "\n")
     mixture = f"data.mixture=[{{source:imagefolder,path:{shapes},weight:3}},{{source:imagefolder,path:{photos}}}]"
-    result = run_script(["train.py", *TINY_SHAPES, f"hydra.run.dir={tmp_path / 'run'}", mixture, BUCKETS, *QUIET,
-                         "data.resolution=32", "data.num_workers=0", "trainer.batch_size=4", "trainer.max_steps=2",
-                         "data.max_bad_fraction=0.5"], timeout=240)  # fmt: skip
+    result = run_here(["train.py", *TINY_SHAPES, f"hydra.run.dir={tmp_path / 'run'}", mixture, BUCKETS, *QUIET,
+                       "data.resolution=32", "data.num_workers=0", "trainer.batch_size=4", "trainer.max_steps=2",
+                       "data.max_bad_fraction=0.5"])  # fmt: skip
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert [record["step"] for record in read_metrics(tmp_path / "run")] == [1, 2]
 

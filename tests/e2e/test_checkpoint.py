@@ -17,6 +17,7 @@ from ..conftest import (
     TINY_SHAPES,
     accelerate_launch,
     read_metrics,
+    run_here,
     run_script,
     start_training,
     train_here,
@@ -68,11 +69,8 @@ def test_a_full_disk_during_a_checkpoint_write_stops_with_exit_5_and_keeps_the_p
     small_disk, disk_mb, writer_error
 ):
     run_dir = small_disk(disk_mb * 2**20) / "run"
-    result = run_script(
-        ["train.py", *TINY_SHAPES, *QUIET, f"hydra.run.dir={run_dir}", "trainer.max_steps=4",
-         "trainer.checkpoint_every=2"],
-        timeout=240,
-    )  # fmt: skip
+    result = run_here(["train.py", *TINY_SHAPES, *QUIET, f"hydra.run.dir={run_dir}", "trainer.max_steps=4",
+                       "trainer.checkpoint_every=2"])  # fmt: skip
     assert result.returncode == EXIT_CHECKPOINT_FAILED, result.stderr[-3000:]
     assert "Could not write the checkpoint of step 4" in result.stderr and writer_error in result.stderr
     assert "checkpoint-2, is intact" in result.stderr and "Traceback" not in result.stderr
@@ -88,9 +86,7 @@ def test_a_truncated_checkpoint_is_not_latest_and_is_refused_by_path(tmp_path):
     optimizer.write_bytes(optimizer.read_bytes()[:100])  # a disk that filled up mid-file
     assert "optimizer.bin has 100 bytes" in incomplete_reason(newest)
     assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["checkpoint-2"]
-    result = run_script(
-        ["train.py", *TINY_SHAPES, f"hydra.run.dir={tmp_path / 'other'}", f"trainer.resume={newest}"], timeout=120
-    )
+    result = run_here(["train.py", *TINY_SHAPES, f"hydra.run.dir={tmp_path / 'other'}", f"trainer.resume={newest}"])
     assert result.returncode == 2 and "not a complete checkpoint" in result.stderr and "optimizer.bin" in result.stderr
 
 
@@ -114,7 +110,7 @@ def test_a_fresh_run_refuses_a_folder_with_checkpoints(tmp_path):
     train_here(run_dir, "trainer.max_steps=2", *QUIET)
     checkpoint = run_dir / "checkpoints" / "checkpoint-2" / "transformer" / "diffusion_pytorch_model.safetensors"
     before = checkpoint.read_bytes()
-    result = run_script(["train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", "trainer.max_steps=2"], timeout=120)
+    result = run_here(["train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", "trainer.max_steps=2"])
     assert result.returncode == 2
     assert "trainer.resume=latest" in result.stderr and "checkpoint-2" in result.stderr
     assert checkpoint.read_bytes() == before and len(read_metrics(run_dir)) == 2

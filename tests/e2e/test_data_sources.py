@@ -7,7 +7,7 @@ import re
 import datasets
 import pytest
 
-from ..conftest import QUIET, TINY_SHAPES, run_script, train_here
+from ..conftest import QUIET, TINY_SHAPES, run_here, train_here
 from ..data.files import HF_FEATURES, image_folder, noise_png, png_bytes, write_shards
 
 TRAIN_SMALL = ["vae=pixel", "data.resolution=16", "data.num_workers=0", "trainer.batch_size=4", "trainer.max_steps=5",
@@ -43,8 +43,8 @@ def test_each_source_feeds_a_training_run_and_counts_skipped_files(tmp_path, sou
 @pytest.mark.slow
 def test_a_mostly_unreadable_data_set_stops_the_run_naming_the_files(tmp_path):
     path = _training_data(tmp_path, "imagefolder", good=6, bad=6)
-    result = run_script(["train.py", *TINY_SHAPES, f"hydra.run.dir={tmp_path / 'run'}", "data=imagefolder",
-                         f"data.path={path}", *TRAIN_SMALL, "data.max_bad_fraction=0.2"], timeout=240)  # fmt: skip
+    result = run_here(["train.py", *TINY_SHAPES, f"hydra.run.dir={tmp_path / 'run'}", "data=imagefolder",
+                       f"data.path={path}", *TRAIN_SMALL, "data.max_bad_fraction=0.2"])  # fmt: skip
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "were unreadable and skipped, more than `data.max_bad_fraction=0.2`" in result.stderr
     assert re.search(r"the first: bad\d.png: OSError: image file is truncated; bad\d.png", result.stderr)

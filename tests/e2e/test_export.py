@@ -17,7 +17,7 @@ from dit_trainer.config import ExportConfig
 from dit_trainer.errors import ConfigError
 from dit_trainer.run_config import read_run_config
 
-from ..conftest import QUICK, REPO, run_script, train, wait_for
+from ..conftest import QUICK, REPO, run_here, train_here, wait_for
 
 PROMPTS, SEEDS = ["a red circle", "a blue square"], [3, 4]
 _TOL = {"atol": 1e-4, "rtol": 1e-4}
@@ -26,7 +26,7 @@ GENERATE = {"height": 32, "width": 32, "use_resolution_binning": False, "clean_c
 
 def _t5_run(root, tiny_t5_dir, *overrides: str):
     run_dir = root / "run"
-    train(
+    train_here(
         run_dir,
         *QUICK,
         f"conditioner.pretrained={tiny_t5_dir}",
@@ -53,7 +53,7 @@ def sigma_run(tmp_path_factory, tiny_t5_dir):
 @pytest.fixture(scope="module")
 def minilm_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("export_minilm") / "run"
-    train(run_dir, *QUICK)
+    train_here(run_dir, *QUICK)
     return run_dir
 
 
@@ -77,7 +77,7 @@ def test_a_pixart_sigma_run_exports_a_sigma_pipeline_that_matches_our_sampler(si
 
 
 def _exports_a_pipeline_that_matches_our_sampler(t5_run, pipeline_class):
-    result = run_script(["scripts/export.py", str(t5_run)])
+    result = run_here(["scripts/export.py", str(t5_run)])
     assert result.returncode == 0, result.stderr[-3000:]
     folder = t5_run / "export" / "checkpoint-2"
     assert f"{pipeline_class.__name__}.from_pretrained" in result.stdout and str(folder) in result.stdout
@@ -122,7 +122,7 @@ def test_a_flow_matching_run_exports_a_recipe_that_reproduces_our_euler_sampler(
     """PixArtAlphaPipeline expects two scheduler members FlowMatchEulerDiscreteScheduler lacks; the printed recipe
     supplies them, and the pipeline then matches our sampler (without them it fails on ``init_noise_sigma``)."""
     run_dir = tmp_path / "flow_run"
-    train(run_dir, *QUICK, "diffusion=flow", "diffusion.objective=flow_matching", "diffusion.shift=3")
+    train_here(run_dir, *QUICK, "diffusion=flow", "diffusion.objective=flow_matching", "diffusion.shift=3")
     result = export_run(ExportConfig(run_dir=str(run_dir), out_dir=str(tmp_path / "flow_export")))
     assert result.manifest["scheduler_class"] == "FlowMatchEulerDiscreteScheduler"
     namespace = {}
@@ -161,7 +161,7 @@ def test_export_refuses_a_non_empty_out_dir_and_leaves_it_untouched(minilm_run, 
 
 @pytest.mark.slow
 def test_export_explains_a_folder_that_is_not_a_run_or_a_pixel_run(tmp_path, minilm_run):
-    result = run_script(["scripts/export.py", str(tmp_path)], timeout=120)
+    result = run_here(["scripts/export.py", str(tmp_path)])
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "no config.yaml" in result.stderr
 

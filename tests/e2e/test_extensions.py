@@ -6,7 +6,7 @@ import math
 import pytest
 from safetensors.torch import load_file
 
-from ..conftest import REPO, read_metrics, run_here, run_script
+from ..conftest import REPO, read_metrics, run_here
 
 pytestmark = pytest.mark.slow  # launches train.py and sample.py
 
@@ -62,6 +62,6 @@ def test_a_family_source_and_reward_from_outside_the_package_train_and_sample(tm
 
 
 def test_an_import_path_that_does_not_import_is_one_paragraph(tmp_path):
-    result = run_script(["train.py", *TOY[:1], "model.family=no_such_module:FAMILY", f"hydra.run.dir={tmp_path}"])
+    result = run_here(["train.py", *TOY[:1], "model.family=no_such_module:FAMILY", f"hydra.run.dir={tmp_path}"])
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "`model.family` is 'no_such_module:FAMILY'" in result.stderr and "PYTHONPATH" in result.stderr

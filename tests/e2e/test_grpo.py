@@ -202,7 +202,7 @@ def test_a_requeued_grpo_run_keeps_its_start_after_the_init_run_moves_on(init_ru
 @pytest.mark.slow
 def test_train_py_exits_2_on_an_override_that_contradicts_the_init_run(init_run, tmp_path):
     run_dir = f"hydra.run.dir={tmp_path / 'run'}"
-    result = run_script(["train.py", run_dir, *grpo_overrides(init_run, "model.num_layers=3")], timeout=120)
+    result = run_here(["train.py", run_dir, *grpo_overrides(init_run, "model.num_layers=3")])
     assert result.returncode == 2, result.stderr[-3000:]
     assert "trainer.init_from" in result.stderr and "model.num_layers=3" in result.stderr
     assert "Traceback" not in result.stderr
@@ -217,7 +217,7 @@ def test_a_resume_with_another_prompt_list_is_refused_unless_allowed(grpo_run, i
     before = {path: path.read_bytes() for path in checkpoint.rglob("*") if path.is_file()}
     changed = ["grpo.prompts=[a red circle,a yellow square]", f"trainer.resume={checkpoint}"]
     command = ["train.py", f"hydra.run.dir={tmp_path / 'run'}", *grpo_overrides(init_run, RANDOM_STEPS, *changed)]
-    refused = run_script(command, timeout=240)
+    refused = run_here(command)
     assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr[-3000:]
     assert "-> ['a red circle', 'a yellow square'])" in refused.stderr and "grpo.prompts (" in refused.stderr
     allowed = run_here([*command, "trainer.allow_config_change=true"])

@@ -7,7 +7,7 @@ import math
 import pytest
 from safetensors.torch import load_file
 
-from ..conftest import QUIET, REPO, TINY_SHAPES, read_metrics, run_here, run_script
+from ..conftest import QUIET, REPO, TINY_SHAPES, read_metrics, run_here
 
 pytestmark = pytest.mark.slow  # three train.py runs
 
@@ -42,13 +42,13 @@ def strip_timing(record: dict) -> dict:
     return {key: value for key, value in record.items() if "per_sec" not in key and "seconds" not in key}
 
 
-def test_a_method_refuses_what_it_cannot_train_and_an_unknown_method_is_one_paragraph(tmp_path):
-    env, run_dir = {"PYTHONPATH": str(PLUGINS)}, tmp_path / "run"
-    own_check = run_script(["train.py", *TOY, "trainer.gradient_accumulation_steps=2", f"hydra.run.dir={run_dir}"],
-                           env=env)  # fmt: skip
+def test_a_method_refuses_what_it_cannot_train_and_an_unknown_method_is_one_paragraph(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(PLUGINS))
+    run_dir = tmp_path / "run"
+    own_check = run_here(["train.py", *TOY, "trainer.gradient_accumulation_steps=2", f"hydra.run.dir={run_dir}"])
     assert own_check.returncode == 2 and "Traceback" not in own_check.stderr
     assert "the toy method takes one batch per update" in own_check.stderr
-    unknown = run_script(["train.py", *TINY_SHAPES, "trainer.method=dpo", f"hydra.run.dir={run_dir}"])
+    unknown = run_here(["train.py", *TINY_SHAPES, "trainer.method=dpo", f"hydra.run.dir={run_dir}"])
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
     assert "`trainer.method` is 'dpo'" in unknown.stderr and "sft, grpo" in unknown.stderr
     assert not run_dir.exists()  # refused before anything was written

@@ -77,16 +77,8 @@ def test_evaluate_reproduces_the_monitor_s_reward_from_the_checkpoint(monitored_
 
 @pytest.mark.slow
 def test_monitor_config_errors_name_the_key(tmp_path):
-    result = run_script(
-        [
-            "train.py",
-            *TINY_SHAPES,
-            "monitor.reward.enabled=true",
-            "monitor.reward.group_size=1",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        timeout=120,
-    )
+    result = run_here(["train.py", *TINY_SHAPES, "monitor.reward.enabled=true", "monitor.reward.group_size=1",
+                       f"hydra.run.dir={tmp_path / 'run'}"])  # fmt: skip
     assert result.returncode == 2 and "monitor.reward.group_size" in result.stderr
     assert "Traceback" not in result.stderr
 

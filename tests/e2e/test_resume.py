@@ -21,7 +21,7 @@ from ..conftest import (
     accelerate_launch,
     read_metrics,
     start_training,
-    train,
+    train_here,
     wait_for,
 )
 from ..data.files import CANVASES, bucketed
@@ -31,8 +31,8 @@ from ..data.files import CANVASES, bucketed
 def test_resume_latest_continues_in_the_same_run_folder(tmp_path):
     run_dir = tmp_path / "run"
     common = ("trainer.log_every=1", "trainer.checkpoint_every=10", "trainer.sample_every=0")
-    train(run_dir, "trainer.max_steps=10", *common)
-    result = train(run_dir, "trainer.max_steps=15", "trainer.resume=latest", *common)
+    train_here(run_dir, "trainer.max_steps=10", *common)
+    result = train_here(run_dir, "trainer.max_steps=15", "trainer.resume=latest", *common)
     assert "Trained 15 steps" in result.stdout
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, 16))
 
@@ -41,7 +41,7 @@ def test_resume_latest_continues_in_the_same_run_folder(tmp_path):
 def test_sigterm_writes_a_checkpoint_exits_3_and_resume_matches_the_uninterrupted_run(tmp_path):
     """The stop skips the monitors due at its step (sample grids every step here): the grace period before the
     kill is for the checkpoint."""
-    train(tmp_path / "straight", "trainer.max_steps=30", *QUIET)
+    train_here(tmp_path / "straight", "trainer.max_steps=30", *QUIET)
     run_dir = tmp_path / "preempted"
     process = start_training(run_dir, "trainer.max_steps=30", "trainer.checkpoint_every=0", "trainer.sample_every=1")
     wait_for(lambda: len(read_metrics(run_dir)) >= 3, process)
@@ -54,7 +54,7 @@ def test_sigterm_writes_a_checkpoint_exits_3_and_resume_matches_the_uninterrupte
     grids = sorted(p.name for p in (run_dir / "samples").iterdir())
     assert grids == [f"step_{step:07d}.png" for step in range(1, stopped)]
 
-    train(run_dir, "trainer.max_steps=30", "trainer.resume=latest", *QUIET)
+    train_here(run_dir, "trainer.max_steps=30", "trainer.resume=latest", *QUIET)
     straight = [r["loss"] for r in read_metrics(tmp_path / "straight")]
     assert [r["loss"] for r in read_metrics(run_dir)] == straight  # bit for bit
 
@@ -74,9 +74,9 @@ def test_resume_is_bit_exact_with_buckets_validation_and_the_reward_monitor(tmp_
               "validation.every_n_steps=10", "validation.split=0.125", "monitor.reward.enabled=true",
               "monitor.reward.every_n_steps=10", "monitor.reward.prompt_file=null",
               "monitor.reward.prompts=[a red circle,a blue square]", "monitor.reward.group_size=2")  # fmt: skip
-    train(tmp_path / "straight", "trainer.max_steps=20", *common)
+    train_here(tmp_path / "straight", "trainer.max_steps=20", *common)
     checkpoint = tmp_path / "straight" / "checkpoints" / "checkpoint-10"
-    train(tmp_path / "resumed", "trainer.max_steps=20", *common, f"trainer.resume={checkpoint}")
+    train_here(tmp_path / "resumed", "trainer.max_steps=20", *common, f"trainer.resume={checkpoint}")
     straight = [deterministic(r) for r in read_metrics(tmp_path / "straight")]
     resumed = [deterministic(r) for r in read_metrics(tmp_path / "resumed")]
     assert [r["step"] for r in resumed] == list(range(11, 21))
@@ -97,7 +97,7 @@ def test_a_run_killed_right_after_a_checkpoint_keeps_that_steps_metrics(tmp_path
     process = start_training(run_dir, "trainer.max_steps=20", "trainer.checkpoint_every=10", code=die_after_step_10)
     process.communicate(timeout=240)
     assert process.returncode == 9 and read_metrics(run_dir)[-1]["step"] == 10
-    train(run_dir, "trainer.max_steps=20", "trainer.checkpoint_every=10", "trainer.resume=latest", *QUIET)
+    train_here(run_dir, "trainer.max_steps=20", "trainer.checkpoint_every=10", "trainer.resume=latest", *QUIET)
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, 21))
 
 

@@ -23,6 +23,7 @@ from ..conftest import (
     accelerate_launch,
     digest,
     read_metrics,
+    run_here,
     run_script,
     train_here,
 )
@@ -101,7 +102,7 @@ def _refused(run_dir, *overrides: str, into=None) -> str:
     """train.py with ``overrides`` into ``into`` (default: ``run_dir``) exits 2 with one paragraph and no traceback,
     and ``run_dir``'s checkpoints, metrics and config are as they were. Returns the paragraph."""
     before = digest(run_dir)
-    result = run_script(["train.py", *TINY_SHAPES, f"hydra.run.dir={into or run_dir}", *overrides], timeout=240)
+    result = run_here(["train.py", *TINY_SHAPES, f"hydra.run.dir={into or run_dir}", *overrides])
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr and "Caught" not in result.stderr
     owned = ("checkpoints", "metrics", "config.yaml")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ..conftest import TINY_SHAPES, run_here, run_script
+from ..conftest import TINY_SHAPES, run_here
 
 
 def _reentrant_lora(base) -> list[str]:
@@ -29,7 +29,7 @@ def test_verify_gradients_passes_the_shapes_experiment_and_prints_the_table():
 
 @pytest.mark.slow
 def test_verify_gradients_exits_1_naming_the_finding_when_the_flow_is_broken(tiny_pixart_dir):
-    result = run_script(["scripts/verify_gradients.py", *TINY_SHAPES, *_reentrant_lora(tiny_pixart_dir)], timeout=300)
+    result = run_here(["scripts/verify_gradients.py", *TINY_SHAPES, *_reentrant_lora(tiny_pixart_dir)])
     assert result.returncode == 1, result.stderr[-3000:]
     assert "[reentrant_checkpoint]" in result.stdout and "transformer.transformer_blocks.0" in result.stdout
     assert "use_reentrant=False" in result.stdout and "FAILED" in result.stdout
@@ -38,9 +38,7 @@ def test_verify_gradients_exits_1_naming_the_finding_when_the_flow_is_broken(tin
 @pytest.mark.slow
 def test_training_stops_before_the_first_step_with_the_doctor_s_explanation(tiny_pixart_dir, tmp_path):
     run_dir = tmp_path / "run"
-    result = run_script(
-        ["train.py", *TINY_SHAPES, *_reentrant_lora(tiny_pixart_dir), f"hydra.run.dir={run_dir}"], timeout=300
-    )
+    result = run_here(["train.py", *TINY_SHAPES, *_reentrant_lora(tiny_pixart_dir), f"hydra.run.dir={run_dir}"])
     assert result.returncode == 2
     assert "[reentrant_checkpoint]" in result.stderr and "trainer.reentrant_checkpointing=false" in result.stderr
     assert "Traceback" not in result.stderr and "RuntimeError" not in result.stderr  # not PyTorch's own error
