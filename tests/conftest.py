@@ -370,6 +370,20 @@ def validation_monitor(trainer):
     return next(monitor for monitor in trainer.monitors if isinstance(monitor, ValidationMonitor))
 
 
+def rows_trained_in_a_step(trainer) -> list[int]:
+    """The batch sizes of the DiT's forwards with grad enabled in ``trainer``'s next step, in order: the preflight's
+    first (the rollouts' forwards, without grad, are not counted)."""
+    rows: list[int] = []
+    hook = trainer.accelerator.unwrap_model(trainer.dit).register_forward_pre_hook(
+        lambda module, args: rows.append(args[0].shape[0]) if torch.is_grad_enabled() else None
+    )
+    try:
+        trainer.step(trainer.step.batches())
+    finally:
+        hook.remove()
+    return rows
+
+
 @pytest.fixture()
 def tiny_parts():
     """The TINY_SHAPES components (shipped VAE, MiniLM, a 2-layer PixArt) on the CPU, seeded."""

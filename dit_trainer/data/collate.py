@@ -43,6 +43,12 @@ def collate_batch(items: list[dict[str, Any]] | Batch) -> Batch:
     return batch
 
 
+def first_items(batch: Batch, count: int) -> Batch:
+    """The first ``count`` items of a collated ``batch``; its ``bad_files`` whole (they are the batch's, not an
+    item's)."""
+    return {key: value if key == "bad_files" else value[:count] for key, value in batch.items()}  # type: ignore[return-value]
+
+
 class SkipUnreadable(Dataset):
     """Map-style base: item ``i`` is the first readable image at ``i, i+1, ...`` (wrapping), with the files passed
     over in ``"bad_files"``; when a view of the data set (one side of the held-out split) names the indices it may

@@ -27,7 +27,7 @@ from dit_trainer.grpo.rollout import Rollout, recompute_steps, roll_out
 from dit_trainer.grpo.window import SDEWindow
 from dit_trainer.online.feedback import GroupFeedback
 from dit_trainer.online.reference import ReferencePolicy
-from dit_trainer.training.preflight import preflight
+from dit_trainer.training.preflight import PREFLIGHT_ROWS, preflight
 from dit_trainer.training.state.saved_state import SavedState
 from dit_trainer.training.step import StepParts
 
@@ -192,7 +192,8 @@ class GRPOStep:
         steps = trajectory_steps.flatten().to(rollout.samples.device)
         if not self._preflight_done:
             model = self.accelerator.unwrap_model(self.dit)
-            preflight(model, lambda: self.policy_loss(model, rollout, advantages, rows, steps)[0].mean())
+            few = slice(PREFLIGHT_ROWS)
+            preflight(model, lambda: self.policy_loss(model, rollout, advantages, rows[few], steps[few])[0].mean())
             self._preflight_done = True
         stats: dict[str, torch.Tensor] = {}
 

@@ -25,7 +25,7 @@ from dit_trainer.nft.loss import nft_loss, optimality
 from dit_trainer.nft.old_policy import OldPolicy
 from dit_trainer.online.feedback import GroupFeedback
 from dit_trainer.online.reference import ReferencePolicy
-from dit_trainer.training.preflight import preflight
+from dit_trainer.training.preflight import PREFLIGHT_ROWS, preflight
 from dit_trainer.training.state.saved_state import SavedState
 from dit_trainer.training.step import StepParts
 
@@ -149,7 +149,10 @@ class NFTStep:
         reference = self.reference(x_t, timesteps, condition).float() if self.settings.kl_weight > 0 else None
         inputs = (x0, x0_old, x_t, timesteps, condition, r, reference)
         if not self._preflight_done:
-            preflight(model, lambda: self._loss(model, *inputs).mean())
+            few = slice(PREFLIGHT_ROWS)
+            first = (x0[few], x0_old[few], x_t[few], timesteps[few], condition.rows(few), r[few],
+                     None if reference is None else reference[few])  # fmt: skip
+            preflight(model, lambda: self._loss(model, *first).mean())
             self._preflight_done = True
 
         def backward() -> torch.Tensor:

@@ -11,11 +11,12 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from dit_trainer.condition import Batch
+from dit_trainer.data.collate import first_items
 from dit_trainer.data.poisson import is_empty
 from dit_trainer.training.batches import resumable_batches
 from dit_trainer.training.data_health import BadFileCounter
 from dit_trainer.training.metrics import TimestepLossBuckets
-from dit_trainer.training.preflight import preflight
+from dit_trainer.training.preflight import PREFLIGHT_ROWS, preflight
 from dit_trainer.training.state.saved_state import SavedState
 from dit_trainer.training.step import StepParts
 
@@ -57,7 +58,7 @@ class SupervisedStep:
                 batch = next(batches)
                 self.bad_files.add(batch)
                 if not self._preflight_done and not is_empty(batch):
-                    self._preflight(batch)
+                    self._preflight(first_items(batch, PREFLIGHT_ROWS))
                 yield functools.partial(self._backward, batch)
 
         return self.updates.apply(micro_batches())
@@ -79,8 +80,8 @@ class SupervisedStep:
         return self.updates.update.backward(per_sample)
 
     def _preflight(self, batch: Batch) -> None:
-        """The doctor on the first batch of this process, with a copy of the step's generator: the step that
-        follows draws exactly what it would have drawn without the check."""
+        """The doctor on the first rows of this process's first batch, with a copy of the step's generator: the step
+        that follows draws exactly what it would have drawn without the check."""
         model = self.accelerator.unwrap_model(self.dit)
         generator = torch.Generator(self.state.generator.device)
         generator.set_state(self.state.generator.get_state())

@@ -10,9 +10,21 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from dit_trainer.assemble import build_trainer
 from dit_trainer.runs.run_folder import MANIFEST
+from dit_trainer.training.preflight import PREFLIGHT_ROWS
 
-from ..conftest import CPU_PROCESSES, accelerate_launch, grpo_overrides, read_metrics, run_here, run_script, train_here
+from ..conftest import (
+    CPU_PROCESSES,
+    accelerate_launch,
+    compose_config,
+    grpo_overrides,
+    read_metrics,
+    rows_trained_in_a_step,
+    run_here,
+    run_script,
+    train_here,
+)
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 POLICY_KEYS = {
@@ -282,3 +294,10 @@ def test_a_two_process_grpo_run(init_run, tmp_path):
     assert states[0] != states[1]  # each process draws its own prompts and noise
     final = weights(checkpoint / "transformer")
     assert all(torch.isfinite(t).all() for t in final.values())
+
+
+def test_the_gradient_check_runs_on_a_few_rows_of_the_first_update(init_run, tmp_path):
+    """As in the supervised step (``tests/training/test_trainer.py``): the eager check must not set the run's peak."""
+    rows = rows_trained_in_a_step(build_trainer(compose_config(grpo_overrides(init_run)), tmp_path))
+    # each forward holds a row's conditional and unconditional halves (guidance); the update: 8 trajectories x 3 steps
+    assert rows == [2 * PREFLIGHT_ROWS, 2 * 8 * 3]

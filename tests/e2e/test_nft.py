@@ -8,9 +8,19 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from dit_trainer.assemble import build_trainer
 from dit_trainer.errors import ConfigError
+from dit_trainer.training.preflight import PREFLIGHT_ROWS
 
-from ..conftest import TINY_SHAPES, compose_config, nft_overrides, read_metrics, run_here, train_here
+from ..conftest import (
+    TINY_SHAPES,
+    compose_config,
+    nft_overrides,
+    read_metrics,
+    rows_trained_in_a_step,
+    run_here,
+    train_here,
+)
 
 pytestmark = pytest.mark.slow  # train.py runs
 
@@ -72,3 +82,9 @@ def test_what_nft_cannot_train_is_refused_with_the_config(init_run, tmp_path):
         compose_config([*TINY_SHAPES, *epsilon, "diffusion.objective=epsilon"])
     with pytest.raises(ConfigError, match=r"`nft\.beta` is 0\.5.*`trainer\.method=sft`, which reads no `nft\.\*`"):
         compose_config([*TINY_SHAPES, "nft.beta=0.5"])
+
+
+def test_the_gradient_check_runs_on_a_few_rows_of_the_first_update(init_run, tmp_path):
+    """As in the supervised step (``tests/training/test_trainer.py``): the eager check must not set the run's peak."""
+    rows = rows_trained_in_a_step(build_trainer(compose_config(nft_overrides(init_run)), tmp_path))
+    assert rows == [PREFLIGHT_ROWS, 8 * 2]  # the update: 8 images x 2 timesteps each

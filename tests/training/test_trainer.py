@@ -1,5 +1,6 @@
 """The training loop (``training/trainer.py``): a step's optimizer update sees the gradients clipped to
-``optim.max_grad_norm`` by the trainer's own update path, and a dropped trainer leaves nothing alive."""
+``optim.max_grad_norm`` by the trainer's own update path, the gradient check before the first step runs on a few
+rows, and a dropped trainer leaves nothing alive."""
 
 import gc
 import weakref
@@ -8,8 +9,9 @@ import pytest
 import torch
 
 from dit_trainer.assemble import build_trainer
+from dit_trainer.training.preflight import PREFLIGHT_ROWS
 
-from ..conftest import TINY_SHAPES, compose_config
+from ..conftest import TINY_SHAPES, compose_config, rows_trained_in_a_step
 
 
 @pytest.mark.parametrize("max_grad_norm", [1e-3, 1e6, 0.0])
@@ -40,3 +42,10 @@ def test_a_dropped_trainer_frees_its_model_after_the_gradient_check(tmp_path):
     del trainer
     gc.collect()
     assert model() is None
+
+
+def test_the_gradient_check_runs_on_a_few_rows_and_the_step_on_the_whole_batch(tmp_path):
+    """The check before the first step is eager even under ``trainer.compile``; on the whole batch it set the run's
+    peak memory (DiT-XL/2 compiled at 256 on an H200: 110.5 GiB, against 80.2 on two rows)."""
+    cfg = compose_config([*TINY_SHAPES, "monitor.reward.enabled=false", "trainer.batch_size=8"])
+    assert rows_trained_in_a_step(build_trainer(cfg, tmp_path)) == [PREFLIGHT_ROWS, 8]

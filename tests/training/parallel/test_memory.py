@@ -87,6 +87,16 @@ def test_a_model_that_cannot_fit_at_all_points_to_lora_and_fsdp():
         check_fits(ESTIMATE, batch_size=1, checkpointing=1, device_bytes=8 * GiB)
 
 
+def test_under_compile_a_batch_over_the_estimate_is_warned_about_not_refused(caplog):
+    """The estimate counts eager blocks' saves; compiled ones keep less (DiT-XL/2: two thirds), so it may fit."""
+    Accelerator(cpu=True)  # accelerate's logger asks for the process's state
+    with caplog.at_level(logging.WARNING):
+        check_fits(ESTIMATE, batch_size=64, checkpointing=0, device_bytes=40 * GiB, compiled=True)
+    [warning] = [record.message for record in caplog.records if record.levelno == logging.WARNING]
+    assert "74.0 GiB" in warning and "`trainer.batch_size=30`" in warning
+    assert "Not refused under `trainer.compile=true`" in warning
+
+
 def test_the_estimate_is_logged_once_at_start_on_the_cpu(tiny_parts, caplog):
     cfg = compose_config([*TINY_SHAPES, "trainer.batch_size=1000000"])  # no GPU: logged, never refused
     with caplog.at_level(logging.INFO):
