@@ -55,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tiny", action="store_true", help="tiny models on a GPU too")
     parser.add_argument("--fsdp", action="store_true", help="the FSDP rows on a CPU too (2 processes)")
     parser.add_argument("--fsdp-config", type=Path, help="the accelerate config of the FSDP rows")
+    parser.add_argument("--online", action="store_true", help="an epoch of GRPO and of DiffusionNFT at real size too")
     parser.add_argument("--row-timeout", type=float, default=540, help="seconds one row may take (%(default)s)")
     return parser
 
@@ -88,7 +89,7 @@ def check(argv: list[str]) -> int:
     options = Options(
         REPO, args.out.resolve(), args.tiny or not cuda, args.models, args.batches, variants, args.warmup,
         args.steps, train_steps, args.fsdp, args.fsdp_config, args.row_timeout, args.budget, args.rows,
-        args.skip, args.redo, args.plan_for,
+        args.skip, args.redo, args.plan_for, args.online,
     )  # fmt: skip
     here = machine(driver)
     if args.plan_for:

@@ -1,8 +1,9 @@
 """scripts/gpu_check.sh on the CPU at tiny sizes, as CI runs it so that the GPU check cannot rot, in two calls into
 one --out as a lent GPU machine runs it (commands of at most ~10 minutes): the first stops before a row that would
 not fit its --budget, the second measures only the rows the first did not finish, and the report then lists every
-row once: the measured ones with img/s, the CUDA-only ones skipped with the reason, and a failing row (here: FSDP
-asked for with an accelerate config that is not there) recorded while the others ran."""
+row once: the measured ones with img/s (online fine-tuning epochs among them), the CUDA-only ones skipped with the
+reason, and a failing row (here: FSDP asked for with an accelerate config that is not there) recorded while the
+others ran."""
 
 import json
 import subprocess
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 def _call(out, missing, *extra):
     command = ["scripts/gpu_check.sh", "--out", str(out), "--models", "pixart_xl_2", "--steps", "2", "--warmup", "1",
-               "--train-steps", "4", "--fsdp", "--fsdp-config", str(missing), *extra]  # fmt: skip
+               "--train-steps", "4", "--fsdp", "--fsdp-config", str(missing), "--online", *extra]  # fmt: skip
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result.stdout, json.loads((out / "gpu_check.json").read_text())
@@ -37,7 +38,9 @@ def test_two_calls_with_a_budget_finish_the_plan_and_the_report_lists_every_row_
     assert [row for row in report["rows"] if row["id"] in measured] == kept  # as the first call wrote them
     assert len(report["calls"]) == 2
     throughput = [f"{what}-pixart_xl_2-eager-b4+8" for what in ("trainer", "bare")]
-    assert ids == ["cuda-tests", "train-bf16", "train-fp16", *[i for i in throughput for _ in (4, 8)], "fsdp2-2p"]
+    online = [f"{method}-pixart_xl_2-eager-b4" for method in ("grpo", "nft")]
+    assert ids == ["cuda-tests", "train-bf16", "train-fp16", *[i for i in throughput for _ in (4, 8)], *online,
+                   "fsdp2-2p"]  # fmt: skip
     rows = {(row["name"], row["batch"]): row for row in report["rows"]}
     assert rows[("cuda tests", None)]["status"] == "skipped" and "no CUDA" in rows[("cuda tests", None)]["error"]
     trained = rows[("train bf16, checkpoint, resume, sample grid", 8)]
@@ -48,6 +51,9 @@ def test_two_calls_with_a_budget_finish_the_plan_and_the_report_lists_every_row_
             row = rows[(f"{what} pixart_xl_2 eager", batch)]
             assert row["status"] == "ok" and row["img_s"] > 0 and row["train_flops_per_image"] > 0, row
             assert row["mfu"] is None and row["sdpa_kernels"]  # no peak FLOP/s for a CPU; the kernel recorded
+    for method in ("grpo", "nft"):  # an epoch of rollouts, rewards and update; no MFU (its FLOPs are the sampler's)
+        row = rows[(f"{method} pixart_xl_2 eager", 4)]
+        assert row["status"] == "ok" and row["img_s"] > 0 and row["train_flops_per_image"] is None, row
     fsdp = [row for row in report["rows"] if row["kind"] == "fsdp"]
     assert [row["status"] for row in fsdp] == ["failed"] and str(missing) in fsdp[0]["error"]
     table = (out / "gpu_check.md").read_text()

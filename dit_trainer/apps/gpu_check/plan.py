@@ -20,6 +20,7 @@ import torch
 
 from dit_trainer.apps.gpu_check.assets import SHIPPED_VAE, Assets
 from dit_trainer.apps.gpu_check.device import compiler_missing
+from dit_trainer.apps.gpu_check.online import ONLINE_METHODS
 from dit_trainer.apps.gpu_check.rows import Command, Row, run_command, with_mfu
 from dit_trainer.apps.gpu_check.throughput import BARE_VARIANTS, Job, job_micro_batches
 from dit_trainer.components.fp8 import FP8_CAPABILITY
@@ -37,6 +38,9 @@ TINY_TRAINING = ["+experiment=dit", "data.resolution=32", "data.num_workers=0", 
 GPU_BATCHES = {"eager": (128,), "compile": (128,), "checkpointing": (256,), "selective": (192,),
                "accumulation": (128,), "fp8": (128,), "fused_qkv": (128,)}  # fmt: skip
 CPU_BATCHES = (4, 8)
+# An online fine-tuning epoch (GRPO, DiffusionNFT) of a text-to-image model (--online: ~4.4 minutes more than the
+# default plan's ~37 on one H100): one caption's group of 32 images.
+ONLINE_MODELS, ONLINE_GROUP = ("pixart_xl_2",), 32
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class Options:
     skip: tuple[str, ...] = ()  # patterns of row ids not to run
     redo: tuple[str, ...] = ()  # patterns of measured row ids to measure again
     plan_for: str | None = None  # the GPU to plan for (--plan on another machine): its name, as the driver says
+    online: bool = False  # an online fine-tuning epoch per method (GRPO, DiffusionNFT): not in the default plan
 
 
 @dataclass(frozen=True)
@@ -75,13 +80,16 @@ class PlannedRow:
 # PixArt-XL/2's trainer at 64 90 s) and this project's 2-core CI machine: a row's start-up, model build, cache and
 # first step, plus its timed steps at the images per second measured.
 GPU_START_SECONDS = {("dit_xl_2", "bare"): 31, ("dit_xl_2", "trainer"): 50,
-                     ("pixart_xl_2", "bare"): 40, ("pixart_xl_2", "trainer"): 85}  # fmt: skip
+                     ("pixart_xl_2", "bare"): 40, ("pixart_xl_2", "trainer"): 85,
+                     ("pixart_xl_2", "grpo"): 120, ("pixart_xl_2", "nft"): 120}  # fmt: skip
 GPU_IMAGES_PER_SECOND = {"dit_xl_2": 350.0, "pixart_xl_2": 220.0}
+# Not yet measured: an online epoch's image as ~15 training images' work (10 sampling steps with CFG, a few trained).
+ONLINE_IMAGES_PER_SECOND = 15.0
 # the compile, the recomputation's time
 VARIANT_SECONDS = {"eager": 0, "compile": 30, "checkpointing": 10, "selective": 5, "accumulation": 0, "fp8": 40,
                    "fused_qkv": 0}  # fmt: skip
 FIXED_SECONDS = {  # (on a GPU, on a CPU)
-    "cuda_tests": (180, 0), "train": (60, 20), "fsdp": (40, 30), "throughput_tiny": (25, 8), "tiny_batch": (3, 3)
+    "cuda_tests": (210, 0), "train": (60, 20), "fsdp": (40, 30), "throughput_tiny": (25, 8), "tiny_batch": (3, 3)
 }  # fmt: skip
 
 
@@ -91,7 +99,8 @@ def estimate(job: Job, cuda: bool) -> float:
         return FIXED_SECONDS["throughput_tiny"][not cuda] + FIXED_SECONDS["tiny_batch"][not cuda] * len(job.batches)
     start = GPU_START_SECONDS[job.model, job.what] + VARIANT_SECONDS[job.variant]
     images = sum((job.warmup + job.steps) * batch * job_micro_batches(job) for batch in job.batches)
-    return start + images / GPU_IMAGES_PER_SECOND[job.model]
+    rate = ONLINE_IMAGES_PER_SECOND if job.what in ONLINE_METHODS else GPU_IMAGES_PER_SECOND[job.model]
+    return start + images / rate
 
 
 def _python(options: Options, *args: str) -> list[str]:
@@ -242,6 +251,10 @@ def _throughput_jobs(options: Options, cuda: bool) -> list[Job]:
                 bare = sweeps[-1:] if cuda else sweeps
                 jobs += [Job(model, "bare", variant, sweep, options.tiny, options.warmup, options.steps,
                              cache_items(sweep)) for sweep in bare]  # fmt: skip
+        if options.online and model in ONLINE_MODELS and "eager" in options.variants:  # an epoch a step: fewer
+            group = (ONLINE_GROUP if cuda else CPU_BATCHES[0],)
+            jobs += [Job(model, what, "eager", group, options.tiny, min(options.warmup, 2), min(options.steps, 5))
+                     for what in ONLINE_METHODS]  # fmt: skip
     return jobs
 
 

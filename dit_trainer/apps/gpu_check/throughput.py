@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 
 from dit_trainer.apps.benchmark import time_steps
 from dit_trainer.apps.gpu_check.assets import Assets
+from dit_trainer.apps.gpu_check.online import ONLINE_METHODS, online_steps
 from dit_trainer.assemble import build_trainer, open_run_cache, plan_run
 from dit_trainer.components.build import build_components
 from dit_trainer.components.compile import compile_blocks
@@ -77,6 +78,8 @@ VARIANT_OVERRIDES = {
 VARIANTS = tuple(VARIANT_OVERRIDES)
 BARE_VARIANTS = ("eager", "compile")  # the bare step: a ceiling for the trainer's eager and compiled rows
 StepMaker = Callable[[int], Callable[[], object]]  # batch size -> one training step at that size
+# a row's config, the DiT's training FLOPs per image (None: not counted), the SDPA kernels and its steps
+Prepared = tuple[TrainConfig, float | None, list[str], StepMaker]
 
 
 @dataclass(frozen=True)
@@ -99,12 +102,19 @@ def job_micro_batches(job: Job) -> int:
 
 
 def job_config(job: Job, config_dir: Path, assets: Assets, cache_dir: Path, items: int) -> TrainConfig:
-    """The recipe's config, quiet (no logging, sampling, checkpoints or validation), trained from a cache of
-    ``items``: on disk at ``cache_dir``, or in memory."""
+    """The recipe's config, quiet, trained from a cache of ``items``: on disk at ``cache_dir``, or in memory."""
     disk_cache = [f"data.path={assets.images}", f"data.cache_dir={cache_dir}"]
+    in_memory = "data.cache_latents=true" in RECIPES[job.model]
+    return compose_train_config(
+        config_dir, [*quiet_recipe(job, assets), *([f"data.length={items}"] if in_memory else disk_cache)]
+    )
+
+
+def quiet_recipe(job: Job, assets: Assets) -> list[str]:
+    """The overrides of ``job``'s recipe and variant, on the check's tiny models, quiet (no logging, sampling,
+    checkpoints or validation)."""
     overrides = [
         *RECIPES[job.model],
-        *(disk_cache if "data.cache_latents=true" not in RECIPES[job.model] else [f"data.length={items}"]),
         f"vae.pretrained={assets.vae8}",
         f"conditioner.pretrained={assets.t5}",
         "logger=none",
@@ -117,9 +127,9 @@ def job_config(job: Job, config_dir: Path, assets: Assets, cache_dir: Path, item
         *(TINY if job.tiny else []),
         *([] if torch.cuda.is_available() else ["trainer.mixed_precision=no"]),  # bf16 is 1.3-1.5x slower on a CPU
     ]
-    if job.what == "trainer" or job.variant == "checkpointing":  # the bare step compiles its blocks itself
+    if job.what != "bare" or job.variant == "checkpointing":  # the bare step compiles its blocks itself
         overrides += VARIANT_OVERRIDES[job.variant]
-    return compose_train_config(config_dir, overrides)
+    return overrides
 
 
 def write_synthetic_cache(cfg: TrainConfig, items: int, width: int, seed: int = 0) -> None:
@@ -273,8 +283,16 @@ def _trainer_steps(job: Job, cfg: TrainConfig, parts, device, work: Path) -> tup
     return kernels, make
 
 
-def run_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> dict:
-    """Measure ``job``: what its result file holds (per batch: img/s, seconds per step, peak memory; or "oom")."""
+def _online_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> Prepared:
+    """An online row: its recipe's config, no FLOP count (an epoch's FLOPs per image are the sampler's and the
+    update's), no kernel probe, and its epochs."""
+    name = f"{job.model}{'-tiny' if job.tiny else ''}"
+    cfg, make = online_steps(quiet_recipe(job, assets), assets, job.what, config_dir, work, name)
+    return cfg, None, [], make
+
+
+def _throughput_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> Prepared:
+    """A bare or trainer row's config, the DiT's training FLOPs per image, the SDPA kernels and its steps."""
     device = _device()
     items = job.cache_items or 2 * max(job.batches)
     cfg = job_config(job, config_dir, assets, work / f"cache-{job.model}-{items}{'-tiny' if job.tiny else ''}", items)
@@ -291,6 +309,14 @@ def run_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> dict:
         meta_dit = build_dit(cfg.model, parts.latent_shape[0], parts.latent_shape[-1], parts.text_encoder.size)
     train_flops = count_flops(meta_dit, *synthetic_inputs(parts, 2, device))[1]
     kernels, make = (_bare_steps if job.what == "bare" else _trainer_steps)(job, cfg, parts, device, work)
+    return cfg, train_flops, kernels, make
+
+
+def run_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> dict:
+    """Measure ``job``: what its result file holds (per batch: img/s, seconds per step, peak memory; or "oom")."""
+    prepare = _online_job if job.what in ONLINE_METHODS else _throughput_job
+    cfg, train_flops, kernels, make = prepare(job, config_dir, assets, work)
+    device = _device()
     results, oom = [], None
     for batch in sorted(job.batches):
         if oom is not None:
