@@ -15,11 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from diffusers import ModelMixin
 
 from dit_trainer.apps.gpu_check.assets import Assets
 from dit_trainer.assemble import build_trainer
 from dit_trainer.components.build import build_components
-from dit_trainer.config import TrainConfig
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
 from dit_trainer.run_config import compose_train_config
 
@@ -38,25 +38,26 @@ def _with_assets(recipe: list[str], assets: Assets) -> list[str]:
     return [*recipe, f"data.path={assets.images}", "reward=clip_score", f"reward.clip_model={assets.clip}"]
 
 
-def random_pretrained(base: TrainConfig, folder: Path) -> Path:
-    """``folder``: ``base``'s DiT with random weights, saved once (written beside it and renamed into place, so that
-    of a launch's processes the first rename wins and none reads a half-written one)."""
-    if not folder.is_dir():
-        dtype = weight_dtype(resolve_mixed_precision(base.trainer.mixed_precision))
-        partial = folder.with_name(f".{folder.name}.partial-{torch.randint(10**9, ()).item()}")
-        build_components(base, torch.device("cpu"), dtype).dit.transformer.save_pretrained(partial)
-        with contextlib.suppress(OSError):  # another process renamed its copy first
-            partial.rename(folder)
-    return folder
+def save_once(model: ModelMixin, folder: Path) -> None:
+    """``model`` saved to ``folder``: written beside it and renamed into place, so that of a launch's processes the
+    first rename wins and none reads a half-written one."""
+    partial = folder.with_name(f".{folder.name}.partial-{torch.randint(10**9, ()).item()}")
+    model.save_pretrained(partial)
+    with contextlib.suppress(OSError):  # another process renamed its copy first
+        partial.rename(folder)
 
 
 def online_steps(recipe: list[str], assets: Assets, what: str, config_dir: Path, work: Path, name: str
-                 ) -> tuple[TrainConfig, Callable[[int], Callable[[], object]]]:  # fmt: skip
-    """The recipe's config before fine-tuning, and a maker of epochs for the timing loop: at a group size, the
-    trainer of ``recipe`` fine-tuned by ``what`` from a random copy of its DiT (``work/random-<name>``); each call of
-    what it returns is one epoch (``trainer.step``)."""
+                 ) -> tuple[str, Callable[[int], Callable[[], object]]]:  # fmt: skip
+    """The recipe's mixed precision, and a maker of epochs for the timing loop: at a group size, the trainer of
+    ``recipe`` fine-tuned by ``what`` from a random copy of its DiT (``work/random-<name>``, written once); each call
+    of what it returns is one epoch (``trainer.step``)."""
     base = compose_train_config(config_dir, _with_assets(recipe, assets))
-    pretrained = random_pretrained(base, work / f"random-{name}")
+    precision = base.trainer.mixed_precision
+    pretrained = work / f"random-{name}"
+    if not pretrained.is_dir():
+        dtype = weight_dtype(resolve_mixed_precision(precision))
+        save_once(build_components(base, torch.device("cpu"), dtype).dit.transformer, pretrained)
 
     def make(group: int) -> Callable[[], object]:
         method = [f"trainer.method={what}", f"{what}.prompts=[a red circle]", f"{what}.prompt_file=null",
@@ -67,4 +68,4 @@ def online_steps(recipe: list[str], assets: Assets, what: str, config_dir: Path,
         prompts = trainer.step.batches()
         return lambda: trainer.step(prompts)
 
-    return base, make
+    return precision, make

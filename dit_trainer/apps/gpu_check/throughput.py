@@ -78,8 +78,8 @@ VARIANT_OVERRIDES = {
 VARIANTS = tuple(VARIANT_OVERRIDES)
 BARE_VARIANTS = ("eager", "compile")  # the bare step: a ceiling for the trainer's eager and compiled rows
 StepMaker = Callable[[int], Callable[[], object]]  # batch size -> one training step at that size
-# a row's config, the DiT's training FLOPs per image (None: not counted), the SDPA kernels and its steps
-Prepared = tuple[TrainConfig, float | None, list[str], StepMaker]
+# a row's mixed precision, the DiT's training FLOPs per image (None: not counted), the SDPA kernels and its steps
+Prepared = tuple[str, float | None, list[str], StepMaker]
 
 
 @dataclass(frozen=True)
@@ -284,15 +284,15 @@ def _trainer_steps(job: Job, cfg: TrainConfig, parts, device, work: Path) -> tup
 
 
 def _online_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> Prepared:
-    """An online row: its recipe's config, no FLOP count (an epoch's FLOPs per image are the sampler's and the
-    update's), no kernel probe, and its epochs."""
+    """An online row: its precision, no FLOP count (an epoch's FLOPs per image are the sampler's and the update's),
+    no kernel probe, and its epochs."""
     name = f"{job.model}{'-tiny' if job.tiny else ''}"
-    cfg, make = online_steps(quiet_recipe(job, assets), assets, job.what, config_dir, work, name)
-    return cfg, None, [], make
+    precision, make = online_steps(quiet_recipe(job, assets), assets, job.what, config_dir, work, name)
+    return precision, None, [], make
 
 
 def _throughput_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> Prepared:
-    """A bare or trainer row's config, the DiT's training FLOPs per image, the SDPA kernels and its steps."""
+    """A bare or trainer row's precision, the DiT's training FLOPs per image, the SDPA kernels and its steps."""
     device = _device()
     items = job.cache_items or 2 * max(job.batches)
     cfg = job_config(job, config_dir, assets, work / f"cache-{job.model}-{items}{'-tiny' if job.tiny else ''}", items)
@@ -309,13 +309,13 @@ def _throughput_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> P
         meta_dit = build_dit(cfg.model, parts.latent_shape[0], parts.latent_shape[-1], parts.text_encoder.size)
     train_flops = count_flops(meta_dit, *synthetic_inputs(parts, 2, device))[1]
     kernels, make = (_bare_steps if job.what == "bare" else _trainer_steps)(job, cfg, parts, device, work)
-    return cfg, train_flops, kernels, make
+    return cfg.trainer.mixed_precision, train_flops, kernels, make
 
 
 def run_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> dict:
     """Measure ``job``: what its result file holds (per batch: img/s, seconds per step, peak memory; or "oom")."""
     prepare = _online_job if job.what in ONLINE_METHODS else _throughput_job
-    cfg, train_flops, kernels, make = prepare(job, config_dir, assets, work)
+    precision, train_flops, kernels, make = prepare(job, config_dir, assets, work)
     device = _device()
     results, oom = [], None
     for batch in sorted(job.batches):
@@ -341,7 +341,7 @@ def run_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> dict:
         "status": "ok",
         "job": asdict(job),
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "mixed_precision": cfg.trainer.mixed_precision,
+        "mixed_precision": precision,
         "processes": int(os.environ.get("WORLD_SIZE", "1")),
         "train_flops_per_image": train_flops,
         "sdpa_kernels": kernels,
