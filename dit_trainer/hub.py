@@ -20,13 +20,26 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
 
 
+def looks_like_a_path(name_or_path: str) -> bool:
+    """A hub id is ``name`` or ``owner/name`` and starts with neither ``.`` nor ``~``: anything else names a folder."""
+    return name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1 or "\\" in name_or_path
+
+
 def _error(name_or_path: str, config_key: str, reason: str) -> ModelLoadError:
-    where = "a local folder" if Path(name_or_path).expanduser().is_dir() else "a hub id or local path"
+    path, reason = Path(name_or_path).expanduser().absolute(), reason.rstrip(".")
+    if path.is_dir() or looks_like_a_path(name_or_path):  # a folder: downloading it by that name cannot help
+        if not path.is_dir():
+            reason = "it is a file, not a model's folder" if path.is_file() else f"there is no folder at {path}"
+        return ModelLoadError(
+            f"Could not load `{config_key}={name_or_path}` (a local path): {reason}. Set `{config_key}` to the "
+            "folder that holds the model (what its `save_pretrained` wrote, or a snapshot from `huggingface-cli "
+            "download ID --local-dir DIR`), or to the model's hub id."
+        )
     return ModelLoadError(
-        f"Could not load `{config_key}={name_or_path}` ({where}){' with HF_HUB_OFFLINE=1' if hub_offline() else ''}: "
-        f"{reason}. If the machine has no hub access, download the model elsewhere (e.g. "
-        f"`huggingface-cli download {name_or_path} --local-dir DIR`), copy it here, and set `{config_key}=DIR`; "
-        "otherwise check the id and your network or HF token."
+        f"Could not load `{config_key}={name_or_path}` (a hub id or local path)"
+        f"{' with HF_HUB_OFFLINE=1' if hub_offline() else ''}: {reason}. If the machine has no hub access, download "
+        f"the model elsewhere (e.g. `huggingface-cli download {name_or_path} --local-dir DIR`), copy it here, and set "
+        f"`{config_key}=DIR`; otherwise check the id and your network or HF token."
     )
 
 

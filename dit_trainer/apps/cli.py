@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dit_trainer.config import TrainConfig, register_configs
-from dit_trainer.errors import EXIT_BAD_INPUT, USER_ERRORS, exit_code
+from dit_trainer.errors import EXIT_BAD_INPUT, USER_ERRORS, ConfigError, exit_code
 from dit_trainer.run_config import compose_train_config
 
 # A bad override (an unknown key, a value of the wrong type) is bad input too.
@@ -28,11 +28,26 @@ PARSE_ERRORS = (HydraException, OmegaConfBaseException)
 T = TypeVar("T")
 
 
+class _NotGiven:
+    """The value of an argument left off the command line, as an error names it."""
+
+    def __repr__(self) -> str:
+        return "not given"
+
+
+NOT_GIVEN = _NotGiven()
+
+
 def parse_cli(schema: type[T], argv: list[str], positional: str = "run_dir") -> T:
     """``argv`` (``key=value`` items, the first may be a bare value for ``positional``) merged onto ``schema``."""
     if argv and "=" not in argv[0]:
         argv = [f"{positional}={argv[0]}", *argv[1:]]
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.from_dotlist(argv)))
+    merged = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.from_dotlist(argv))
+    missing = sorted(OmegaConf.missing_keys(merged), key=lambda name: (name != positional, name))
+    if missing:  # named here, the first argument first: OmegaConf's own error is a traceback-like block
+        key, first = missing[0], ", or give it as the first argument" if missing[0] == positional else ""
+        raise ConfigError(key, NOT_GIVEN, "it has no default", f"add `{key}=...` to the command{first} (see the usage)")
+    return OmegaConf.to_object(merged)
 
 
 def _report(main: Callable[[], tuple[str, int]], usage: str | None = None) -> int:

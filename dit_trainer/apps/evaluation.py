@@ -192,9 +192,11 @@ def evaluate_to_folder(cfg: EvaluateConfig) -> tuple[Path, dict]:
     check_sampling_args(cfg)
     if "fid" in cfg.metrics:
         require_feature_extractor(cfg.fid_features, cfg.fid_weights, "fid_features", "fid_weights")
-    checkpoint = find_checkpoint(Path(cfg.run_dir).expanduser(), cfg.checkpoint)
+    run_dir = Path(cfg.run_dir).expanduser()
+    frames = read_run_config(run_dir).data.frames  # first: a folder that holds no run is named as such
+    checkpoint = find_checkpoint(run_dir, cfg.checkpoint)
     out_dir = evaluation_folder(cfg, checkpoint)
-    grid_name = CLIP_GRID if read_run_config(Path(cfg.run_dir).expanduser()).data.frames > 1 else GRID
+    grid_name = CLIP_GRID if frames > 1 else GRID
     names = [REPORT, grid_name] if "rewards" in cfg.metrics else [REPORT]
     refuse_repeat(cfg, out_dir, names)
     run = load_run(cfg.run_dir, str(checkpoint), cfg.ema).at_size(cfg.height, cfg.width)

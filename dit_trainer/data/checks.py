@@ -1,5 +1,5 @@
 """The ``data`` and ``validation`` sections' checks: every source named is registered and gets the path it needs
-(checked by the source itself), a mixture mixes only what can be mixed, buckets fit the source (their sizes fit the
+(checked by the source itself) and none it would ignore, a mixture mixes only what can be mixed, buckets fit the source (their sizes fit the
 models: ``components.geometry.check_bucket_sizes``), caption tools have text captions to work on, and validation has
 held-out images from exactly one place."""
 
@@ -28,7 +28,14 @@ def check_data(cfg: TrainConfig) -> None:
 
 def _check_source_path(name: str, path: str | None, key: str) -> None:
     source = SOURCES.get(name)
-    if source.path_meaning is None:
+    if source.path_meaning is None:  # silently unread, a path would leave the user training on other data
+        require(
+            not path,
+            key,
+            path,
+            f"`data={name}` takes no path (it would be ignored)",
+            f"remove `{key}`, or name the source that reads it (e.g. `data=imagefolder {key}=...`)",
+        )
         return
     override = f"{key}={source.path_example}"
     if "'" in override:  # a value quoted for Hydra (a shard pattern): the shell needs the whole override quoted too

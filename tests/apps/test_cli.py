@@ -1,5 +1,5 @@
-"""The scripts' command lines (``cli.py``): a bare run folder and key=value overrides, a bad argument or value is one
-paragraph and exit 2, and sampling and precompute never import the training package."""
+"""The scripts' command lines (``cli.py``): a bare run folder and key=value overrides, a bad or missing argument or
+value is one paragraph and exit 2, and sampling and precompute never import the training package."""
 
 import pytest
 
@@ -26,6 +26,20 @@ def test_a_bad_script_argument_is_one_paragraph_and_exit_2(argv, named, capsys):
     assert run_cli(sample_to_folder, SampleConfig, argv, "usage: sample.py ...") == EXIT_BAD_INPUT
     err = capsys.readouterr().err
     assert named in err and "usage: sample.py" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "missing", "fix"),
+    [([], "run_dir", "add `run_dir=...` to the command, or give it as the first argument (see the usage)"),
+     (["runs/a"], "out_dir", "add `out_dir=...` to the command (see the usage)")],
+)  # fmt: skip
+def test_an_argument_without_a_default_left_off_is_named_in_one_paragraph(argv, missing, fix, capsys):
+    from dit_trainer.apps.inference import sample_to_folder
+
+    assert run_cli(sample_to_folder, SampleConfig, argv, "usage: sample.py ...") == EXIT_BAD_INPUT
+    error, usage = capsys.readouterr().err.split("\n\n")
+    assert error == f"error: Invalid config: `{missing}` is not given, but it has no default. To fix it, {fix}."
+    assert usage.strip() == "usage: sample.py ..."
 
 
 def test_verify_gradients_reports_a_bad_value_without_a_traceback(capsys):

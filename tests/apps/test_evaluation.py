@@ -82,3 +82,17 @@ def test_an_out_dir_that_cannot_take_the_report_or_missing_fid_features_are_refu
     monkeypatch.setattr(imports, "_TORCH_FIDELITY_AVAILABLE", False)
     assert _evaluate(written_run, "metrics=[fid]", f"out_dir={tmp_path / 'fid'}") == 2
     assert "`fid_features` is 'inception'" in capsys.readouterr().err and not (tmp_path / "fid").exists()
+
+
+@pytest.mark.usefixtures("no_model_loads")
+def test_a_folder_that_holds_no_run_is_named_as_such_before_its_checkpoints_are_looked_for(tmp_path, capsys):
+    """It used to read "`checkpoint` is 'latest', but FOLDER/checkpoints holds no checkpoint yet": train longer."""
+    from dit_trainer.apps.cli import run_cli
+    from dit_trainer.apps.evaluation import evaluate_to_folder
+    from dit_trainer.config import EvaluateConfig
+
+    missing = tmp_path / "no_run_here"
+    assert run_cli(evaluate_to_folder, EvaluateConfig, [str(missing)], "usage: evaluate.py") == 2
+    error = capsys.readouterr().err
+    assert f"`run_dir` is '{missing}', but it holds no config.yaml" in error and "checkpoint" not in error
+    assert not missing.exists()

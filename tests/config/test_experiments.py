@@ -2,8 +2,10 @@
 cluster recipes are what they say, and choosing a config option replaces rather than merges."""
 
 import pytest
+from hydra import compose, initialize_config_dir
 from PIL import Image
 
+from dit_trainer.data import SOURCES
 from dit_trainer.diffusion import OBJECTIVES
 
 from ..conftest import CONFIG_DIR, EXPERIMENTS, compose_config
@@ -31,7 +33,10 @@ def test_every_experiment_composes_and_validates(experiment, tmp_path, online):
     start = ["model.pretrained=PixArt-alpha/PixArt-XL-2-256x256"] if online_recipe else []
     if experiment.startswith("shapes_") and experiment.endswith("_nft"):
         start.append("diffusion.objective=v_prediction")  # the init run's (v or flow): the schema's epsilon is refused
-    cfg = compose_config([f"+experiment={experiment}", f"data.path={tmp_path}", *start])
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        source = compose(config_name="train", overrides=[f"+experiment={experiment}"]).data.source
+    path = [f"data.path={tmp_path}"] if SOURCES.get(source).path_meaning else []  # the embedded data takes none
+    cfg = compose_config([f"+experiment={experiment}", *path, *start])
     assert cfg.trainer.max_steps >= 1
     assert cfg.diffusion.objective in OBJECTIVES
 

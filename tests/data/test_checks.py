@@ -1,12 +1,12 @@
-"""The ``data`` and ``validation`` sections' checks (``data/checks.py``): a source without its path, buckets where
-they cannot work, what a mixture cannot do, and validation settings that cannot hold images out are refused, naming
-the key."""
+"""The ``data`` and ``validation`` sections' checks (``data/checks.py``): a source without its path (or with one it
+would ignore), buckets where they cannot work, what a mixture cannot do, and validation settings that cannot hold
+images out are refused, naming the key."""
 
 import pytest
 
 from dit_trainer.errors import ConfigError
 
-from ..conftest import TINY_SHAPES, compose_config
+from ..conftest import TINY_SHAPES, compose_config, one_paragraph
 from .files import BUCKETS, captioned_folder, mixture_overrides
 
 
@@ -14,6 +14,14 @@ def test_missing_data_path_names_the_folder(tmp_path):
     with pytest.raises(ConfigError, match="metadata.jsonl") as caught:
         compose_config(["+experiment=shapes", "data=imagefolder", f"data.path={tmp_path / 'nope'}"])
     assert "nope" in str(caught.value)
+
+
+@pytest.mark.parametrize("experiment", ["shapes", "moving_shapes"])
+def test_a_path_for_a_source_that_makes_its_own_images_is_refused_not_ignored(experiment):
+    with pytest.raises(ConfigError) as caught:
+        compose_config([f"+experiment={experiment}", "data.path=/data/my_images"])
+    message = one_paragraph(caught.value, "data.path")
+    assert f"`data={experiment}` takes no path" in message and "`data=imagefolder data.path=...`" in message
 
 
 def test_buckets_are_refused_where_they_cannot_work(tmp_path):

@@ -1,0 +1,60 @@
+"""Loading by hub id or local path (``hub.py``): a model that is not there is named with its key and a fix that fits
+what was given. A hub id gets the download advice; a path (a missing folder, a file, a folder without the model) gets
+the folder's own problem, never a `huggingface-cli download /a/path` that cannot work."""
+
+from pathlib import Path
+
+import pytest
+from diffusers import AutoencoderKL
+
+from dit_trainer.errors import ModelLoadError
+from dit_trainer.hub import load_pretrained, looks_like_a_path, require_offline_copy
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.mark.parametrize(
+    ("name", "is_path"),
+    [("org/model", False), ("model", False), ("/models/vae", True), ("./vae", True), ("../vae", True),
+     ("~/vae", True), ("models/org/vae", True)],
+)  # fmt: skip
+def test_hub_ids_and_paths_are_told_apart(name, is_path):
+    assert looks_like_a_path(name) is is_path
+
+
+@pytest.mark.parametrize("name", ["/no/such/folder", "./no_such_folder", "a/b/no_such_folder"])
+def test_a_missing_folder_is_named_as_a_folder_with_its_absolute_path(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelLoadError) as caught:
+        require_offline_copy(name, "vae.pretrained")
+    message = str(caught.value)
+    assert f"`vae.pretrained={name}` (a local path)" in message
+    assert f"there is no folder at {Path(name).absolute()}" in message
+    assert "huggingface-cli download ID" in message and f"huggingface-cli download {name}" not in message
+
+
+def test_a_file_is_refused_as_not_a_model_s_folder(tmp_path):
+    weights = tmp_path / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="it is a file, not a model's folder"):
+        require_offline_copy(str(weights), "model.pretrained")
+
+
+def test_a_folder_without_the_model_says_what_its_loader_missed(tmp_path):
+    with pytest.raises(ModelLoadError) as caught:
+        load_pretrained(AutoencoderKL.from_pretrained, str(tmp_path), "vae.pretrained")
+    message = str(caught.value)
+    assert f"`vae.pretrained={tmp_path}` (a local path)" in message and "config.json" in message
+    assert ".." not in message.replace(str(tmp_path), "")  # the loader's sentence ends once
+
+
+def test_a_hub_id_missing_offline_gets_the_download_advice():
+    with pytest.raises(ModelLoadError) as caught:
+        require_offline_copy("org/no-such-model-for-this-test", "conditioner.pretrained")
+    message = str(caught.value)
+    assert "with HF_HUB_OFFLINE=1" in message and "neither a local folder nor in the hub cache" in message
+    assert "huggingface-cli download org/no-such-model-for-this-test --local-dir DIR" in message
+    assert "`conditioner.pretrained=DIR`" in message
