@@ -1,6 +1,7 @@
 """Hydra's conventions on train.py's command line: tab completion works, ``--help`` lists only groups that can be used
 and shows each field's description from the schema's comments, a value of the wrong type (``optim.lr=abc``) is one
-paragraph and exit 2 before Hydra runs, and a refused start leaves no run folder behind."""
+paragraph and exit 2 before Hydra runs, so is a run folder that cannot be made, and a refused start leaves no run
+folder behind."""
 
 from __future__ import annotations
 
@@ -103,3 +104,22 @@ def test_a_refused_start_keeps_a_folder_it_did_not_make_or_one_a_run_started_in(
     monkeypatch.delenv("WORLD_SIZE")
     discard_refused_start(start(tmp_path / "outputs" / "day" / "time"))
     assert not (tmp_path / "outputs").exists()
+
+
+def test_a_run_folder_that_cannot_be_made_where_permissions_allow_it_is_one_paragraph_and_exit_2(
+    tmp_path, monkeypatch, capsys
+):
+    """A root-squashed NFS share passes the permission check, then refuses the folder: no traceback from Hydra."""
+
+    def refused(run_dir):
+        raise PermissionError(13, "Permission denied", str(run_dir))
+
+    monkeypatch.setattr("dit_trainer.runs.run_folder.RunFolderLock", refused)
+    run_dir = tmp_path / "share" / "run"
+    with pytest.raises(SystemExit) as exited:
+        RunFolderCheck().on_run_start(OmegaConf.create({"hydra": {"run": {"dir": str(run_dir)}}}))
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        f"error: Invalid config: `hydra.run.dir` is '{run_dir}', but the folder could not be made there (Permission "
+        "denied). To fix it, point `hydra.run.dir` at a writable folder, e.g. `hydra.run.dir=/scratch/runs/NAME`.\n"
+    )

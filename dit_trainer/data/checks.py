@@ -1,7 +1,7 @@
 """The ``data`` and ``validation`` sections' checks: every source named is registered and gets the path it needs
-(checked by the source itself) and none it would ignore, a mixture mixes only what can be mixed, buckets fit the source (their sizes fit the
-models: ``components.geometry.check_bucket_sizes``), caption tools have text captions to work on, and validation has
-held-out images from exactly one place."""
+(checked by the source itself) and none it would ignore, a mixture mixes only what can be mixed, buckets fit the
+source (their sizes fit the models: ``components.geometry.check_bucket_sizes``), caption tools have text captions to
+work on, and validation has held-out images from exactly one place."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from dit_trainer.durable import write_text_atomically
-from dit_trainer.errors import ConfigError, exit_code, shortlist
+from dit_trainer.errors import EXIT_BAD_INPUT, ConfigError, exit_code, shortlist
 from dit_trainer.runs.run_lock import RunFolderLock
 
 CONFIG = "config.yaml"
@@ -209,7 +209,11 @@ def check_writable_folder(path: Path, key: str) -> None:
         reason = f"this process may not write into {existing} (read-only disk or permissions)"
     else:
         return
-    raise ConfigError(key, str(path), reason, f"point `{key}` at a writable folder, e.g. `{key}=/scratch/runs/NAME`")
+    raise unwritable(key, path, reason)
+
+
+def unwritable(key: str, path: Path, reason: str) -> ConfigError:
+    return ConfigError(key, str(path), reason, f"point `{key}` at a writable folder, e.g. `{key}=/scratch/runs/NAME`")
 
 
 def refuse_links(run_dir: Path) -> None:
@@ -255,6 +259,10 @@ class RunFolderCheck(Callback):
             if os.environ.get("RANK", "0") == "0":
                 with RunFolderLock(run_dir):
                     pass
+        except OSError as error:  # where permissions do not tell (a root-squashed NFS share, /proc): making it failed
+            reason = f"the folder could not be made there ({error.strerror or error})"
+            print(f"error: {unwritable('hydra.run.dir', run_dir, reason)}", file=sys.stderr)
+            sys.exit(EXIT_BAD_INPUT)
         except ConfigError as error:
             print(f"error: {error}", file=sys.stderr)
             sys.exit(exit_code(error))
