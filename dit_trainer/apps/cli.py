@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dit_trainer.config import TrainConfig, register_configs
+from dit_trainer.config.command_line import check_command_line
 from dit_trainer.errors import EXIT_BAD_INPUT, USER_ERRORS, ConfigError, exit_code
 from dit_trainer.run_config import compose_train_config
 
@@ -69,6 +70,11 @@ def run_cli(main: Callable[[T], str], schema: type[T], argv: list[str], usage: s
 
 
 def run_train_script(config_dir: Path, overrides: list[str], main: Callable[[TrainConfig], tuple[str, int]]) -> int:
-    """Compose ``overrides`` as ``train.py`` would, run ``main`` on the config and print its message; returns its
-    exit code."""
-    return _report(lambda: main(compose_train_config(config_dir, overrides)))
+    """Compose ``overrides`` as ``train.py`` would (their keys and value types checked first, as train.py checks
+    them), run ``main`` on the config and print its message; returns its exit code."""
+
+    def composed() -> TrainConfig:
+        check_command_line(overrides, config_dir)
+        return compose_train_config(config_dir, overrides)
+
+    return _report(lambda: main(composed()))

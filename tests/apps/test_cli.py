@@ -49,6 +49,17 @@ def test_verify_gradients_reports_a_bad_value_without_a_traceback(capsys):
     assert code == 2 and "`optim.lr`" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [("model.num_layers=abc", "`model.num_layers` is 'abc', but it must be a whole number"),
+     ("model.num_layer=4", "`model.num_layer` is 4, but the config has no such key (the closest are `model.num_l")],
+)  # fmt: skip
+def test_the_scripts_that_take_train_py_s_overrides_check_them_as_train_py_does(override, said, capsys):
+    """Hydra's compose API alone says only "Error merging override model.num_layers=abc"."""
+    code = run_train_script(CONFIG_DIR, ["+experiment=shapes", override], lambda cfg: ("unreachable", 0))
+    assert code == 2 and said in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_train_py_refuses_an_extra_config_value_of_another_type_with_exit_2(tmp_path):
     """SD3's `+model.extra_config.dual_attention_layers=3` ended in `TypeError: 'int' object is not iterable`."""
