@@ -213,6 +213,7 @@ def check_writable_folder(path: Path, key: str) -> None:
 
 
 def unwritable(key: str, path: Path, reason: str) -> ConfigError:
+    """The paragraph for a folder that ``key`` names and this process cannot write into, for ``reason``."""
     return ConfigError(key, str(path), reason, f"point `{key}` at a writable folder, e.g. `{key}=/scratch/runs/NAME`")
 
 
