@@ -65,9 +65,15 @@ def summarize(records: list[dict], end: RunEnd, run_dir: Path) -> dict:
 def summary_line(summary: dict, run_dir: Path) -> str:
     """``Trained 200 steps in 369 s (1.847 s/step), final loss 1.1693, val loss 0.7940 (best 0.7940 at step
     200), reward 0.594; monitors took 108.5 s (29.4% of it). Run folder: RUN (summary.json)``."""
-    seconds = summary["seconds"]
-    resumed = f", resumed at step {summary['resumed_at_step']}" if summary["resumed_at_step"] else ""
-    per_step = f"{summary['seconds_per_step']:.3f} s/step{resumed}" if summary["seconds_per_step"] else "no steps"
+    seconds, resumed_at, max_steps = summary["seconds"], summary["resumed_at_step"], summary["max_steps"]
+    if summary["seconds_per_step"]:
+        per_step = f"{summary['seconds_per_step']:.3f} s/step"
+        per_step += f", resumed at step {resumed_at}" if resumed_at else ""
+    elif resumed_at and resumed_at >= max_steps:  # a finished run requeued, or trainer.max_steps set below its step
+        limit = "its `trainer.max_steps`" if resumed_at == max_steps else f"past `trainer.max_steps={max_steps}`"
+        per_step = f"none trained: it resumed at step {resumed_at}, {limit}; raise that to train on"
+    else:
+        per_step = "no steps"
     if summary["status"] == "completed":
         parts = [f"Trained {summary['steps']} steps in {seconds:.0f} s ({per_step})"]
     else:

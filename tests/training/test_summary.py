@@ -1,5 +1,5 @@
 """The end of a run (``training/summary.py``): ``summary.json`` and the closing log line, drawn from the whole run's
-``metrics.jsonl`` records, for a finished run and for one stopped by preemption."""
+``metrics.jsonl`` records, for a finished run, one stopped by preemption and one resumed with nothing left to train."""
 
 from __future__ import annotations
 
@@ -59,3 +59,14 @@ def test_a_run_a_monitor_stopped_says_why_and_which_checkpoint_it_kept(tmp_path)
     line = summary_line(summary, tmp_path)
     assert line.startswith("Stopped at step 30 of 100 (stopped early) after 8 s")
     assert f"stopped because the gold reward fell, kept {Path('checkpoints/checkpoint-20')} as `best_gold`" in line
+
+
+def test_a_resume_at_or_past_max_steps_says_nothing_was_trained_and_what_to_raise(tmp_path):
+    """`trainer.resume=RUN trainer.max_steps=100` on a run at step 3800 used to end with only "(no steps)"."""
+    for max_steps, said in ((30, "its `trainer.max_steps`"), (10, "past `trainer.max_steps=10`")):
+        summary = summarize(RECORDS, RunEnd("completed", 30, max_steps, 30, 0.1, 0.0, None), tmp_path)
+        assert summary_line(summary, tmp_path).startswith(
+            f"Trained 30 steps in 0 s (none trained: it resumed at step 30, {said}; raise that to train on)"
+        )
+    fresh = summarize([], RunEnd("stopped: KeyboardInterrupt", 0, 10, 0, 0.1, 0.0, None), tmp_path)
+    assert "(no steps)" in summary_line(fresh, tmp_path)
