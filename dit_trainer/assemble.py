@@ -28,7 +28,7 @@ from dit_trainer.components.compile import apply_compile
 from dit_trainer.components.fp8 import apply_fp8
 from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.components.geometry import configured_buckets
-from dit_trainer.config import TrainConfig, TrainerConfig
+from dit_trainer.config import TrainConfig, TrainerConfig, call_with_sections
 from dit_trainer.data.buckets import BucketTable
 from dit_trainer.data.cache.cache import CacheDataset, cache_prompts, open_cache
 from dit_trainer.data.cache.cached_prompts import CachedPrompts
@@ -155,11 +155,11 @@ class RunPlan:
 
 
 def plan_run(cfg: TrainConfig, method: Method, processes: int) -> RunPlan:
-    per_process = method.images_per_step(cfg) * cfg.trainer.gradient_accumulation_steps
+    per_process = method.ask(method.images_per_step, cfg) * cfg.trainer.gradient_accumulation_steps
     reward_prompts = reward_monitor_prompts(cfg.monitor.reward)
     return RunPlan(
-        buckets=configured_buckets(cfg) if method.reads_data else None,
-        updates_per_step=method.updates_per_step(cfg),
+        buckets=configured_buckets(cfg.model, cfg.vae, cfg.data) if method.reads_data else None,
+        updates_per_step=method.ask(method.updates_per_step, cfg),
         images_per_step=per_process * processes,
         reward_prompts=tuple(reward_prompts),
         sampled_prompts=tuple(cache_prompts(cfg.trainer.sample_prompts, reward_prompts)),
@@ -297,7 +297,7 @@ def build_trainer(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
 def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, lock: RunFolderLock | None) -> Trainer:
     """``build_trainer`` once the run folder is held: a ``Trainer`` running the step of ``trainer.method``, on the
     data set when the method reads one."""
-    method = method_of(cfg)
+    method = method_of(cfg.trainer)
     if cfg.trainer.init_weights:  # started from another run: its weights are copied here first
         cfg = own_starting_weights(cfg, run_dir, accelerator)
     plan = plan_run(cfg, method, accelerator.num_processes)
@@ -343,14 +343,25 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     text_to_image = TextToImage(parts.vae, parts.text_encoder, parts.schedule, parts.latent_shape, accelerator.device)
     trackers = Trackers(accelerator, cfg.logger, weights_layout(cfg.lora.enabled))
     context = MonitorContext(accelerator, text_to_image, ema, trackers, sharded=accelerator.is_fsdp2)
-    monitors = build_monitor_set(cfg, context, run_dir, frozen_dtype, parts, held_out, plan.reward_prompts)
+    monitors = call_with_sections(
+        build_monitor_set,
+        cfg,
+        context=context,
+        run_dir=run_dir,
+        frozen_dtype=frozen_dtype,
+        parts=parts,
+        held_out=held_out,
+        reward_prompts=plan.reward_prompts,
+    )
     update = build_update(cfg, accelerator, dit, optimizer, lr_scheduler, parameters, privacy)
     state = build_training_state(cfg, accelerator, privacy)
     advice = nonfinite_advice(cfg, accelerator)
     guard = NonFiniteGuard(accelerator, dit, state, cfg.trainer.max_consecutive_nonfinite, advice, update.current_lr)
     loop = StepParts(accelerator, dit, state, UpdateSequence(update, guard, ema))
-    step = method.build_step(cfg, loop, parts, frozen_dtype, dataloader)
-    monitors += method.build_monitors(cfg, context, run_dir, step, frozen_dtype)
+    step = method.ask(method.build_step, cfg, loop=loop, parts=parts, frozen_dtype=frozen_dtype, dataloader=dataloader)
+    monitors += method.ask(
+        method.build_monitors, cfg, context=context, run_dir=run_dir, step=step, frozen_dtype=frozen_dtype
+    )
     saved_states = step.saved_states() | {name: s for m in monitors for name, s in m.saved_states().items()}
     checkpointer = build_checkpointer(
         cfg, accelerator, run_dir, state, update, ema, privacy, method, saved_states, dataloader
@@ -372,7 +383,8 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     trainer.resume(cfg.trainer.resume)
     if accelerator.is_main_process:
         save_resolved_config(cfg, run_dir / CONFIG)
-    log_start_banner(cfg, trainer, source, held_out, method.describe_inputs(cfg))
+    inputs = method.ask(method.describe_inputs, cfg)
+    call_with_sections(log_start_banner, cfg, run=trainer, dataset=source, held_out=held_out, inputs=inputs)
     return trainer
 
 

@@ -34,7 +34,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from dit_trainer.components import CONDITIONER_KINDS, VAE_KINDS
 from dit_trainer.components.families import FAMILIES
-from dit_trainer.config import TrainConfig, check_fields, register_configs
+from dit_trainer.config import TrainConfig, call_with_sections, check_fields, register_configs
 from dit_trainer.config.choices import CLASS_LABELS
 from dit_trainer.config.command_line import parsed_overrides
 from dit_trainer.config.renamed import move_renamed_keys, move_renamed_sections_in_saved
@@ -72,7 +72,7 @@ def to_train_config(
     check_fields(structured)
     METHODS.check(structured.trainer.method)
     if structured.trainer.init_from and structured.trainer.init_weights is None:
-        check_init_from(structured, method_of(structured).reads_data)
+        check_init_from(structured, method_of(structured.trainer).reads_data)
         structured = start_from_run(structured, overrides, run_dir)
     check_package_model(str(structured.conditioner.pretrained))
     return with_tracker_names(with_lora_targets(validate(with_class_folders(structured))), overrides)
@@ -170,16 +170,18 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     from dit_trainer.rewards.build import check_rewards
     from dit_trainer.training.checks import check_training
 
-    method = method_of(cfg)
+    method = method_of(cfg.trainer)
     check_components(cfg)
-    check_diffusion(cfg)
+    call_with_sections(check_diffusion, cfg)
     if method.reads_data:
-        check_data(cfg)
-        check_bucket_sizes(cfg)  # the models' patch grid: after the data's own checks of its buckets
-    check_training(cfg)
+        call_with_sections(check_data, cfg)
+        call_with_sections(
+            check_bucket_sizes, cfg
+        )  # the models' patch grid: after the data's own checks of its buckets
+    call_with_sections(check_training, cfg)
     check_unread_sections(cfg)
-    method.check(cfg)
-    check_rewards(cfg, method.scores_rewards)
+    method.ask(method.check, cfg)
+    call_with_sections(check_rewards, cfg, method_scores=method.scores_rewards)
     return cfg
 
 

@@ -95,7 +95,7 @@ def open_cache_of(cfg: TrainConfig):
     from dit_trainer.assemble import open_run_cache, plan_run
     from dit_trainer.methods import method_of
 
-    return open_run_cache(cfg, plan_run(cfg, method_of(cfg), 1), torch.device("cpu"))
+    return open_run_cache(cfg, plan_run(cfg, method_of(cfg.trainer), 1), torch.device("cpu"))
 
 
 def compose_config(overrides: list[str]) -> TrainConfig:

@@ -225,7 +225,7 @@ def run_benchmark(cfg: TrainConfig, out_dir: Path, warmup: int = 5, steps: int =
     forward_flops, train_flops = flops_per_image(cfg, parts, device)
     speed = {m.name: m.images_per_sec for m in results}
     bare = speed["bare"]
-    reading = batch_plan_cost(open_run_cache(cached, plan_run(cached, method_of(cached), 1), device)[0], batch)
+    reading = batch_plan_cost(open_run_cache(cached, plan_run(cached, method_of(cached.trainer), 1), device)[0], batch)
     private_cost = {"private_cost_ratio": speed["trainer_cached"] / speed["trainer_private"]} if private else {}
     report = {
         **{f"{m.name}_img_s" if m.name != "bare" else "bare_step_img_s": m.images_per_sec for m in results},

@@ -261,7 +261,11 @@ def export_run(cfg: ExportConfig) -> ExportResult:
         scheduler = parts.schedule.diffusers_sampler(sampler)
         exported = family.export(
             ExportParts(
-                cfg=train_cfg,
+                model=train_cfg.model,
+                vae_kind=train_cfg.vae.kind,
+                conditioner=train_cfg.conditioner,
+                data=train_cfg.data,
+                diffusion=train_cfg.diffusion,
                 transformer=_cast(clean_model(transformer), dtype),
                 vae=_cast(clean_model(exported_vae(parts.vae, family)), dtype),
                 scheduler=scheduler,
@@ -291,7 +295,9 @@ def export_run(cfg: ExportConfig) -> ExportResult:
         }
         exported.save(staging)
         if train_cfg.lora.enabled:
-            manifest["lora"] = export_adapter(family.pipeline, train_cfg, weights, staging, out_dir)
+            manifest["lora"] = export_adapter(
+                family.pipeline, train_cfg.model, train_cfg.lora, weights, staging, out_dir
+            )
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         card_usage = exported.usage(cfg.push_to_hub or ".")  # loading the Hub repository, or the folder itself
         write_model_card(staging, train_cfg, manifest, card_usage, run_dir, checkpoint, cfg.push_to_hub)

@@ -20,22 +20,24 @@ from peft import LoraConfig
 from safetensors.torch import load_file
 
 from dit_trainer.components.lora import ADAPTER_WEIGHTS
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import LoRAConfig, ModelConfig
 
 LORA_FOLDER = "lora"  # in the export folder
 
 
-def lora_base(cfg: TrainConfig, out_dir: Path) -> dict:
+def lora_base(model: ModelConfig, out_dir: Path) -> dict:
     """The transformer the adapter applies to: ``model.pretrained`` (a local folder relative to the export folder, so
     that the pair moves together; a hub id as it is), and the subfolder and revision the run read."""
-    m = cfg.model
+    m = model
     pretrained = str(m.pretrained)
     if Path(pretrained).expanduser().exists():
         pretrained = os.path.relpath(Path(pretrained).expanduser().resolve(), out_dir.resolve())
     return {"pretrained": pretrained, "subfolder": m.subfolder, "revision": m.revision}
 
 
-def export_adapter(pipeline: str, cfg: TrainConfig, weights: Path, folder: Path, out_dir: Path) -> dict:
+def export_adapter(
+    pipeline: str, model: ModelConfig, lora: LoRAConfig, weights: Path, folder: Path, out_dir: Path
+) -> dict:
     """Write the adapter in ``weights`` (a checkpoint's peft folder) to ``folder/lora`` where the family's pipeline
     can load it; the manifest's entry: where it is and what it applies to, or why there is none."""
     pipeline_class = getattr(diffusers, pipeline)
@@ -45,10 +47,10 @@ def export_adapter(pipeline: str, cfg: TrainConfig, weights: Path, folder: Path,
             "folder": None,
             "why": f"diffusers' {pipeline} has no load_lora_weights; the adapter is in {checkpoint_folder}",
         }
-    if cfg.lora.train_modules:
+    if lora.train_modules:
         return {
             "folder": None,
-            "why": f"the run also trained whole modules ({', '.join(cfg.lora.train_modules)}), which diffusers' "
+            "why": f"the run also trained whole modules ({', '.join(lora.train_modules)}), which diffusers' "
             f"LoRA format does not hold: use the merged weights, or the adapter in {checkpoint_folder}",
         }
     pipeline_class.save_lora_weights(
@@ -59,7 +61,7 @@ def export_adapter(pipeline: str, cfg: TrainConfig, weights: Path, folder: Path,
     return {
         "folder": LORA_FOLDER,
         "file": f"{LORA_FOLDER}/{LORA_WEIGHT_NAME_SAFE}",
-        "base": lora_base(cfg, out_dir),
+        "base": lora_base(model, out_dir),
         "usage": f"pipe = {pipeline}.from_pretrained(<the base model's pipeline>); "
         f"pipe.load_lora_weights(<this folder>/{LORA_FOLDER})",
     }

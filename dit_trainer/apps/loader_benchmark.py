@@ -28,7 +28,9 @@ def loader_images_per_second(cfg: TrainConfig, workers: int, batches: int) -> fl
     """Images/s of the run's training loader with ``workers`` worker processes, over ``batches`` batches after the
     first (which pays for starting the workers)."""
     cfg = replace(cfg, data=replace(cfg.data, num_workers=workers, cache_latents=False, cache_dir=None))
-    source = bucketed(build_dataset(cfg.data), configured_buckets(cfg), cfg.trainer.batch_size, True)
+    source = bucketed(
+        build_dataset(cfg.data), configured_buckets(cfg.model, cfg.vae, cfg.data), cfg.trainer.batch_size, True
+    )
     iterator = iter(build_dataloader(cfg.data, cfg.trainer, source, torch.device("cpu")))
     next(iterator)
     start, images = time.perf_counter(), 0

@@ -79,7 +79,7 @@ def card_metadata(cfg: TrainConfig) -> ModelCardData:
     task = "text-to-video" if cfg.data.frames > 1 else "text-to-image"
     tags += [task] if text else ["class-conditional"]
     tags += ["lora"] if cfg.lora.enabled else []
-    tags += [tag] if (tag := method_of(cfg).card_tag) else []
+    tags += [tag] if (tag := method_of(cfg.trainer).card_tag) else []
     return ModelCardData(
         library_name="diffusers",
         pipeline_tag=task if text else None,
@@ -123,12 +123,13 @@ def what_was_trained(cfg: TrainConfig, manifest: dict, transformer: str, step: i
     encoder = "class labels" if text.kind == CLASS_LABELS else f"{shown(text.pretrained)}, {text.max_length} tokens"
     vae = f"`{cfg.vae.kind}`" + (f": {shown(cfg.vae.pretrained)}" if cfg.vae.pretrained else "")
     ema = manifest.get("weights") == "ema"
+    method = method_of(cfg.trainer)
     return _table(
         [
             ("Family", f"`{cfg.model.family}` ({manifest.get('transformer_class')}, {manifest.get('pipeline_class')})"),
             ("Transformer", transformer),
             ("Trained", _training(cfg)),
-            ("Method", method_of(cfg).describe(cfg)),
+            ("Method", method.ask(method.describe, cfg)),
             ("Objective", f"`{diffusion.objective}` (sampler: {sampler})"),
             ("Data", _data(cfg)),
             ("Text encoder", encoder),

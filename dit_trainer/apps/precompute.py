@@ -182,7 +182,7 @@ def precompute(cfg: TrainConfig) -> PrecomputeResult:
     _refuse_random_augmentation(cfg)
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     dtype = weight_dtype(resolve_mixed_precision(cfg.trainer.mixed_precision))
-    buckets = configured_buckets(cfg)
+    buckets = configured_buckets(cfg.model, cfg.vae, cfg.data)
     sampled = cache_prompts(cfg.trainer.sample_prompts, reward_monitor_prompts(cfg.monitor.reward))
     fingerprint = cache_fingerprint(cfg.data, cfg.vae, cfg.conditioner, buckets)  # of the data before encoding
     if (cache_dir / INDEX).is_file():
@@ -203,7 +203,7 @@ def precompute(cfg: TrainConfig) -> PrecomputeResult:
         state.wait_for_everyone()
         text_encoder = build_text_encoder(cfg.conditioner, state.device, dtype)
         vae = build_vae(cfg.vae, state.device, dtype)
-        check_resolution(cfg, vae.downsample_factor)
+        check_resolution(cfg.model, cfg.data, vae.downsample_factor)
         items, bad_files = _encode_images(cfg, buckets, cache_dir, state, vae, text_encoder)
         state.wait_for_everyone()
         if state.is_main_process:

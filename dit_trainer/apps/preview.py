@@ -69,7 +69,7 @@ def preview_items(cfg: TrainConfig, n: int) -> tuple[list[dict], int]:
     data = replace(cfg.data, cache_dir=None, cache_latents=False)  # images, not latents
     cfg = replace(cfg, data=data)
     set_seed(cfg.trainer.seed)
-    buckets = configured_buckets(cfg)
+    buckets = configured_buckets(cfg.model, cfg.vae, cfg.data)
     accelerator = Accelerator(cpu=True)  # no sizes index is written
     dataset, held_out = build_source(cfg.data, cfg.validation, cfg.trainer.batch_size, buckets, None, accelerator)
     held = len(held_out) if held_out is not None and cfg.validation.split and not cfg.validation.path else 0

@@ -49,7 +49,7 @@ def build_components(
     (a checkpoint's whole transformer; by default ``trained_start``). Training from a cache passes
     its ``cached_text`` embeddings: the text encoder is then not loaded and the VAE keeps only its decoder."""
     vae = build_vae(cfg.vae, device, frozen_dtype)
-    check_resolution(cfg, vae.downsample_factor)
+    check_resolution(cfg.model, cfg.data, vae.downsample_factor)
     if cached_text is not None:
         vae.drop_encoder()
     text_encoder = cached_text or build_text_encoder(cfg.conditioner, device, frozen_dtype)
@@ -61,7 +61,7 @@ def build_components(
     dit.freeze_dead_ends()  # after LoRA: an adapter there would wait for a gradient too
     if cfg.privacy.enabled and dit.family.prepare_private is not None:
         dit.family.prepare_private(dit.transformer)  # before the optimizer and EMA collect the parameters
-    apply_fused_qkv(cfg, dit)  # before the memory estimate's meta copy and GRPO's reference copy
+    apply_fused_qkv(cfg.model, cfg.trainer, dit)  # before the memory estimate's meta copy and GRPO's reference copy
     if cfg.trainer.gradient_checkpointing:
         enable_gradient_checkpointing(
             dit, cfg.trainer.reentrant_checkpointing, cfg.trainer.gradient_checkpointing_every

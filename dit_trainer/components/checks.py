@@ -10,7 +10,7 @@ from dit_trainer.components.families import FAMILIES
 from dit_trainer.components.fp8 import check_fp8
 from dit_trainer.components.fused_qkv import check_fused_qkv
 from dit_trainer.components.geometry import check_resolution
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import TrainConfig, call_with_sections
 from dit_trainer.errors import ConfigError, require
 from dit_trainer.hub import pretrained_config, require_offline_copy
 
@@ -18,18 +18,18 @@ CONDITIONS = {"text": "text", "class": "class labels"}
 
 
 def check_components(cfg: TrainConfig) -> None:
-    check_fp8(cfg)
-    check_fused_qkv(cfg)
+    check_fp8(cfg.lora, cfg.privacy, cfg.precision)
+    check_fused_qkv(cfg.lora, cfg.privacy, cfg.precision, cfg.trainer)
     family = FAMILIES.get(cfg.model.family)
     vae = VAE_KINDS.get(cfg.vae.kind)
     conditioner = CONDITIONER_KINDS.get(cfg.conditioner.kind)
     check_pretrained_class(cfg)
     if family.check is not None:
-        family.check(cfg)
+        call_with_sections(family.check, cfg)
     check_frames(cfg, family.video, vae.temporal_factor)
     factor = vae.downsample_factor(cfg.vae, False)  # from config files on this machine: nothing downloaded
     if factor is not None:  # else checked as soon as the VAE has loaded (build_components)
-        check_resolution(cfg, factor)
+        check_resolution(cfg.model, cfg.data, factor)
     require(
         not vae.pretrained or bool(cfg.vae.pretrained),
         "vae.pretrained",
@@ -86,7 +86,7 @@ def check_components(cfg: TrainConfig) -> None:
         "remove it (`conditioner.instruction=[]`) or use `conditioner=sana`",
     )
     if conditioner.check is not None:
-        conditioner.check(cfg)
+        call_with_sections(conditioner.check, cfg)
     models = {
         "vae.pretrained": cfg.vae.pretrained if vae.pretrained else None,
         "conditioner.pretrained": cfg.conditioner.pretrained if conditioner.pretrained else None,

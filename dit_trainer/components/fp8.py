@@ -16,8 +16,7 @@ import torch
 from torch import nn
 
 from dit_trainer.components.dit import DiTAdapter
-from dit_trainer.config import TrainConfig
-from dit_trainer.config.precision import PrecisionConfig
+from dit_trainer.config import LoRAConfig, PrecisionConfig, PrivacyConfig
 from dit_trainer.errors import ConfigError, require
 
 FP8_CAPABILITY = (8, 9)  # Ada (L4, L40S, RTX 4090), Hopper (H100, H200), Blackwell (B200)
@@ -40,9 +39,9 @@ def _expected_device() -> torch.device:
     return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def check_fp8(cfg: TrainConfig) -> None:
+def check_fp8(lora: LoRAConfig, privacy: PrivacyConfig, precision: PrecisionConfig) -> None:
     """Refuse ``precision.fp8`` where it cannot train, before any model loads."""
-    p = cfg.precision
+    p = precision
     require(not p.fp8_emulate or p.fp8, "precision.fp8_emulate", p.fp8_emulate,
             "it emulates FP8 training, and `precision.fp8` is false", "set `precision.fp8=true` too")  # fmt: skip
     if not p.fp8:
@@ -50,10 +49,10 @@ def check_fp8(cfg: TrainConfig) -> None:
     require(importlib.util.find_spec("torchao") is not None, "precision.fp8", True,
             "FP8 training runs through torchao, which is not installed",
             "`pip install torchao --no-deps` (which keeps your torch), or set `precision.fp8=false`")  # fmt: skip
-    require(not cfg.lora.enabled, "precision.fp8", True,
+    require(not lora.enabled, "precision.fp8", True,
             "it trains the blocks' linear layers in FP8, and under `lora.enabled=true` those are frozen (only the "
             "adapters train)", "set `precision.fp8=false` for LoRA runs")  # fmt: skip
-    require(not cfg.privacy.enabled, "precision.fp8", True,
+    require(not privacy.enabled, "precision.fp8", True,
             "Opacus computes per-sample gradients of nn.Linear layers from their own hooks, which FP8's matmuls "
             "bypass", "set `precision.fp8=false` for DP runs")  # fmt: skip
     if not p.fp8_emulate:

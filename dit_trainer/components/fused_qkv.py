@@ -16,7 +16,7 @@ from diffusers.models.attention_processor import Attention, AttnProcessor2_0, Fu
 from torch import nn
 
 from dit_trainer.components.dit import DiTAdapter
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import LoRAConfig, ModelConfig, PrecisionConfig, PrivacyConfig, TrainerConfig
 from dit_trainer.errors import ConfigError, require
 
 
@@ -52,27 +52,29 @@ def fuse_qkv(dit: DiTAdapter) -> int:
     return fused
 
 
-def check_fused_qkv(cfg: TrainConfig) -> None:
+def check_fused_qkv(
+    lora: LoRAConfig, privacy: PrivacyConfig, precision: PrecisionConfig, trainer: TrainerConfig
+) -> None:
     """Refuse ``trainer.fused_qkv`` where the fused matmul would bypass the layers that train or are watched."""
-    if not cfg.trainer.fused_qkv:
+    if not trainer.fused_qkv:
         return
     for key, on, why in (
-        ("lora.enabled", cfg.lora.enabled, "LoRA's adapters wrap each projection, which the fused matmul bypasses"),
-        ("privacy.enabled", cfg.privacy.enabled, "Opacus computes per-sample gradients from each projection's hooks"),
-        ("precision.fp8", cfg.precision.fp8, "FP8 converts each projection, which the fused matmul bypasses"),
+        ("lora.enabled", lora.enabled, "LoRA's adapters wrap each projection, which the fused matmul bypasses"),
+        ("privacy.enabled", privacy.enabled, "Opacus computes per-sample gradients from each projection's hooks"),
+        ("precision.fp8", precision.fp8, "FP8 converts each projection, which the fused matmul bypasses"),
     ):
         require(not on, "trainer.fused_qkv", True, f"`{key}` is set, and {why}", "set `trainer.fused_qkv=false`")
 
 
-def apply_fused_qkv(cfg: TrainConfig, dit: DiTAdapter) -> None:
+def apply_fused_qkv(model: ModelConfig, trainer: TrainerConfig, dit: DiTAdapter) -> None:
     """``trainer.fused_qkv``: fuse, or refuse a model none of whose attention diffusers' fused processor takes."""
-    if cfg.trainer.fused_qkv and not fuse_qkv(dit):
+    if trainer.fused_qkv and not fuse_qkv(dit):
         processors = sorted({type(module.processor).__name__ for module in dit.transformer.modules()
                              if hasattr(module, "processor")})  # fmt: skip
         raise ConfigError(
             "trainer.fused_qkv",
             True,
-            f"`model.family={cfg.model.family}`'s attention runs {', '.join(processors) or 'no diffusers processor'}, "
+            f"`model.family={model.family}`'s attention runs {', '.join(processors) or 'no diffusers processor'}, "
             "which diffusers' fused processor does not replace (it takes PixArt's and DiT's)",
             "set `trainer.fused_qkv=false`",
         )

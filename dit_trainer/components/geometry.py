@@ -7,17 +7,17 @@ from __future__ import annotations
 from dit_trainer.components.dit import known_patch_size
 from dit_trainer.components.families import FAMILIES
 from dit_trainer.components.vae import known_downsample_factor
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import DataConfig, ModelConfig, VAEConfig
 from dit_trainer.data.buckets import BucketTable, bucket_table
 from dit_trainer.errors import ConfigError
 from dit_trainer.hub import model_config
 
 
-def check_resolution(cfg: TrainConfig, downsample_factor: int) -> None:
+def check_resolution(model: ModelConfig, data: DataConfig, downsample_factor: int) -> None:
     """Refuse a ``data.resolution`` that the VAE's downsampling and the DiT's patches do not divide: the VAE would
     round the latent size, silently dropping the images' edges. Checked with the config when the factor is known
     then, else as soon as the VAE has loaded."""
-    patch, resolution = known_patch_size(cfg.model), cfg.data.resolution
+    patch, resolution = known_patch_size(model), data.resolution
     step = downsample_factor * (patch or 1)
     if resolution % step == 0:
         return
@@ -35,28 +35,28 @@ def check_resolution(cfg: TrainConfig, downsample_factor: int) -> None:
     )
 
 
-def pixel_multiple(cfg: TrainConfig, download: bool = False) -> int | None:
+def pixel_multiple(model: ModelConfig, vae: VAEConfig, download: bool = False) -> int | None:
     """What every image side must be a multiple of for its latent to cut into whole patches: the VAE's downsampling
     factor x the DiT's patch size. Read from the models' config.json files where they are on this machine; else
     None, or with ``download`` those files are downloaded (not the weights)."""
-    factor, patch = known_downsample_factor(cfg.vae, download), known_patch_size(cfg.model)
+    factor, patch = known_downsample_factor(vae, download), known_patch_size(model)
     if download and patch is None:
-        config = model_config(cfg.model.pretrained, cfg.model.subfolder, cfg.model.revision, "model.pretrained")
-        patch = FAMILIES.get(cfg.model.family).latents_per_token(config)
+        config = model_config(model.pretrained, model.subfolder, model.revision, "model.pretrained")
+        patch = FAMILIES.get(model.family).latents_per_token(config)
     return None if factor is None or patch is None else factor * patch
 
 
-def check_bucket_sizes(cfg: TrainConfig) -> None:
+def check_bucket_sizes(model: ModelConfig, vae: VAEConfig, data: DataConfig) -> None:
     """Listed ``data.buckets`` sizes that the latents would not cut into whole patches are refused with the config,
     where the models' config files are on this machine (else when the data is read: ``configured_buckets``).
     Checked after the data's own checks, for a method that reads the data set."""
-    if cfg.data.buckets != "none" and pixel_multiple(cfg) is not None:
-        configured_buckets(cfg)
+    if data.buckets != "none" and pixel_multiple(model, vae) is not None:
+        configured_buckets(model, vae, data)
 
 
-def configured_buckets(cfg: TrainConfig) -> BucketTable | None:
+def configured_buckets(model: ModelConfig, vae: VAEConfig, data: DataConfig) -> BucketTable | None:
     """The bucket table ``data.buckets`` asks for at ``data.resolution`` (None for squares); its sizes depend on
     the VAE and the patch size, whose config files are downloaded first if need be."""
-    if cfg.data.buckets == "none":
+    if data.buckets == "none":
         return None
-    return bucket_table(cfg.data.buckets, cfg.data.resolution, pixel_multiple(cfg, download=True))
+    return bucket_table(data.buckets, data.resolution, pixel_multiple(model, vae, download=True))

@@ -10,7 +10,7 @@ from typing import Any, Protocol
 import torch
 
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ConditionerConfig, TrainConfig, VAEConfig
+from dit_trainer.config import ConditionerConfig, VAEConfig
 
 
 class Conditioner(Protocol):
@@ -46,13 +46,14 @@ class VAEKind:
 class ConditionerKind:
     """``build(cfg, device, dtype)``: the frozen conditioner. ``condition``: what it gives a family (``text``:
     hidden states, a mask and maybe a pooled vector; ``class``: class ids), matched against ``Family.condition``.
-    ``check(cfg)``: its own rules. ``pretrained``: whether ``conditioner.pretrained`` names a model it loads.
+    ``check``: its own rules, on the config sections its parameters name (``config.call_with_sections``).
+    ``pretrained``: whether ``conditioner.pretrained`` names a model it loads.
     ``instruction``: whether it puts ``conditioner.instruction`` before prompts, ``pooling``: whether it pools as
     ``conditioner.pooling`` says (set for any other, each is refused rather than silently ignored)."""
 
     build: Callable[[ConditionerConfig, torch.device, torch.dtype], Conditioner]
     condition: str = "text"
-    check: Callable[[TrainConfig], None] | None = None
+    check: Callable[..., None] | None = None
     pretrained: bool = True
     instruction: bool = False
     pooling: bool = False

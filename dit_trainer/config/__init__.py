@@ -11,6 +11,7 @@ Hydra composes YAML onto the schema (so a mistyped key or a non-integer batch si
 from dit_trainer.config.conditioner import ConditionerConfig
 from dit_trainer.config.fields import check_fields
 from dit_trainer.config.monitors import FIDMonitorConfig, MonitorConfig, RewardMonitorConfig, ValidationConfig
+from dit_trainer.config.precision import PrecisionConfig
 from dit_trainer.config.resolvers import ASSETS_DIR, register_configs, register_resolvers
 from dit_trainer.config.schema import (
     DataConfig,
@@ -30,6 +31,7 @@ from dit_trainer.config.schema import (
     section_types,
 )
 from dit_trainer.config.scripts import EXPORT_DTYPES, EvaluateConfig, ExportConfig, PreviewConfig, SampleConfig
+from dit_trainer.config.sections import call_with_sections
 
 __all__ = [
     "ConditionerConfig",
@@ -49,6 +51,7 @@ __all__ = [
     "MonitorConfig",
     "OptimConfig",
     "PreviewConfig",
+    "PrecisionConfig",
     "PrivacyConfig",
     "RewardMonitorConfig",
     "RewardConfig",
@@ -58,6 +61,7 @@ __all__ = [
     "VAEConfig",
     "section_types",
     "ValidationConfig",
+    "call_with_sections",
     "check_fields",
     "register_configs",
     "register_resolvers",

@@ -107,7 +107,7 @@ def require_table_of(spec: Any, table: BucketTable | None) -> None:
     would train squares, or fingerprint a cache without its sizes). The table comes from
     ``components.geometry.configured_buckets``."""
     if (table is None) != (spec == "none"):
-        raise ValueError(f"bucket table {table} for data.buckets={spec!r}: pass configured_buckets(cfg)")
+        raise ValueError(f"bucket table {table} for data.buckets={spec!r}: pass configured_buckets(model, vae, data)")
 
 
 class Bucketed(Dataset):

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dit_trainer.config import DataConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig, DataConfig
 from dit_trainer.config.choices import CLASS_LABELS
 from dit_trainer.data import SOURCES, configured_sources
 from dit_trainer.errors import require
@@ -81,10 +81,9 @@ def tag_augmentation(data: DataConfig) -> TagAugmentation | None:
     return TagAugmentation(data.caption_prefix, data.shuffle_tags, data.keep_tags, data.tag_dropout)
 
 
-def check_caption_tools(cfg: TrainConfig) -> None:
+def check_caption_tools(conditioner: ConditionerConfig, data: DataConfig) -> None:
     """Caption tools need captions that are text: not class names (``conditioner.kind=class_labels`` looks each up
     by name), not a disk cache's embeddings for the per-step draws, and, for the prefix, a source that puts it on."""
-    data = cfg.data
     settings = {
         "shuffle_tags": data.shuffle_tags,
         "tag_dropout": data.tag_dropout,
@@ -96,7 +95,7 @@ def check_caption_tools(cfg: TrainConfig) -> None:
     key, value = f"data.{used[0]}", settings[used[0]]
     drawn = used[0] != "caption_prefix"
     require(
-        cfg.conditioner.kind != CLASS_LABELS,
+        conditioner.kind != CLASS_LABELS,
         key,
         value,
         "`conditioner.kind=class_labels` looks every caption up as a class name, which a prefix or a changed tag "

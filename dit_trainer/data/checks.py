@@ -5,25 +5,31 @@ work on, and validation has held-out images from exactly one place."""
 
 from __future__ import annotations
 
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import ConditionerConfig, DataConfig, DiffusionConfig, PrivacyConfig, ValidationConfig
 from dit_trainer.data import SOURCES, configured_sources
 from dit_trainer.data.captions import check_caption_tools
 from dit_trainer.errors import require
 
 
-def check_data(cfg: TrainConfig) -> None:
+def check_data(
+    privacy: PrivacyConfig,
+    conditioner: ConditionerConfig,
+    data: DataConfig,
+    diffusion: DiffusionConfig,
+    validation: ValidationConfig,
+) -> None:
     """The data a method that reads a data set trains (and validates) on."""
-    if cfg.data.mixture:
-        _check_mixture(cfg)
+    if data.mixture:
+        _check_mixture(privacy, data, validation)
     else:
-        _check_source_path(cfg.data.source, cfg.data.path, "data.path")
-    if cfg.data.buckets != "none":
-        _check_buckets(cfg)
-    if cfg.data.frames > 1:
-        _check_clips(cfg)
-    check_caption_tools(cfg)
-    if cfg.validation.every_n_steps:
-        _check_validation(cfg)
+        _check_source_path(data.source, data.path, "data.path")
+    if data.buckets != "none":
+        _check_buckets(privacy, data)
+    if data.frames > 1:
+        _check_clips(data)
+    check_caption_tools(conditioner, data)
+    if validation.every_n_steps:
+        _check_validation(data, diffusion, validation)
 
 
 def _check_source_path(name: str, path: str | None, key: str) -> None:
@@ -47,35 +53,35 @@ def _check_source_path(name: str, path: str | None, key: str) -> None:
         source.check_path(path, key)
 
 
-def _check_clips(cfg: TrainConfig) -> None:
+def _check_clips(data: DataConfig) -> None:
     """Clips of ``data.frames`` frames come from sources of clips, one source at a time."""
-    for name in configured_sources(cfg.data):
+    for name in configured_sources(data):
         require(
             SOURCES.get(name).clips,
             "data.frames",
-            cfg.data.frames,
+            data.frames,
             f"`data={name}` reads images, one frame each",
             "set `data.frames=1`, or read clips (`data=videofolder`, `data=webdataset` shards of videos, or the "
             "embedded `data=moving_shapes`)",
         )
     require(
-        not cfg.data.mixture,
+        not data.mixture,
         "data.mixture",
-        cfg.data.mixture,
+        data.mixture,
         "a mixture of clip sources is not supported yet",
         "remove `data.mixture`",
     )
 
 
-def _check_mixture(cfg: TrainConfig) -> None:
+def _check_mixture(privacy: PrivacyConfig, data: DataConfig, validation: ValidationConfig) -> None:
     """A mixture's entries name their sources' paths; the settings that need one source (or a stream-free
     sampler, or, with a stream among the entries, items that can be counted) are refused with it."""
-    data, key = cfg.data, "data.mixture"
+    key = "data.mixture"
     for position, entry in enumerate(data.mixture):
         _check_source_path(entry.source, entry.path, f"{key}[{position}].path")
     streamed = next((entry.source for entry in data.mixture if SOURCES.get(entry.source).streamed), None)
     if streamed is not None:
-        _check_stream_mixture(cfg, streamed)
+        _check_stream_mixture(data, validation, streamed)
     for name, value, reason, fix in (
         ("data.path", data.path, "the entries name their own paths", "remove `data.path`"),
         (
@@ -86,13 +92,13 @@ def _check_mixture(cfg: TrainConfig) -> None:
         ),
         (
             "privacy.enabled",
-            cfg.privacy.enabled,
+            privacy.enabled,
             "DP's Poisson sampling draws every image with the same probability, so it cannot weight sources",
             "train one data set under DP",
         ),
         (
             "validation.path",
-            cfg.validation.path,
+            validation.path,
             "validation images are held out of the mixture's own data sets",
             "set `validation.split=0.01` and `validation.path=null`",
         ),
@@ -100,10 +106,9 @@ def _check_mixture(cfg: TrainConfig) -> None:
         require(not value, name, value, f"with `data.mixture`, {reason}", fix)
 
 
-def _check_stream_mixture(cfg: TrainConfig, streamed: str) -> None:
+def _check_stream_mixture(data: DataConfig, validation: ValidationConfig, streamed: str) -> None:
     """A mixture with a stream is one endless stream whose items are drawn one by one: it has no epoch to hold
     images out of or to encode once, and its batches are not assembled bucket by bucket."""
-    data, validation = cfg.data, cfg.validation
     reason = f"with a stream (`{streamed}`) among them, the entries of `data.mixture` are one endless stream of items"
     require(
         data.buckets == "none",
@@ -128,31 +133,31 @@ def _check_stream_mixture(cfg: TrainConfig, streamed: str) -> None:
     )
 
 
-def _check_buckets(cfg: TrainConfig) -> None:
+def _check_buckets(privacy: PrivacyConfig, data: DataConfig) -> None:
     """Buckets need a source that reads image sizes and batches that can be made one bucket at a time (that their
     sizes cut into whole patches is for the models to say: ``components.checks``)."""
-    sources = configured_sources(cfg.data)
+    sources = configured_sources(data)
     square = next((name for name in sources if not SOURCES.get(name).bucketed), None)
     require(
         square is None,
         "data.buckets",
-        cfg.data.buckets,
+        data.buckets,
         f"`{square}` gives square images of one size, so every image would land in one bucket",
         "use buckets with a folder or data set of real images (`data=imagefolder`, `data=hf`), or set "
         "`data.buckets=none`",
     )
     require(
-        not cfg.privacy.enabled,
+        not privacy.enabled,
         "data.buckets",
-        cfg.data.buckets,
+        data.buckets,
         "DP's Poisson sampling draws every image independently at every step, so a batch cannot be kept to one bucket",
         "set `data.buckets=none` under `privacy.enabled=true`",
     )
 
 
-def _check_validation(cfg: TrainConfig) -> None:
+def _check_validation(data: DataConfig, diffusion: DiffusionConfig, validation: ValidationConfig) -> None:
     """Validation needs held-out data: a fraction of a random-access data set, or a folder of its own."""
-    v, source = cfg.validation, SOURCES.get(cfg.data.source)
+    v, source = validation, SOURCES.get(data.source)
     require(
         (v.split > 0) != bool(v.path),
         "validation.split",
@@ -165,11 +170,11 @@ def _check_validation(cfg: TrainConfig) -> None:
         v.split == 0 or not source.streamed,
         "validation.split",
         v.split,
-        f"`data={cfg.data.source}` is streamed, and a stream has no items to hold out by index",
+        f"`data={data.source}` is streamed, and a stream has no items to hold out by index",
         "write held-out shards and set `validation.path=<their brace pattern>` with `validation.split=0`",
     )
     require(
-        not (v.path and cfg.data.cache_dir),
+        not (v.path and data.cache_dir),
         "validation.path",
         v.path,
         "training from a latent cache (`data.cache_dir`) loads neither the VAE encoder nor the text encoder, so "
@@ -177,11 +182,11 @@ def _check_validation(cfg: TrainConfig) -> None:
         "hold out part of the cached data instead (`validation.split=0.01`, `validation.path=null`)",
     )
     require(
-        v.timesteps <= cfg.diffusion.num_train_timesteps,
+        v.timesteps <= diffusion.num_train_timesteps,
         "validation.timesteps",
         v.timesteps,
-        f"there are only {cfg.diffusion.num_train_timesteps} training timesteps to stratify",
-        f"set `validation.timesteps={min(8, cfg.diffusion.num_train_timesteps)}`",
+        f"there are only {diffusion.num_train_timesteps} training timesteps to stratify",
+        f"set `validation.timesteps={min(8, diffusion.num_train_timesteps)}`",
     )
     if v.path and source.check_path is not None:
         source.check_path(v.path, "validation.path")

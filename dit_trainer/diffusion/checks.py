@@ -3,7 +3,7 @@ sampler is one the family offers; the step counts and betas are consistent."""
 
 from __future__ import annotations
 
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import DiffusionConfig
 from dit_trainer.diffusion import OBJECTIVES, SAMPLERS
 from dit_trainer.errors import require
 from dit_trainer.hub import require_offline_copy
@@ -22,8 +22,8 @@ def check_sampler(objective: str, sampler: str, key: str = "diffusion.sampler") 
     )
 
 
-def check_diffusion(cfg: TrainConfig) -> None:
-    d = cfg.diffusion
+def check_diffusion(diffusion: DiffusionConfig) -> None:
+    d = diffusion
     OBJECTIVES.get(d.objective).check_config(d)
     check_sampler(d.objective, d.sampler)
     require(

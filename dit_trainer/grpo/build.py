@@ -8,7 +8,7 @@ from accelerate import Accelerator
 
 from dit_trainer.components.build import Components
 from dit_trainer.components.dit import DiTAdapter
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import DiffusionConfig, GRPOConfig, LoRAConfig, RewardConfig
 from dit_trainer.diffusion.policy import FlowCPSPolicy, FlowSDEPolicy, StochasticPolicy
 from dit_trainer.diffusion.schedule import NoiseSchedule
 from dit_trainer.errors import ConfigError
@@ -21,13 +21,13 @@ from dit_trainer.sharding import is_sharded
 from dit_trainer.training.step import StepParts
 
 
-def grpo_settings(cfg: TrainConfig) -> GRPOSettings:
-    g = cfg.grpo
+def grpo_settings(diffusion: DiffusionConfig, grpo: GRPOConfig) -> GRPOSettings:
+    g = grpo
     return GRPOSettings(
         prompts=load_prompts(g.prompts, g.prompt_file, "grpo."),
         prompts_per_epoch=g.prompts_per_epoch,
         group_size=g.group_size,
-        guidance_scale=cfg.diffusion.guidance_scale if g.guidance_scale is None else g.guidance_scale,
+        guidance_scale=diffusion.guidance_scale if g.guidance_scale is None else g.guidance_scale,
         clip_range=g.clip_range,
         filter_zero_std=g.filter_zero_std,
         beta=g.beta,
@@ -41,27 +41,29 @@ def grpo_settings(cfg: TrainConfig) -> GRPOSettings:
     )
 
 
-def build_kl_reference(cfg: TrainConfig, dit: DiTAdapter, accelerator: Accelerator) -> ReferencePolicy | None:
+def build_kl_reference(
+    lora: LoRAConfig, grpo: GRPOConfig, dit: DiTAdapter, accelerator: Accelerator
+) -> ReferencePolicy | None:
     """The starting policy the KL penalty anchors to (None without ``grpo.beta``)."""
-    if cfg.grpo.beta == 0:
+    if grpo.beta == 0:
         return None
-    if not cfg.lora.enabled and is_sharded(dit.parameters()):
+    if not lora.enabled and is_sharded(dit.parameters()):
         raise ConfigError(
             "grpo.beta",
-            cfg.grpo.beta,
+            grpo.beta,
             "under FSDP the KL penalty of full fine-tuning would need a second, frozen copy of the sharded model, "
             "which this trainer does not build",
             "fine-tune with LoRA (`lora.enabled=true`: the reference is the same sharded model with its adapters "
             "off), set `grpo.beta=0`, or launch with DDP",
         )
-    return build_reference(dit, cfg.lora.enabled, accelerator.autocast)
+    return build_reference(dit, lora.enabled, accelerator.autocast)
 
 
-def build_policy(cfg: TrainConfig, schedule: NoiseSchedule, device: torch.device) -> StochasticPolicy:
+def build_policy(grpo: GRPOConfig, schedule: NoiseSchedule, device: torch.device) -> StochasticPolicy:
     """The schedule family's stochastic sampler over ``grpo.sample_steps`` (flow matching's ``grpo.sde_type``),
     noise only in the window's first position and never in the last step (its noise would stay in the image; DDIM's
     has no variance when K divides T). A moving window is placed anew at every epoch (``GRPOStep``)."""
-    g = cfg.grpo
+    g = grpo
     plan = window_plan(g)
     policy = schedule.policy(g.sample_steps, device, g.noise_level, plan.mask(plan.start).to(device))
     if g.sde_type == "cps":  # the checks allow it for flow matching only, whose policy is the SDE's
@@ -70,19 +72,27 @@ def build_policy(cfg: TrainConfig, schedule: NoiseSchedule, device: torch.device
     return policy
 
 
-def build_grpo_step(cfg: TrainConfig, loop: StepParts, parts: Components, frozen_dtype: torch.dtype) -> GRPOStep:
+def build_grpo_step(
+    lora: LoRAConfig,
+    diffusion: DiffusionConfig,
+    reward: RewardConfig,
+    grpo: GRPOConfig,
+    loop: StepParts,
+    parts: Components,
+    frozen_dtype: torch.dtype,
+) -> GRPOStep:
     """The GRPO step on the loop's parts (``loop``: what every method's step is given). Its KL anchor is the
     starting weights where accelerate put them (prepare moves the model to the GPU; a copy taken before would stay
     on the CPU), copied here, before anything trains and before a resume loads others."""
     device = loop.accelerator.device
-    reference = build_kl_reference(cfg, loop.accelerator.unwrap_model(loop.dit), loop.accelerator)
+    reference = build_kl_reference(lora, grpo, loop.accelerator.unwrap_model(loop.dit), loop.accelerator)
     return GRPOStep(
         loop,
-        grpo=grpo_settings(cfg),
-        policy=build_policy(cfg, parts.schedule.at_size(parts.latent_shape), device),
-        window=SDEWindow(window_plan(cfg.grpo)),
+        grpo=grpo_settings(diffusion, grpo),
+        policy=build_policy(grpo, parts.schedule.at_size(parts.latent_shape), device),
+        window=SDEWindow(window_plan(grpo)),
         text_encoder=parts.text_encoder,
-        feedback=build_feedback(cfg.grpo, "grpo", cfg.reward, loop.accelerator, parts.vae, frozen_dtype),
+        feedback=build_feedback(grpo, "grpo", reward, loop.accelerator, parts.vae, frozen_dtype),
         latent_shape=parts.latent_shape,
         reference=reference,
     )

@@ -3,16 +3,33 @@ steps inside the sampler that each trajectory's draw fits in, and a stochastic s
 
 from __future__ import annotations
 
-from dit_trainer.config import TrainConfig
-from dit_trainer.config.grpo import GRPOConfig
+from dit_trainer.config import (
+    ConditionerConfig,
+    DiffusionConfig,
+    GRPOConfig,
+    ModelConfig,
+    PrivacyConfig,
+    RewardConfig,
+    TrainerConfig,
+    ValidationConfig,
+)
 from dit_trainer.errors import require
 from dit_trainer.grpo.window import window_plan
 from dit_trainer.online.checks import check_online
 
 
-def check_grpo(cfg: TrainConfig) -> None:
-    g = cfg.grpo
-    check_online(cfg, "grpo", g)
+def check_grpo(
+    model: ModelConfig,
+    privacy: PrivacyConfig,
+    conditioner: ConditionerConfig,
+    diffusion: DiffusionConfig,
+    trainer: TrainerConfig,
+    reward: RewardConfig,
+    validation: ValidationConfig,
+    grpo: GRPOConfig,
+) -> None:
+    g = grpo
+    check_online(model, privacy, conditioner, diffusion, trainer, reward, validation, "grpo", g)
     if g.sde_window == "fixed":
         check_fixed_window(g)
     else:
@@ -26,11 +43,11 @@ def check_grpo(cfg: TrainConfig) -> None:
         f"set `grpo.steps_per_trajectory={window_size}` or lower, or null for all of them",
     )
     require(
-        g.sde_type == "sde" or cfg.diffusion.objective == "flow_matching",
+        g.sde_type == "sde" or diffusion.objective == "flow_matching",
         "grpo.sde_type",
         g.sde_type,
         f"the coefficients-preserving sampler is a flow-matching step, and this model's objective is "
-        f"`{cfg.diffusion.objective}` (its stochastic step is DDIM with eta = `grpo.noise_level`)",
+        f"`{diffusion.objective}` (its stochastic step is DDIM with eta = `grpo.noise_level`)",
         "set `grpo.sde_type=sde` (the only step an epsilon or v-prediction model has)",
     )
 

@@ -3,17 +3,13 @@ set, and each step of the loop is one epoch of ``grpo.passes`` x ``grpo.minibatc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from dit_trainer.online.method import OnlineMethod
 
 if TYPE_CHECKING:
-    import torch
-    from torch.utils.data import DataLoader
-
-    from dit_trainer.components.build import Components
-    from dit_trainer.config import TrainConfig
-    from dit_trainer.training.step import StepParts, TrainingStep
+    from dit_trainer.training.step import TrainingStep
 
 
 class GRPOMethod(OnlineMethod):
@@ -22,22 +18,19 @@ class GRPOMethod(OnlineMethod):
     title = "GRPO"
     card_tag = "grpo"
 
-    def check(self, cfg: TrainConfig) -> None:
+    @property
+    def check(self) -> Callable[..., None]:
+        """``grpo.checks.check_grpo``, imported when asked: its module loads torch."""
         from dit_trainer.grpo.checks import check_grpo
 
-        check_grpo(cfg)
+        return check_grpo
 
-    def build_step(
-        self,
-        cfg: TrainConfig,
-        loop: StepParts,
-        parts: Components,
-        frozen_dtype: torch.dtype,
-        dataloader: DataLoader | None,
-    ) -> TrainingStep:
+    @property
+    def build_step(self) -> Callable[..., TrainingStep]:
+        """``grpo.build.build_grpo_step``."""
         from dit_trainer.grpo.build import build_grpo_step
 
-        return build_grpo_step(cfg, loop, parts, frozen_dtype)
+        return build_grpo_step
 
 
 GRPO = GRPOMethod()

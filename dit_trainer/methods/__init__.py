@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from dit_trainer.registry import Registry
 
 if TYPE_CHECKING:
-    from dit_trainer.config import TrainConfig
+    from dit_trainer.config import TrainerConfig
     from dit_trainer.methods.base import Method
 
 METHODS: Registry[Method] = Registry(
@@ -27,6 +27,6 @@ METHODS: Registry[Method] = Registry(
 )
 
 
-def method_of(cfg: TrainConfig) -> Method:
-    """The method ``cfg.trainer.method`` names (imported on first use)."""
-    return METHODS.get(cfg.trainer.method)
+def method_of(trainer: TrainerConfig) -> Method:
+    """The method ``trainer.method`` names (imported on first use)."""
+    return METHODS.get(trainer.method)

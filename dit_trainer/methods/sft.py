@@ -8,27 +8,21 @@ from typing import TYPE_CHECKING
 from dit_trainer.methods.base import Method
 
 if TYPE_CHECKING:
-    import torch
     from torch.utils.data import DataLoader
 
     from dit_trainer.components.build import Components
-    from dit_trainer.config import TrainConfig
+    from dit_trainer.config import DataConfig, DiffusionConfig
     from dit_trainer.training.step import StepParts, TrainingStep
 
 
 class SupervisedMethod(Method):
     name = "sft"
 
-    def describe(self, cfg: TrainConfig) -> str:
+    def describe(self) -> str:
         return "supervised denoising (`sft`)"
 
     def build_step(
-        self,
-        cfg: TrainConfig,
-        loop: StepParts,
-        parts: Components,
-        frozen_dtype: torch.dtype,
-        dataloader: DataLoader | None,
+        self, data: DataConfig, diffusion: DiffusionConfig, loop: StepParts, parts: Components, dataloader: DataLoader
     ) -> TrainingStep:
         from dit_trainer.data.captions import tag_augmentation
         from dit_trainer.data.mixture import source_names
@@ -36,7 +30,6 @@ class SupervisedMethod(Method):
         from dit_trainer.training.data_health import BadFileCounter
         from dit_trainer.training.supervised import SupervisedStep
 
-        data = cfg.data
         return SupervisedStep(
             loop,
             loss_fn=DiffusionLoss(
@@ -44,7 +37,7 @@ class SupervisedMethod(Method):
                 parts.text_encoder,
                 parts.schedule,
                 data.caption_dropout,
-                cfg.diffusion.noise_offset,
+                diffusion.noise_offset,
                 tag_augmentation(data),
             ),
             dataloader=dataloader,

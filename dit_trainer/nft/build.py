@@ -7,7 +7,7 @@ import torch
 
 from dit_trainer.components.build import Components
 from dit_trainer.components.freeze import trainable_parameters
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import DiffusionConfig, LoRAConfig, NFTConfig, RewardConfig
 from dit_trainer.diffusion.sampler import SamplerSettings
 from dit_trainer.errors import ConfigError
 from dit_trainer.nft.old_policy import DecaySchedule, OldPolicy
@@ -19,8 +19,8 @@ from dit_trainer.sharding import is_sharded
 from dit_trainer.training.step import StepParts
 
 
-def nft_settings(cfg: TrainConfig) -> NFTSettings:
-    n, d = cfg.nft, cfg.diffusion
+def nft_settings(diffusion: DiffusionConfig, nft: NFTConfig) -> NFTSettings:
+    n, d = nft, diffusion
     guidance = d.guidance_scale if n.guidance_scale is None else n.guidance_scale
     return NFTSettings(
         prompts=load_prompts(n.prompts, n.prompt_file, "nft."),
@@ -36,10 +36,18 @@ def nft_settings(cfg: TrainConfig) -> NFTSettings:
     )
 
 
-def build_nft_step(cfg: TrainConfig, loop: StepParts, parts: Components, frozen_dtype: torch.dtype) -> NFTStep:
+def build_nft_step(
+    lora: LoRAConfig,
+    diffusion: DiffusionConfig,
+    reward: RewardConfig,
+    nft: NFTConfig,
+    loop: StepParts,
+    parts: Components,
+    frozen_dtype: torch.dtype,
+) -> NFTStep:
     """The NFT step on the loop's parts. The old policy and the reference start as the weights where accelerate put
     them, copied here, before anything trains and before a resume loads others."""
-    n, accelerator = cfg.nft, loop.accelerator
+    n, accelerator = nft, loop.accelerator
     model = accelerator.unwrap_model(loop.dit)
     parameters = trainable_parameters(model.transformer)
     if is_sharded(parameters):
@@ -51,13 +59,13 @@ def build_nft_step(cfg: TrainConfig, loop: StepParts, parts: Components, frozen_
             "launch with DDP (`accelerate launch --multi_gpu`), where the old policy is a copy of the trained weights "
             "(of the adapters alone with `lora.enabled=true`)",
         )
-    reference = build_reference(model, cfg.lora.enabled, accelerator.autocast) if n.kl_weight > 0 else None
+    reference = build_reference(model, lora.enabled, accelerator.autocast) if n.kl_weight > 0 else None
     return NFTStep(
         loop,
-        settings=nft_settings(cfg),
+        settings=nft_settings(diffusion, nft),
         schedule=parts.schedule.at_size(parts.latent_shape),
         text_encoder=parts.text_encoder,
-        feedback=build_feedback(n, "nft", cfg.reward, accelerator, parts.vae, frozen_dtype),
+        feedback=build_feedback(n, "nft", reward, accelerator, parts.vae, frozen_dtype),
         old_policy=OldPolicy(parameters, DecaySchedule(n.old_decay_flat, n.old_decay_rate, n.old_decay_max)),
         latent_shape=parts.latent_shape,
         reference=reference,

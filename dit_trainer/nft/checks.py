@@ -4,30 +4,48 @@ sampler has."""
 
 from __future__ import annotations
 
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import (
+    ConditionerConfig,
+    DiffusionConfig,
+    ModelConfig,
+    NFTConfig,
+    PrivacyConfig,
+    RewardConfig,
+    TrainerConfig,
+    ValidationConfig,
+)
 from dit_trainer.diffusion import OBJECTIVES
 from dit_trainer.errors import require
 from dit_trainer.online.checks import check_online
 
 
-def check_nft(cfg: TrainConfig) -> None:
-    n = cfg.nft
-    check_online(cfg, "nft", n)
-    samplers = list(OBJECTIVES.get(cfg.diffusion.objective).samplers)
-    sampler = n.sampler or cfg.diffusion.sampler
+def check_nft(
+    model: ModelConfig,
+    privacy: PrivacyConfig,
+    conditioner: ConditionerConfig,
+    diffusion: DiffusionConfig,
+    trainer: TrainerConfig,
+    reward: RewardConfig,
+    validation: ValidationConfig,
+    nft: NFTConfig,
+) -> None:
+    n = nft
+    check_online(model, privacy, conditioner, diffusion, trainer, reward, validation, "nft", n)
+    samplers = list(OBJECTIVES.get(diffusion.objective).samplers)
+    sampler = n.sampler or diffusion.sampler
     require(
         sampler in samplers,
         "nft.sampler" if n.sampler else "diffusion.sampler",
         sampler,
         f"DiffusionNFT rolls out with a deterministic sampler and keeps only the final images (a stochastic one, as "
         f"GRPO's SDE, would only add noise to them); the deterministic samplers of `diffusion.objective="
-        f"{cfg.diffusion.objective}` are {', '.join(samplers)}",
+        f"{diffusion.objective}` are {', '.join(samplers)}",
         f"set `nft.sampler={samplers[0]}`",
     )
     require(
-        cfg.diffusion.objective != "epsilon",
+        diffusion.objective != "epsilon",
         "diffusion.objective",
-        cfg.diffusion.objective,
+        diffusion.objective,
         "DiffusionNFT's loss is measured on the x0 a prediction implies, and for an epsilon model that x0's error is "
         "sqrt((1 - a) / a) times the noise error: about 150 times larger at the noisiest timestep than at the "
         "quietest, so nearly all of the gradient would go to the noisiest steps (v-prediction and flow matching "

@@ -4,17 +4,13 @@ updates."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from dit_trainer.online.method import OnlineMethod
 
 if TYPE_CHECKING:
-    import torch
-    from torch.utils.data import DataLoader
-
-    from dit_trainer.components.build import Components
-    from dit_trainer.config import TrainConfig
-    from dit_trainer.training.step import StepParts, TrainingStep
+    from dit_trainer.training.step import TrainingStep
 
 
 class NFTMethod(OnlineMethod):
@@ -23,22 +19,19 @@ class NFTMethod(OnlineMethod):
     title = "DiffusionNFT"
     card_tag = "diffusion-nft"
 
-    def check(self, cfg: TrainConfig) -> None:
+    @property
+    def check(self) -> Callable[..., None]:
+        """``nft.checks.check_nft``, imported when asked: its module loads torch."""
         from dit_trainer.nft.checks import check_nft
 
-        check_nft(cfg)
+        return check_nft
 
-    def build_step(
-        self,
-        cfg: TrainConfig,
-        loop: StepParts,
-        parts: Components,
-        frozen_dtype: torch.dtype,
-        dataloader: DataLoader | None,
-    ) -> TrainingStep:
+    @property
+    def build_step(self) -> Callable[..., TrainingStep]:
+        """``nft.build.build_nft_step``."""
         from dit_trainer.nft.build import build_nft_step
 
-        return build_nft_step(cfg, loop, parts, frozen_dtype)
+        return build_nft_step
 
 
 NFT = NFTMethod()

@@ -7,7 +7,15 @@ prompts that are not trained on, a stop rule only with a gold reward to stop by.
 from __future__ import annotations
 
 from dit_trainer.components.conditioners.class_labels import check_prompts_are_classes
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import (
+    ConditionerConfig,
+    DiffusionConfig,
+    ModelConfig,
+    PrivacyConfig,
+    RewardConfig,
+    TrainerConfig,
+    ValidationConfig,
+)
 from dit_trainer.config.choices import CLASS_LABELS
 from dit_trainer.config.online import RolloutConfig
 from dit_trainer.errors import require
@@ -16,21 +24,31 @@ from dit_trainer.prompts import load_prompts
 from dit_trainer.rewards import REWARDS
 
 
-def check_online(cfg: TrainConfig, method: str, rollouts: RolloutConfig) -> None:
+def check_online(
+    model: ModelConfig,
+    privacy: PrivacyConfig,
+    conditioner: ConditionerConfig,
+    diffusion: DiffusionConfig,
+    trainer: TrainerConfig,
+    reward: RewardConfig,
+    validation: ValidationConfig,
+    method: str,
+    rollouts: RolloutConfig,
+) -> None:
     """``rollouts``: the section of ``trainer.method=method``."""
     require(
-        bool(cfg.trainer.init_from) or bool(cfg.model.pretrained),
+        bool(trainer.init_from) or bool(model.pretrained),
         "trainer.init_from",
-        cfg.trainer.init_from,
+        trainer.init_from,
         f"`trainer.method={method}` fine-tunes a trained DiT, and neither a run to start from nor `model.pretrained` "
         "is set",
         "set `trainer.init_from=RUN_DIR` (a run train.py wrote) or `model.pretrained=<hub id or path>`",
     )
     prompts = load_prompts(rollouts.prompts, rollouts.prompt_file, f"{method}.")
-    check_gold(cfg, method, rollouts, prompts)
-    if cfg.conditioner.kind == CLASS_LABELS:
+    check_gold(conditioner, reward, method, rollouts, prompts)
+    if conditioner.kind == CLASS_LABELS:
         key = f"{method}.prompt_file" if rollouts.prompt_file else f"{method}.prompts"
-        check_prompts_are_classes(cfg.conditioner, key, prompts)
+        check_prompts_are_classes(conditioner, key, prompts)
     images = rollouts.prompts_per_epoch * rollouts.group_size
     require(
         images >= rollouts.minibatches,
@@ -41,9 +59,9 @@ def check_online(cfg: TrainConfig, method: str, rollouts: RolloutConfig) -> None
         f"set `{method}.minibatches={images}` or lower",
     )
     for key, value, unused in (
-        ("diffusion.noise_offset", cfg.diffusion.noise_offset, "no data set's noise to offset"),
-        ("validation.every_n_steps", cfg.validation.every_n_steps, "no data set to hold images out of"),
-        ("privacy.enabled", cfg.privacy.enabled, "no data set whose examples DP-SGD would protect"),
+        ("diffusion.noise_offset", diffusion.noise_offset, "no data set's noise to offset"),
+        ("validation.every_n_steps", validation.every_n_steps, "no data set to hold images out of"),
+        ("privacy.enabled", privacy.enabled, "no data set whose examples DP-SGD would protect"),
     ):
         require(
             not value,
@@ -53,15 +71,17 @@ def check_online(cfg: TrainConfig, method: str, rollouts: RolloutConfig) -> None
             f"set `{key}={'false' if isinstance(value, bool) else 0}`",
         )
     require(
-        cfg.trainer.gradient_accumulation_steps == 1,
+        trainer.gradient_accumulation_steps == 1,
         "trainer.gradient_accumulation_steps",
-        cfg.trainer.gradient_accumulation_steps,
+        trainer.gradient_accumulation_steps,
         f"a `trainer.method={method}` update takes one minibatch of its images in one backward",
         f"set `trainer.gradient_accumulation_steps=1`; for less memory per update raise `{method}.minibatches`",
     )
 
 
-def check_gold(cfg: TrainConfig, method: str, rollouts: RolloutConfig, prompts: list[str]) -> None:
+def check_gold(
+    conditioner: ConditionerConfig, reward: RewardConfig, method: str, rollouts: RolloutConfig, prompts: list[str]
+) -> None:
     """The watch's settings: a gold reward that exists, is on this machine and is not one the run trains on; held-out
     prompts, none of them among the training ``prompts``; a stop margin or held-out prompts only with a gold reward."""
     gold = rollouts.gold_reward
@@ -80,14 +100,14 @@ def check_gold(cfg: TrainConfig, method: str, rollouts: RolloutConfig, prompts: 
         return
     REWARDS.check(gold, f"{method}.gold_reward")
     require(
-        not cfg.reward.weights.get(gold),
+        not reward.weights.get(gold),
         f"{method}.gold_reward",
         gold,
         f"it is also a training reward (`reward.weights.{gold}`): a gold reward must be one the run is never "
         "trained on, or it rises with the training reward however the images are gamed",
         f"pick another reward as gold, or train without it (`reward.weights={{...}}` without `{gold}`)",
     )
-    for key, name_or_path in REWARDS.get(gold, f"{method}.gold_reward").models(cfg.reward).items():
+    for key, name_or_path in REWARDS.get(gold, f"{method}.gold_reward").models(reward).items():
         if name_or_path:
             require_offline_copy(str(name_or_path), key)
     held_out = load_prompts(rollouts.gold_prompts, rollouts.gold_prompt_file, f"{method}.gold_")
@@ -101,5 +121,5 @@ def check_gold(cfg: TrainConfig, method: str, rollouts: RolloutConfig, prompts: 
         f"{', ...' if len(trained) > 3 else ''}): the gold reward must be read on prompts the run never trains on",
         f"hold those prompts out of `{method}.prompts` / `{method}.prompt_file`, or choose other gold prompts",
     )
-    if cfg.conditioner.kind == CLASS_LABELS:
-        check_prompts_are_classes(cfg.conditioner, key, held_out)
+    if conditioner.kind == CLASS_LABELS:
+        check_prompts_are_classes(conditioner, key, held_out)

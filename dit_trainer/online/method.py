@@ -13,49 +13,54 @@ if TYPE_CHECKING:
 
     import torch
 
-    from dit_trainer.config import TrainConfig
+    from dit_trainer.config import DiffusionConfig, RewardConfig
     from dit_trainer.config.online import RolloutConfig
     from dit_trainer.training.monitors.monitors import Monitor, MonitorContext
     from dit_trainer.training.step import TrainingStep
 
 
 class OnlineMethod(Method):
-    """A method that trains on its own rollouts; ``title`` is how the banner and the model card name it."""
+    """A method that trains on its own rollouts; ``title`` is how the banner and the model card name it. Its
+    answers read its own section (``section``) as ``rollouts``."""
 
     reads_data = False
     scores_rewards = True
     title = ""
 
-    def rollouts(self, cfg: TrainConfig) -> RolloutConfig:
-        """The method's own section."""
-        return getattr(cfg, str(self.section))
+    def section_roles(self) -> dict[str, str]:
+        return {"rollouts": str(self.section)}
 
-    def updates_per_step(self, cfg: TrainConfig) -> int:
-        return self.rollouts(cfg).passes * self.rollouts(cfg).minibatches
+    def updates_per_step(self, rollouts: RolloutConfig) -> int:
+        return rollouts.passes * rollouts.minibatches
 
-    def images_per_step(self, cfg: TrainConfig) -> int:
-        return self.rollouts(cfg).prompts_per_epoch * self.rollouts(cfg).group_size
+    def images_per_step(self, rollouts: RolloutConfig) -> int:
+        return rollouts.prompts_per_epoch * rollouts.group_size
 
-    def describe_inputs(self, cfg: TrainConfig) -> str:
-        r = self.rollouts(cfg)
-        return f"{self.title} rollouts: {r.prompts_per_epoch} prompts x {r.group_size} images per process"
+    def describe_inputs(self, rollouts: RolloutConfig) -> str:
+        return f"{self.title} rollouts: {rollouts.prompts_per_epoch} prompts x {rollouts.group_size} images per process"
 
     def build_monitors(
-        self, cfg: TrainConfig, context: MonitorContext, run_dir: Path, step: TrainingStep, frozen_dtype: torch.dtype
+        self,
+        rollouts: RolloutConfig,
+        reward: RewardConfig,
+        diffusion: DiffusionConfig,
+        context: MonitorContext,
+        run_dir: Path,
+        step: TrainingStep,
+        frozen_dtype: torch.dtype,
     ) -> list[Monitor]:
         """The gold-reward watch when the section names a gold reward; it compares the gold with the training
         reward (the step's ``feedback.reward``, every online step's) on the same images."""
-        rollouts = self.rollouts(cfg)
         if not rollouts.gold_reward:
             return []
         from dit_trainer.online.build import build_gold_watch
 
         training_reward = step.feedback.reward  # type: ignore[attr-defined]
         return [
-            build_gold_watch(rollouts, str(self.section), cfg.reward, cfg.diffusion, context, run_dir / "gold",
+            build_gold_watch(rollouts, str(self.section), reward, diffusion, context, run_dir / "gold",
                              training_reward, frozen_dtype)
         ]  # fmt: skip
 
-    def describe(self, cfg: TrainConfig) -> str:
-        rewards = ", ".join(f"{name} x {weight:g}" for name, weight in cfg.reward.weights.items())
+    def describe(self, reward: RewardConfig) -> str:
+        rewards = ", ".join(f"{name} x {weight:g}" for name, weight in reward.weights.items())
         return f"{self.title} reward fine-tuning (rewards: {rewards})"

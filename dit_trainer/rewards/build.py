@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import torch
 
-from dit_trainer.config import RewardConfig, TrainConfig
+from dit_trainer.config import MonitorConfig, RewardConfig
 from dit_trainer.errors import ConfigError
 from dit_trainer.hub import require_offline_copy
 from dit_trainer.rewards import REWARDS
@@ -37,16 +37,16 @@ def check_reward_weights(weights: Mapping[str, float], required: bool = True) ->
         )
 
 
-def check_rewards(cfg: TrainConfig, method_scores: bool = False) -> None:
+def check_rewards(reward: RewardConfig, monitor: MonitorConfig, method_scores: bool = False) -> None:
     """The configured rewards, and, when a run scores images (the reward monitor, or a method that trains on
     rewards: ``method_scores``), every model they load is on this machine under HF_HUB_OFFLINE=1."""
-    scoring = cfg.monitor.reward.enabled or method_scores
-    check_reward_weights(cfg.reward.weights, required=scoring)
+    scoring = monitor.reward.enabled or method_scores
+    check_reward_weights(reward.weights, required=scoring)
     if not scoring:
         return
-    for name in cfg.reward.weights:
-        reward = REWARDS.get(name, f"reward.weights.{name}")
-        for key, name_or_path in reward.models(cfg.reward).items():
+    for name in reward.weights:
+        kind = REWARDS.get(name, f"reward.weights.{name}")
+        for key, name_or_path in kind.models(reward).items():
             if name_or_path:
                 require_offline_copy(str(name_or_path), key)
 

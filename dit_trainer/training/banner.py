@@ -23,7 +23,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from torch.utils.data import Dataset, IterableDataset
 
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import DataConfig, MonitorConfig, TrainerConfig, ValidationConfig
 from dit_trainer.data.buckets import item_buckets
 from dit_trainer.data.mixture import item_sources
 from dit_trainer.precision import choose_mixed_precision
@@ -42,22 +42,28 @@ class DataShape:
 
 
 def describe_data(
-    cfg: TrainConfig, dataset: Dataset | None, held_out: Dataset | None, processes: int, inputs: str | None = None
+    data: DataConfig,
+    trainer: TrainerConfig,
+    validation: ValidationConfig,
+    dataset: Dataset | None,
+    held_out: Dataset | None,
+    processes: int,
+    inputs: str | None = None,
 ) -> DataShape:
     """``224 items (+ 32 validation images held out) in 6 buckets; 7 steps per epoch``, a stream, or ``inputs``: the
     method's own words for what it trains on when that is not a data set (GRPO's rollouts)."""
-    t, accumulation = cfg.trainer, cfg.trainer.gradient_accumulation_steps
+    t, accumulation = trainer, trainer.gradient_accumulation_steps
     if inputs is not None:
         return DataShape(inputs, None)
     if dataset is None or isinstance(dataset, IterableDataset):
-        return DataShape(f"a stream from {cfg.data.path} (its length is unknown until read)", None)
+        return DataShape(f"a stream from {data.path} (its length is unknown until read)", None)
     items, held = len(dataset), ""
     if held_out is not None and not isinstance(held_out, IterableDataset):
-        where = "held out" if cfg.validation.split else f"from {cfg.validation.path}"
+        where = "held out" if validation.split else f"from {validation.path}"
         held = f" (+ {len(held_out)} validation images {where})"
     buckets, sources = item_buckets(dataset), item_sources(dataset)
     counts = Counter(buckets or [0] * items)
-    shape = f" in {len(counts)} buckets" if buckets is not None else f" at {cfg.data.resolution} px"
+    shape = f" in {len(counts)} buckets" if buckets is not None else f" at {data.resolution} px"
     mixture = f", mixed from {len(set(sources))} sources" if sources is not None else ""
     batches = sum(count // t.batch_size for count in counts.values())
     steps = batches // (processes * accumulation) if sources is None else None
@@ -66,7 +72,9 @@ def describe_data(
 
 
 def describe_run(
-    cfg: TrainConfig,
+    trainer: TrainerConfig,
+    monitor: MonitorConfig,
+    validation: ValidationConfig,
     accelerator: Accelerator,
     run_dir: Path,
     data: DataShape,
@@ -75,7 +83,7 @@ def describe_run(
     metrics: str,
 ) -> str:
     """The banner's block (module docstring); ``metrics``: where the metrics go (``Trackers.describe``)."""
-    t, processes = cfg.trainer, accelerator.num_processes
+    t, processes = trainer, accelerator.num_processes
     per_process = images_per_step // (t.gradient_accumulation_steps * processes)
     accumulation = t.gradient_accumulation_steps
     batch = f"{images_per_step} images per step = {per_process} per process x {accumulation} accumulation step"
@@ -89,28 +97,28 @@ def describe_run(
         "Data": data.described,
         "Batch": batch,
         "Steps": f"{t.max_steps}{epochs}, {start}; a log line every {t.log_every}",
-        "Checkpoints": checkpoint_cadence(cfg, run_dir),
-        "Monitors": monitor_cadence(cfg),
+        "Checkpoints": checkpoint_cadence(trainer, run_dir),
+        "Monitors": monitor_cadence(trainer, monitor, validation),
         "Metrics": metrics,
     }
     width = max(map(len, rows)) + 2
     return "Starting the run:\n" + "\n".join(f"  {name:<{width}}{value}" for name, value in rows.items())
 
 
-def checkpoint_cadence(cfg: TrainConfig, run_dir: Path) -> str:
-    t = cfg.trainer
+def checkpoint_cadence(trainer: TrainerConfig, run_dir: Path) -> str:
+    t = trainer
     every = f"every {t.checkpoint_every} steps and at the end" if t.checkpoint_every else "at the end only"
     kept = f"the newest {t.checkpoints_total_limit} kept" if t.checkpoints_total_limit else "all kept"
     return f"{every}, into {run_dir.resolve() / 'checkpoints'} ({kept})"
 
 
-def monitor_cadence(cfg: TrainConfig) -> str:
+def monitor_cadence(trainer: TrainerConfig, monitor: MonitorConfig, validation: ValidationConfig) -> str:
     """The monitors and how often they pause training (each also runs at the last step)."""
-    t, m = cfg.trainer, cfg.monitor
+    t, m = trainer, monitor
     due = [("sample grid", t.sample_every)]
-    if cfg.validation.every_n_steps:
-        due.append(("validation loss", cfg.validation.every_n_steps))
-    if (reward_monitor := cfg.monitor.reward).enabled:
+    if validation.every_n_steps:
+        due.append(("validation loss", validation.every_n_steps))
+    if (reward_monitor := monitor.reward).enabled:
         due.append(("reward monitor", reward_monitor.every_n_steps))
     if m.fid.enabled:
         due.append(("FID", m.fid.every_n_steps))
@@ -118,15 +126,31 @@ def monitor_cadence(cfg: TrainConfig) -> str:
 
 
 def log_start_banner(
-    cfg: TrainConfig, trainer: Trainer, dataset: Dataset | None, held_out: Dataset | None, inputs: str | None = None
+    run: Trainer,
+    data: DataConfig,
+    trainer: TrainerConfig,
+    monitor: MonitorConfig,
+    validation: ValidationConfig,
+    dataset: Dataset | None,
+    held_out: Dataset | None,
+    inputs: str | None = None,
 ) -> None:
-    """Log the banner of ``trainer``'s run (built and resumed) on the main process: ``dataset`` is what it trains
-    on, ``held_out`` its validation images, ``inputs`` what it trains on instead of a data set (``describe_data``)."""
-    accelerator = trainer.accelerator
+    """Log the banner of the ``run`` (built and resumed) on the main process: ``dataset`` is what it trains on,
+    ``held_out`` its validation images, ``inputs`` what it trains on instead of a data set (``describe_data``)."""
+    accelerator = run.accelerator
     if not accelerator.is_main_process:
         return
-    data = describe_data(cfg, dataset, held_out, accelerator.num_processes, inputs)
-    metrics = trainer.trackers.describe(trainer.run_dir) if trainer.trackers else str(trainer.metrics.path)
-    settings, step = trainer.settings, trainer.state.step
-    banner = describe_run(cfg, accelerator, trainer.run_dir, data, settings.images_per_step, step, metrics)
+    shape = describe_data(data, trainer, validation, dataset, held_out, accelerator.num_processes, inputs)
+    metrics = run.trackers.describe(run.run_dir) if run.trackers else str(run.metrics.path)
+    banner = describe_run(
+        trainer,
+        monitor,
+        validation,
+        accelerator,
+        run.run_dir,
+        shape,
+        run.settings.images_per_step,
+        run.state.step,
+        metrics,
+    )
     logger.info(banner, main_process_only=True)

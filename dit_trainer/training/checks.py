@@ -6,41 +6,57 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import (
+    DataConfig,
+    ModelConfig,
+    MonitorConfig,
+    OptimConfig,
+    PrivacyConfig,
+    TrainerConfig,
+    ValidationConfig,
+)
 from dit_trainer.data import SOURCES
 from dit_trainer.errors import require
 from dit_trainer.prompts import load_prompts
 from dit_trainer.training.optimizers import check_optimizer
 
 
-def check_training(cfg: TrainConfig) -> None:
-    check_optimizer(cfg.optim)
-    if cfg.trainer.init_weights:
-        _check_starting_weights(cfg)
-    if cfg.privacy.enabled:
-        _check_privacy(cfg)
-    if cfg.monitor.reward.enabled:
-        load_prompts(cfg.monitor.reward.prompts, cfg.monitor.reward.prompt_file, "monitor.reward.")
-    if cfg.monitor.fid.enabled:
-        _check_fid_monitor(cfg)
+def check_training(
+    model: ModelConfig,
+    privacy: PrivacyConfig,
+    data: DataConfig,
+    optim: OptimConfig,
+    trainer: TrainerConfig,
+    monitor: MonitorConfig,
+    validation: ValidationConfig,
+) -> None:
+    check_optimizer(optim)
+    if trainer.init_weights:
+        _check_starting_weights(model, trainer)
+    if privacy.enabled:
+        _check_privacy(privacy, data, trainer)
+    if monitor.reward.enabled:
+        load_prompts(monitor.reward.prompts, monitor.reward.prompt_file, "monitor.reward.")
+    if monitor.fid.enabled:
+        _check_fid_monitor(data, monitor, validation)
 
 
-def _check_starting_weights(cfg: TrainConfig) -> None:
+def _check_starting_weights(model: ModelConfig, trainer: TrainerConfig) -> None:
     """A checkpoint's weights (or the run's own copy of them) are read as checkpoints are: safetensors only."""
-    start = Path(str(cfg.model.pretrained))
+    start = Path(str(model.pretrained))
     require(
         not start.is_dir() or any(start.glob("*.safetensors")),
         "trainer.init_from",
-        cfg.trainer.init_from,
+        trainer.init_from,
         f"the weights it starts from, {start}, hold no .safetensors file (train.py writes weights only as "
         "safetensors, and a pickled .bin found there is not loaded: unpickling can run code)",
         "start from a checkpoint train.py wrote (`trainer.init_from=RUN_DIR` takes its newest complete one)",
     )
 
 
-def _check_privacy(cfg: TrainConfig) -> None:
+def _check_privacy(privacy: PrivacyConfig, data: DataConfig, trainer: TrainerConfig) -> None:
     """The combinations that would void the DP guarantee or fail inside Opacus (a family adds its own)."""
-    p, t = cfg.privacy, cfg.trainer
+    p, t = privacy, trainer
     require(
         (p.noise_multiplier is None) != (p.target_epsilon is None),
         "privacy.noise_multiplier/target_epsilon",
@@ -81,31 +97,31 @@ def _check_privacy(cfg: TrainConfig) -> None:
         "use `trainer.mixed_precision=bf16` (or `no`)",
     )
     require(
-        not SOURCES.get(cfg.data.source).streamed or bool(cfg.data.cache_dir),
+        not SOURCES.get(data.source).streamed or bool(data.cache_dir),
         "data.source",
-        cfg.data.source,
+        data.source,
         "DP needs Poisson sampling (each image drawn independently at every step), which a stream cannot do",
         "use a random-access source (`data=imagefolder` or `data=hf`) or a latent cache (`data.cache_dir`)",
     )
 
 
-def _check_fid_monitor(cfg: TrainConfig) -> None:
+def _check_fid_monitor(data: DataConfig, monitor: MonitorConfig, validation: ValidationConfig) -> None:
     """The FID monitor compares samples with the validation images, read as images, through a feature extractor
     that must be available on this machine."""
     from dit_trainer.rewards.fid import (
         require_feature_extractor,  # torchmetrics: only for runs that monitor FID
     )
 
-    f = cfg.monitor.fid
+    f = monitor.fid
     require(
-        bool(cfg.validation.every_n_steps),
+        bool(validation.every_n_steps),
         "monitor.fid.enabled",
         True,
         "the FID monitor compares samples with the validation images, and validation is off",
         "turn validation on (`validation.every_n_steps=5000 validation.split=0.01`, or `validation.path=...`)",
     )
     require(
-        not (f.features == "vae" and cfg.data.cache_dir),
+        not (f.features == "vae" and data.cache_dir),
         "monitor.fid.features",
         "vae",
         "training from a latent cache (`data.cache_dir`) does not load the VAE encoder these features come from",

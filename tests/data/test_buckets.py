@@ -71,7 +71,7 @@ def test_bucket_sizes_wait_for_the_config_files_of_models_not_on_this_machine(tm
     cfg = compose_config(["+experiment=dit", f"data.path={tmp_path}"])  # accepted: the VAE is only a hub id here
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # so its config.json, downloaded when the data is read, cannot come
     with pytest.raises(ModelLoadError, match=r"`vae\.pretrained=stabilityai/sd-vae-ft-ema`"):
-        configured_buckets(cfg)
+        configured_buckets(cfg.model, cfg.vae, cfg.data)
 
 
 def test_a_bucketed_folder_gives_single_bucket_batches_and_resumes_exactly(tmp_path, caplog):

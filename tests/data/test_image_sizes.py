@@ -67,8 +67,9 @@ def test_start_up_with_pixart_buckets_on_20000_images_with_declared_sizes_opens_
                           "data.resolution=32", "data.num_workers=0"])  # fmt: skip
     opened = count_opens(monkeypatch, folder)
     sizes_dir = tmp_path / "run" / "image_sizes"
-    dataset, _ = build_source(cfg.data, cfg.validation, cfg.trainer.batch_size, configured_buckets(cfg), None,
-                              Accelerator(cpu=True), sizes_dir)  # fmt: skip
+    buckets = configured_buckets(cfg.model, cfg.vae, cfg.data)
+    dataset, _ = build_source(cfg.data, cfg.validation, cfg.trainer.batch_size, buckets, None, Accelerator(cpu=True),
+                              sizes_dir)  # fmt: skip
     assert opened == [] and not sizes_dir.exists()  # no header read, no index needed
     buckets = item_buckets(dataset)
     assert len(buckets) == 20_000 and len(set(buckets[:3])) == 3  # square, landscape and portrait buckets

@@ -24,7 +24,7 @@ def test_build_policy_draws_noise_only_in_the_configured_window(family):
     def stochastic(**grpo) -> list[int]:
         cfg = TrainConfig()
         cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, sample_steps=10, **grpo))
-        policy = build_policy(cfg, schedule, CPU)
+        policy = build_policy(cfg.grpo, schedule, CPU)
         assert policy.num_steps == 10
         return torch.nonzero(policy.stochastic).flatten().tolist()
 

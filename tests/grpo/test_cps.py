@@ -80,7 +80,7 @@ def test_build_policy_gives_cps_for_flow_matching_over_the_window():
     cfg = TrainConfig()
     grpo = dataclasses.replace(cfg.grpo, sample_steps=NUM_STEPS, sde_type="cps", sde_start=1, sde_steps=3)
     cfg = dataclasses.replace(cfg, diffusion=dataclasses.replace(cfg.diffusion, **FLOW), grpo=grpo)
-    policy = build_policy(cfg, schedule_of("flow", None), CPU)
+    policy = build_policy(cfg.grpo, schedule_of("flow", None), CPU)
     assert isinstance(policy, FlowCPSPolicy) and policy.noise_level == 0.7  # null: the flow family's default
     assert torch.nonzero(policy.stochastic).flatten().tolist() == [1, 2, 3]
     policy.set_window(torch.arange(NUM_STEPS) >= 7)

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import TrainConfig, call_with_sections
 from dit_trainer.errors import ConfigError
 from dit_trainer.grpo.checks import check_grpo
 from dit_trainer.grpo.window import SDEWindow, window_plan
@@ -119,7 +119,7 @@ def test_a_window_or_step_the_sampler_cannot_take_is_refused_in_one_paragraph(gr
     trained steps per trajectory than the window has; the coefficients-preserving step on a model that is not
     flow matching (its step is DDIM-eta, which has no CPS form)."""
     with pytest.raises(ConfigError) as caught:
-        check_grpo(config(**grpo))
+        call_with_sections(check_grpo, config(**grpo))
     assert says in one_paragraph(caught.value, key)
 
 
@@ -132,5 +132,5 @@ def test_a_window_or_step_the_sampler_cannot_take_is_refused_in_one_paragraph(gr
     ],
 )
 def test_windows_that_fit_pass(grpo):
-    check_grpo(config(**grpo))
-    check_grpo(config("flow_matching", sde_type="cps", **grpo))
+    call_with_sections(check_grpo, config(**grpo))
+    call_with_sections(check_grpo, config("flow_matching", sde_type="cps", **grpo))

@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 
 from dit_trainer.components.families.base import ExportParts, Family, PipelineExport
 from dit_trainer.condition import ConditionSize
-from dit_trainer.config import ModelConfig, TrainConfig
+from dit_trainer.config import LoRAConfig, ModelConfig
 from dit_trainer.data.sources.source import Source
 from dit_trainer.errors import ConfigError, require
 from dit_trainer.rewards.base import Reward
@@ -50,8 +50,8 @@ class ToyTransformer(ModelMixin, ConfigMixin):
         return self.proj_out(F.silu(self.proj_in(x) + condition[..., None, None]))
 
 
-def _check(cfg: TrainConfig) -> None:
-    require(not cfg.lora.enabled, "lora.enabled", True, "the toy family has no LoRA targets", "train it in full")
+def _check(lora: LoRAConfig) -> None:
+    require(not lora.enabled, "lora.enabled", True, "the toy family has no LoRA targets", "train it in full")
 
 
 def _build(cfg: ModelConfig, in_channels: int, sample_size: int, condition: ConditionSize) -> ToyTransformer:

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from dit_trainer.components.build import Components
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import DataConfig, TrainerConfig
 from dit_trainer.diffusion.loss import DiffusionLoss
 from dit_trainer.errors import require
 from dit_trainer.methods.base import Method
@@ -67,27 +67,20 @@ class ToyMethod(Method):
     name = "toy"
     card_tag = "toy-method"
 
-    def check(self, cfg: TrainConfig) -> None:
+    def check(self, trainer: TrainerConfig) -> None:
         require(
-            cfg.trainer.gradient_accumulation_steps == 1,
+            trainer.gradient_accumulation_steps == 1,
             "trainer.gradient_accumulation_steps",
-            cfg.trainer.gradient_accumulation_steps,
+            trainer.gradient_accumulation_steps,
             "the toy method takes one batch per update",
             "set `trainer.gradient_accumulation_steps=1`",
         )
 
-    def describe(self, cfg: TrainConfig) -> str:
+    def describe(self) -> str:
         return "the toy method (diffusion loss, counting images)"
 
-    def build_step(
-        self,
-        cfg: TrainConfig,
-        loop: StepParts,
-        parts: Components,
-        frozen_dtype: torch.dtype,
-        dataloader: DataLoader | None,
-    ) -> CountingStep:
-        loss_fn = DiffusionLoss(parts.vae, parts.text_encoder, parts.schedule, cfg.data.caption_dropout)
+    def build_step(self, data: DataConfig, loop: StepParts, parts: Components, dataloader: DataLoader) -> CountingStep:
+        loss_fn = DiffusionLoss(parts.vae, parts.text_encoder, parts.schedule, data.caption_dropout)
         return CountingStep(loop, loss_fn, dataloader)
 
 

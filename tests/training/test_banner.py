@@ -33,9 +33,11 @@ def test_the_banner_says_what_the_run_will_do_and_where(tmp_path):
                           "trainer.max_steps=10", "trainer.checkpoint_every=5", "trainer.checkpoints_total_limit=2",
                           "trainer.sample_every=0", "validation.split=0.2", "validation.every_n_steps=5"])  # fmt: skip
     accelerator = Accelerator(cpu=True)
-    data = describe_data(cfg, list(range(40)), list(range(8)), accelerator.num_processes)
+    data = describe_data(
+        cfg.data, cfg.trainer, cfg.validation, list(range(40)), list(range(8)), accelerator.num_processes
+    )
     assert data.described == "40 items (+ 8 validation images held out) at 32 px; 5 steps per epoch"
-    banner = describe_run(cfg, accelerator, tmp_path, data, 8, 3, "METRICS")
+    banner = describe_run(cfg.trainer, cfg.monitor, cfg.validation, accelerator, tmp_path, data, 8, 3, "METRICS")
     lines = {line[2:15].strip(): line[15:] for line in banner.splitlines()[1:]}
     assert lines == {
         "Run folder": str(tmp_path.resolve()),
@@ -52,7 +54,9 @@ def test_the_banner_says_what_the_run_will_do_and_where(tmp_path):
 
 def test_bucketed_data_counts_only_full_batches_per_epoch():
     cfg = compose_config([*TINY_SHAPES, "trainer.batch_size=4"])
-    data = describe_data(cfg, BucketedItems([0] * 9 + [1] * 6 + [2] * 3), None, processes=2)
+    data = describe_data(
+        cfg.data, cfg.trainer, cfg.validation, BucketedItems([0] * 9 + [1] * 6 + [2] * 3), None, processes=2
+    )
     # 2 + 1 + 0 full batches of 4, over 2 processes: 1 step per epoch
     assert data.described == "18 items in 3 buckets; 1 step per epoch" and data.steps_per_epoch == 1
 
@@ -60,5 +64,7 @@ def test_bucketed_data_counts_only_full_batches_per_epoch():
 def test_a_grpo_run_describes_its_rollouts():
     cfg = compose_config(TINY_SHAPES)
     cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, prompts_per_epoch=6, group_size=8))
-    data = describe_data(cfg, None, None, processes=2, inputs=GRPO.describe_inputs(cfg))
+    data = describe_data(
+        cfg.data, cfg.trainer, cfg.validation, None, None, processes=2, inputs=GRPO.ask(GRPO.describe_inputs, cfg)
+    )
     assert data.described == "GRPO rollouts: 6 prompts x 8 images per process" and data.steps_per_epoch is None

@@ -141,7 +141,7 @@ def write_synthetic_cache(cfg: TrainConfig, items: int, width: int, seed: int = 
     cache_dir.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)
     latent = cfg.data.resolution // 8  # the stand-in VAE's downsampling
-    plan = plan_run(cfg, method_of(cfg), 1)
+    plan = plan_run(cfg, method_of(cfg.trainer), 1)
     tokens, prompts = cfg.conditioner.max_length, plan.sampled_prompts
     condition, prompt_condition = (
         Condition(torch.randn(n, tokens, width, generator=generator), torch.ones(n, tokens, dtype=torch.long))
@@ -301,7 +301,7 @@ def _throughput_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> P
         if rank() == 0:
             write_synthetic_cache(cfg, items, TINY_WIDTH if job.tiny else T5_XXL_WIDTH)
         _wait_for(Path(str(cfg.data.cache_dir)) / INDEX)
-        cached_text = open_run_cache(cfg, plan_run(cfg, method_of(cfg), 1), device)[1]
+        cached_text = open_run_cache(cfg, plan_run(cfg, method_of(cfg.trainer), 1), device)[1]
     parts = build_components(
         cfg, device, weight_dtype(resolve_mixed_precision(cfg.trainer.mixed_precision)), cached_text
     )

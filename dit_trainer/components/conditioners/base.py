@@ -13,7 +13,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from dit_trainer.components.freeze import freeze
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ConditionerConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig
 from dit_trainer.errors import require
 from dit_trainer.hub import load_pretrained
 
@@ -111,11 +111,11 @@ def load_pair(cfg: ConditionerConfig, index: str, model_class, device: torch.dev
     return tokenizer, model.to(device)
 
 
-def check_pipeline_folder(cfg: TrainConfig, parts: str, t5_note: str) -> None:
+def check_pipeline_folder(conditioner: ConditionerConfig, parts: str, t5_note: str) -> None:
     """A conditioner made of a pipeline's own encoders (``conditioner.kind=sd3|flux``) reads them from the
     pipeline folder's fixed subfolders (``parts``), so it takes no subfolder of its own; and the pipeline encodes
     at most 512 T5 tokens (``t5_note``: what the family's models use)."""
-    te = cfg.conditioner
+    te = conditioner
     require(
         te.subfolder is None and te.tokenizer_subfolder is None,
         "conditioner.subfolder",

@@ -15,7 +15,7 @@ from torch import nn
 
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ConditionerConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig, DataConfig, MonitorConfig, TrainerConfig
 from dit_trainer.errors import ConfigError, require
 from dit_trainer.prompts import load_prompts
 
@@ -69,25 +69,26 @@ class ClassLabels(nn.Module):
         return Condition(labels, torch.ones(len(labels), 1, dtype=torch.long, device=self.device))
 
 
-def check_class_labels(cfg: TrainConfig) -> None:
+def check_class_labels(
+    conditioner: ConditionerConfig, data: DataConfig, trainer: TrainerConfig, monitor: MonitorConfig
+) -> None:
     """Class labels need their names, and the prompts a run samples must be among them."""
-    text = cfg.conditioner
     require(
-        bool(text.classes),
+        bool(conditioner.classes),
         "conditioner.classes",
-        text.classes,
+        conditioner.classes,
         "class labels need the class names, and `data.path` is not a folder of class sub-folders to read them from",
         "list them (`conditioner.classes=[cat,dog]`, ids in that order) or train on class sub-folders",
     )
     require(
-        not cfg.data.cache_dir,
+        not data.cache_dir,
         "data.cache_dir",
-        cfg.data.cache_dir,
+        data.cache_dir,
         "a disk cache of class-conditional data is not supported yet",
         "cache in memory instead (`data.cache_latents=true`)",
     )
-    for key, prompts in _sampled_prompts(cfg):
-        check_prompts_are_classes(text, key, prompts)
+    for key, prompts in _sampled_prompts(trainer, monitor):
+        check_prompts_are_classes(conditioner, key, prompts)
 
 
 def check_prompts_are_classes(text: ConditionerConfig, key: str, prompts: list[str]) -> None:
@@ -107,14 +108,14 @@ def check_prompts_are_classes(text: ConditionerConfig, key: str, prompts: list[s
     )
 
 
-def _sampled_prompts(cfg: TrainConfig) -> list[tuple[str, list[str]]]:
+def _sampled_prompts(trainer: TrainerConfig, monitor: MonitorConfig) -> list[tuple[str, list[str]]]:
     """Every set of prompts the run samples for its reports, by the key that sets it: the sample grid's and the
     reward monitor's."""
-    found = [("trainer.sample_prompts", list(cfg.trainer.sample_prompts))]
-    monitor = cfg.monitor.reward
-    if monitor.enabled:
-        key = "monitor.reward.prompt_file" if monitor.prompt_file else "monitor.reward.prompts"
-        found.append((key, load_prompts(monitor.prompts, monitor.prompt_file, "monitor.reward.")))
+    found = [("trainer.sample_prompts", list(trainer.sample_prompts))]
+    reward = monitor.reward
+    if reward.enabled:
+        key = "monitor.reward.prompt_file" if reward.prompt_file else "monitor.reward.prompts"
+        found.append((key, load_prompts(reward.prompts, reward.prompt_file, "monitor.reward.")))
     return found
 
 

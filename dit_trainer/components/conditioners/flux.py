@@ -12,7 +12,7 @@ from dit_trainer.components.conditioners.base import FrozenConditioner, check_pi
 from dit_trainer.components.freeze import freeze
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ConditionerConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig
 
 
 class FluxConditioner(FrozenConditioner):
@@ -42,9 +42,9 @@ class FluxConditioner(FrozenConditioner):
         return Condition(hidden, tokens.attention_mask.to(self.device), pooled)
 
 
-def check(cfg: TrainConfig) -> None:
+def check(conditioner: ConditionerConfig) -> None:
     check_pipeline_folder(
-        cfg, "tokenizer/, text_encoder/, tokenizer_2/ and text_encoder_2/", "FLUX.1-dev: 512, schnell: 256"
+        conditioner, "tokenizer/, text_encoder/, tokenizer_2/ and text_encoder_2/", "FLUX.1-dev: 512, schnell: 256"
     )
 
 

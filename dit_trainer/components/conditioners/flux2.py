@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from dit_trainer.components.conditioners.base import TokenizedConditioner, load_part, tokenize
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ConditionerConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig
 from dit_trainer.errors import require
 
 TEXT_ENCODER, TOKENIZER = "text_encoder", "tokenizer"  # the subfolders of a FLUX.2 klein pipeline folder
@@ -54,9 +54,9 @@ class Flux2Conditioner(TokenizedConditioner):
         return Condition(torch.cat([output.hidden_states[k] for k in HIDDEN_LAYERS], dim=-1), tokens.attention_mask)
 
 
-def check(cfg: TrainConfig) -> None:
+def check(conditioner: ConditionerConfig) -> None:
     """The pipeline encodes at most ``MAX_LENGTH`` tokens, chat template included."""
-    te = cfg.conditioner
+    te = conditioner
     require(
         te.max_length <= MAX_LENGTH,
         "conditioner.max_length",

@@ -18,7 +18,7 @@ from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 from dit_trainer.components.conditioners.base import TokenizedConditioner, load_part, tokenize
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ConditionerConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig
 from dit_trainer.errors import require
 
 TEXT_ENCODER, TOKENIZER = "text_encoder", "tokenizer"  # the subfolders of a Qwen-Image pipeline folder
@@ -57,9 +57,9 @@ class QwenImageConditioner(TokenizedConditioner):
         return Condition(hidden * mask[..., None].to(hidden.dtype), mask)
 
 
-def check(cfg: TrainConfig) -> None:
+def check(conditioner: ConditionerConfig) -> None:
     """The pipeline encodes at most ``MAX_LENGTH`` tokens of the prompt."""
-    te = cfg.conditioner
+    te = conditioner
     require(
         te.max_length <= MAX_LENGTH,
         "conditioner.max_length",

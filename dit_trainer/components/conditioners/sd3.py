@@ -12,7 +12,7 @@ from dit_trainer.components.conditioners.base import FrozenConditioner, check_pi
 from dit_trainer.components.freeze import freeze
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ConditionerConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig
 
 
 class SD3Encoders(FrozenConditioner):
@@ -71,9 +71,9 @@ class SD3Encoders(FrozenConditioner):
         return Condition(sequence, mask, torch.cat([pooled, pooled_2], dim=-1))
 
 
-def check(cfg: TrainConfig) -> None:
+def check(conditioner: ConditionerConfig) -> None:
     check_pipeline_folder(
-        cfg,
+        conditioner,
         "text_encoder/, text_encoder_2/, text_encoder_3/ and tokenizer/, tokenizer_2/, tokenizer_3/",
         "SD3 was trained with 77 and 256",
     )

@@ -20,7 +20,7 @@ from transformers import AutoTokenizer, UMT5EncoderModel
 from dit_trainer.components.conditioners.base import TokenizedConditioner, load_part, tokenize
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ConditionerConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig
 from dit_trainer.errors import require
 
 TEXT_ENCODER, TOKENIZER = "text_encoder", "tokenizer"  # the subfolders of a Wan pipeline folder
@@ -43,12 +43,12 @@ class WanConditioner(TokenizedConditioner):
         return Condition(hidden * tokens.attention_mask[..., None].to(hidden.dtype), tokens.attention_mask)
 
 
-def check(cfg: TrainConfig) -> None:
+def check(conditioner: ConditionerConfig) -> None:
     """The pipeline encodes at most ``MAX_LENGTH`` tokens of the prompt."""
     require(
-        cfg.conditioner.max_length <= MAX_LENGTH,
+        conditioner.max_length <= MAX_LENGTH,
         "conditioner.max_length",
-        cfg.conditioner.max_length,
+        conditioner.max_length,
         f"WanPipeline encodes at most {MAX_LENGTH} UMT5 tokens of the prompt (its max_sequence_length)",
         f"set `conditioner.max_length={MAX_LENGTH}` or less",
     )

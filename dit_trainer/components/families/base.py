@@ -21,7 +21,7 @@ from dit_trainer.components.families.arguments import (
     plain,
 )
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ConditionerConfig, ModelConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig, DataConfig, DiffusionConfig, ModelConfig
 from dit_trainer.errors import require
 
 # Where an export keeps the run's text encoder when the family's pipeline cannot take it (``save_text_encoder``).
@@ -34,11 +34,15 @@ FEED_FORWARD_ACTIVATIONS = ("gelu", "gelu-approximate", "geglu", "geglu-approxim
 
 @dataclass(frozen=True)
 class ExportParts:
-    """What an export assembles a family's pipeline from: the run's config, its models ready to save (``vae`` with
-    the latent normalisation folded in), ``pipeline`` (the family's pipeline class name), the dtype's name and the
-    trained latent shape (C, H, W) at ``data.resolution``."""
+    """What an export assembles a family's pipeline from: the run's sections that decide how it samples, its models
+    ready to save (``vae`` with the latent normalisation folded in), ``pipeline`` (the family's pipeline class name),
+    the dtype's name and the trained latent shape (C, H, W) at ``data.resolution``."""
 
-    cfg: TrainConfig
+    model: ModelConfig
+    vae_kind: str  # `vae.kind`
+    conditioner: ConditionerConfig
+    data: DataConfig
+    diffusion: DiffusionConfig
     transformer: ModelMixin
     vae: ModelMixin
     scheduler: SchedulerMixin
@@ -83,7 +87,8 @@ class Family:
     (None when it does). ``predict(transformer, x_t, t, condition)``: the prediction for ``x_t`` at timesteps ``t``,
     ``x_t``'s channels only (a learned-variance half, packing and positional ids are the family's to handle).
     ``pipeline``: the diffusers pipeline class an export writes, ``export``: how.
-    ``check(cfg)``: the family's own config rules, run before any model is built.
+    ``check``: the family's own config rules, run before any model is built, on the config sections its
+    parameters name (``config.call_with_sections``).
     """
 
     transformer_class: type[ModelMixin]
@@ -92,7 +97,7 @@ class Family:
     predict: Callable[[ModelMixin, torch.Tensor, torch.Tensor, Condition], torch.Tensor]
     pipeline: str
     export: Callable[[ExportParts], PipelineExport]
-    check: Callable[[TrainConfig], None] | None = None
+    check: Callable[..., None] | None = None
     prepare: Callable[[ModelMixin], None] | None = None  # applied to every built or loaded transformer
     # Applied after ``prepare`` with the run's ``model`` section: settings ``predict`` reads that are no weights
     # (Flux: the embedded guidance of a guidance-distilled model, ``model.embedded_guidance``).
@@ -260,10 +265,10 @@ def require_rope_axes(m: ModelConfig, key: str, axes: str, default: Callable[[in
     )
 
 
-def require_flow_matching(cfg: TrainConfig, why: str, fix: str = "set `diffusion=flow`") -> None:
+def require_flow_matching(diffusion: DiffusionConfig, why: str, fix: str = "set `diffusion=flow`") -> None:
     """Families whose weights predict the flow's velocity (and whose pipelines sample with an Euler flow-matching
     scheduler) train with flow matching only; ``why`` names the family and its pipeline."""
-    require(cfg.diffusion.objective == "flow_matching", "diffusion.objective", cfg.diffusion.objective, why, fix)
+    require(diffusion.objective == "flow_matching", "diffusion.objective", diffusion.objective, why, fix)
 
 
 def require_inner_cross_attention(m: ModelConfig, why: str) -> None:
@@ -355,14 +360,13 @@ def sampler_generation(parts: ExportParts, **guidance: object) -> dict:
     """The pipeline arguments that reproduce our sampler's size, steps and noise levels (with the prompt, and
     ``latents=`` for the same noise), ``guidance`` (the pipeline's names for our CFG) among them: at a fixed shift
     our sampler's levels (``sigmas``), which Z-Image's, Qwen-Image's and FLUX.2's pipelines would space otherwise."""
-    cfg = parts.cfg
     generation = {
-        "height": cfg.data.resolution,
-        "width": cfg.data.resolution,
-        "num_inference_steps": cfg.diffusion.sample_steps,
+        "height": parts.data.resolution,
+        "width": parts.data.resolution,
+        "num_inference_steps": parts.diffusion.sample_steps,
         **guidance,
     }
-    sigmas = fixed_shift_sigmas(parts.scheduler, cfg.diffusion.sample_steps)
+    sigmas = fixed_shift_sigmas(parts.scheduler, parts.diffusion.sample_steps)
     if sigmas is not None:
         generation["sigmas"] = sigmas
     return generation
@@ -382,13 +386,13 @@ def bundled_usage(folder: str, parts: ExportParts, generation: dict, prompt_argu
     )
 
 
-def require_guidance_of_at_least_one(cfg: TrainConfig, pipeline: str) -> None:
+def require_guidance_of_at_least_one(diffusion: DiffusionConfig, pipeline: str) -> None:
     """An export of a pipeline that guides only above our scale 1 (Z-Image's, Qwen-Image's, FLUX.2's) cannot sample as
     a run sampled with a scale below it."""
     require(
-        cfg.diffusion.guidance_scale >= 1,
+        diffusion.guidance_scale >= 1,
         "diffusion.guidance_scale",
-        cfg.diffusion.guidance_scale,
+        diffusion.guidance_scale,
         f"{pipeline} guides only with a scale above our 1: it cannot sample as this run did",
         "export a run sampled with `diffusion.guidance_scale` of 1 (no guidance) or more",
     )

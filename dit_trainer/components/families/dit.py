@@ -37,7 +37,7 @@ from dit_trainer.components.families.base import (
 )
 from dit_trainer.components.modulation import embed_once_per_forward
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ModelConfig, TrainConfig
+from dit_trainer.config import ModelConfig
 from dit_trainer.errors import ConfigError
 
 DIT_PIPELINE_CLASSES = 1000  # DiTPipeline's null class id is 1000 (hard-coded): ImageNet's class count
@@ -56,11 +56,11 @@ def embed_once_under_privacy(transformer: DiTTransformer2DModel) -> int:
     return embed_once_per_forward(transformer, [block.norm1.emb for block in transformer.transformer_blocks])
 
 
-def check(cfg: TrainConfig) -> None:
-    if cfg.model.pretrained is None:
-        require_further_arguments(cfg.model, DiTTransformer2DModel, DERIVED)
-        require_extra_one_of(cfg.model, "norm_type", ("ada_norm_zero",), "DiTTransformer2DModel")
-        require_extra_one_of(cfg.model, "activation_fn", FEED_FORWARD_ACTIVATIONS, "diffusers' FeedForward")
+def check(model: ModelConfig) -> None:
+    if model.pretrained is None:
+        require_further_arguments(model, DiTTransformer2DModel, DERIVED)
+        require_extra_one_of(model, "norm_type", ("ada_norm_zero",), "DiTTransformer2DModel")
+        require_extra_one_of(model, "activation_fn", FEED_FORWARD_ACTIVATIONS, "diffusers' FeedForward")
 
 
 def embedder_keys(transformer: DiTTransformer2DModel, block: int, prefix: str = "") -> list[str]:
@@ -170,14 +170,13 @@ def export(parts: ExportParts) -> PipelineExport:
     """A ``DiTPipeline`` folder whose ``get_label_ids`` knows the class names (``id2label`` in ``model_index.json``)
     and whose null class is ours (``with_pipeline_null_class``): ``pipe(class_labels=pipe.get_label_ids([name]))``
     generates at the trained size with guidance as ours. The manifest lists the classes (id = position)."""
-    cfg = parts.cfg
-    classes = cfg.conditioner.classes
+    classes = parts.conditioner.classes
     transformer = with_pipeline_null_class(parts.transformer, len(classes))
     null_class = max(len(classes), DIT_PIPELINE_CLASSES)
     # With more than 1,000 classes DiTPipeline's null class is one of ours: it matches our sampler without guidance.
-    guidance = cfg.diffusion.guidance_scale if null_class == DIT_PIPELINE_CLASSES else 1.0
-    generation = {"num_inference_steps": cfg.diffusion.sample_steps, "guidance_scale": guidance}
-    required = {} if guidance == cfg.diffusion.guidance_scale else {"guidance_scale": 1.0}
+    guidance = parts.diffusion.guidance_scale if null_class == DIT_PIPELINE_CLASSES else 1.0
+    generation = {"num_inference_steps": parts.diffusion.sample_steps, "guidance_scale": guidance}
+    required = {} if guidance == parts.diffusion.guidance_scale else {"guidance_scale": 1.0}
     manifest = {
         "classes": {"names": classes, "null_class": null_class},
         "generation": generation,

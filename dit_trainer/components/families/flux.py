@@ -38,7 +38,7 @@ from dit_trainer.components.families.base import (
 from dit_trainer.components.families.mmdit import MMDiT
 from dit_trainer.components.vae import known_downsample_factor
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ModelConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig, DataConfig, DiffusionConfig, ModelConfig, VAEConfig
 from dit_trainer.errors import require
 
 PACK = 2  # FluxPipeline packs 2 x 2 latents into one token
@@ -88,20 +88,27 @@ def _check_new(m: ModelConfig) -> None:
     require_rope_axes(m, "axes_dims_rope", "index, row, column", rope_axes)
 
 
-def check(cfg: TrainConfig) -> None:
+def check(
+    model: ModelConfig, vae: VAEConfig, conditioner: ConditionerConfig, data: DataConfig, diffusion: DiffusionConfig
+) -> None:
     """Flux needs a pooled text vector, rectified flow and latents of even sides (2 x 2 packing)."""
-    mmdit.check(FLUX_MMDIT, cfg, "set `diffusion=flow` (and `diffusion.resolution_shift=true` for Flux's own schedule)")
-    factor = known_downsample_factor(cfg.vae)
-    if factor is not None and cfg.data.resolution % factor == 0:
+    mmdit.check(
+        FLUX_MMDIT,
+        conditioner,
+        diffusion,
+        "set `diffusion=flow` (and `diffusion.resolution_shift=true` for Flux's own schedule)",
+    )
+    factor = known_downsample_factor(vae)
+    if factor is not None and data.resolution % factor == 0:
         require(
-            (cfg.data.resolution // factor) % PACK == 0,
+            (data.resolution // factor) % PACK == 0,
             "data.resolution",
-            cfg.data.resolution,
+            data.resolution,
             f"Flux packs 2 x 2 latents into a token, so the latent side (resolution / {factor}) must be even",
             f"set `data.resolution` to a multiple of {factor * PACK}",
         )
-    if cfg.model.pretrained is None:
-        _check_new(cfg.model)
+    if model.pretrained is None:
+        _check_new(model)
 
 
 def build(cfg: ModelConfig, in_channels: int, sample_size: int, condition: ConditionSize) -> FluxTransformer2DModel:
@@ -182,7 +189,7 @@ def predict(
 def export(parts: ExportParts) -> PipelineExport:
     """A ``FluxPipeline`` (see ``mmdit_export``): our CFG scale is its ``true_cfg_scale``, a guidance-distilled
     model's ``model.embedded_guidance`` its ``guidance_scale``."""
-    guidance = {"guidance_scale": parts.cfg.model.embedded_guidance} if parts.transformer.config.guidance_embeds else {}
+    guidance = {"guidance_scale": parts.model.embedded_guidance} if parts.transformer.config.guidance_embeds else {}
     return mmdit_export.export(parts, FLUX_MMDIT, guidance)
 
 

@@ -46,7 +46,7 @@ from dit_trainer.components.families.base import (
     save_with_encoder,
 )
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ModelConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig, DiffusionConfig, ModelConfig, PrivacyConfig, VAEConfig
 from dit_trainer.errors import ConfigError, require
 
 PIPELINE_SIZE = 1024  # Flux2KleinPipeline's default height and width
@@ -104,40 +104,46 @@ def _check_new(m: ModelConfig) -> None:
     )
 
 
-def check(cfg: TrainConfig) -> None:
+def check(
+    model: ModelConfig,
+    privacy: PrivacyConfig,
+    vae: VAEConfig,
+    conditioner: ConditionerConfig,
+    diffusion: DiffusionConfig,
+) -> None:
     """Flow matching, its own conditioner and VAE (what its pipeline holds), no DP-SGD, and a new model's sizes."""
     require_flow_matching(
-        cfg,
+        diffusion,
         "FLUX.2 is trained with flow matching (its released weights predict the flow velocity)",
         "set `diffusion=flow` (and `diffusion.resolution_shift=true diffusion.resolution_shift_rule=flux2` for "
         "FLUX.2's own schedule)",
     )
     require(
-        cfg.conditioner.kind == "flux2",
+        conditioner.kind == "flux2",
         "conditioner.kind",
-        cfg.conditioner.kind,
+        conditioner.kind,
         "FLUX.2 [klein] is conditioned on three layers of Qwen3's hidden states of its chat-templated prompt "
         "(Flux2KleinPipeline's encoder), the one conditioner its pipeline and an export can hold",
         "use `conditioner=flux2`",
     )
     require(
-        cfg.vae.kind == "flux2",
+        vae.kind == "flux2",
         "vae.kind",
-        cfg.vae.kind,
+        vae.kind,
         "FLUX.2's latents are its own autoencoder's in 2 x 2 patches, normalised by its BatchNorm's statistics (the "
         "ones Flux2KleinPipeline decodes)",
         "use `vae=flux2`",
     )
     require(
-        not cfg.privacy.enabled,
+        not privacy.enabled,
         "privacy.enabled",
-        cfg.privacy.enabled,
+        privacy.enabled,
         "DP-SGD does not support Flux2Transformer2DModel: its modulations are computed once per forward outside "
         "the blocks and its query/key norms are diffusers' RMSNorm, outside Opacus' per-sample layers",
         "set `privacy.enabled=false`, or use a PixArt family for private training",
     )
-    if cfg.model.pretrained is None:
-        _check_new(cfg.model)
+    if model.pretrained is None:
+        _check_new(model)
 
 
 def build(cfg: ModelConfig, in_channels: int, sample_size: int, condition: ConditionSize) -> Flux2Transformer2DModel:
@@ -207,7 +213,6 @@ def predict(
 def export(parts: ExportParts) -> PipelineExport:
     """A whole Flux2KleinPipeline folder (transformer, its VAE as it is, Qwen3 and its tokenizer, the run's
     scheduler) that takes prompts as text."""
-    cfg = parts.cfg
     if parts.transformer.config.guidance_embeds:
         raise ConfigError(
             "model.extra_config.guidance_embeds",
@@ -216,10 +221,10 @@ def export(parts: ExportParts) -> PipelineExport:
             "`model.embedded_guidance` in every prediction: the pipeline would not sample as this run did",
             "export a klein model (no guidance embedding), or load the transformer into a Flux2Pipeline yourself",
         )
-    require_guidance_of_at_least_one(cfg, "Flux2KleinPipeline")
-    generation = sampler_generation(parts, guidance_scale=cfg.diffusion.guidance_scale)  # the same CFG formula
-    generation["max_sequence_length"] = cfg.conditioner.max_length
-    size = cfg.data.resolution
+    require_guidance_of_at_least_one(parts.diffusion, "Flux2KleinPipeline")
+    generation = sampler_generation(parts, guidance_scale=parts.diffusion.guidance_scale)  # the same CFG formula
+    generation["max_sequence_length"] = parts.conditioner.max_length
+    size = parts.data.resolution
     conditioning = {
         "bundled": True,
         "conditioning": "Flux2KleinPipeline.encode_prompt: Qwen3's hidden states of layers 9, 18 and 27 side by side, "

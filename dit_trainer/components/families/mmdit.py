@@ -15,7 +15,7 @@ from dit_trainer.components.families.base import (
     require_further_arguments,
 )
 from dit_trainer.condition import ConditionSize
-from dit_trainer.config import ModelConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig, DiffusionConfig, ModelConfig
 from dit_trainer.errors import ConfigError, require
 
 POOLED_KINDS = ("sd3", "flux")  # conditioner kinds that always give a pooled vector
@@ -60,10 +60,12 @@ class MMDiT:
     cfg_scale: str = "guidance_scale"
 
 
-def check(family: MMDiT, cfg: TrainConfig, flow_fix: str = "set `diffusion=flow`") -> None:
+def check(
+    family: MMDiT, conditioner: ConditionerConfig, diffusion: DiffusionConfig, flow_fix: str = "set `diffusion=flow`"
+) -> None:
     """A pooled text vector (the family's own encoders give one, another text encoder with ``pooling``) and
     rectified flow: the family's weights predict the flow's velocity and its pipeline samples with flow matching."""
-    te = cfg.conditioner
+    te = conditioner
     require(
         te.kind in POOLED_KINDS or te.pooling != "none",
         "conditioner.pooling",
@@ -74,7 +76,7 @@ def check(family: MMDiT, cfg: TrainConfig, flow_fix: str = "set `diffusion=flow`
         "(e.g. MiniLM's sentence embedding) or `pooling=pooler`",
     )
     require_flow_matching(
-        cfg,
+        diffusion,
         f"{family.name} is a rectified-flow model: its weights predict the flow's velocity, and {family.pipeline} "
         "(the export) samples with FlowMatchEulerDiscreteScheduler only",
         flow_fix,

@@ -40,23 +40,22 @@ def _required(pipeline, resolution: int) -> dict:
 def _generation(parts: ExportParts, family: MMDiT, guidance: dict, bundled: bool) -> dict:
     """The pipeline's arguments that reproduce our sampler: the family's ``guidance`` (Flux: the embedded one),
     then our CFG scale under the pipeline's name for it."""
-    cfg = parts.cfg
     generation = {
-        "height": cfg.data.resolution,
-        "width": cfg.data.resolution,
-        "num_inference_steps": cfg.diffusion.sample_steps,
+        "height": parts.data.resolution,
+        "width": parts.data.resolution,
+        "num_inference_steps": parts.diffusion.sample_steps,
         **guidance,
-        family.cfg_scale: cfg.diffusion.guidance_scale,
+        family.cfg_scale: parts.diffusion.guidance_scale,
     }
     if bundled:
-        generation |= {"negative_prompt": "", "max_sequence_length": cfg.conditioner.max_length}
+        generation |= {"negative_prompt": "", "max_sequence_length": parts.conditioner.max_length}
     return generation
 
 
 def _conditioning(parts: ExportParts, family: MMDiT, bundled: bool) -> dict:
     if bundled:
         return {"bundled": True, "conditioning": family.own_conditioning}
-    te = parts.cfg.conditioner
+    te = parts.conditioner
     return {
         "bundled": False,
         "pretrained": f"{CONDITIONER_FOLDER}/text_encoder",  # in the export folder, beside the pipeline's parts
@@ -84,7 +83,7 @@ def _usage(folder: str, parts: ExportParts, family: MMDiT, generation: dict, bun
             f"pipe = {pipeline}.from_pretrained({folder!r}{torch_dtype})  # or DiffusionPipeline.from_pretrained\n"
             f'image = pipe("a red circle", {settings}).images[0]'
         )
-    te = parts.cfg.conditioner
+    te = parts.conditioner
     encoder_class = type(parts.text_encoder.model).__name__
     pooled = "(hidden * mask).sum(1) / mask.sum(1).clamp(min=1)" if te.pooling == "mean" else "output.pooler_output"
     to_dtype = f".to(torch.{parts.dtype})" if cast else ""
@@ -118,7 +117,7 @@ def export(parts: ExportParts, family: MMDiT, guidance: dict | None = None) -> P
     """A whole pipeline folder with the family's own encoders, else the pipeline without text encoders and the run's
     text encoder in ``conditioner/`` (see the module); ``guidance``: generation arguments of the family's own (Flux's
     embedded guidance)."""
-    bundled = parts.cfg.conditioner.kind == family.kind
+    bundled = parts.conditioner.kind == family.kind
     if parts.vae.config.shift_factor is None:  # folded into the weights; the pipeline adds it unconditionally
         parts.vae.register_to_config(shift_factor=0.0)
     dtype = getattr(torch, parts.dtype)
@@ -129,7 +128,7 @@ def export(parts: ExportParts, family: MMDiT, guidance: dict | None = None) -> P
     pipeline = getattr(diffusers, family.pipeline)(
         transformer=parts.transformer, vae=parts.vae, scheduler=parts.scheduler, **encoders
     )
-    required = _required(pipeline, parts.cfg.data.resolution)
+    required = _required(pipeline, parts.data.resolution)
     generation = _generation(parts, family, guidance or {}, bundled) | required
     manifest = {
         "text_encoder": _conditioning(parts, family, bundled),

@@ -44,7 +44,7 @@ from dit_trainer.components.families.base import (
 )
 from dit_trainer.components.modulation import expose_modulation_tables
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ModelConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig, DataConfig, DiffusionConfig, ModelConfig
 from dit_trainer.errors import ConfigError
 
 # The constructor arguments `model.*`, the VAE and the conditioner decide (and num_embeds_ada_norm, which
@@ -66,10 +66,10 @@ FLOW_MATCHING_PATCH = (
 )
 
 
-def check(cfg: TrainConfig) -> None:
+def check(model: ModelConfig) -> None:
     """PixArt's caption projection maps text features to the inner size, so a built one has no other;
     ``model.extra_config`` gives the class's other arguments (values it builds with)."""
-    m = cfg.model
+    m = model
     if m.pretrained is not None:
         return
     require_inner_cross_attention(m, "PixArt's caption projection maps text features to its cross-attention's width,")
@@ -139,7 +139,7 @@ def _required(
     """The arguments ``pipe(prompt)`` needs beyond its defaults to generate at the trained size, each because the
     pipeline hard-codes something the folder cannot set: its resolution binning knows only PixArt's own sample sizes
     (else "Invalid sample size"), and its default height and width are ``sample_size`` x 2^(VAE levels - 1)."""
-    resolution, sample_size = parts.cfg.data.resolution, transformer.config.sample_size
+    resolution, sample_size = parts.data.resolution, transformer.config.sample_size
     required = {}
     default_size = sample_size * 2 ** (len(parts.vae.config.block_out_channels) - 1)
     if sample_size not in BINNED_SAMPLE_SIZES[parts.pipeline] or default_size != resolution:
@@ -149,19 +149,19 @@ def _required(
     positions = getattr(model.config, "max_position_embeddings", None)  # CLIP's 77, BERT's 512; T5: relative
     default_length = inspect.signature(pipeline_class.__call__).parameters["max_sequence_length"].default
     if positions is not None and positions < default_length:
-        required["max_sequence_length"] = parts.cfg.conditioner.max_length
+        required["max_sequence_length"] = parts.conditioner.max_length
     return required
 
 
-def _generation(cfg: TrainConfig, required: dict) -> dict:
+def _generation(conditioner: ConditionerConfig, data: DataConfig, diffusion: DiffusionConfig, required: dict) -> dict:
     """The pipeline call that reproduces our sampler (``latents=`` for the same noise)."""
     return {
-        "height": cfg.data.resolution,
-        "width": cfg.data.resolution,
-        "num_inference_steps": cfg.diffusion.sample_steps,
-        "guidance_scale": cfg.diffusion.guidance_scale,
+        "height": data.resolution,
+        "width": data.resolution,
+        "num_inference_steps": diffusion.sample_steps,
+        "guidance_scale": diffusion.guidance_scale,
         "negative_prompt": "",
-        "max_sequence_length": cfg.conditioner.max_length,
+        "max_sequence_length": conditioner.max_length,
         "clean_caption": False,
         **required,
     }
@@ -188,7 +188,7 @@ def export(parts: ExportParts) -> PipelineExport:
     if not isinstance(conditioner, FrozenTextEncoder):
         raise ConfigError(
             "conditioner.kind",
-            parts.cfg.conditioner.kind,
+            parts.conditioner.kind,
             f"a PixArt export hands {parts.pipeline} one transformers text encoder and its tokenizer, and this "
             "conditioner is not one",
             "train PixArt with one text encoder (`conditioner.kind=auto`, `t5` or `clip`) to export it",
@@ -196,8 +196,8 @@ def export(parts: ExportParts) -> PipelineExport:
     pipeline_class = getattr(diffusers, parts.pipeline)
     transformer = _at_trained_size(parts.transformer, parts.latent_shape[-1])
     required = _required(parts, pipeline_class, transformer, conditioner.model)
-    generation = _generation(parts.cfg, required)
-    te = parts.cfg.conditioner
+    generation = _generation(parts.conditioner, parts.data, parts.diffusion, required)
+    te = parts.conditioner
     manifest = {
         "text_encoder": {
             **named_text_encoder(te, conditioner.model),

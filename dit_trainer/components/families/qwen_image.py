@@ -45,7 +45,7 @@ from dit_trainer.components.families.base import (
 from dit_trainer.components.families.flux import pack, rope_axes, unpack
 from dit_trainer.components.families.mmdit import LORA_TARGETS as MMDIT_TARGETS
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ModelConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig, DiffusionConfig, ModelConfig, PrivacyConfig, VAEConfig
 from dit_trainer.errors import require
 
 PACK = 2  # QwenImagePipeline packs 2 x 2 latents into one token (the transformer's patch_size)
@@ -92,39 +92,45 @@ def _check_new(m: ModelConfig) -> None:
     require_rope_axes(m, "axes_dims_rope", "frame, row, column", rope_axes)
 
 
-def check(cfg: TrainConfig) -> None:
+def check(
+    model: ModelConfig,
+    privacy: PrivacyConfig,
+    vae: VAEConfig,
+    conditioner: ConditionerConfig,
+    diffusion: DiffusionConfig,
+) -> None:
     """Flow matching, its own conditioner and VAE (what its pipeline holds), no DP-SGD, and a new model's sizes."""
     require_flow_matching(
-        cfg,
+        diffusion,
         "Qwen-Image is trained with flow matching (its released weights predict the flow velocity)",
         "set `diffusion=flow` (and `diffusion.resolution_shift=true` for Qwen-Image's own schedule)",
     )
     require(
-        cfg.conditioner.kind == "qwen_image",
+        conditioner.kind == "qwen_image",
         "conditioner.kind",
-        cfg.conditioner.kind,
+        conditioner.kind,
         "Qwen-Image is conditioned on Qwen2.5-VL's hidden states of its prompt template (QwenImagePipeline's "
         "encoder), the one conditioner its pipeline and an export can hold",
         "use `conditioner=qwen_image`",
     )
     require(
-        cfg.vae.kind == "qwen_image",
+        vae.kind == "qwen_image",
         "vae.kind",
-        cfg.vae.kind,
+        vae.kind,
         "Qwen-Image's latents are those of its own video autoencoder (AutoencoderKLQwenImage, on one-frame videos), "
         "the one QwenImagePipeline decodes with",
         "use `vae=qwen_image`",
     )
     require(
-        not cfg.privacy.enabled,
+        not privacy.enabled,
         "privacy.enabled",
-        cfg.privacy.enabled,
+        privacy.enabled,
         "DP-SGD does not support QwenImageTransformer2DModel: its query/key norms are diffusers' RMSNorm, outside "
         "Opacus' layers, and per-sample gradients of its 20 B parameters would not fit a GPU",
         "set `privacy.enabled=false`, or use a PixArt family for private training",
     )
-    if cfg.model.pretrained is None:
-        _check_new(cfg.model)
+    if model.pretrained is None:
+        _check_new(model)
 
 
 def build(
@@ -195,13 +201,12 @@ def guide(cond: torch.Tensor, uncond: torch.Tensor, guidance_scale: float) -> to
 def export(parts: ExportParts) -> PipelineExport:
     """A whole QwenImagePipeline folder (transformer, its VAE as it is, Qwen2.5-VL and its tokenizer, the run's
     scheduler) that takes prompts as text."""
-    cfg = parts.cfg
-    require_guidance_of_at_least_one(cfg, "QwenImagePipeline")
-    scale = cfg.diffusion.guidance_scale  # its true_cfg_scale, with the empty prompt as the negative one
+    require_guidance_of_at_least_one(parts.diffusion, "QwenImagePipeline")
+    scale = parts.diffusion.guidance_scale  # its true_cfg_scale, with the empty prompt as the negative one
     negative = {"negative_prompt": ""} if scale > 1 else {}
     generation = sampler_generation(parts, true_cfg_scale=scale, **negative)
-    generation["max_sequence_length"] = cfg.conditioner.max_length
-    size = cfg.data.resolution
+    generation["max_sequence_length"] = parts.conditioner.max_length
+    size = parts.data.resolution
     required = {} if size == PIPELINE_SIZE else {"height": size, "width": size}
     conditioning = {
         "bundled": True,

@@ -46,7 +46,7 @@ from dit_trainer.components.families.base import (
     save_with_encoder,
 )
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ModelConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig, DataConfig, DiffusionConfig, ModelConfig, PrivacyConfig
 from dit_trainer.errors import ConfigError, require
 
 # The sample sizes SanaPipeline's resolution binning knows (its aspect-ratio tables); others: "Invalid sample size".
@@ -63,19 +63,19 @@ SET_HERE = frozenset(
 QK_NORMS = (None, "rms_norm", "rms_norm_across_heads", "layer_norm", "layer_norm_across_heads", "fp32_layer_norm", "l2")
 
 
-def check(cfg: TrainConfig) -> None:
+def check(model: ModelConfig, privacy: PrivacyConfig, diffusion: DiffusionConfig) -> None:
     """Flow matching, a cross-attention at the inner size, ``extra_config`` keys the class takes, no guidance
     embedding (that is Sana-Sprint, whose pipeline is another), no DP-SGD (its modulation tables are used inline)."""
-    m = cfg.model
+    m = model
     require_flow_matching(
-        cfg,
+        diffusion,
         "Sana is trained with flow matching (its released weights predict the flow velocity)",
         "use `diffusion=flow` (objective flow_matching, FlowMatchEulerDiscreteScheduler)",
     )
     require(
-        not cfg.privacy.enabled,
+        not privacy.enabled,
         "privacy.enabled",
-        cfg.privacy.enabled,
+        privacy.enabled,
         "DP-SGD does not support SanaTransformer2DModel yet (its scale-shift tables are used inline, which Opacus' "
         "per-sample gradients cannot see)",
         "set `privacy.enabled=false`, or use a PixArt family for private training",
@@ -131,12 +131,12 @@ def predict(
     )
 
 
-def _generation(cfg: TrainConfig) -> dict:
+def _generation(conditioner: ConditionerConfig, data: DataConfig, diffusion: DiffusionConfig) -> dict:
     """SanaPipeline's arguments that reproduce our sampler (with the prompt, and ``latents=`` for the same noise)."""
-    te, d = cfg.conditioner, cfg.diffusion
+    te, d = conditioner, diffusion
     return {
-        "height": cfg.data.resolution,
-        "width": cfg.data.resolution,
+        "height": data.resolution,
+        "width": data.resolution,
         "num_inference_steps": d.sample_steps,
         "guidance_scale": d.guidance_scale,
         "negative_prompt": "",
@@ -152,7 +152,7 @@ def _required(parts: ExportParts, instruction: list[str] | None) -> dict:
     in the pipeline: its height and width (1024), its resolution binning (Sana's own sample sizes only, else "Invalid
     sample size"), and its complex human instruction (put before every prompt: with another text encoder, or
     another instruction, the prompt would not be encoded as in training)."""
-    resolution, sample_size = parts.cfg.data.resolution, parts.transformer.config.sample_size
+    resolution, sample_size = parts.data.resolution, parts.transformer.config.sample_size
     defaults = inspect.signature(SanaPipeline.__call__).parameters
     factor = 2 ** (len(parts.vae.config.encoder_block_out_channels) - 1)  # SanaPipeline's vae_scale_factor
     required = {}
@@ -192,7 +192,7 @@ def export(parts: ExportParts) -> PipelineExport:
     if not bundled_own and not isinstance(conditioner, FrozenTextEncoder):
         raise ConfigError(
             "conditioner.kind",
-            parts.cfg.conditioner.kind,
+            parts.conditioner.kind,
             "a Sana export hands SanaPipeline Sana's Gemma-2 (`sana`) or one transformers text encoder (`auto`, "
             "`t5`, `clip`), and this conditioner is neither",
             "train Sana with `conditioner=sana` (or one text encoder) to export it",
@@ -200,14 +200,14 @@ def export(parts: ExportParts) -> PipelineExport:
     if not isinstance(parts.vae, AutoencoderDC):  # SanaPipeline reads its latent size from the DC's config
         raise ConfigError(
             "vae.kind",
-            parts.cfg.vae.kind,
+            parts.vae_kind,
             "SanaPipeline decodes with an AutoencoderDC (it reads the downsampling factor from its "
             "`encoder_block_out_channels`), and this run's VAE is another",
             "train Sana with `vae=sana` (`vae.kind=autoencoder_dc`) to export it; the checkpoint's transformer/ "
             "folder is already a diffusers SanaTransformer2DModel",
         )
-    te = parts.cfg.conditioner
-    generation = _generation(parts.cfg)
+    te = parts.conditioner
+    generation = _generation(parts.conditioner, parts.data, parts.diffusion)
     required = _required(parts, generation["complex_human_instruction"])
     generation |= required
     manifest = {

@@ -31,7 +31,7 @@ from dit_trainer.components.families.base import (
 )
 from dit_trainer.components.families.mmdit import MMDiT
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ModelConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig, DiffusionConfig, ModelConfig
 from dit_trainer.errors import ConfigError, require
 
 # The constructor arguments `model.*` and the conditioner decide; `model.extra_config` may give the others.
@@ -73,11 +73,11 @@ def _check_extra_config(m: ModelConfig) -> None:
     require_extra_at_least(m, "pos_embed_max_size", 1, "the side of the positional table in patches")
 
 
-def check(cfg: TrainConfig) -> None:
+def check(model: ModelConfig, conditioner: ConditionerConfig, diffusion: DiffusionConfig) -> None:
     """SD3 needs a pooled text vector and rectified flow; a new one has no learned variance, dropout or cross
     attention width of its own."""
-    mmdit.check(SD3_MMDIT, cfg)
-    m = cfg.model
+    mmdit.check(SD3_MMDIT, conditioner, diffusion)
+    m = model
     if m.pretrained is not None:
         return
     mmdit.check_new(SD3_MMDIT, m)

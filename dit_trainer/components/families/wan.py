@@ -39,7 +39,7 @@ from dit_trainer.components.families.base import (
     save_with_encoder,
 )
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ModelConfig, TrainConfig
+from dit_trainer.config import DataConfig, DiffusionConfig, ModelConfig, PrivacyConfig, VAEConfig
 from dit_trainer.errors import ConfigError, require
 
 # Constructor arguments the family sets from `model.*`, the VAE and the conditioner: not for `model.extra_config`.
@@ -102,30 +102,32 @@ def _check_new(m: ModelConfig) -> None:
         require(not getattr(m, key), f"model.{key}", getattr(m, key), why, f"remove `model.{key}` (its default)")
 
 
-def check(cfg: TrainConfig) -> None:
+def check(
+    model: ModelConfig, privacy: PrivacyConfig, vae: VAEConfig, data: DataConfig, diffusion: DiffusionConfig
+) -> None:
     """Flow matching for a released model, no DP-SGD, and a new model's sizes and patches."""
-    if cfg.model.pretrained is not None:
+    if model.pretrained is not None:
         require_flow_matching(
-            cfg,
+            diffusion,
             "Wan is trained with flow matching (its released weights predict the flow velocity)",
             "set `diffusion=flow` with Wan's fixed shift (`diffusion.shift=3.0` at 480p, 5.0 at 720p)",
         )
     require(
-        not cfg.privacy.enabled,
+        not privacy.enabled,
         "privacy.enabled",
-        cfg.privacy.enabled,
+        privacy.enabled,
         "DP-SGD does not support WanTransformer3DModel: its query/key norms (RMSNorm across heads) and 3-D patch "
         "embedding are outside Opacus' layers, and per-sample gradients of a video batch would not fit a GPU",
         "set `privacy.enabled=false`, or use a PixArt family for private training",
     )
-    if cfg.model.pretrained is None:
-        _check_new(cfg.model)
-        frames, temporal = cfg.data.frames, VAE_KINDS.get(cfg.vae.kind).temporal_factor
-        latent_frames, patch = (frames - 1) // temporal + 1, _patch(cfg.model)[0]
+    if model.pretrained is None:
+        _check_new(model)
+        frames, temporal = data.frames, VAE_KINDS.get(vae.kind).temporal_factor
+        latent_frames, patch = (frames - 1) // temporal + 1, _patch(model)[0]
         require(
             latent_frames % patch == 0,
             "model.extra_config.patch_size",
-            list(_patch(cfg.model)),
+            list(_patch(model)),
             f"its temporal patch of {patch} latent frames does not divide the {latent_frames} latent frames of a "
             f"clip of `data.frames={frames}`" + (" (an image is a clip of one)" if frames == 1 else ""),
             "set a `data.frames` whose latent frames it divides, or a temporal patch of 1",
@@ -172,14 +174,13 @@ def predict(
 def export(parts: ExportParts) -> PipelineExport:
     """A whole WanPipeline folder (transformer, Wan's VAE as it is, UMT5 and its tokenizer, the run's scheduler) that
     takes prompts as text and samples as our sampler does: its Euler grid at the run's fixed shift is ours."""
-    cfg = parts.cfg
-    require_guidance_of_at_least_one(cfg, "WanPipeline")
+    require_guidance_of_at_least_one(parts.diffusion, "WanPipeline")
     require_flow_matching(
-        cfg,
+        parts.diffusion,
         "WanPipeline samples flow matching's velocity, and this run trained another objective",
         "train with `diffusion=flow` to export to WanPipeline (this run samples with `scripts/sample.py` as it is)",
     )
-    for key, value in (("vae.kind", cfg.vae.kind), ("conditioner.kind", cfg.conditioner.kind)):
+    for key, value in (("vae.kind", parts.vae_kind), ("conditioner.kind", parts.conditioner.kind)):
         if value != "wan":
             raise ConfigError(
                 key,
@@ -190,13 +191,13 @@ def export(parts: ExportParts) -> PipelineExport:
                 "`scripts/sample.py` as it is)",
             )
     generation = {
-        "height": cfg.data.resolution,
-        "width": cfg.data.resolution,
-        "num_frames": cfg.data.frames,
-        "num_inference_steps": cfg.diffusion.sample_steps,
-        "guidance_scale": cfg.diffusion.guidance_scale,
+        "height": parts.data.resolution,
+        "width": parts.data.resolution,
+        "num_frames": parts.data.frames,
+        "num_inference_steps": parts.diffusion.sample_steps,
+        "guidance_scale": parts.diffusion.guidance_scale,
         "negative_prompt": "",
-        "max_sequence_length": cfg.conditioner.max_length,
+        "max_sequence_length": parts.conditioner.max_length,
     }
     defaults = {"height": PIPELINE_HEIGHT, "width": PIPELINE_WIDTH, "num_frames": PIPELINE_FRAMES}
     required = {key: generation[key] for key, default in defaults.items() if generation[key] != default}

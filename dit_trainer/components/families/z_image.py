@@ -53,7 +53,7 @@ from dit_trainer.components.families.base import (
     save_with_encoder,
 )
 from dit_trainer.condition import Condition, ConditionSize
-from dit_trainer.config import ModelConfig, TrainConfig
+from dit_trainer.config import ConditionerConfig, DiffusionConfig, ModelConfig, PrivacyConfig
 from dit_trainer.errors import ConfigError, require
 
 PATCH = 2  # the transformer's own patching (ZImagePipeline's patch_size): 2 x 2 latents a token
@@ -105,38 +105,40 @@ def _check_new(m: ModelConfig) -> None:
     require_rope_axes(m, "axes_dims", "caption index, row, column", rope_axes)
 
 
-def check(cfg: TrainConfig) -> None:
+def check(
+    model: ModelConfig, privacy: PrivacyConfig, conditioner: ConditionerConfig, diffusion: DiffusionConfig
+) -> None:
     """Flow matching, no pooled vector (Z-Image takes none), no DP-SGD, and a new model's sizes."""
     require_flow_matching(
-        cfg,
+        diffusion,
         "Z-Image is trained with flow matching (its released weights predict the flow velocity, negated)",
         "set `diffusion=flow` (Z-Image-Turbo samples at a fixed `diffusion.shift=3.0`)",
     )
     require(
-        cfg.conditioner.kind in CONDITIONERS,
+        conditioner.kind in CONDITIONERS,
         "conditioner.kind",
-        cfg.conditioner.kind,
+        conditioner.kind,
         "Z-Image is conditioned on one encoder's hidden states (no pooled vector): its own Qwen3 or one "
         "transformers text encoder, the two an export can hand ZImagePipeline",
         "use `conditioner=z_image`, or a transformers text encoder (`conditioner=minilm`, `conditioner=t5`)",
     )
     require(
-        cfg.conditioner.pooling == "none",
+        conditioner.pooling == "none",
         "conditioner.pooling",
-        cfg.conditioner.pooling,
+        conditioner.pooling,
         "Z-Image takes the caption's hidden states alone (no pooled vector), so it would be ignored",
         "set `conditioner.pooling=none`",
     )
     require(
-        not cfg.privacy.enabled,
+        not privacy.enabled,
         "privacy.enabled",
-        cfg.privacy.enabled,
+        privacy.enabled,
         "DP-SGD does not support ZImageTransformer2DModel: its embedders run on the tokens of the whole batch at once "
         "(per-sample gradients would be per token), and its pad tokens and RMSNorm weights are outside Opacus' layers",
         "set `privacy.enabled=false`, or use a PixArt family for private training",
     )
-    if cfg.model.pretrained is None:
-        _check_new(cfg.model)
+    if model.pretrained is None:
+        _check_new(model)
 
 
 def build(cfg: ModelConfig, in_channels: int, sample_size: int, condition: ConditionSize) -> ZImageTransformer2DModel:
@@ -179,11 +181,10 @@ def predict(
 
 def _generation(parts: ExportParts, bundled: bool) -> dict:
     """ZImagePipeline's arguments that reproduce our sampler (with the prompt, and ``latents=`` for the same noise)."""
-    cfg = parts.cfg
     # the pipeline's g: cond + g (cond - uncond)
-    generation = sampler_generation(parts, guidance_scale=cfg.diffusion.guidance_scale - 1, cfg_normalization=False)
+    generation = sampler_generation(parts, guidance_scale=parts.diffusion.guidance_scale - 1, cfg_normalization=False)
     if bundled:
-        generation |= {"negative_prompt": "", "max_sequence_length": cfg.conditioner.max_length}
+        generation |= {"negative_prompt": "", "max_sequence_length": parts.conditioner.max_length}
     return generation
 
 
@@ -193,7 +194,7 @@ def _pieces_usage(folder: str, parts: ExportParts, generation: dict) -> str:
     settings = ", ".join(f"{key}={value!r}" for key, value in generation.items())
     cast = parts.dtype != "float32"
     torch_dtype = f", torch_dtype=torch.{parts.dtype}" if cast else ""
-    te = parts.cfg.conditioner
+    te = parts.conditioner
     encoder_class = type(parts.text_encoder.model).__name__
     to_dtype = f".to(torch.{parts.dtype})" if cast else ""
     return (
@@ -223,7 +224,7 @@ def _conditioning(parts: ExportParts, bundled: bool) -> dict:
             "prompt (max_sequence_length tokens), its real tokens only; the empty prompt '' is the negative prompt of "
             "classifier-free guidance",
         }
-    te = parts.cfg.conditioner
+    te = parts.conditioner
     return {
         "bundled": False,
         "pretrained": f"{CONDITIONER_FOLDER}/text_encoder",
@@ -238,13 +239,13 @@ def _conditioning(parts: ExportParts, bundled: bool) -> dict:
 def export(parts: ExportParts) -> PipelineExport:
     """A ZImagePipeline folder: whole with Z-Image's own Qwen3, else without text encoder and the run's transformers
     text encoder in ``conditioner/`` (see the module)."""
-    conditioner, cfg = parts.text_encoder, parts.cfg
-    require_guidance_of_at_least_one(cfg, "ZImagePipeline")
+    conditioner = parts.text_encoder
+    require_guidance_of_at_least_one(parts.diffusion, "ZImagePipeline")
     bundled = isinstance(conditioner, ZImageConditioner)
     if not bundled and not isinstance(conditioner, FrozenTextEncoder):
         raise ConfigError(
             "conditioner.kind",
-            cfg.conditioner.kind,
+            parts.conditioner.kind,
             "a Z-Image export hands ZImagePipeline Z-Image's own Qwen3 (`z_image`) or the embeddings of one "
             "transformers text encoder (`auto`, `t5`, `clip`), and this conditioner is neither",
             "train Z-Image with `conditioner=z_image` (or one text encoder) to export it",
@@ -253,7 +254,9 @@ def export(parts: ExportParts) -> PipelineExport:
         parts.vae.register_to_config(shift_factor=0.0)
     generation = _generation(parts, bundled)
     required = (
-        {} if cfg.data.resolution == PIPELINE_SIZE else {"height": cfg.data.resolution, "width": cfg.data.resolution}
+        {}
+        if parts.data.resolution == PIPELINE_SIZE
+        else {"height": parts.data.resolution, "width": parts.data.resolution}
     )
     manifest = {"text_encoder": _conditioning(parts, bundled), "generation": generation, "required": required}
 

@@ -12,7 +12,15 @@ from accelerate.logging import get_logger
 from torch.utils.data import Dataset
 
 from dit_trainer.components.build import Components
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import (
+    DataConfig,
+    DiffusionConfig,
+    MonitorConfig,
+    RewardConfig,
+    TrainerConfig,
+    VAEConfig,
+    ValidationConfig,
+)
 from dit_trainer.diffusion.sampler import SamplerSettings
 from dit_trainer.errors import ConfigError
 from dit_trainer.rewards.build import build_reward
@@ -39,11 +47,18 @@ SAMPLE_SEEDS_PER_PROMPT = 4
 
 
 def build_monitors(
-    cfg: TrainConfig, context: MonitorContext, run_dir: Path, frozen_dtype: torch.dtype, reward_prompts: Sequence[str]
+    diffusion: DiffusionConfig,
+    trainer: TrainerConfig,
+    reward: RewardConfig,
+    monitor: MonitorConfig,
+    context: MonitorContext,
+    run_dir: Path,
+    frozen_dtype: torch.dtype,
+    reward_prompts: Sequence[str],
 ) -> list[Monitor]:
     """The sample grid, and the reward monitor on ``reward_prompts`` when ``monitor.reward.enabled``. Reward models
     are loaded on the main process only: the others never score."""
-    d, t, grpo = cfg.diffusion, cfg.trainer, cfg.monitor.reward
+    d, t, grpo = diffusion, trainer, monitor.reward
     grid_plan = SamplingPlan(
         list(t.sample_prompts),
         SAMPLE_SEEDS_PER_PROMPT,
@@ -53,7 +68,7 @@ def build_monitors(
     monitors: list[Monitor] = [SampleGridMonitor(context, grid_plan, run_dir / "samples", t.sample_every)]
     if grpo.enabled:
         accelerator = context.accelerator
-        reward = build_reward(cfg.reward, accelerator.device, frozen_dtype) if accelerator.is_main_process else None
+        scorer = build_reward(reward, accelerator.device, frozen_dtype) if accelerator.is_main_process else None
         plan = SamplingPlan(
             list(reward_prompts),
             grpo.group_size,
@@ -65,16 +80,16 @@ def build_monitors(
             ),
             grpo.batch_size,
         )
-        monitors.append(GRPORewardMonitor(context, plan, run_dir / "rewards", grpo.every_n_steps, reward, grpo.eps))
+        monitors.append(GRPORewardMonitor(context, plan, run_dir / "rewards", grpo.every_n_steps, scorer, grpo.eps))
     return monitors
 
 
 def build_validation_monitor(
-    cfg: TrainConfig, context: MonitorContext, parts: Components, held_out: Dataset
+    validation: ValidationConfig, context: MonitorContext, parts: Components, held_out: Dataset
 ) -> ValidationMonitor:
     """The validation loss on ``held_out``, encoded once on the main process (the others never validate; under FSDP
     they take part in each forward, so they encode it too)."""
-    v, accelerator = cfg.validation, context.accelerator
+    v, accelerator = validation, context.accelerator
     batches = None
     if accelerator.is_main_process or context.sharded:
         batches = encode_held_out(held_out, parts.vae, accelerator.device, v.batch_size)
@@ -84,10 +99,19 @@ def build_validation_monitor(
     return ValidationMonitor(context, v.every_n_steps, batches, parts.text_encoder, schedule, v.timesteps, v.seed)
 
 
-def build_fid_monitor(cfg: TrainConfig, context: MonitorContext, parts: Components, run_dir: Path) -> FIDMonitor:
+def build_fid_monitor(
+    vae: VAEConfig,
+    data: DataConfig,
+    diffusion: DiffusionConfig,
+    monitor: MonitorConfig,
+    validation: ValidationConfig,
+    context: MonitorContext,
+    parts: Components,
+    run_dir: Path,
+) -> FIDMonitor:
     """FID against the validation images, whose features are computed (or read from their cache: by default in
     ``run_dir``) on the main process only."""
-    f, d, v, accelerator = cfg.monitor.fid, cfg.diffusion, cfg.validation, context.accelerator
+    f, d, v, accelerator = monitor.fid, diffusion, validation, context.accelerator
     if context.sharded:
         raise ConfigError(
             "monitor.fid.enabled",
@@ -98,11 +122,9 @@ def build_fid_monitor(cfg: TrainConfig, context: MonitorContext, parts: Componen
         )
     extractor = reference = None
     if accelerator.is_main_process:
-        extractor = build_feature_extractor(f.features, f.weights, parts.vae, cfg.vae, accelerator.device)
-        cache_dir = reference_cache_dir(f.cache_dir, cfg.data, run_dir)
-        reference = validation_reference(
-            cfg.data, cfg.validation, extractor, cache_dir, accelerator.device, f.batch_size
-        )
+        extractor = build_feature_extractor(f.features, f.weights, parts.vae, vae, accelerator.device)
+        cache_dir = reference_cache_dir(f.cache_dir, data, run_dir)
+        reference = validation_reference(data, validation, extractor, cache_dir, accelerator.device, f.batch_size)
         key, value = ("validation.path", v.path) if v.path else ("validation.split", v.split)
         more = "add images to `validation.path`" if v.path else "hold out more images (a larger `validation.split`)"
         check_reference_size(
@@ -122,7 +144,13 @@ def build_fid_monitor(cfg: TrainConfig, context: MonitorContext, parts: Componen
 
 
 def build_monitor_set(
-    cfg: TrainConfig,
+    vae: VAEConfig,
+    data: DataConfig,
+    diffusion: DiffusionConfig,
+    trainer: TrainerConfig,
+    reward: RewardConfig,
+    monitor: MonitorConfig,
+    validation: ValidationConfig,
     context: MonitorContext,
     run_dir: Path,
     frozen_dtype: torch.dtype,
@@ -132,9 +160,9 @@ def build_monitor_set(
 ) -> list[Monitor]:
     """A run's monitors in the order they run: the validation loss (when images are held out), the sample grid,
     the reward monitor (on ``reward_prompts``: ``reward_monitor_prompts``), FID."""
-    monitors = build_monitors(cfg, context, run_dir, frozen_dtype, reward_prompts)
+    monitors = build_monitors(diffusion, trainer, reward, monitor, context, run_dir, frozen_dtype, reward_prompts)
     if held_out is not None:
-        monitors.insert(0, build_validation_monitor(cfg, context, parts, held_out))
-    if cfg.monitor.fid.enabled:
-        monitors.append(build_fid_monitor(cfg, context, parts, run_dir))
+        monitors.insert(0, build_validation_monitor(validation, context, parts, held_out))
+    if monitor.fid.enabled:
+        monitors.append(build_fid_monitor(vae, data, diffusion, monitor, validation, context, parts, run_dir))
     return monitors

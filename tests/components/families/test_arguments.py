@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from dit_trainer.components.families import FAMILIES
 from dit_trainer.components.families.arguments import constructor_parameters, describe, expected_type, fits
 from dit_trainer.condition import ConditionSize
-from dit_trainer.config import ModelConfig, TrainConfig
+from dit_trainer.config import ModelConfig, TrainConfig, call_with_sections
 from dit_trainer.errors import ConfigError
 
 from ...conftest import TINY_SHAPES, compose_config, one_paragraph
@@ -84,7 +84,7 @@ def _check(name: str, **extra) -> None:
         diffusion=dataclasses.replace(cfg.diffusion, objective="flow_matching"),
         conditioner=dataclasses.replace(cfg.conditioner, pooling="mean"),
     )
-    FAMILIES.get(name).check(cfg)
+    call_with_sections(FAMILIES.get(name).check, cfg)
 
 
 @pytest.mark.parametrize(

@@ -57,7 +57,8 @@ def test_a_pipeline_that_guides_only_above_1_refuses_a_run_sampled_below_it(tiny
     for name in ("z_image", "qwen_image", "flux2"):
         family = FAMILIES.get(name)
         transformer = tiny_transformer(name, condition_dim=12).transformer
-        parts = ExportParts(cfg, transformer, None, None, None, family.pipeline, "float32", (16, 4, 4))
+        parts = ExportParts(cfg.model, cfg.vae.kind, cfg.conditioner, cfg.data, cfg.diffusion, transformer, None, None,
+                            None, family.pipeline, "float32", (16, 4, 4))  # fmt: skip
         with pytest.raises(ConfigError, match=f"{family.pipeline} guides only with a scale above our 1") as error:
             family.export(parts)
         assert "`diffusion.guidance_scale`" in str(error.value)

@@ -112,7 +112,8 @@ def test_a_pretrained_flux_needs_even_latent_sides_though_its_config_says_patch_
     from dit_trainer.components.geometry import pixel_multiple
 
     pretrained = [f"model.pretrained={flux_folder}", "model.subfolder=transformer"]
-    assert pixel_multiple(compose_config([*TINY_SHAPES, *flux_overrides(flux_folder), *pretrained])) == 4
+    cfg = compose_config([*TINY_SHAPES, *flux_overrides(flux_folder), *pretrained])
+    assert pixel_multiple(cfg.model, cfg.vae) == 4
     with pytest.raises(ConfigError, match="multiple of 4") as error:
         compose_config([*TINY_SHAPES, *flux_overrides(flux_folder), *pretrained, "data.resolution=18"])
     assert "`data.resolution`" in str(error.value)

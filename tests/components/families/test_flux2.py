@@ -137,7 +137,8 @@ def test_a_guidance_distilled_transformer_is_not_exported_to_the_klein_pipeline(
 
     extra = {**EXTRA, "guidance_embeds": True}
     dit = build_dit(ModelConfig(family="flux2", **TRANSFORMER, extra_config=extra), 16, 4, ConditionSize(3 * WIDTH))
-    parts = ExportParts(None, dit.transformer, None, None, None, "Flux2KleinPipeline", "float32", (16, 4, 4))
+    parts = ExportParts(None, None, None, None, None, dit.transformer, None, None, None, "Flux2KleinPipeline",
+                        "float32", (16, 4, 4))  # fmt: skip
     with pytest.raises(ConfigError, match="without a guidance strength") as error:
         FLUX2.export(parts)
     assert "`model.extra_config.guidance_embeds`" in str(error.value)
