@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from dit_trainer.apps.inference import TrainedRun, check_sampling_args, load_run, refuse_overwrite
-from dit_trainer.config import EvaluateConfig, RewardConfig, TrainConfig
+from dit_trainer.config import DataConfig, EvaluateConfig, MonitorConfig, RewardConfig, TrainerConfig
 from dit_trainer.data import SOURCES
 from dit_trainer.diffusion.sampler import SamplerSettings
 from dit_trainer.errors import ConfigError
@@ -40,24 +40,26 @@ logger = logging.getLogger(__name__)
 REPORT, GRID, CLIP_GRID = "report.json", "grid.png", "grid.gif"
 
 
-def evaluation_prompts(cfg: EvaluateConfig, run_cfg: TrainConfig) -> list[str]:
+def evaluation_prompts(
+    cfg: EvaluateConfig, data: DataConfig, trainer: TrainerConfig, monitor: MonitorConfig
+) -> list[str]:
     """The prompts given, else the run's reward-monitor prompts, else every caption of a data set with a closed set
     of them (shapes), else its sample prompts: by default a run is judged on what it was watched with."""
     if cfg.prompts or cfg.prompt_file:
         return load_prompts(cfg.prompts, cfg.prompt_file)
-    grpo = run_cfg.monitor.reward
-    if grpo.prompts or grpo.prompt_file:
-        return load_prompts(grpo.prompts, grpo.prompt_file, "monitor.reward.")
-    captions = SOURCES.get(run_cfg.data.source).captions
-    return captions() if captions is not None else list(run_cfg.trainer.sample_prompts)
+    watched = monitor.reward
+    if watched.prompts or watched.prompt_file:
+        return load_prompts(watched.prompts, watched.prompt_file, "monitor.reward.")
+    captions = SOURCES.get(data.source).captions
+    return captions() if captions is not None else list(trainer.sample_prompts)
 
 
-def evaluation_reward(cfg: EvaluateConfig, run_cfg: TrainConfig) -> RewardConfig:
+def evaluation_reward(cfg: EvaluateConfig, run_reward: RewardConfig) -> RewardConfig:
     """The run's reward config, with the weights and CLIP model given on the command line taking precedence."""
     reward = replace(
-        run_cfg.reward,
-        weights=dict(cfg.weights or run_cfg.reward.weights),
-        clip_model=cfg.clip_model or run_cfg.reward.clip_model,
+        run_reward,
+        weights=dict(cfg.weights or run_reward.weights),
+        clip_model=cfg.clip_model or run_reward.clip_model,
     )
     if not reward.weights:
         raise ConfigError(
@@ -76,12 +78,12 @@ def reward_report(
 
     Returns the report, the images and their combined rewards.
     """
-    prompts = evaluation_prompts(cfg, run.cfg)
+    prompts = evaluation_prompts(cfg, run.cfg.data, run.cfg.trainer, run.cfg.monitor)
     group = cfg.images_per_prompt
     all_prompts = [prompt for prompt in prompts for _ in range(group)]
     seeds = [cfg.seed + j for _ in prompts for j in range(group)]
     images = run.generate_images(all_prompts, seeds, settings, cfg.batch_size)
-    reward_cfg = evaluation_reward(cfg, run.cfg)
+    reward_cfg = evaluation_reward(cfg, run.cfg.reward)
     reward = build_reward(reward_cfg, run.text_to_image.device)
     scores = reward.scores(images, all_prompts)
     rewards = reward.combine(scores).float().cpu()

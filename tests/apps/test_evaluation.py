@@ -11,11 +11,11 @@ from tests.conftest import digest
 
 def test_evaluate_needs_a_reward_when_the_run_configures_none():
     from dit_trainer.apps.evaluation import evaluation_reward
-    from dit_trainer.config import EvaluateConfig, TrainConfig
+    from dit_trainer.config import EvaluateConfig, RewardConfig
     from dit_trainer.errors import ConfigError
 
     with pytest.raises(ConfigError, match="`weights`"):
-        evaluation_reward(EvaluateConfig(run_dir="run"), TrainConfig())
+        evaluation_reward(EvaluateConfig(run_dir="run"), RewardConfig())
 
 
 def _evaluate(run_dir, *args: str) -> int:
