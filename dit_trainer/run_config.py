@@ -180,7 +180,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         )  # the models' patch grid: after the data's own checks of its buckets
     call_with_sections(check_training, cfg)
     check_unread_sections(cfg)
-    method.ask(method.check, cfg)
+    for check in method.checks():
+        method.ask(check, cfg)
     call_with_sections(check_rewards, cfg, method_scores=method.scores_rewards)
     return cfg
 

@@ -1,35 +1,15 @@
-"""The ``grpo`` section's checks: those every online method shares (``online.checks``), then a window of trained
-steps inside the sampler that each trajectory's draw fits in, and a stochastic step the objective has."""
+"""The ``grpo`` section's own checks, after those every online method shares (``online.checks``): a window of
+trained steps inside the sampler that each trajectory's draw fits in, and a stochastic step the objective has."""
 
 from __future__ import annotations
 
-from dit_trainer.config import (
-    ConditionerConfig,
-    DiffusionConfig,
-    GRPOConfig,
-    ModelConfig,
-    PrivacyConfig,
-    RewardConfig,
-    TrainerConfig,
-    ValidationConfig,
-)
+from dit_trainer.config import DiffusionConfig, GRPOConfig
 from dit_trainer.errors import require
 from dit_trainer.grpo.window import window_plan
-from dit_trainer.online.checks import check_online
 
 
-def check_grpo(
-    model: ModelConfig,
-    privacy: PrivacyConfig,
-    conditioner: ConditionerConfig,
-    diffusion: DiffusionConfig,
-    trainer: TrainerConfig,
-    reward: RewardConfig,
-    validation: ValidationConfig,
-    grpo: GRPOConfig,
-) -> None:
+def check_grpo(diffusion: DiffusionConfig, grpo: GRPOConfig) -> None:
     g = grpo
-    check_online(model, privacy, conditioner, diffusion, trainer, reward, validation, "grpo", g)
     if g.sde_window == "fixed":
         check_fixed_window(g)
     else:

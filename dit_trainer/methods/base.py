@@ -53,9 +53,14 @@ class Method:
         sections of one type names each by its role)."""
         return {}
 
+    def checks(self) -> list[Callable[..., None]]:
+        """What refuses, with one ``ConfigError`` paragraph, what this method cannot train (its own section, and what
+        it needs of the others), in order; each asked after the field checks, before any model loads. By default
+        the method's own ``check``."""
+        return [self.check]
+
     def check(self) -> None:
-        """Refuse, with one ``ConfigError`` paragraph, what this method cannot train (its own section, and what it
-        needs of the others). Called after the field checks, before any model loads."""
+        """This method's own rules (none)."""
 
     def updates_per_step(self) -> int:
         """Optimizer updates in one step of the loop: what the LR schedule counts in."""

@@ -1,36 +1,16 @@
-"""The ``nft`` section's checks: those every online method shares (``online.checks``), a deterministic rollout
-sampler of the run's objective, an objective whose x0 errors weigh the timesteps alike, and trained timesteps the
-sampler has."""
+"""The ``nft`` section's own checks, after those every online method shares (``online.checks``): a deterministic
+rollout sampler of the run's objective, an objective whose x0 errors weigh the timesteps alike, and trained timesteps
+the sampler has."""
 
 from __future__ import annotations
 
-from dit_trainer.config import (
-    ConditionerConfig,
-    DiffusionConfig,
-    ModelConfig,
-    NFTConfig,
-    PrivacyConfig,
-    RewardConfig,
-    TrainerConfig,
-    ValidationConfig,
-)
+from dit_trainer.config import DiffusionConfig, NFTConfig
 from dit_trainer.diffusion import OBJECTIVES
 from dit_trainer.errors import require
-from dit_trainer.online.checks import check_online
 
 
-def check_nft(
-    model: ModelConfig,
-    privacy: PrivacyConfig,
-    conditioner: ConditionerConfig,
-    diffusion: DiffusionConfig,
-    trainer: TrainerConfig,
-    reward: RewardConfig,
-    validation: ValidationConfig,
-    nft: NFTConfig,
-) -> None:
+def check_nft(diffusion: DiffusionConfig, nft: NFTConfig) -> None:
     n = nft
-    check_online(model, privacy, conditioner, diffusion, trainer, reward, validation, "nft", n)
     samplers = list(OBJECTIVES.get(diffusion.objective).samplers)
     sampler = n.sampler or diffusion.sampler
     require(

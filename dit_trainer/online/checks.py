@@ -35,7 +35,7 @@ def check_online(
     method: str,
     rollouts: RolloutConfig,
 ) -> None:
-    """``rollouts``: the section of ``trainer.method=method``."""
+    """``rollouts``: the section of ``trainer.method=method`` (the online method's, asked by its role)."""
     require(
         bool(trainer.init_from) or bool(model.pretrained),
         "trainer.init_from",

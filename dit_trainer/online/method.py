@@ -4,6 +4,8 @@ settings of the method's own section (a ``RolloutConfig``)."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from dit_trainer.methods.base import Method
@@ -29,6 +31,12 @@ class OnlineMethod(Method):
 
     def section_roles(self) -> dict[str, str]:
         return {"rollouts": str(self.section)}
+
+    def checks(self) -> list[Callable[..., None]]:
+        """The rules every online method shares (``online.checks``), then the method's own."""
+        from dit_trainer.online.checks import check_online
+
+        return [functools.partial(check_online, method=str(self.section)), self.check]
 
     def updates_per_step(self, rollouts: RolloutConfig) -> int:
         return rollouts.passes * rollouts.minibatches
