@@ -4,13 +4,7 @@ updates."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
-
 from dit_trainer.online.method import OnlineMethod
-
-if TYPE_CHECKING:
-    from dit_trainer.training.step import TrainingStep
 
 
 class NFTMethod(OnlineMethod):
@@ -18,20 +12,8 @@ class NFTMethod(OnlineMethod):
     section = "nft"
     title = "DiffusionNFT"
     card_tag = "diffusion-nft"
-
-    @property
-    def check(self) -> Callable[..., None]:
-        """``nft.checks.check_nft``, imported when asked: its module loads torch."""
-        from dit_trainer.nft.checks import check_nft
-
-        return check_nft
-
-    @property
-    def build_step(self) -> Callable[..., TrainingStep]:
-        """``nft.build.build_nft_step``."""
-        from dit_trainer.nft.build import build_nft_step
-
-        return build_nft_step
+    own_check = "dit_trainer.nft.checks:check_nft"
+    step_builder = "dit_trainer.nft.build:build_nft_step"
 
 
 NFT = NFTMethod()

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from dit_trainer.methods.base import Method
+from dit_trainer.registry import import_object
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -23,14 +24,26 @@ if TYPE_CHECKING:
 
 class OnlineMethod(Method):
     """A method that trains on its own rollouts; ``title`` is how the banner and the model card name it. Its
-    answers read its own section (``section``) as ``rollouts``."""
+    answers read its own section (``section``) as ``rollouts``. Its own check and step builder are named by import
+    path (``own_check``, ``step_builder``) and imported when asked: their modules load torch, and a method is named
+    while a config is validated, before any model library loads."""
 
     reads_data = False
     scores_rewards = True
     title = ""
+    own_check = ""  # `package.module:function`: the rules of the method's own section
+    step_builder = ""  # `package.module:function`: its `build_step`
 
     def section_roles(self) -> dict[str, str]:
         return {"rollouts": str(self.section)}
+
+    @property
+    def check(self) -> Callable[..., None]:
+        return import_object(self.own_check, "trainer.method")  # type: ignore[return-value]
+
+    @property
+    def build_step(self) -> Callable[..., TrainingStep]:
+        return import_object(self.step_builder, "trainer.method")  # type: ignore[return-value]
 
     def checks(self) -> list[Callable[..., None]]:
         """The rules every online method shares (``online.checks``), then the method's own."""
