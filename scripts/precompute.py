@@ -17,13 +17,13 @@ from pathlib import Path
 
 from dit_trainer.apps.cli import run_train_script
 from dit_trainer.apps.precompute import precompute
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import TrainConfig, call_with_sections
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
 def write_cache(cfg: TrainConfig) -> tuple[str, int]:
-    result = precompute(cfg)
+    result = call_with_sections(precompute, cfg)
     skipped = f", {len(result.bad_files)} unreadable files skipped" if result.bad_files else ""
     done = f"encoded {result.items} items{skipped}" if result.items else "already complete; prompts updated"
     return f"Cache {result.cache_dir}: {done}.", 0

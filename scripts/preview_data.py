@@ -15,12 +15,19 @@ shown before caption dropout, which the training step applies. Exit code 2 for a
 from __future__ import annotations
 
 import sys
+from functools import partial
 from pathlib import Path
 
-from dit_trainer.apps.cli import run_train_script
-from dit_trainer.apps.preview import preview_command, split_arguments
+from dit_trainer.apps.cli import parse_cli, run_train_script
+from dit_trainer.apps.preview import preview_data, split_arguments
+from dit_trainer.config import PreviewConfig, TrainConfig, call_with_sections
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def preview(own: list[str], cfg: TrainConfig) -> tuple[str, int]:
+    """The preview of ``cfg``'s data with the preview's own arguments ``own``."""
+    return call_with_sections(preview_data, cfg, args=parse_cli(PreviewConfig, own)).message, 0
 
 
 def main(argv: list[str]) -> int:
@@ -28,7 +35,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 0
     own, overrides = split_arguments(argv)
-    return run_train_script(CONFIG_DIR, overrides, preview_command(own))
+    return run_train_script(CONFIG_DIR, overrides, partial(preview, own))
 
 
 if __name__ == "__main__":

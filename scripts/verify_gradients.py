@@ -13,15 +13,21 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import torch
+
 from dit_trainer.apps.cli import run_train_script
 from dit_trainer.apps.verification import verify_training_setup
-from dit_trainer.config import TrainConfig
+from dit_trainer.components.build import build_components
+from dit_trainer.config import TrainConfig, call_with_sections
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
 def verify(cfg: TrainConfig) -> tuple[str, int]:
-    report = verify_training_setup(cfg)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(cfg.trainer.seed)  # the DiT initialised as the run's would be
+    parts = call_with_sections(build_components, cfg, device=device, frozen_dtype=torch.float32)
+    report = call_with_sections(verify_training_setup, cfg, parts=parts, device=device)
     return str(report), 0 if report.ok else 1
 
 

@@ -384,13 +384,29 @@ def rows_trained_in_a_step(trainer) -> list[int]:
     return rows
 
 
+def components_of(cfg, device: torch.device | None = None, frozen_dtype=torch.float32, **given):
+    """``build_components`` with the sections of ``cfg`` (and ``given``: ``cached_text``, ``dit_weights``), on the
+    CPU unless ``device`` says otherwise."""
+    from dit_trainer.components.build import build_components
+    from dit_trainer.config import call_with_sections
+
+    device = device or torch.device("cpu")
+    return call_with_sections(build_components, cfg, device=device, frozen_dtype=frozen_dtype, **given)
+
+
+def precompute_cache(cfg):
+    """``precompute`` with the sections of ``cfg``: the cache at its ``data.cache_dir``."""
+    from dit_trainer.apps.precompute import precompute
+    from dit_trainer.config import call_with_sections
+
+    return call_with_sections(precompute, cfg)
+
+
 @pytest.fixture()
 def tiny_parts():
     """The TINY_SHAPES components (shipped VAE, MiniLM, a 2-layer PixArt) on the CPU, seeded."""
-    from dit_trainer.components.build import build_components
-
     torch.manual_seed(0)
-    return build_components(compose_config(TINY_SHAPES), torch.device("cpu"), torch.float32)
+    return components_of(compose_config(TINY_SHAPES))
 
 
 @pytest.fixture()

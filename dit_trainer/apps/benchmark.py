@@ -30,12 +30,14 @@ import torch.nn.functional as F
 from diffusers import DDPMScheduler
 from torch.utils.data import DataLoader, Dataset
 
+from dit_trainer.apps.loader_benchmark import loader_images_per_second
 from dit_trainer.apps.precompute import precompute
 from dit_trainer.assemble import build_trainer, open_run_cache, plan_run
 from dit_trainer.components.build import Components, build_components
+from dit_trainer.components.geometry import configured_buckets
 from dit_trainer.components.meta import count_flops
 from dit_trainer.condition import Condition
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import TrainConfig, call_with_sections
 from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.sources.source import build_dataset
@@ -200,12 +202,12 @@ def run_benchmark(cfg: TrainConfig, out_dir: Path, warmup: int = 5, steps: int =
     cfg = replace(cfg, trainer=quiet, monitor=replace(cfg.monitor, reward=replace(cfg.monitor.reward, enabled=False)))
     cached = replace(cfg, data=replace(cfg.data, cache_dir=cfg.data.cache_dir or str(out_dir / "cache")))
     start = time.perf_counter()
-    precompute(cached)
+    call_with_sections(precompute, cached)
     precompute_seconds = time.perf_counter() - start
     uncached = replace(cfg, data=replace(cfg.data, cache_dir=None, cache_latents=False))
 
     torch.manual_seed(cfg.trainer.seed)
-    parts = build_components(cfg, device, torch.float32)
+    parts = call_with_sections(build_components, cfg, device=device, frozen_dtype=torch.float32)
     batch = cfg.trainer.batch_size
     # (a) and (b) are timed interleaved: their ratio is the framework overhead, the number that needs precision.
     interleaved = {
@@ -279,3 +281,28 @@ def format_table(report: dict) -> str:
         f"{report['train_flops_per_image']:.3g} (MFU = img/s x training FLOPs / peak FLOP/s)",
     ]
     return "\n".join(lines)
+
+
+def run_loader_benchmark(cfg: TrainConfig, out_dir: Path, workers: list[int], batches: int, steps: int) -> dict:
+    """The loader's images/s at each worker count (``loader_benchmark``) and the trainer's (uncached) step's; writes
+    ``out_dir/loader.json`` and returns it."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    buckets = configured_buckets(cfg.model, cfg.vae, cfg.data)
+    loader = {str(count): loader_images_per_second(cfg.data, cfg.trainer, buckets, count, batches) for count in workers}
+    quiet = replace(cfg.trainer, sample_every=0, log_every=10**9, checkpoint_every=0, resume=None, max_steps=10**9)
+    data = replace(cfg.data, cache_dir=None, cache_latents=False)
+    uncached = replace(
+        cfg, trainer=quiet, data=data, monitor=replace(cfg.monitor, reward=replace(cfg.monitor.reward, enabled=False))
+    )
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    step = measure({"trainer": trainer_step(uncached, out_dir / "trainer")}, cfg.trainer.batch_size, 2, steps, device)
+    report = {
+        "loader_img_s_by_workers": loader,
+        "trainer_uncached_img_s": step[0].images_per_sec,
+        "batch_size": cfg.trainer.batch_size,
+        "resolution": cfg.data.resolution,
+        "prefetch_factor": cfg.data.prefetch_factor,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    }
+    (out_dir / "loader.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
+    return report

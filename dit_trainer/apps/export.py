@@ -251,7 +251,8 @@ def export_run(cfg: ExportConfig) -> ExportResult:
         weights = weights_layout(train_cfg.lora.enabled).weights_dir(checkpoint, cfg.ema)
         transformer = run.dit.transformer
         if train_cfg.lora.enabled:  # a plain diffusers transformer: the base with the adapter merged in
-            start = trained_start(train_cfg)  # the checkpoint weights a run started from another began with
+            # the checkpoint weights a run started from another began with
+            start = trained_start(train_cfg.model, train_cfg.trainer)
             base = (
                 load_transformer(train_cfg.model)
                 if start is None

@@ -13,7 +13,7 @@ import torch
 from dit_trainer.components.build import build_components
 from dit_trainer.components.dit import DiTAdapter
 from dit_trainer.components.lora import load_adapter
-from dit_trainer.config import SampleConfig, TrainConfig, check_fields
+from dit_trainer.config import SampleConfig, TrainConfig, call_with_sections, check_fields
 from dit_trainer.config.scripts import RunCheckpointArgs
 from dit_trainer.data.sources.videofolder import write_mp4
 from dit_trainer.diffusion import SAMPLERS
@@ -115,10 +115,10 @@ def load_run(
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     if cfg.lora.enabled:  # the base model, adapters injected, then the checkpoint's adapter weights
-        parts = build_components(cfg, device, dtype)
+        parts = call_with_sections(build_components, cfg, device=device, frozen_dtype=dtype)
         load_adapter(parts.dit.transformer, weights)
     else:  # the checkpoint's folder is a whole diffusers transformer
-        parts = build_components(cfg, device, dtype, dit_weights=weights)
+        parts = call_with_sections(build_components, cfg, device=device, frozen_dtype=dtype, dit_weights=weights)
     text_to_image = TextToImage(parts.vae, parts.text_encoder, parts.schedule, parts.latent_shape, device)
     loaded_ema = weights.name.endswith("_ema")
     return TrainedRun(cfg, path, parts.dit.to(device, dtype).eval(), text_to_image, loaded_ema)

@@ -23,7 +23,14 @@ from tqdm.auto import tqdm
 from dit_trainer.components.conditioners.text_encoder import build_text_encoder
 from dit_trainer.components.geometry import check_resolution, configured_buckets
 from dit_trainer.components.vae import build_vae
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import (
+    ConditionerConfig,
+    DataConfig,
+    ModelConfig,
+    MonitorConfig,
+    TrainerConfig,
+    VAEConfig,
+)
 from dit_trainer.data.buckets import BucketTable, bucketed, in_order_loader
 from dit_trainer.data.cache.cache import (
     IMAGE_SIZES,
@@ -53,8 +60,7 @@ class PrecomputeResult:
     bad_files: list[str]
 
 
-def _refuse_random_augmentation(cfg: TrainConfig) -> None:
-    data = cfg.data
+def _refuse_random_augmentation(data: DataConfig) -> None:
     drawn = (
         ("data.crop", data.crop == "random"),
         ("data.horizontal_flip", data.horizontal_flip),
@@ -72,12 +78,12 @@ def _refuse_random_augmentation(cfg: TrainConfig) -> None:
             )
 
 
-def _cache_dir(cfg: TrainConfig) -> Path:
-    if not cfg.data.cache_dir:
+def _cache_dir(data: DataConfig) -> Path:
+    if not data.cache_dir:
         raise ConfigError(
             "data.cache_dir", None, "precompute needs a folder to write the cache into", "add `data.cache_dir=DIR`"
         )
-    return Path(cfg.data.cache_dir).expanduser()
+    return Path(data.cache_dir).expanduser()
 
 
 def _rank_share(dataset, state: PartialState):
@@ -99,17 +105,22 @@ def _source_items(share: Dataset, loader: DataLoader) -> Iterator[list[int]] | N
 
 @torch.no_grad()
 def _encode_images(
-    cfg: TrainConfig, table: BucketTable | None, cache_dir: Path, state: PartialState, vae, text_encoder
+    data: DataConfig,
+    batch_size: int,
+    table: BucketTable | None,
+    cache_dir: Path,
+    state: PartialState,
+    vae,
+    text_encoder,
 ) -> tuple[int, list]:
     """Encode this rank's share into shards; returns (items, bad files) and leaves its shard list beside them."""
     device = state.device
-    batch_size = cfg.trainer.batch_size
     sizes_dir = cache_dir / IMAGE_SIZES  # a precompute run again (one that did not finish) reads no header
-    source = bucketed(build_dataset(cfg.data), table, batch_size, False, state.is_main_process, sizes_dir)
+    source = bucketed(build_dataset(data), table, batch_size, False, state.is_main_process, sizes_dir)
     share = _rank_share(source, state)
-    loader = in_order_loader(share, batch_size, cfg.data.num_workers)  # bucket by bucket
+    loader = in_order_loader(share, batch_size, data.num_workers)  # bucket by bucket
     source_items = _source_items(share, loader)
-    storage, shards, bad_files, items = getattr(torch, cfg.data.cache_dtype), [], [], 0
+    storage, shards, bad_files, items = getattr(torch, data.cache_dtype), [], [], 0
     pending: dict[tuple[int, int], list[dict]] = {}  # encoded batches by image size: every shard holds one size
 
     def flush(size: tuple[int, int]) -> None:
@@ -131,7 +142,7 @@ def _encode_images(
         encoded |= {"caption": batch["caption"], "items": None if source_items is None else next(source_items)}
         pending.setdefault(size, []).append({k: v.cpu() if torch.is_tensor(v) else v for k, v in encoded.items()})
         items += len(batch["caption"])
-        if sum(len(b["caption"]) for b in pending[size]) >= cfg.data.cache_shard_size:
+        if sum(len(b["caption"]) for b in pending[size]) >= data.cache_shard_size:
             flush(size)
     for size in list(pending):
         flush(size)
@@ -154,7 +165,7 @@ def _write_prompts(sampled: Sequence[str], cache_dir: Path, known: list[str], te
     return prompts
 
 
-def _write_index(cfg: TrainConfig, fingerprint: dict, cache_dir: Path, num_processes: int, prompts: list[str]) -> dict:
+def _write_index(cache_dtype: str, fingerprint: dict, cache_dir: Path, num_processes: int, prompts: list[str]) -> dict:
     shards, bad_files = [], []
     for rank in range(num_processes):
         record = json.loads((cache_dir / SHARD_LIST.format(rank=rank)).read_text(encoding="utf-8"))
@@ -163,7 +174,7 @@ def _write_index(cfg: TrainConfig, fingerprint: dict, cache_dir: Path, num_proce
     index = {
         "fingerprint": fingerprint,
         "items": sum(s["items"] for s in shards),
-        "dtype": cfg.data.cache_dtype,
+        "dtype": cache_dtype,
         "shards": shards,
         "prompts": prompts,
         "bad_files": bad_files,
@@ -174,23 +185,33 @@ def _write_index(cfg: TrainConfig, fingerprint: dict, cache_dir: Path, num_proce
     return index
 
 
-def precompute(cfg: TrainConfig) -> PrecomputeResult:
-    """Write (or complete) the cache at ``data.cache_dir`` for ``cfg``. An existing complete cache for the same
-    settings and data only gets the prompts it lacks; one made with other settings is refused, never overwritten,
-    and so is a folder that holds anything but a cache."""
-    cache_dir = _cache_dir(cfg)
-    _refuse_random_augmentation(cfg)
+def precompute(
+    *,
+    model: ModelConfig,
+    vae: VAEConfig,
+    conditioner: ConditionerConfig,
+    data: DataConfig,
+    trainer: TrainerConfig,
+    monitor: MonitorConfig,
+) -> PrecomputeResult:
+    """Write (or complete) the cache at ``data.cache_dir`` of a run with these sections (by name:
+    ``call_with_sections(precompute, cfg)``): the images at the buckets ``model`` and ``vae`` allow, encoded by the
+    ``vae`` and the ``conditioner``, and the prompts the run samples (``trainer``'s, the reward ``monitor``'s). An
+    existing complete cache for the same settings and data only gets the prompts it lacks; one made with other
+    settings is refused, never overwritten, and so is a folder that holds anything but a cache."""
+    cache_dir = _cache_dir(data)
+    _refuse_random_augmentation(data)
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
-    dtype = weight_dtype(resolve_mixed_precision(cfg.trainer.mixed_precision))
-    buckets = configured_buckets(cfg.model, cfg.vae, cfg.data)
-    sampled = cache_prompts(cfg.trainer.sample_prompts, reward_monitor_prompts(cfg.monitor.reward))
-    fingerprint = cache_fingerprint(cfg.data, cfg.vae, cfg.conditioner, buckets)  # of the data before encoding
+    dtype = weight_dtype(resolve_mixed_precision(trainer.mixed_precision))
+    buckets = configured_buckets(model, vae, data)
+    sampled = cache_prompts(trainer.sample_prompts, reward_monitor_prompts(monitor.reward))
+    fingerprint = cache_fingerprint(data, vae, conditioner, buckets)  # of the data before encoding
     if (cache_dir / INDEX).is_file():
         index = read_index(cache_dir)
         check_fingerprint(index, fingerprint, cache_dir)
         items, bad_files = 0, []
         if state.is_main_process:  # the prompts file first: until the index names them, extra rows are unused
-            text_encoder = build_text_encoder(cfg.conditioner, state.device, dtype)
+            text_encoder = build_text_encoder(conditioner, state.device, dtype)
             index["prompts"] = _write_prompts(sampled, cache_dir, index["prompts"], text_encoder)
             _write_json(cache_dir / INDEX, index)
     else:
@@ -201,13 +222,15 @@ def precompute(cfg: TrainConfig) -> PrecomputeResult:
             for stale in left:  # what a precompute that did not finish wrote (its sizes index kept), and nothing else
                 stale.unlink()
         state.wait_for_everyone()
-        text_encoder = build_text_encoder(cfg.conditioner, state.device, dtype)
-        vae = build_vae(cfg.vae, state.device, dtype)
-        check_resolution(cfg.model, cfg.data, vae.downsample_factor)
-        items, bad_files = _encode_images(cfg, buckets, cache_dir, state, vae, text_encoder)
+        text_encoder = build_text_encoder(conditioner, state.device, dtype)
+        autoencoder = build_vae(vae, state.device, dtype)
+        check_resolution(model, data, autoencoder.downsample_factor)
+        items, bad_files = _encode_images(
+            data, trainer.batch_size, buckets, cache_dir, state, autoencoder, text_encoder
+        )
         state.wait_for_everyone()
         if state.is_main_process:
             prompts = _write_prompts(sampled, cache_dir, [], text_encoder)
-            _write_index(cfg, fingerprint, cache_dir, state.num_processes, prompts)
+            _write_index(data.cache_dtype, fingerprint, cache_dir, state.num_processes, prompts)
     state.wait_for_everyone()
     return PrecomputeResult(cache_dir, items, bad_files)

@@ -13,7 +13,7 @@ source images the cache was encoded from.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields, replace
 from itertools import islice
 from pathlib import Path
@@ -24,10 +24,10 @@ from accelerate.utils import set_seed
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset
 
-from dit_trainer.apps.cli import parse_cli
 from dit_trainer.apps.inference import refuse_overwrite
 from dit_trainer.components.geometry import configured_buckets
-from dit_trainer.config import PreviewConfig, TrainConfig
+from dit_trainer.config import DataConfig, ModelConfig, PreviewConfig, TrainerConfig, VAEConfig, ValidationConfig
+from dit_trainer.data.buckets import BucketTable
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.loading import build_dataloader, build_source, loader_options
 from dit_trainer.data.sources.transforms import to_tensor
@@ -63,22 +63,22 @@ class PreviewResult:
         )
 
 
-def preview_items(cfg: TrainConfig, n: int) -> tuple[list[dict], int]:
+def preview_items(
+    data: DataConfig, validation: ValidationConfig, trainer: TrainerConfig, buckets: BucketTable | None, n: int
+) -> tuple[list[dict], int]:
     """Up to ``n`` items of the training data, each ``{"image": (3, H, W) uint8, "caption", "bad_files"}``, and the
-    number of items the held-out split keeps from training."""
-    data = replace(cfg.data, cache_dir=None, cache_latents=False)  # images, not latents
-    cfg = replace(cfg, data=data)
-    set_seed(cfg.trainer.seed)
-    buckets = configured_buckets(cfg.model, cfg.vae, cfg.data)
+    number of items the held-out split keeps from training. ``buckets``: the run's table (``configured_buckets``)."""
+    data = replace(data, cache_dir=None, cache_latents=False)  # images, not latents
+    set_seed(trainer.seed)
     accelerator = Accelerator(cpu=True)  # no sizes index is written
-    dataset, held_out = build_source(cfg.data, cfg.validation, cfg.trainer.batch_size, buckets, None, accelerator)
-    held = len(held_out) if held_out is not None and cfg.validation.split and not cfg.validation.path else 0
+    dataset, held_out = build_source(data, validation, trainer.batch_size, buckets, None, accelerator)
+    held = len(held_out) if held_out is not None and validation.split and not validation.path else 0
     device = torch.device("cpu")
     if isinstance(dataset, IterableDataset):  # a stream: the training loader's first items
-        batches = build_dataloader(cfg.data, cfg.trainer, dataset, device)
+        batches = build_dataloader(data, trainer, dataset, device)
     else:
-        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(cfg.trainer.seed))
-        options = loader_options(cfg.data, dataset, device)
+        order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(trainer.seed))
+        options = loader_options(data, dataset, device)
         batches = DataLoader(
             dataset,
             batch_size=1,
@@ -122,12 +122,24 @@ def contact_sheet(images: list[torch.Tensor], labels: list[str]) -> Image.Image:
     return image_grid(tiles, min(COLUMNS, len(images)), labels=labels)
 
 
-def preview_data(cfg: TrainConfig, args: PreviewConfig) -> PreviewResult:
-    """Write ``args.n`` items of ``cfg``'s training data to ``args.out_dir``: ``00000.png``... at the size the
-    model sees, ``index.jsonl`` (``{"file", "caption", "bucket"}``, bucket as "HxW") and the contact sheet."""
+def preview_data(
+    model: ModelConfig,
+    vae: VAEConfig,
+    data: DataConfig,
+    validation: ValidationConfig,
+    trainer: TrainerConfig,
+    args: PreviewConfig,
+) -> PreviewResult:
+    """Write ``args.n`` items of the run's training data to ``args.out_dir``: ``00000.png``... at the size the
+    model sees (the buckets ``model`` and ``vae`` allow), ``index.jsonl`` (``{"file", "caption", "bucket"}``, bucket
+    as "HxW") and the contact sheet."""
+    if args.out_dir is None:
+        raise ConfigError(
+            "out_dir", None, "the preview needs a folder to write the images into", "add e.g. `out_dir=preview/my_data`"
+        )
     out_dir = Path(args.out_dir).expanduser()
     refuse_overwrite(out_dir, [INDEX, CONTACT_SHEET, *(f"{index:05d}.png" for index in range(args.n))], "preview")
-    items, held_out = preview_items(cfg, args.n)
+    items, held_out = preview_items(data, validation, trainer, configured_buckets(model, vae, data), args.n)
     out_dir.mkdir(parents=True, exist_ok=True)
     records, buckets = [], {}
     for index, item in enumerate(items):
@@ -154,20 +166,3 @@ def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
     names = {field.name for field in fields(PreviewConfig)}
     own = [item for item in argv if item.partition("=")[0] in names]
     return own, [item for item in argv if item not in own]
-
-
-def preview_command(own: list[str]) -> Callable[[TrainConfig], tuple[str, int]]:
-    """What ``run_train_script`` runs on the composed config: the preview with the arguments ``own``."""
-
-    def run(cfg: TrainConfig) -> tuple[str, int]:
-        args = parse_cli(PreviewConfig, own)
-        if args.out_dir is None:
-            raise ConfigError(
-                "out_dir",
-                None,
-                "the preview needs a folder to write the images into",
-                "add e.g. `out_dir=preview/my_data`",
-            )
-        return preview_data(cfg, args).message, 0
-
-    return run

@@ -1,8 +1,9 @@
 """``scripts/verify_gradients.py``: before a long run, check on one real batch that training trains what it should.
 
-Builds the configured components, tabulates trainable and frozen parameters per component, runs the gradient-flow
-doctor on the real loss, then takes two optimizer steps and checks that every trainable parameter moved and every
-frozen one is bit-identical (two, because LoRA's B starts at zero, so A first moves at the second step).
+Given the configured components (built by the script as a run builds them), tabulates trainable and frozen
+parameters per component, runs the gradient-flow doctor on the real loss, then takes two optimizer steps and checks
+that every trainable parameter moved and every frozen one is bit-identical (two, because LoRA's B starts at zero, so
+A first moves at the second step).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils.data import DataLoader
 
-from dit_trainer.components.build import build_components
-from dit_trainer.config import TrainConfig
+from dit_trainer.components.build import Components
+from dit_trainer.config import DataConfig, OptimConfig, PrivacyConfig, TrainerConfig
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.sources.source import build_dataset
 from dit_trainer.diagnostics import GradientReport, diagnose_gradient_flow
@@ -70,10 +71,15 @@ def _listing(what: str, names: list[str], shown: int = 8) -> str:
     return f"  {what}: {', '.join(names[:shown])}{more}"
 
 
-def verify_training_setup(cfg: TrainConfig, device: torch.device | None = None) -> VerificationReport:
-    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(cfg.trainer.seed)
-    parts = build_components(cfg, device, torch.float32)
+def verify_training_setup(
+    parts: Components,
+    data: DataConfig,
+    trainer: TrainerConfig,
+    privacy: PrivacyConfig,
+    optim: OptimConfig,
+    device: torch.device,
+) -> VerificationReport:
+    """The report on ``parts`` (on ``device``) trained on one batch of ``data`` by ``optim``'s optimizer."""
     components = {TRAINED: parts.dit, "vae": parts.vae, "text_encoder": parts.text_encoder}
     counts = [count_parameters(name, module) for name, module in components.items()]
     warnings = [
@@ -82,23 +88,23 @@ def verify_training_setup(cfg: TrainConfig, device: torch.device | None = None) 
         for c in counts
         if c.component != TRAINED and c.trainable
     ]
-    loader = DataLoader(build_dataset(cfg.data), batch_size=VERIFY_BATCH_SIZE, collate_fn=collate_batch)
+    loader = DataLoader(build_dataset(data), batch_size=VERIFY_BATCH_SIZE, collate_fn=collate_batch)
     batch = next(iter(loader))
-    generator = torch.Generator(device).manual_seed(cfg.trainer.seed)
-    loss_fn = DiffusionLoss(parts.vae, parts.text_encoder, parts.schedule, cfg.data.caption_dropout)
+    generator = torch.Generator(device).manual_seed(trainer.seed)
+    loss_fn = DiffusionLoss(parts.vae, parts.text_encoder, parts.schedule, data.caption_dropout)
 
     def compute_loss() -> torch.Tensor:
         return loss_fn(batch, parts.dit, generator)[0].mean()
 
-    if cfg.privacy.enabled and without_per_sample_gradients(parts.dit):
+    if privacy.enabled and without_per_sample_gradients(parts.dit):
         warnings.append("some trainable parameters get no per-sample gradient: DP training would refuse this DiT")
     report = VerificationReport(counts, warnings, diagnose_gradient_flow(parts.dit, compute_loss))
-    if cfg.privacy.enabled:
+    if privacy.enabled:
         report.privacy = coverage_report(parts.dit)
     if not report.gradient_flow.ok:
         return report
     before = {name: snapshot(module) for name, module in components.items()}
-    optimizer = build_optimizer(cfg.optim, parts.dit)
+    optimizer = build_optimizer(optim, parts.dit)
     for step in range(2):
         compute_loss().backward()
         if step == 0:

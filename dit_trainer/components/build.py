@@ -14,7 +14,16 @@ from dit_trainer.components.geometry import check_resolution
 from dit_trainer.components.kinds import Conditioner
 from dit_trainer.components.lora import apply_lora
 from dit_trainer.components.vae import build_vae
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import (
+    ConditionerConfig,
+    DataConfig,
+    DiffusionConfig,
+    LoRAConfig,
+    ModelConfig,
+    PrivacyConfig,
+    TrainerConfig,
+    VAEConfig,
+)
 from dit_trainer.diffusion.build import build_noise_schedule
 from dit_trainer.diffusion.schedule import NoiseSchedule
 
@@ -30,15 +39,23 @@ class Components:
     latent_shape: tuple[int, ...]  # (C, H, W), or a clip's (C, F, H, W)
 
 
-def trained_start(cfg: TrainConfig) -> Path | None:
+def trained_start(model: ModelConfig, trainer: TrainerConfig) -> Path | None:
     """The weights a run started from another begins with (``model.pretrained``: a checkpoint's weights folder, or
     the run's own copy of it): weights dit-trainer wrote, read like every checkpoint from safetensors only (a pickle
     there was put there by someone else, and is not unpickled). None for a run not started so."""
-    return Path(str(cfg.model.pretrained)) if cfg.trainer.init_weights else None
+    return Path(str(model.pretrained)) if trainer.init_weights else None
 
 
 def build_components(
-    cfg: TrainConfig,
+    *,
+    model: ModelConfig,
+    vae: VAEConfig,
+    conditioner: ConditionerConfig,
+    data: DataConfig,
+    diffusion: DiffusionConfig,
+    lora: LoRAConfig,
+    privacy: PrivacyConfig,
+    trainer: TrainerConfig,
     device: torch.device,
     frozen_dtype: torch.dtype,
     cached_text: Conditioner | None = None,
@@ -47,27 +64,26 @@ def build_components(
     """Frozen VAE and text encoder on ``device`` in ``frozen_dtype``; the DiT (float32 master weights) sized by
     the VAE's latent channels, the resolution, and the text encoder's hidden size, or loaded from ``dit_weights``
     (a checkpoint's whole transformer; by default ``trained_start``). Training from a cache passes
-    its ``cached_text`` embeddings: the text encoder is then not loaded and the VAE keeps only its decoder."""
-    vae = build_vae(cfg.vae, device, frozen_dtype)
-    check_resolution(cfg.model, cfg.data, vae.downsample_factor)
+    its ``cached_text`` embeddings: the text encoder is then not loaded and the VAE keeps only its decoder. The
+    sections come by name: ``call_with_sections(build_components, cfg, device=..., frozen_dtype=...)``."""
+    autoencoder = build_vae(vae, device, frozen_dtype)
+    check_resolution(model, data, autoencoder.downsample_factor)
     if cached_text is not None:
-        vae.drop_encoder()
-    text_encoder = cached_text or build_text_encoder(cfg.conditioner, device, frozen_dtype)
-    latent_size = cfg.data.resolution // vae.downsample_factor
-    dit_weights = dit_weights or trained_start(cfg)
-    dit = build_dit(cfg.model, vae.latent_channels, latent_size, text_encoder.size, dit_weights)
-    if cfg.lora.enabled:
-        apply_lora(dit.transformer, cfg.lora, dit.family.lora_targets)
+        autoencoder.drop_encoder()
+    text_encoder = cached_text or build_text_encoder(conditioner, device, frozen_dtype)
+    latent_size = data.resolution // autoencoder.downsample_factor
+    dit_weights = dit_weights or trained_start(model, trainer)
+    dit = build_dit(model, autoencoder.latent_channels, latent_size, text_encoder.size, dit_weights)
+    if lora.enabled:
+        apply_lora(dit.transformer, lora, dit.family.lora_targets)
     dit.freeze_dead_ends()  # after LoRA: an adapter there would wait for a gradient too
-    if cfg.privacy.enabled and dit.family.prepare_private is not None:
+    if privacy.enabled and dit.family.prepare_private is not None:
         dit.family.prepare_private(dit.transformer)  # before the optimizer and EMA collect the parameters
-    apply_fused_qkv(cfg.model, cfg.trainer, dit)  # before the memory estimate's meta copy and GRPO's reference copy
-    if cfg.trainer.gradient_checkpointing:
-        enable_gradient_checkpointing(
-            dit, cfg.trainer.reentrant_checkpointing, cfg.trainer.gradient_checkpointing_every
-        )
-    schedule = build_noise_schedule(cfg.diffusion)
-    return Components(vae, text_encoder, dit, schedule, latent_shape(cfg.data.frames, vae, latent_size))
+    apply_fused_qkv(model, trainer, dit)  # before the memory estimate's meta copy and GRPO's reference copy
+    if trainer.gradient_checkpointing:
+        enable_gradient_checkpointing(dit, trainer.reentrant_checkpointing, trainer.gradient_checkpointing_every)
+    schedule = build_noise_schedule(diffusion)
+    return Components(autoencoder, text_encoder, dit, schedule, latent_shape(data.frames, autoencoder, latent_size))
 
 
 def latent_shape(frames: int, vae: torch.nn.Module, latent_size: int) -> tuple[int, ...]:

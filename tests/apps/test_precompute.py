@@ -3,10 +3,9 @@ deleted; the sizes index folder that precompute's buckets write there is its own
 
 import pytest
 
-from dit_trainer.apps.precompute import precompute
 from dit_trainer.data.cache.cache import check_cache_folder
 from dit_trainer.errors import ConfigError
-from tests.conftest import DATA_SMALL, compose_config, digest, one_paragraph
+from tests.conftest import DATA_SMALL, compose_config, digest, one_paragraph, precompute_cache
 
 INDEX = "0123456789abcdef0123456789abcdef.json"  # a sizes index's name: its data's fingerprint digest
 
@@ -25,7 +24,7 @@ def test_precompute_into_a_folder_of_other_files_is_refused_and_deletes_nothing(
         (tmp_path / name).write_bytes(data)
     before = digest(tmp_path)
     with pytest.raises(ConfigError) as caught:
-        precompute(compose_config([*DATA_SMALL, f"data.cache_dir={tmp_path}"]))
+        precompute_cache(compose_config([*DATA_SMALL, f"data.cache_dir={tmp_path}"]))
     assert "not part of a cache" in one_paragraph(caught.value, "data.cache_dir")
     assert INDEX not in str(caught.value) and digest(tmp_path) == before  # the sizes index is not among them
 
@@ -34,7 +33,7 @@ def test_a_cache_dir_that_is_a_file_is_refused(tmp_path):
     shard = tmp_path / "shard-000000.tar"
     shard.write_bytes(b"a webdataset shard")
     with pytest.raises(ConfigError) as caught:
-        precompute(compose_config([*DATA_SMALL, f"data.cache_dir={shard}"]))
+        precompute_cache(compose_config([*DATA_SMALL, f"data.cache_dir={shard}"]))
     assert "is a file" in one_paragraph(caught.value, "data.cache_dir")
     assert shard.read_bytes() == b"a webdataset shard"
 

@@ -4,20 +4,17 @@ tests/e2e/test_verification.py.)"""
 
 import torch
 
-from tests.conftest import TINY_SHAPES, compose_config
+from tests.conftest import TINY_SHAPES, components_of, compose_config
 
 
-def test_verification_warns_about_a_component_that_should_be_frozen(monkeypatch):
-    from dit_trainer.apps import verification
+def test_verification_warns_about_a_component_that_should_be_frozen():
+    from dit_trainer.apps.verification import verify_training_setup
+    from dit_trainer.config import call_with_sections
 
-    def build_with_a_trainable_vae(*args, **kwargs):
-        parts = build_components(*args, **kwargs)
-        parts.vae.requires_grad_(True)  # the planted bug: a "frozen" component that is not
-        return parts
-
-    build_components = verification.build_components
-    monkeypatch.setattr(verification, "build_components", build_with_a_trainable_vae)
-    report = verification.verify_training_setup(compose_config(TINY_SHAPES), torch.device("cpu"))
+    cfg = compose_config(TINY_SHAPES)
+    parts = components_of(cfg)
+    parts.vae.requires_grad_(True)  # the planted bug: a "frozen" component that is not
+    report = call_with_sections(verify_training_setup, cfg, parts=parts, device=torch.device("cpu"))
     assert not report.ok and report.gradient_flow.ok
     assert len(report.warnings) == 1 and report.warnings[0].startswith("the vae should be frozen")
     assert report.changes.unchanged_trainable and all(n.startswith("vae.") for n in report.changes.unchanged_trainable)

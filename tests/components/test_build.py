@@ -6,17 +6,16 @@ import torch
 
 from dit_trainer.errors import ConfigError
 
-from ..conftest import TINY_SHAPES, compose_config, one_paragraph
+from ..conftest import TINY_SHAPES, components_of, compose_config, one_paragraph
 
 
 def test_a_resolution_is_checked_again_once_the_vae_is_loaded():
     """A VAE named by a hub id that is not on this machine yet has an unknown factor until it loads."""
-    from dit_trainer.components.build import build_components
 
     cfg = compose_config(TINY_SHAPES)
     cfg.data.resolution = 33  # as if validation could not know the VAE's factor
     with pytest.raises(ConfigError) as caught:
-        build_components(cfg, torch.device("cpu"), torch.float32)
+        components_of(cfg)
     assert "2 × 4 = 8" in one_paragraph(caught.value, "data.resolution")
 
 
@@ -25,7 +24,7 @@ def test_a_grpo_run_reads_the_weights_it_starts_from_from_safetensors_only(tmp_p
     (diffusers would otherwise fall back to reading a lone `.bin` with `torch.load`)."""
     import dataclasses
 
-    from dit_trainer.components.build import build_components, trained_start
+    from dit_trainer.components.build import trained_start
 
     from ..conftest import SHAPES_TRANSFORMER, build_tiny_transformer
 
@@ -37,7 +36,7 @@ def test_a_grpo_run_reads_the_weights_it_starts_from_from_safetensors_only(tmp_p
         model=dataclasses.replace(cfg.model, pretrained=str(start)),
         trainer=dataclasses.replace(cfg.trainer, init_weights=str(start)),
     )
-    assert trained_start(cfg) == start
+    assert trained_start(cfg.model, cfg.trainer) == start
     monkeypatch.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("a pickle was loaded"))
     with pytest.raises(OSError, match="safetensors"):
-        build_components(cfg, torch.device("cpu"), torch.float32)
+        components_of(cfg)

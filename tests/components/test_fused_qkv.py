@@ -6,12 +6,11 @@ fused processor does not take."""
 import pytest
 import torch
 
-from dit_trainer.components.build import build_components
 from dit_trainer.components.fused_qkv import FusedProjection, fuse_qkv
 from dit_trainer.errors import ConfigError
 from dit_trainer.run_config import validate
 
-from ..conftest import TINY_SHAPES, compose_config, one_paragraph
+from ..conftest import TINY_SHAPES, components_of, compose_config, one_paragraph
 from .test_meta import FAMILIES, _inputs
 
 
@@ -49,5 +48,5 @@ def test_fusing_what_another_switch_wraps_is_refused(overrides, says):
 def test_a_family_whose_attention_the_fused_processor_does_not_take_is_refused():
     cfg = compose_config(["+experiment=shapes_sd3", "model.num_layers=1", "trainer.fused_qkv=true"])
     with pytest.raises(ConfigError) as caught:
-        build_components(cfg, torch.device("cpu"), torch.float32)
+        components_of(cfg)
     assert "JointAttnProcessor2_0" in one_paragraph(caught.value, "trainer.fused_qkv")

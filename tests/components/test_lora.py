@@ -5,13 +5,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from dit_trainer.components.build import build_components
 from dit_trainer.data.sources.shapes import ShapesDataset
 from dit_trainer.diffusion.loss import diffusion_loss
 from dit_trainer.errors import ConfigError
 from dit_trainer.training.optim import build_optimizer
 
-from ..conftest import TINY_SHAPES, compose_config, lora_overrides
+from ..conftest import TINY_SHAPES, components_of, compose_config, lora_overrides
 
 CPU = torch.device("cpu")
 
@@ -19,7 +18,7 @@ CPU = torch.device("cpu")
 def test_lora_with_gradient_checkpointing_trains_adapters_and_leaves_the_base_bit_identical(tiny_pixart_dir):
     cfg = compose_config([*TINY_SHAPES, *lora_overrides(tiny_pixart_dir)])
     torch.manual_seed(0)
-    parts = build_components(cfg, CPU, torch.float32)
+    parts = components_of(cfg)
     transformer = parts.dit.transformer
     assert transformer.is_gradient_checkpointing
     named = dict(transformer.named_parameters())
@@ -48,7 +47,7 @@ def test_lora_needs_a_pretrained_base_and_known_target_modules(tiny_pixart_dir):
         compose_config([*TINY_SHAPES, "lora.enabled=true"])
     cfg = compose_config([*TINY_SHAPES, *lora_overrides(tiny_pixart_dir), "lora.target_modules=[no_such_layer]"])
     with pytest.raises(ConfigError, match="`lora.target_modules`"):
-        build_components(cfg, CPU, torch.float32)
+        components_of(cfg)
 
 
 def test_switching_the_adapters_off_and_on_keeps_a_frozen_adapter_frozen(tiny_transformer):

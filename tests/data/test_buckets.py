@@ -9,7 +9,6 @@ from itertools import islice
 import pytest
 import torch
 
-from dit_trainer.apps.precompute import precompute
 from dit_trainer.assemble import build_trainer
 from dit_trainer.components.geometry import configured_buckets
 from dit_trainer.data.buckets import (
@@ -23,7 +22,7 @@ from dit_trainer.data.sources.shapes import write_shapes_folder
 from dit_trainer.errors import ConfigError, ModelLoadError
 from dit_trainer.training.batches import resumable_batches
 
-from ..conftest import TINY_SHAPES, compose_config, open_cache_of
+from ..conftest import TINY_SHAPES, compose_config, open_cache_of, precompute_cache
 from .files import CANVASES, SIZES, bucketed, shards_of
 
 
@@ -95,7 +94,7 @@ def test_a_bucketed_cache_keeps_each_items_bucket(tmp_path, source):
     overrides = [*TINY_SHAPES, *bucketed(tmp_path / "images"), f"data.cache_dir={tmp_path / 'cache'}"]
     if source == "webdataset":  # batches assembled per bucket from the stream, every one written
         overrides += ["data=webdataset", f"data.path={shards_of(tmp_path / 'images', tmp_path)}"]
-    precompute(compose_config(overrides))
+    precompute_cache(compose_config(overrides))
     sizes_indexes = list((tmp_path / "cache" / "image_sizes").glob("*.json"))
     assert len(sizes_indexes) == (source == "imagefolder")  # in the cache it served (a stream needs none)
     index = json.loads((tmp_path / "cache" / "index.json").read_text())

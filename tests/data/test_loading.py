@@ -3,10 +3,9 @@ is refused before training, whatever its source."""
 
 import pytest
 
-from dit_trainer.apps.precompute import precompute
 from dit_trainer.errors import ConfigError
 
-from ..conftest import DATA_SMALL, TINY_SHAPES, compose_config, one_paragraph
+from ..conftest import DATA_SMALL, TINY_SHAPES, compose_config, one_paragraph, precompute_cache
 from .files import png_bytes
 
 
@@ -26,7 +25,7 @@ def _small_data(tmp_path, source: str) -> list[str]:
         return [*TINY_SHAPES, "data=imagefolder", f"data.path={_tiny_image_folder(folder, 3)}", "vae=pixel",
                 "data.resolution=16", "data.num_workers=0"]  # fmt: skip
     if source == "cache":
-        precompute(compose_config([*DATA_SMALL, f"data.cache_dir={tmp_path / 'cache'}"]))
+        precompute_cache(compose_config([*DATA_SMALL, f"data.cache_dir={tmp_path / 'cache'}"]))
         return [*DATA_SMALL, f"data.cache_dir={tmp_path / 'cache'}"]
     if source == "dp":
         return ["+experiment=shapes_dp", *TINY_SHAPES[1:], "data.length=8"]

@@ -5,14 +5,13 @@ down with each objective and timestep density."""
 import pytest
 import torch
 
-from dit_trainer.components.build import build_components
 from dit_trainer.components.conditioners.class_labels import ClassLabels
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.sources.shapes import ShapesDataset
 from dit_trainer.diffusion.loss import batch_condition, diffusion_loss, per_sample_mse
 from dit_trainer.training.optim import build_optimizer
 
-from ..conftest import TINY_SHAPES, compose_config, tiny_loss
+from ..conftest import TINY_SHAPES, components_of, compose_config, tiny_loss
 
 
 def test_a_step_trains_every_dit_parameter_and_no_frozen_one(tiny_parts, image_batch):
@@ -78,7 +77,7 @@ def test_each_objective_and_density_trains(overrides):
     cfg = compose_config([*TINY_SHAPES, *overrides, "diffusion.objective=flow_matching"] if "diffusion=flow" in
                          overrides else [*TINY_SHAPES, *overrides])  # fmt: skip
     torch.manual_seed(0)
-    parts = build_components(cfg, torch.device("cpu"), torch.float32)
+    parts = components_of(cfg)
     optimizer = build_optimizer(cfg.optim, parts.dit)
     data = ShapesDataset(64, 32, seed=1)
     batch = collate_batch([data[i] for i in range(16)])

@@ -10,8 +10,6 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
-from dit_trainer.apps.precompute import precompute
-from dit_trainer.components.build import build_components
 from dit_trainer.data.cache.cache import INDEX
 from dit_trainer.data.cache.cached_prompts import CachedPrompts
 from dit_trainer.data.collate import collate_batch
@@ -26,8 +24,10 @@ from ..conftest import (
     CPU_PROCESSES,
     QUIET,
     accelerate_launch,
+    components_of,
     compose_config,
     open_cache_of,
+    precompute_cache,
     read_metrics,
     run_here,
     run_script,
@@ -51,7 +51,7 @@ def test_precompute_writes_sharded_posteriors_and_embeddings(cache_dir):
     index = json.loads((cache_dir / INDEX).read_text())
     assert index["items"] == 40 and [s["items"] for s in index["shards"]] == [16, 16, 8]
     cfg = compose_config([*CACHE_SHAPES, f"data.cache_dir={cache_dir}"])
-    parts = build_components(cfg, CPU, torch.float32)
+    parts = components_of(cfg)
     first = load_file(cache_dir / index["shards"][0]["file"])
     images = torch.stack([ShapesDataset(40, 32)[i]["image"] for i in range(16)])
     mean, std = parts.vae.encode_posterior(images)
@@ -90,7 +90,7 @@ def test_the_in_memory_cache_gathers_whole_batches_which_may_be_empty(cache_dir)
 def test_training_from_the_cache_loads_no_encoder(cache_dir):
     cfg = compose_config([*CACHE_SHAPES, f"data.cache_dir={cache_dir}"])
     dataset, text = open_cache_of(cfg)
-    parts = build_components(cfg, CPU, torch.float32, text)
+    parts = components_of(cfg, cached_text=text)
     assert isinstance(parts.text_encoder, CachedPrompts) and parts.vae.autoencoder.encoder is None
     assert len(dataset) == 40 and dataset.in_memory
     assert parts.vae.decode(torch.zeros(1, *parts.latent_shape)).shape == (1, 3, 32, 32)  # the decoder samples
@@ -117,7 +117,7 @@ def test_new_sample_prompts_are_added_without_reencoding(cache_dir):
     with pytest.raises(ConfigError, match="no embedding for the prompts"):
         open_cache_of(compose_config(with_prompt))
     shards = {p.name: p.stat().st_mtime_ns for p in cache_dir.glob("shard-*")}
-    assert precompute(compose_config(with_prompt)).items == 0
+    assert precompute_cache(compose_config(with_prompt)).items == 0
     _, text = open_cache_of(compose_config(with_prompt))
     assert text.encode(["a tiny green triangle"])[0].shape == (1, 8, 384)
     assert {p.name: p.stat().st_mtime_ns for p in cache_dir.glob("shard-*")} == shards
@@ -137,7 +137,7 @@ def test_adding_prompts_interrupted_mid_write_leaves_the_cache_intact(cache_dir,
     monkeypatch.setattr("dit_trainer.apps.precompute.save_file", killed_mid_write)
     with_prompt = [*CACHE_SHAPES, f"data.cache_dir={copy}", "trainer.sample_prompts=[a tiny green triangle]"]
     with pytest.raises(KeyboardInterrupt):
-        precompute(compose_config(with_prompt))
+        precompute_cache(compose_config(with_prompt))
     assert {p.name: p.read_bytes() for p in copy.iterdir() if p.name in before} == before
     _, text = open_cache_of(compose_config([*CACHE_SHAPES, f"data.cache_dir={copy}"]))
     assert text.encode([""])[0].shape == (1, 8, 384)
@@ -162,13 +162,13 @@ def test_a_pooled_condition_is_cached_fingerprinted_and_trains_as_encoding_does(
               "monitor.reward.enabled=false", "validation.every_n_steps=0",
               f"data.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
     cfg = compose_config(pooled)
-    precompute(cfg)
+    precompute_cache(cfg)
     dataset, text = open_cache_of(cfg)
     assert "text_pooled" in dataset.keys and text.size.pooled == 384
     torch.manual_seed(0)
-    cached = build_components(cfg, CPU, torch.float32, text)
+    cached = components_of(cfg, cached_text=text)
     torch.manual_seed(0)
-    live = build_components(compose_config(pooled[:-1]), CPU, torch.float32)
+    live = components_of(compose_config(pooled[:-1]))
     rows = list(range(16))
     from_cache = collate_batch([dataset[i] for i in rows])
     from_images = collate_batch([ShapesDataset(40, 32)[i] for i in rows])

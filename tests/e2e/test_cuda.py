@@ -12,13 +12,13 @@ import torch
 from dit_trainer.apps.gpu_check.assets import Assets, write_assets
 from dit_trainer.apps.gpu_check.device import compiler_missing
 from dit_trainer.apps.gpu_check.throughput import sdpa_kernels, synthetic_inputs
-from dit_trainer.components.build import build_components
 from dit_trainer.data.sources.shapes import ShapesDataset
 from dit_trainer.rewards.clip import load_clip_score
 
 from ..conftest import (
     REPO,
     TINY_SHAPES,
+    components_of,
     compose_config,
     free_port,
     grpo_overrides,
@@ -75,7 +75,7 @@ def test_a_video_dit_trains_on_clips_and_resumes_on_the_gpu(tmp_path):
 
 
 def test_the_frozen_encoders_take_the_weight_dtype_and_the_dit_trains_in_float32(t5):
-    parts = build_components(compose_config([*TINY_SHAPES, *t5]), CUDA, torch.bfloat16)
+    parts = components_of(compose_config([*TINY_SHAPES, *t5]), CUDA, torch.bfloat16)
     for frozen in (parts.vae, parts.text_encoder):
         parameters = list(frozen.parameters()) if isinstance(frozen, torch.nn.Module) else []
         assert all(p.dtype == torch.bfloat16 and p.device.type == "cuda" and not p.requires_grad for p in parameters)
@@ -83,7 +83,7 @@ def test_the_frozen_encoders_take_the_weight_dtype_and_the_dit_trains_in_float32
 
 
 def test_attention_runs_a_fused_kernel_under_bf16_autocast(t5):
-    parts = build_components(compose_config([*TINY_SHAPES, *t5]), CUDA, torch.bfloat16)
+    parts = components_of(compose_config([*TINY_SHAPES, *t5]), CUDA, torch.bfloat16)
     dit = parts.dit.to(CUDA)
     inputs = synthetic_inputs(parts, 2, CUDA)
 

@@ -3,13 +3,12 @@ not train."""
 
 import torch
 
-from dit_trainer.components.build import build_components
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.sources.shapes import ShapesDataset
 from dit_trainer.diffusion.loss import diffusion_loss
 from dit_trainer.training.optim import build_optimizer
 
-from ..conftest import TINY_SHAPES, compose_config
+from ..conftest import TINY_SHAPES, components_of, compose_config
 
 
 def test_learned_variance_outputs_stay_as_loaded_under_weight_decay():
@@ -17,7 +16,7 @@ def test_learned_variance_outputs_stay_as_loaded_under_weight_decay():
     weight decay, so they do not drift; the mean half trains."""
     cfg = compose_config([*TINY_SHAPES, "model.learned_sigma=true", "optim.weight_decay=0.1"])
     torch.manual_seed(0)
-    parts = build_components(cfg, torch.device("cpu"), torch.float32)
+    parts = components_of(cfg)
     proj = parts.dit.transformer.proj_out
     assert proj.out_features == parts.dit.transformer.config.patch_size**2 * 2 * parts.latent_shape[0]
     before = proj.weight.detach().clone()

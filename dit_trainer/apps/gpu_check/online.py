@@ -20,6 +20,7 @@ from diffusers import ModelMixin
 from dit_trainer.apps.gpu_check.assets import Assets
 from dit_trainer.assemble import build_trainer
 from dit_trainer.components.build import build_components
+from dit_trainer.config import call_with_sections
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
 from dit_trainer.run_config import compose_train_config
 
@@ -57,7 +58,8 @@ def online_steps(recipe: list[str], assets: Assets, what: str, config_dir: Path,
     pretrained = work / f"random-{name}"
     if not pretrained.is_dir():
         dtype = weight_dtype(resolve_mixed_precision(precision))
-        save_once(build_components(base, torch.device("cpu"), dtype).dit.transformer, pretrained)
+        parts = call_with_sections(build_components, base, device=torch.device("cpu"), frozen_dtype=dtype)
+        save_once(parts.dit.transformer, pretrained)
 
     def make(group: int) -> Callable[[], object]:
         method = [f"trainer.method={what}", f"{what}.prompts=[a red circle]", f"{what}.prompt_file=null",

@@ -33,7 +33,7 @@ from dit_trainer.components.compile import compile_blocks
 from dit_trainer.components.dit import DiTAdapter, build_dit
 from dit_trainer.components.meta import count_flops
 from dit_trainer.condition import Condition
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import TrainConfig, call_with_sections
 from dit_trainer.data.cache.cache import (
     INDEX,
     PROMPTS,
@@ -302,9 +302,8 @@ def _throughput_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> P
             write_synthetic_cache(cfg, items, TINY_WIDTH if job.tiny else T5_XXL_WIDTH)
         _wait_for(Path(str(cfg.data.cache_dir)) / INDEX)
         cached_text = open_run_cache(cfg, plan_run(cfg, method_of(cfg.trainer), 1), device)[1]
-    parts = build_components(
-        cfg, device, weight_dtype(resolve_mixed_precision(cfg.trainer.mixed_precision)), cached_text
-    )
+    dtype = weight_dtype(resolve_mixed_precision(cfg.trainer.mixed_precision))
+    parts = call_with_sections(build_components, cfg, device=device, frozen_dtype=dtype, cached_text=cached_text)
     with torch.device("meta"):  # the model's own FLOPs: recomputation by checkpointing is not counted
         meta_dit = build_dit(cfg.model, parts.latent_shape[0], parts.latent_shape[-1], parts.text_encoder.size)
     train_flops = count_flops(meta_dit, *synthetic_inputs(parts, 2, device))[1]

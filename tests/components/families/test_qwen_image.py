@@ -7,7 +7,6 @@ import pytest
 import torch
 from diffusers import QwenImagePipeline
 
-from dit_trainer.components.build import build_components
 from dit_trainer.components.conditioners.text_encoder import build_text_encoder
 from dit_trainer.components.dit import build_dit
 from dit_trainer.components.families.flux import pack
@@ -18,7 +17,7 @@ from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ConditionerConfig, ModelConfig, VAEConfig
 from dit_trainer.errors import ConfigError
 
-from ...conftest import TINY_SHAPES, compose_config
+from ...conftest import TINY_SHAPES, components_of, compose_config
 from ...tiny_qwen_image import MAX_LENGTH, TRANSFORMER, WIDTH, qwen_image_overrides, write_tiny_qwen_image
 
 PROMPTS = ["a red circle", "A Blue square on the left", ""]
@@ -124,7 +123,7 @@ def test_guidance_rescales_each_token_as_the_pipeline_does():
 
 def test_flops_are_counted_on_the_meta_device(qwen_image_folder):
     cfg = compose_config([*TINY_SHAPES, *qwen_image_overrides(qwen_image_folder)])
-    parts = build_components(cfg, torch.device("cpu"), torch.float32, None)
+    parts = components_of(cfg)
     forward, training = count_flops(parts.dit, *meta_inputs(parts, 1))
     assert 0 < forward < training
 

@@ -7,7 +7,6 @@ import pytest
 import torch
 from diffusers import ZImagePipeline
 
-from dit_trainer.components.build import build_components
 from dit_trainer.components.conditioners.text_encoder import build_text_encoder
 from dit_trainer.components.dit import build_dit
 from dit_trainer.components.families.z_image import Z_IMAGE, rope_axes
@@ -16,7 +15,7 @@ from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ConditionerConfig, ModelConfig
 from dit_trainer.errors import ConfigError
 
-from ...conftest import TINY_SHAPES, compose_config
+from ...conftest import TINY_SHAPES, components_of, compose_config
 from ...tiny_z_image import EXTRA, MAX_LENGTH, TRANSFORMER, WIDTH, write_tiny_z_image, z_image_overrides
 
 PROMPTS = ["a red circle", "A Blue square on the left", ""]
@@ -62,7 +61,7 @@ def test_flops_are_counted_on_the_meta_device(z_image_folder):
     """The memory estimate and the FLOP count run the model on meta tensors, where a mask's values are unknown:
     every caption token counts."""
     cfg = compose_config([*TINY_SHAPES, *z_image_overrides(z_image_folder)])
-    parts = build_components(cfg, torch.device("cpu"), torch.float32, None)
+    parts = components_of(cfg)
     forward, training = count_flops(parts.dit, *meta_inputs(parts, 1))
     assert 0 < forward < training
 

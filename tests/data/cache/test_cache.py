@@ -8,10 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from dit_trainer.apps.precompute import precompute
 from dit_trainer.data.cache.cache import INDEX, save_shard
 from dit_trainer.errors import ConfigError
-from tests.conftest import CACHE_SHAPES, DATA_SMALL, TINY_SHAPES, compose_config, digest, one_paragraph, open_cache_of
+from tests.conftest import (
+    CACHE_SHAPES,
+    DATA_SMALL,
+    TINY_SHAPES,
+    compose_config,
+    digest,
+    one_paragraph,
+    open_cache_of,
+    precompute_cache,
+)
 
 CPU = torch.device("cpu")
 
@@ -21,7 +29,7 @@ def test_an_incomplete_cache_and_random_augmentation_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="no complete cache there"):
         open_cache_of(compose_config([*CACHE_SHAPES, f"data.cache_dir={tmp_path}"]))
     with pytest.raises(ConfigError, match="`data.horizontal_flip`.*drawn once and frozen"):
-        precompute(compose_config([*CACHE_SHAPES, f"data.cache_dir={tmp_path}", "data.horizontal_flip=true"]))
+        precompute_cache(compose_config([*CACHE_SHAPES, f"data.cache_dir={tmp_path}", "data.horizontal_flip=true"]))
 
 
 @pytest.mark.parametrize(("value", "dtype"), [(float("nan"), torch.float32), (1e6, torch.float16)])
@@ -39,7 +47,7 @@ def test_a_folder_whose_index_json_is_not_a_cache_index_is_refused_and_kept(tmp_
     (tmp_path / "shard-000000.tar").write_bytes(b"a webdataset shard")
     before = digest(tmp_path)
     cfg = compose_config([*DATA_SMALL, f"data.cache_dir={tmp_path}"])
-    for use in (lambda: open_cache_of(cfg), lambda: precompute(cfg)):
+    for use in (lambda: open_cache_of(cfg), lambda: precompute_cache(cfg)):
         with pytest.raises(ConfigError) as caught:
             use()
         assert "not written by" in one_paragraph(caught.value, "data.cache_dir")
@@ -69,7 +77,7 @@ def _folder_config(images: Path, cache: Path, *overrides: str):
 def folder_cache(tmp_path) -> tuple[Path, Path]:
     """A cache of a 4-image folder, written in-process: (images, cache)."""
     images, cache = _image_folder(tmp_path / "images", 4), tmp_path / "cache"
-    precompute(_folder_config(images, cache))
+    precompute_cache(_folder_config(images, cache))
     return images, cache
 
 
@@ -124,7 +132,7 @@ def test_what_an_unfinished_precompute_left_is_replaced(folder_cache):
     (cache / "shards-00000.json").write_text("{}")
     (cache / ".index.json.partial").write_text("{")
     (cache / "shard-00003-00007.safetensors").write_bytes(b"stale")
-    assert precompute(_folder_config(images, cache)).items == 4
+    assert precompute_cache(_folder_config(images, cache)).items == 4
     assert sorted(p.name for p in cache.iterdir()) == [INDEX, "prompts.safetensors", "shard-00000-00000.safetensors"]
 
 

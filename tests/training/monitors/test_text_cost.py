@@ -4,20 +4,18 @@ captions, or has no weights (class labels)."""
 
 import logging
 
-import torch
 from accelerate.state import PartialState
 from torch.utils.flop_counter import FlopCounterMode
 
-from dit_trainer.components.build import build_components
 from dit_trainer.training.monitors.text_cost import encoding_flops, live_encoding_cost, warn_live_text_encoding
-from tests.conftest import TINY_SHAPES, class_conditional, compose_config
+from tests.conftest import TINY_SHAPES, class_conditional, components_of, compose_config
 
 WARNING = "The text encoder encodes every caption every step"
 
 
 def _warnings(overrides: list[str], caplog) -> list[str]:
     cfg = compose_config(overrides)
-    parts = build_components(cfg, torch.device("cpu"), torch.float32)
+    parts = components_of(cfg)
     PartialState()  # accelerate's logger asks which process it is on
     with caplog.at_level(logging.WARNING):
         warn_live_text_encoding(cfg.conditioner, cfg.trainer.batch_size, parts)
@@ -43,7 +41,7 @@ def test_no_warning_when_captions_are_remembered_or_the_encoder_is_cheap(caplog,
     assert not _warnings(TINY_SHAPES, caplog)  # the shapes default remembers its 24 captions
     tiny_t5 = ["conditioner=t5", f"conditioner.pretrained={tiny_t5_dir}", "conditioner.memo_size=0"]
     cfg = compose_config([*TINY_SHAPES, *tiny_t5])
-    parts = build_components(cfg, torch.device("cpu"), torch.float32)
+    parts = components_of(cfg)
     text, dit = live_encoding_cost(cfg.conditioner, cfg.trainer.batch_size, parts)
     assert 0 < text < 0.25 * dit  # a 2-layer, 32-wide T5 at 120 tokens
     assert not _warnings([*TINY_SHAPES, *tiny_t5], caplog)

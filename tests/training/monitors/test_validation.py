@@ -5,9 +5,8 @@ from itertools import islice
 
 import pytest
 
-from dit_trainer.apps.precompute import precompute
 from dit_trainer.assemble import build_trainer
-from tests.conftest import TINY_SHAPES, VALIDATE, compose_config, validation_monitor
+from tests.conftest import TINY_SHAPES, VALIDATE, compose_config, precompute_cache, validation_monitor
 from tests.data.files import captioned_folder
 
 
@@ -20,7 +19,7 @@ def test_held_out_images_are_never_trained_on(tmp_path, cached):
                  "data.num_workers=0", "trainer.batch_size=4", *VALIDATE]  # fmt: skip
     if cached:  # the held-out posteriors come from the cache, and the in-memory latents are the training subset's
         overrides += [f"data.cache_dir={tmp_path / 'cache'}", "data.cache_latents=true"]
-        precompute(compose_config(overrides))
+        precompute_cache(compose_config(overrides))
     else:
         overrides.append("data.horizontal_flip=true")
     trainer = build_trainer(compose_config(overrides), tmp_path / "run")
