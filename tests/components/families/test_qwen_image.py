@@ -128,6 +128,7 @@ def test_flops_are_counted_on_the_meta_device(qwen_image_folder):
     assert 0 < forward < training
 
 
+@pytest.mark.slow  # about 14 s: full-size models on the meta device
 def test_qwen_image_s_size_from_the_model_keys_is_the_class_s_published_configuration():
     """``model.*`` at Qwen-Image's sizes (24 heads x 128, 60 layers) with Qwen2.5-VL-7B's 3,584-wide features and the
     16-channel VAE build the class's default configuration, the released one: 20,430,401,088 parameters (the model

@@ -137,6 +137,7 @@ class MetaUMT5(nn.Module):
         return Condition(torch.zeros(len(prompts), 512, 4096), torch.ones(len(prompts), 512, dtype=torch.long))
 
 
+@pytest.mark.slow  # about 14 s: full-size models on the meta device
 def test_the_14b_lora_recipe_s_memory_estimate_is_printed_and_refuses_a_batch_that_cannot_fit(online, tmp_path, capsys):
     """wan21_t2v_14b_lora's parts on the meta device (the released 14B with rank-32 adapters, UMT5-XXL and Wan's VAE in
     bf16, clips of 81 frames at 512 px: 16 x 21 x 64 x 64 latents, gradient checkpointing): one 80 GB GPU cannot
