@@ -313,8 +313,18 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
             cfg.data, cfg.validation, batch_size, plan.buckets, cache, accelerator, sizes_dir
         )
     frozen_dtype = weight_dtype(accelerator.mixed_precision)
-    parts = call_with_sections(
-        build_components, cfg, device=accelerator.device, frozen_dtype=frozen_dtype, cached_text=cached_text
+    parts = build_components(
+        model=cfg.model,
+        vae=cfg.vae,
+        conditioner=cfg.conditioner,
+        data=cfg.data,
+        diffusion=cfg.diffusion,
+        lora=cfg.lora,
+        privacy=cfg.privacy,
+        trainer=cfg.trainer,
+        device=accelerator.device,
+        frozen_dtype=frozen_dtype,
+        cached_text=cached_text,
     )
     # Logged; on a GPU, a run whose `trainer.batch_size` steps cannot fit is refused before step 1.
     report_memory(cfg.trainer, cfg.optim.name, parts, accelerator, refuse_unfit=reads_data)
