@@ -30,7 +30,7 @@ from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.components.geometry import configured_buckets
 from dit_trainer.config import TrainConfig, TrainerConfig, call_with_sections
 from dit_trainer.data.buckets import BucketTable
-from dit_trainer.data.cache.cache import CacheDataset, cache_prompts, open_cache
+from dit_trainer.data.cache.cache import CacheDataset, open_cache
 from dit_trainer.data.cache.cached_prompts import CachedPrompts
 from dit_trainer.data.cache.fingerprint import cache_fingerprint
 from dit_trainer.data.loading import build_dataloader, build_source, build_training_data, loader_options
@@ -41,7 +41,7 @@ from dit_trainer.errors import ConfigError
 from dit_trainer.methods import method_of
 from dit_trainer.methods.base import Method
 from dit_trainer.precision import allow_tf32, resolve_mixed_precision, weight_dtype
-from dit_trainer.prompts import reward_monitor_prompts
+from dit_trainer.prompts import reward_monitor_prompts, sampled_prompts
 from dit_trainer.runs.init_run import own_starting_weights
 from dit_trainer.runs.run_folder import CHECKPOINTS, CONFIG, IMAGE_SIZES, remove_unfinished_writes, weights_layout
 from dit_trainer.runs.run_lock import RunFolderLock
@@ -162,7 +162,7 @@ def plan_run(cfg: TrainConfig, method: Method, processes: int) -> RunPlan:
         updates_per_step=method.ask(method.updates_per_step, cfg),
         images_per_step=per_process * processes,
         reward_prompts=tuple(reward_prompts),
-        sampled_prompts=tuple(cache_prompts(cfg.trainer.sample_prompts, reward_prompts)),
+        sampled_prompts=tuple(sampled_prompts(cfg.trainer.sample_prompts, reward_prompts)),
     )
 
 

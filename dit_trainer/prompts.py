@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+from collections.abc import Sequence
 from pathlib import Path
 
 from dit_trainer.config import RewardMonitorConfig
@@ -31,6 +32,12 @@ def reward_monitor_prompts(reward: RewardMonitorConfig) -> list[str]:
     """The prompts the reward monitor samples (none while it is off): read once into the run's plan, which the
     monitor and the disk cache's prompt check both take."""
     return load_prompts(reward.prompts, reward.prompt_file, "monitor.reward.") if reward.enabled else []
+
+
+def sampled_prompts(sample_prompts: Sequence[str], reward_prompts: Sequence[str]) -> list[str]:
+    """Every prompt a run samples or drops captions to, once each: "" (caption dropout, CFG), the sample grid's and
+    the reward monitor's (``reward_monitor_prompts``). A disk cache holds them embedded besides its captions."""
+    return list(dict.fromkeys(["", *sample_prompts, *reward_prompts]))
 
 
 def _read_text(prompt_file: str, key: str) -> str:

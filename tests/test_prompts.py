@@ -4,7 +4,7 @@ refused."""
 import pytest
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.prompts import load_prompts
+from dit_trainer.prompts import load_prompts, sampled_prompts
 
 from .conftest import compose_config, one_paragraph
 
@@ -33,3 +33,7 @@ def test_a_prompt_file_that_is_not_utf8_is_refused(tmp_path, content):
     with pytest.raises(ConfigError) as caught:
         compose_config(["+experiment=shapes", f"monitor.reward.prompt_file={prompts}"])
     assert "UTF-8" in one_paragraph(caught.value, "monitor.reward.prompt_file")
+
+
+def test_the_sampled_prompts_start_with_the_empty_caption_and_hold_each_prompt_once():
+    assert sampled_prompts(["a cat", "", "a dog"], ["a dog", "a bird"]) == ["", "a cat", "a dog", "a bird"]

@@ -38,7 +38,6 @@ from dit_trainer.data.cache.cache import (
     PROMPTS,
     SHARD_LIST,
     TENSOR_KEYS,
-    cache_prompts,
     check_cache_folder,
     read_index,
     save_shard,
@@ -50,7 +49,7 @@ from dit_trainer.durable import write_atomically, write_text_atomically
 from dit_trainer.errors import ConfigError
 from dit_trainer.pixels import to_model_range
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
-from dit_trainer.prompts import reward_monitor_prompts
+from dit_trainer.prompts import reward_monitor_prompts, sampled_prompts
 
 
 @dataclass
@@ -204,7 +203,7 @@ def precompute(
     state = PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU"))
     dtype = weight_dtype(resolve_mixed_precision(trainer.mixed_precision))
     buckets = configured_buckets(model, vae, data)
-    sampled = cache_prompts(trainer.sample_prompts, reward_monitor_prompts(monitor.reward))
+    sampled = sampled_prompts(trainer.sample_prompts, reward_monitor_prompts(monitor.reward))
     fingerprint = cache_fingerprint(data, vae, conditioner, buckets)  # of the data before encoding
     if (cache_dir / INDEX).is_file():
         index = read_index(cache_dir)

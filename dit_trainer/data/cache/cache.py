@@ -58,12 +58,6 @@ TENSOR_KEYS = ("latent_mean", "latent_std", "text_embeds", "text_mask", "text_po
 IN_MEMORY_BYTES = 2 << 30  # as stored, and as held in memory
 
 
-def cache_prompts(sample_prompts: Sequence[str], monitor_prompts: Sequence[str]) -> list[str]:
-    """The prompts a run needs embedded besides its captions: "" (caption dropout, CFG), the sample grid's and the
-    reward monitor's."""
-    return list(dict.fromkeys(["", *sample_prompts, *monitor_prompts]))
-
-
 def read_index(cache_dir: Path) -> dict:
     """The index of a complete cache; a missing or partial cache, or an ``index.json`` that some other program
     wrote, is a ``ConfigError`` naming ``data.cache_dir``."""
@@ -252,7 +246,7 @@ def open_cache(
 ) -> tuple[CacheDataset, CachedPrompts]:
     """The cache at ``cache_dir`` (``data.cache_dir``), checked against this run's ``fingerprint``
     (``cache_fingerprint``: its settings, buckets and data) and holding every prompt the run samples (``prompts``:
-    ``cache_prompts``)."""
+    ``prompts.sampled_prompts``)."""
     folder = Path(str(cache_dir)).expanduser()
     index = read_index(folder)
     check_fingerprint(index, fingerprint, folder)

@@ -10,7 +10,7 @@ from dit_trainer.errors import ConfigError
 
 class CachedPrompts:
     """Stands in for the text encoder when training from a cache: the conditions of the prompts precompute was
-    told about (``cache_prompts``), so the real encoder is never loaded."""
+    told about (``prompts.sampled_prompts``), so the real encoder is never loaded."""
 
     def __init__(self, prompts: list[str], condition: Condition, device: torch.device) -> None:
         self.rows = {prompt: row for row, prompt in enumerate(prompts)}
