@@ -52,7 +52,7 @@ from dit_trainer.training.monitors.monitors import MonitorContext
 from dit_trainer.training.monitors.text_cost import warn_live_text_encoding
 from dit_trainer.training.monitors.tracker_media import Trackers
 from dit_trainer.training.monitors.trackers import check_trackers, start_trackers, tracker_name
-from dit_trainer.training.nonfinite import NonFiniteGuard
+from dit_trainer.training.nonfinite import NonFiniteGuard, nonfinite_advice
 from dit_trainer.training.optim import build_ema, build_lr_scheduler, build_optimizer, warmup_within_run
 from dit_trainer.training.optimizers import check_sharded_optimizer
 from dit_trainer.training.parallel.fsdp import (
@@ -128,17 +128,6 @@ def save_resolved_config(cfg: TrainConfig, path: Path) -> None:
     """The config exactly as trained (interpolations resolved): what ``scripts/sample.py`` rebuilds from. Written
     atomically once the run is known to start (a refused resume leaves the previous attempt's file)."""
     write_text_atomically(path, OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-
-
-def nonfinite_advice(cfg: TrainConfig, accelerator: Accelerator) -> list[str]:
-    """The fixes a report of non-finite steps suggests, in this run's config."""
-    lr = cfg.optim.lr
-    advice = [f"lower the learning rate (`optim.lr={lr:g}` -> e.g. `optim.lr={lr / 10:g}`)"]
-    if accelerator.mixed_precision == "fp16":
-        advice.append("train in bf16 (`trainer.mixed_precision=bf16`), whose range does not overflow")
-    if not cfg.optim.max_grad_norm and not cfg.privacy.enabled:  # under DP, Opacus clips every sample
-        advice.append("clip gradients (`optim.max_grad_norm=1.0`)")
-    return advice
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,7 +356,7 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     )
     update = build_update(cfg, accelerator, dit, optimizer, lr_scheduler, parameters, privacy)
     state = build_training_state(cfg, accelerator, privacy)
-    advice = nonfinite_advice(cfg, accelerator)
+    advice = nonfinite_advice(cfg.optim, cfg.privacy, accelerator.mixed_precision)
     guard = NonFiniteGuard(accelerator, dit, state, cfg.trainer.max_consecutive_nonfinite, advice, update.current_lr)
     loop = StepParts(accelerator, dit, state, UpdateSequence(update, guard, ema))
     step = method.ask(method.build_step, cfg, loop=loop, parts=parts, frozen_dtype=frozen_dtype, dataloader=dataloader)

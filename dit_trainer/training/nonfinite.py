@@ -16,6 +16,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from torch import nn
 
+from dit_trainer.config import OptimConfig, PrivacyConfig
 from dit_trainer.errors import NonFiniteError
 from dit_trainer.sharding import local
 from dit_trainer.training.preemption import PreemptionHandler
@@ -23,6 +24,17 @@ from dit_trainer.training.state.checkpoint import TrainingState
 
 logger = get_logger(__name__)
 SHOWN = 6
+
+
+def nonfinite_advice(optim: OptimConfig, privacy: PrivacyConfig, mixed_precision: str) -> list[str]:
+    """The fixes a report of non-finite steps suggests, in the run's config."""
+    lr = optim.lr
+    advice = [f"lower the learning rate (`optim.lr={lr:g}` -> e.g. `optim.lr={lr / 10:g}`)"]
+    if mixed_precision == "fp16":
+        advice.append("train in bf16 (`trainer.mixed_precision=bf16`), whose range does not overflow")
+    if not optim.max_grad_norm and not privacy.enabled:  # under DP, Opacus clips every sample
+        advice.append("clip gradients (`optim.max_grad_norm=1.0`)")
+    return advice
 
 
 class NonFiniteGuard:

@@ -5,8 +5,9 @@ import pytest
 import torch
 from accelerate import Accelerator
 
+from dit_trainer.config import OptimConfig, PrivacyConfig
 from dit_trainer.errors import NonFiniteError
-from dit_trainer.training.nonfinite import NonFiniteGuard
+from dit_trainer.training.nonfinite import NonFiniteGuard, nonfinite_advice
 from dit_trainer.training.state.checkpoint import TrainingState
 
 
@@ -51,3 +52,15 @@ def test_fp16_scaler_overflows_are_counted_apart_and_stop_nothing_until_the_scal
     with pytest.raises(NonFiniteError):
         guard.check(finite, grad_norm=inf)
     assert guard.state.scaler_overflows == 10 and guard.state.skipped_steps == 4
+
+
+def test_the_report_advises_only_the_fixes_the_run_has_not_made():
+    unclipped_fp16 = nonfinite_advice(OptimConfig(lr=1e-3, max_grad_norm=0.0), PrivacyConfig(), "fp16")
+    assert [advice.split(" (")[0] for advice in unclipped_fp16] == [
+        "lower the learning rate",
+        "train in bf16",
+        "clip gradients",
+    ]
+    assert "`optim.lr=0.0001`" in unclipped_fp16[0]
+    # bf16 does not overflow, and DP-SGD clips every sample already
+    assert len(nonfinite_advice(OptimConfig(max_grad_norm=0.0), PrivacyConfig(enabled=True), "bf16")) == 1
