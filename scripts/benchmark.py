@@ -20,9 +20,8 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from dit_trainer.apps.benchmark import format_table, run_benchmark, run_loader_benchmark
+from dit_trainer.apps.benchmark import format_loader_table, format_table, run_benchmark, run_loader_benchmark
 from dit_trainer.apps.cli import run_train_script
-from dit_trainer.apps.loader_benchmark import format_loader_table
 from dit_trainer.config import TrainConfig
 
 REPO = Path(__file__).resolve().parents[1]

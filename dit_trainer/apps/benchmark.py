@@ -11,7 +11,8 @@
 Each is timed per step after a warm-up and reported as the median, in images/s and as a ratio to (a); (a) and (b)
 are timed in alternating blocks so their ratio (the trainer's overhead) survives a noisy machine. FLOPs per image
 come from ``torch.utils.flop_counter`` on the meta device (attention counted, whatever the family) so that MFU can
-be worked out for any GPU.
+be worked out for any GPU. With ``--loader``, ``run_loader_benchmark`` sets the training loader's images/s at each
+worker count (``loader_benchmark``) against (c)'s.
 """
 
 from __future__ import annotations
@@ -306,3 +307,12 @@ def run_loader_benchmark(cfg: TrainConfig, out_dir: Path, workers: list[int], ba
     }
     (out_dir / "loader.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
     return report
+
+
+def format_loader_table(report: dict) -> str:
+    lines = [f"{'data.num_workers':<18}{'loader img/s':>14}{'x trainer step':>16}"]
+    trainer = report["trainer_uncached_img_s"]
+    for workers, speed in report["loader_img_s_by_workers"].items():
+        lines.append(f"{workers:<18}{speed:>14.1f}{speed / trainer:>16.1f}")
+    lines.append(f"trainer step (encoding every batch, {report['device']}): {trainer:.1f} img/s")
+    return "\n".join(lines)

@@ -1,6 +1,6 @@
-"""How many images per second the training data loader delivers, against how many the trainer's step consumes:
-the numbers behind ``data.num_workers`` and ``data.prefetch_factor`` (``python scripts/benchmark.py --loader ...``,
-reported by ``benchmark.run_loader_benchmark``).
+"""How many images per second the training data loader delivers: the numbers behind ``data.num_workers`` and
+``data.prefetch_factor`` (``python scripts/benchmark.py --loader ...``, which ``benchmark.run_loader_benchmark`` sets
+against how many the trainer's step consumes).
 
 The loader is the run's own (``build_dataloader`` over the configured source, in buckets when configured), read
 without the model; the trainer's step is ``Trainer.step`` encoding every batch, as a run without a cache does.
@@ -34,12 +34,3 @@ def loader_images_per_second(
     for _, batch in zip(range(batches), iterator):
         images += len(batch["caption"])
     return images / (time.perf_counter() - start)
-
-
-def format_loader_table(report: dict) -> str:
-    lines = [f"{'data.num_workers':<18}{'loader img/s':>14}{'x trainer step':>16}"]
-    trainer = report["trainer_uncached_img_s"]
-    for workers, speed in report["loader_img_s_by_workers"].items():
-        lines.append(f"{workers:<18}{speed:>14.1f}{speed / trainer:>16.1f}")
-    lines.append(f"trainer step (encoding every batch, {report['device']}): {trainer:.1f} img/s")
-    return "\n".join(lines)
