@@ -67,7 +67,7 @@ def to_train_config(
     records it in ``trainer.init_weights``); ``overrides`` are the command line's, to tell which values were set by
     hand; ``run_dir`` is the folder the run trains in, whose recorded start a run started from another keeps."""
     register_resolvers()
-    structured = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg))
+    structured = OmegaConf.to_object(typed_by_schema(cfg))
     structured = move_renamed_keys(structured)  # before the field checks: a moved value is checked at its new key
     check_fields(structured)
     METHODS.check(structured.trainer.method)
@@ -76,6 +76,15 @@ def to_train_config(
         structured = start_from_run(structured, overrides, run_dir)
     check_package_model(str(structured.conditioner.pretrained))
     return with_tracker_names(with_lora_targets(validate(with_class_folders(structured))), overrides)
+
+
+def typed_by_schema(cfg: DictConfig | TrainConfig) -> DictConfig:
+    """``cfg`` as a config of the schema's types. One Hydra composed onto the schema (``train_schema``) is one
+    already; any other (a run's saved YAML, a ``TrainConfig`` built in Python) is merged onto the schema, which
+    checks each value's type. Merging a composed one again would cost a tenth of a second and change nothing."""
+    if isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is TrainConfig:
+        return cfg
+    return OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg)
 
 
 def start_from_run(cfg: TrainConfig, overrides: Sequence[str] | None, run_dir: Path | None) -> TrainConfig:
