@@ -15,6 +15,7 @@ from diffusers import ModelMixin
 from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
 from peft.tuners.lora import LoraModel
 from peft.tuners.tuners_utils import BaseTunerLayer
+from peft.utils import ModulesToSaveWrapper
 from safetensors.torch import load_file, save_file
 
 from dit_trainer.config import LoRAConfig
@@ -81,10 +82,12 @@ def merge_adapter(
 
 @contextlib.contextmanager
 def adapters_disabled(transformer: ModelMixin) -> Iterator[None]:
-    """``transformer`` computes as its base model inside (peft's switch). peft's switch also clears the adapters'
-    ``requires_grad`` and sets them all on when re-enabling: each is given back what it had, so an adapter frozen on
-    purpose (a family's dead end) stays frozen."""
-    layers = [module for module in transformer.modules() if isinstance(module, BaseTunerLayer)]
+    """``transformer`` computes as its base model inside (peft's switch): the adapters off, and the modules trained
+    in full (``lora.train_modules``, which peft wraps with the base's copy) back on the base's copy. peft's switch
+    also clears the adapters' ``requires_grad`` and sets them all on when re-enabling: each is given back what it
+    had, so an adapter frozen on purpose (a family's dead end) stays frozen."""
+    switched = (BaseTunerLayer, ModulesToSaveWrapper)
+    layers = [module for module in transformer.modules() if isinstance(module, switched)]
     trained = {parameter: parameter.requires_grad for parameter in transformer.parameters()}
     for layer in layers:
         layer.enable_adapters(False)

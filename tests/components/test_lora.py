@@ -10,7 +10,7 @@ from dit_trainer.diffusion.loss import diffusion_loss
 from dit_trainer.errors import ConfigError
 from dit_trainer.training.optim import build_optimizer
 
-from ..conftest import TINY_SHAPES, components_of, compose_config, lora_overrides
+from ..conftest import TINY_SHAPES, components_of, compose_config, lora_overrides, tiny_batch
 
 CPU = torch.device("cpu")
 
@@ -67,3 +67,24 @@ def test_switching_the_adapters_off_and_on_keeps_a_frozen_adapter_frozen(tiny_tr
     with adapters_disabled(dit.transformer):
         assert not any(parameter.requires_grad for parameter in dit.parameters())
     assert [name for name, parameter in dit.named_parameters() if parameter.requires_grad] == trained
+
+
+def test_with_the_adapters_off_the_modules_trained_in_full_compute_as_the_base_s(tiny_transformer):
+    """The KL reference is the base model: a module of ``lora.train_modules`` (trained in full, beside the adapters)
+    must compute with its starting weights there, not with the ones training moved."""
+    from dit_trainer.components.lora import adapters_disabled, apply_lora
+    from dit_trainer.config import LoRAConfig
+
+    dit = tiny_transformer(condition_dim=12)
+    x, t, condition, _ = tiny_batch()
+    base = dit.predict(x, t, condition)
+    lora = LoRAConfig(enabled=True, rank=2, train_modules=["caption_projection"])
+    apply_lora(dit.transformer, lora, ["to_q", "to_k", "to_v"])
+    with torch.no_grad():  # what training would do to the trained copy
+        for name, parameter in dit.named_parameters():
+            if "modules_to_save" in name:
+                parameter.add_(0.5)
+    assert not torch.allclose(dit.predict(x, t, condition), base)
+    with adapters_disabled(dit.transformer):
+        torch.testing.assert_close(dit.predict(x, t, condition), base)
+    assert any(p.requires_grad for name, p in dit.named_parameters() if "modules_to_save" in name)
