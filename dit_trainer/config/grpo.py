@@ -31,7 +31,8 @@ class GRPOConfig(RolloutConfig):
     ``trainer.method=grpo`` only."""
 
     # Noise of the stochastic sampler: flow matching's a (std a sqrt(sigma / (1 - sigma)); null: 0.7) or DDIM's
-    # eta (null: 1.0). It must be > 0: the deterministic sampler has no log-probability to train.
+    # eta (null: 1.0). It must be > 0: the deterministic sampler has no log-probability to train; DDIM's eta and
+    # the cps step's a at most 1 (above, the step asks for more noise than it may add).
     noise_level: float | None = positive(None, note="or null for the family's default")
     # Flow matching's stochastic step: sde (Flow-GRPO's SDE, std a sqrt(sigma / (1 - sigma))) | cps (its
     # coefficients-preserving sampler, std sigma' sin(a pi / 2), Flow-GRPO-Fast's; a = 0.8 is its usual level).

@@ -4,7 +4,7 @@ trained steps inside the sampler that each trajectory's draw fits in, and a stoc
 from __future__ import annotations
 
 from dit_trainer.config import DiffusionConfig, GRPOConfig
-from dit_trainer.errors import require
+from dit_trainer.errors import ConfigError, require
 from dit_trainer.grpo.window import window_plan
 
 
@@ -29,6 +29,28 @@ def check_grpo(diffusion: DiffusionConfig, grpo: GRPOConfig) -> None:
         f"the coefficients-preserving sampler is a flow-matching step, and this model's objective is "
         f"`{diffusion.objective}` (its stochastic step is DDIM with eta = `grpo.noise_level`)",
         "set `grpo.sde_type=sde` (the only step an epsilon or v-prediction model has)",
+    )
+    check_noise_level(diffusion, g)
+
+
+def check_noise_level(diffusion: DiffusionConfig, g: GRPOConfig) -> None:
+    """DDIM's eta and the coefficients-preserving step's a are at most 1: above, the step asks for more noise than
+    it may add (DDIM: 1 - a' - sigma_t^2 turns negative; CPS: sin(a pi / 2) falls again, then below 0), so the
+    rollouts are NaN or the log-probabilities are, and every group's rewards tie: the run would train nothing."""
+    flow_sde = diffusion.objective == "flow_matching" and g.sde_type == "sde"  # Flow-GRPO's SDE takes any a > 0
+    if g.noise_level is None or g.noise_level <= 1 or flow_sde:
+        return
+    step = (
+        "the coefficients-preserving step's noise std is sigma' sin(a pi / 2), which is at most sigma' at a = 1"
+        if diffusion.objective == "flow_matching"
+        else f"an `{diffusion.objective}` model's stochastic step is DDIM with eta = `grpo.noise_level`, and above 1 "
+        "it asks for more noise than the step holds (1 - a' - sigma_t^2 turns negative: NaN images)"
+    )
+    raise ConfigError(
+        "grpo.noise_level",
+        g.noise_level,
+        f"{step}, so no rollout would carry a usable log-probability and the run would train nothing",
+        "set `grpo.noise_level` to a value in (0, 1], or null for the default",
     )
 
 

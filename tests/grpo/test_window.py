@@ -1,6 +1,7 @@
 """Where the window of noisy, trained steps sits each epoch (``grpo/window.py``) and what the checks refuse of it
-(``grpo/checks.py``): fixed stays today's window and draws nothing; random draws its start from the run's
-generator; sliding moves one step every N epochs and wraps; a moving window's state resumes it exactly."""
+(``grpo/checks.py``, with the noise a step may add): fixed stays today's window and draws nothing; random draws its
+start from the run's generator; sliding moves one step every N epochs and wraps; a moving window's state resumes it
+exactly."""
 
 import dataclasses
 
@@ -134,3 +135,25 @@ def test_a_window_or_step_the_sampler_cannot_take_is_refused_in_one_paragraph(gr
 def test_windows_that_fit_pass(grpo):
     call_with_sections(check_grpo, config(**grpo))
     call_with_sections(check_grpo, config("flow_matching", sde_type="cps", **grpo))
+
+
+@pytest.mark.parametrize(
+    ("objective", "sde_type", "level", "refused"),
+    [
+        ("v_prediction", "sde", 1.5, "DDIM with eta"),
+        ("epsilon", "sde", 1.0, None),
+        ("flow_matching", "cps", 1.2, "sin(a pi / 2)"),
+        ("flow_matching", "cps", 0.8, None),
+        ("flow_matching", "sde", 1.5, None),  # Flow-GRPO's SDE: any a > 0
+    ],
+)
+def test_a_noise_level_above_what_the_step_can_add_is_refused(objective, sde_type, level, refused):
+    """DDIM's eta and CPS's a above 1 would make NaN rollouts or log-probabilities, every group's rewards tie and
+    the run train nothing while it reports success."""
+    cfg = config(objective, sde_type=sde_type, noise_level=level)
+    if refused is None:
+        call_with_sections(check_grpo, cfg)
+        return
+    with pytest.raises(ConfigError) as caught:
+        call_with_sections(check_grpo, cfg)
+    assert refused in one_paragraph(caught.value, "grpo.noise_level")
