@@ -111,7 +111,8 @@ class FlowSDEPolicy(FlowPolicy):
 
     With dt = sigma' - sigma < 0 and s = a * sqrt(sigma / (1 - sigma)):
     mean = x (1 + s^2 dt / (2 sigma)) + v (1 + s^2 (1 - sigma) / (2 sigma)) dt, std = s * sqrt(-dt).
-    At sigma = 1, s would be infinite: it is taken at the grid's second sigma instead (as Flow-GRPO does).
+    At sigma = 1, s would be infinite: its denominator takes the grid's second sigma instead, the numerator keeps
+    sigma = 1 (as Flow-GRPO's ``sd3_sde_with_logprob`` does).
     """
 
     def distribution(
@@ -122,7 +123,7 @@ class FlowSDEPolicy(FlowPolicy):
         dt = sigma_next - sigma
         stochastic = _rows(self.stochastic.float(), index)  # s = 0: the mean is exactly the Euler step
         bounded = torch.where(sigma >= 1, self.sigmas[1].to(sigma), sigma)
-        s = self.noise_level * torch.sqrt(bounded / (1 - bounded)) * stochastic
+        s = self.noise_level * torch.sqrt(sigma / (1 - bounded)) * stochastic
         mean = sample * (1 + s**2 / (2 * sigma) * dt) + prediction * (1 + s**2 * (1 - sigma) / (2 * sigma)) * dt
         return mean, s * torch.sqrt(-dt)
 

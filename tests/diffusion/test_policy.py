@@ -149,12 +149,15 @@ def test_last_step_is_deterministic(kwargs):
 
 @pytest.mark.parametrize("kwargs", [FLOW, DETERMINISTIC_CASES["flow-euler"][0]], ids=["fallback-flow", "flow-euler"])
 def test_first_flow_step_at_sigma_one_has_finite_noise(kwargs):
-    """At sigma = 1 the SDE's std a sqrt(sigma / (1 - sigma)) would be infinite: the step is still finite."""
+    """At sigma = 1 the SDE's std a sqrt(sigma / (1 - sigma)) would be infinite: the step is still finite, its
+    denominator taking the grid's second sigma and its numerator sigma = 1, as Flow-GRPO's."""
     policy = _schedule(**kwargs).policy(10, CPU, 0.7)
     assert policy.sigmas[0] == 1 and policy.stochastic[0]
     x, prediction = torch.randn(SHAPE), torch.randn(SHAPE)
     mean, std = policy.distribution(x, prediction, _rows(0))
     assert torch.isfinite(mean).all() and torch.isfinite(std).all() and (std > 0).all()
+    sigma_max, dt = policy.sigmas[1].item(), (policy.sigmas[1] - policy.sigmas[0]).item()
+    torch.testing.assert_close(std, torch.full_like(std, 0.7 * math.sqrt(1 / (1 - sigma_max)) * math.sqrt(-dt)))
     sample, log_prob = policy.step(x, prediction, 0, torch.Generator().manual_seed(0))
     assert torch.isfinite(sample).all() and torch.isfinite(log_prob).all()
 
