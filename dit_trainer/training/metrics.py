@@ -63,6 +63,15 @@ class MetricsFile:
         with self.path.open("a", encoding="utf-8") as file:
             file.write(json.dumps(metrics) + "\n")
 
+    def amend(self, step: int, metrics: dict[str, float]) -> None:
+        """Add ``metrics`` to the line of ``step`` (appended when that step logged nothing yet), rewritten as a
+        resume's truncation is: the line a run never stopped would have written."""
+        records = self.read()
+        if not records or records[-1]["step"] != step:
+            records.append({"step": step})
+        records[-1] = records[-1] | metrics
+        write_text_atomically(self.path, "".join(json.dumps(record) + "\n" for record in records))
+
     def truncate_after(self, step: int) -> None:
         """Drop the lines of steps after ``step``: what an interrupted attempt logged past the checkpoint a run
         resumes from, so that the file describes one run."""

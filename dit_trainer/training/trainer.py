@@ -158,13 +158,33 @@ class Trainer:
         reason = next((verdict.stop for verdict in verdicts if verdict.stop), None)
         return reason if self.state.step < self.settings.max_steps else None
 
-    def _write(self, metrics: dict[str, float]) -> None:
-        """One line of metrics.jsonl and one tracker log for this step. Training metrics go to trackers as
-        ``train/<name>``; monitor metrics already carry their section (``reward/mean``)."""
+    def _write(self, metrics: dict[str, float], amend: bool = False) -> None:
+        """One line of metrics.jsonl (or, ``amend``, additions to this step's line) and one tracker log for this
+        step. Training metrics go to trackers as ``train/<name>``; monitor metrics already carry their section
+        (``reward/mean``)."""
         if self.accelerator.is_main_process:
-            self.metrics.write({"step": self.state.step, **metrics})
+            if amend:
+                self.metrics.amend(self.state.step, metrics)
+            else:
+                self.metrics.write({"step": self.state.step, **metrics})
             METRIC_LINES.info(metric_line(self.state.step, self.settings.max_steps, metrics))
         self.accelerator.log({k if "/" in k else f"train/{k}": v for k, v in metrics.items()}, step=self.state.step)
+
+    def _catch_up_monitors(self) -> None:
+        """The monitors of the step a preemption checkpointed before they ran (its grace period is the checkpoint's)
+        run on resuming, before training goes on, and that step's checkpoint is written again after them: their
+        readings join the step's line, and the checkpoints they keep and a stop they ask for are a run's never
+        stopped."""
+        self.state.monitors_pending = False
+        metrics, verdicts, seconds = self._run_monitors()
+        self.monitor_seconds += seconds
+        if metrics:
+            self._write(metrics, amend=True)
+        self.stop_reason = self._apply(verdicts)
+        if verdicts:
+            self.checkpointer.save(self.state.step)
+        if self.stop_reason:
+            logger.warning(f"Stopped at step {self.state.step}: {self.stop_reason}", main_process_only=True)
 
     def fit(self) -> TrainResult:
         """Train to ``max_steps`` (or a stop signal); ``summary.json`` is written however it ends."""
@@ -193,7 +213,9 @@ class Trainer:
         preempted = interrupted = False
         with PreemptionHandler() as preemption:
             self.guard.preemption = preemption
-            while self.state.step < settings.max_steps:
+            if self.state.monitors_pending:
+                self._catch_up_monitors()
+            while not self.stop_reason and self.state.step < settings.max_steps:
                 step_loss, grad_norm = self.step(batches)
                 self.state.step += 1
                 window_losses.append(step_loss)
@@ -207,6 +229,7 @@ class Trainer:
                 checkpoint_start = time.perf_counter()
                 # A pending stop skips the monitors: the grace period before the kill is for the checkpoint.
                 preempted = self.state.step < settings.max_steps and self._stop_requested(preemption)
+                self.state.monitors_pending = preempted  # in the checkpoint: they run on resuming
                 monitor_metrics, verdicts, seconds = ({}, [], 0.0) if preempted else self._run_monitors()
                 self.monitor_seconds += seconds
                 if metrics or monitor_metrics:

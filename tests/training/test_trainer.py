@@ -3,15 +3,18 @@
 rows, and a dropped trainer leaves nothing alive."""
 
 import gc
+import os
+import signal
 import weakref
 
 import pytest
 import torch
 
 from dit_trainer.assemble import build_trainer
+from dit_trainer.training.monitors.monitors import Monitor
 from dit_trainer.training.preflight import PREFLIGHT_ROWS
 
-from ..conftest import TINY_SHAPES, compose_config, rows_trained_in_a_step
+from ..conftest import TINY_SHAPES, compose_config, read_metrics, reset_accelerate_state, rows_trained_in_a_step
 
 
 @pytest.mark.parametrize("max_grad_norm", [1e-3, 1e6, 0.0])
@@ -49,3 +52,43 @@ def test_the_gradient_check_runs_on_a_few_rows_and_the_step_on_the_whole_batch(t
     peak memory (DiT-XL/2 compiled at 256 on an H200: 110.5 GiB, against 80.2 on two rows)."""
     cfg = compose_config([*TINY_SHAPES, "monitor.reward.enabled=false", "trainer.batch_size=8"])
     assert rows_trained_in_a_step(build_trainer(cfg, tmp_path)) == [PREFLIGHT_ROWS, 8]
+
+
+class SignalAt(Monitor):
+    """Sends this process SIGUSR1 (a scheduler's notice) after ``step``: the loop stops at the end of the next."""
+
+    def __init__(self, context, step: int) -> None:
+        super().__init__(context, every_n_steps=1)
+        self.step = step
+
+    def run(self, dit, step: int) -> dict[str, float]:
+        if step == self.step:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return {}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="POSIX signals")
+def test_the_monitors_a_preemption_skipped_run_on_resuming_as_in_a_run_never_stopped(tmp_path):
+    """A preemption's checkpoint is written before its step's monitors (the grace period is the checkpoint's): they
+    run when the run resumes, so that step's line holds their readings and every logged value is the
+    uninterrupted run's (a gold watch's best checkpoint and stop depend on them)."""
+    overrides = [*TINY_SHAPES, "data.length=32", "trainer.batch_size=8", "trainer.max_steps=3", "trainer.log_every=1",
+                 "trainer.sample_every=0", "validation.every_n_steps=2", "validation.split=0.25"]  # fmt: skip
+    build_trainer(compose_config(overrides), tmp_path / "whole").fit()
+    reset_accelerate_state()
+    cut = build_trainer(compose_config(overrides), tmp_path / "cut")
+    cut.monitors.append(SignalAt(cut.monitors[0].context, step=1))
+    assert cut.fit().preempted and cut.state.step == 2
+    assert [record["step"] for record in read_metrics(tmp_path / "cut")] == [1, 2]
+    assert "val/loss" not in read_metrics(tmp_path / "cut")[-1]
+    reset_accelerate_state()
+    resumed = build_trainer(compose_config([*overrides, "trainer.resume=latest"]), tmp_path / "cut")
+    resumed.fit()
+
+    def logged(run_dir):
+        return [{k: v for k, v in record.items() if "seconds" not in k and "per_sec" not in k}
+                for record in read_metrics(run_dir)]  # fmt: skip
+
+    assert "val/loss" in logged(tmp_path / "whole")[1]
+    assert logged(tmp_path / "cut") == logged(tmp_path / "whole")

@@ -72,18 +72,21 @@ WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)  # what a full disk rais
 
 class TrainingState:
     """What accelerate does not checkpoint by itself: the step counter, the counts of steps skipped for non-finite
-    gradients and of fp16 grad-scaler overflows, the trainer's random generator (one per process), and other named
+    gradients and of fp16 grad-scaler overflows, whether the step's monitors are still to run (a preemption's
+    checkpoint is written before them), the trainer's random generator (one per process), and other named
     generators (DP noise)."""
 
     def __init__(self, generator: torch.Generator, other_generators: dict[str, torch.Generator] | None = None) -> None:
         self.step = 0
         self.skipped_steps = 0
         self.scaler_overflows = 0
+        self.monitors_pending = False
         self.generator = generator
         self.other_generators = other_generators or {}
 
     def save(self, path: Path) -> None:
-        counters = torch.tensor([self.step, self.skipped_steps, self.scaler_overflows], dtype=torch.int64)
+        counts = [self.step, self.skipped_steps, self.scaler_overflows, int(self.monitors_pending)]
+        counters = torch.tensor(counts, dtype=torch.int64)
         generators = {f"generator.{name}": g.get_state() for name, g in self.other_generators.items()}
         save_file({"counters": counters, "generator": self.generator.get_state(), **generators}, path)
 
@@ -92,8 +95,9 @@ class TrainingState:
         processes) takes the counters of process 0 and keeps its own freshly seeded generators."""
         own = folder / f"trainer_state_{process_index}.safetensors"
         state = load_file(own if own.is_file() else folder / "trainer_state_0.safetensors")
-        counters = [int(v) for v in state["counters"]] + [0]  # checkpoints before 2026-11-25 hold two counters
-        self.step, self.skipped_steps, self.scaler_overflows = counters[:3]
+        counters = [int(v) for v in state["counters"]] + [0, 0]  # earlier checkpoints hold two or three counters
+        self.step, self.skipped_steps, self.scaler_overflows, pending = counters[:4]
+        self.monitors_pending = bool(pending)
         if not own.is_file():
             return
         self.generator.set_state(state["generator"])
