@@ -55,6 +55,18 @@ def check_noise_level(diffusion: DiffusionConfig, g: GRPOConfig) -> None:
 
 
 def check_fixed_window(g: GRPOConfig) -> None:
+    """A window inside the sampler, and no setting of a moving one (it would be ignored: a forgotten
+    ``grpo.sde_window``)."""
+    settings = (("grpo.window_range", g.window_range, None), ("grpo.slide_every", g.slide_every, 1))
+    moving = [(key, value) for key, value, default in settings if value != default]
+    if moving:
+        key, value = moving[0]
+        raise ConfigError(
+            key,
+            value,
+            "it places a moving window, and `grpo.sde_window=fixed` keeps the window at `grpo.sde_start`",
+            f"set `grpo.sde_window=random` (Flow-GRPO-Fast) or `grpo.sde_window=sliding` (MixGRPO), or remove `{key}`",
+        )
     window_end = g.sde_start + (g.sde_steps or 1)
     require(
         window_end < g.sample_steps,

@@ -35,6 +35,13 @@ def check_reward_weights(weights: Mapping[str, float], required: bool = True) ->
             "no reward function is configured, so there is nothing to score the images with",
             f"pick a config group option such as `reward=shapes_alignment` (options: {', '.join(REWARDS)}, multi)",
         )
+    if required and not any(weights.values()):  # every image would score 0: nothing to tell apart or learn
+        raise ConfigError(
+            "reward.weights",
+            dict(weights),
+            "every weight is 0, so every image would score 0 and no reward could rank one above another",
+            "give at least one reward a non-zero weight, e.g. `reward.weights.shapes_alignment=1.0`",
+        )
 
 
 def check_rewards(reward: RewardConfig, monitor: MonitorConfig, method_scores: bool = False) -> None:

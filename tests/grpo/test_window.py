@@ -113,12 +113,14 @@ def test_sliding_by_one_every_epoch_visits_every_start_of_the_default_range():
         ({"sde_window": "random", "sde_steps": 2, "steps_per_trajectory": 3}, "grpo.steps_per_trajectory", "only 2"),
         ({"sde_type": "cps"}, "grpo.sde_type", "objective is `v_prediction`"),
         ({"sde_window": "fixed", "sde_start": 8, "sde_steps": 2}, "grpo.sde_start/sde_steps", "the last step"),
+        ({"window_range": 4}, "grpo.window_range", "`grpo.sde_window=fixed` keeps the window"),  # ignored otherwise
+        ({"slide_every": 3}, "grpo.slide_every", "`grpo.sde_window=sliding`"),
     ],
 )
 def test_a_window_or_step_the_sampler_cannot_take_is_refused_in_one_paragraph(grpo, key, says):
     """A moving window without a size, larger than its range, or a range past the sampler's last noisy step; more
     trained steps per trajectory than the window has; the coefficients-preserving step on a model that is not
-    flow matching (its step is DDIM-eta, which has no CPS form)."""
+    flow matching (its step is DDIM-eta, which has no CPS form); a moving window's setting on a fixed window."""
     with pytest.raises(ConfigError) as caught:
         call_with_sections(check_grpo, config(**grpo))
     assert says in one_paragraph(caught.value, key)

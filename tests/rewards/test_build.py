@@ -19,6 +19,7 @@ CPU = torch.device("cpu")
         ({"aesthetic": 1.0}, "reward.weights.aesthetic"),
         ({}, "reward.weights"),
         ({"clip_score": float("nan")}, "reward.weights.clip_score"),
+        ({"shapes_alignment": 0.0, "jpeg_compressibility": 0.0}, "reward.weights"),  # scores nothing
     ],
 )
 def test_bad_reward_configs_name_the_key(weights, key):
