@@ -33,10 +33,11 @@ CONFIG = "config.yaml"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_PATTERN = re.compile(r"checkpoint-(\d+)$")
 MANIFEST = "manifest.json"
+METRICS = "metrics.jsonl"  # one JSON object per logged step (``training.metrics.MetricsFile``)
 KEPT = "kept.json"  # in checkpoints/: name -> the checkpoint kept from pruning under it (`best_gold`)
 IMAGE_SIZES = "image_sizes"
 # What a run writes once it has started: a folder holding any of these is never removed as a refused start's.
-STARTED = (CONFIG, CHECKPOINTS, "metrics.jsonl")
+STARTED = (CONFIG, CHECKPOINTS, METRICS)
 logger = logging.getLogger(__name__)  # not accelerate's: this module loads without torch
 # Run folders (absolute) that did not exist when this process's launch checked them, each with the topmost of its
 # folders that did not exist either (``outputs/`` on a first run): what a refused start removes again.
@@ -98,12 +99,23 @@ def incomplete_reason(path: Path) -> str | None:
     return None
 
 
-def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
-    """Complete checkpoint folders, oldest first."""
+def _checkpoint_folders(checkpoints_dir: Path) -> list[Path]:
     if not checkpoints_dir.is_dir():
         return []
     found = [p for p in checkpoints_dir.iterdir() if p.is_dir() and CHECKPOINT_PATTERN.search(p.name)]
-    return sorted((p for p in found if incomplete_reason(p) is None), key=checkpoint_step)
+    return sorted(found, key=checkpoint_step)
+
+
+def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
+    """Complete checkpoint folders, oldest first."""
+    return [p for p in _checkpoint_folders(checkpoints_dir) if incomplete_reason(p) is None]
+
+
+def incomplete_checkpoints(checkpoints_dir: Path) -> dict[Path, str]:
+    """The checkpoint folders that are not complete (a file deleted or damaged since: a write that did not finish
+    is never named ``checkpoint-<step>``), each with why."""
+    reasons = {p: incomplete_reason(p) for p in _checkpoint_folders(checkpoints_dir)}
+    return {p: reason for p, reason in reasons.items() if reason is not None}
 
 
 def kept_checkpoints(checkpoints_dir: Path) -> dict[str, Path]:

@@ -21,7 +21,7 @@ from diffusers.training_utils import EMAModel
 from torch import nn
 from tqdm.auto import tqdm
 
-from dit_trainer.runs.run_folder import kept_checkpoints, list_checkpoints
+from dit_trainer.runs.run_folder import METRICS, kept_checkpoints, list_checkpoints
 from dit_trainer.runs.run_lock import RunFolderLock
 from dit_trainer.runs.run_summary import write_summary
 from dit_trainer.training.metrics import (
@@ -98,7 +98,7 @@ class Trainer:
         self.monitors = monitors or []
         self.run_lock = run_lock  # released when ``fit`` ends, however it ends
         self.trackers = trackers  # the monitors' images and the checkpoints' weights go there too
-        self.metrics = MetricsFile(run_dir / "metrics.jsonl")
+        self.metrics = MetricsFile(run_dir / METRICS)
         self._start_step, self._started, self.monitor_seconds = 0, time.perf_counter(), 0.0
         self.stop_reason: str | None = None  # why a monitor stopped the run before max_steps
 

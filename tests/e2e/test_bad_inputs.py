@@ -19,25 +19,48 @@ def finished_run(tmp_path_factory):
     return run_dir
 
 
+def _owned(run_dir) -> dict[str, str]:
+    """The digests of what a run owns in its folder (checkpoints, metrics, config; not Hydra's ``.hydra/``)."""
+    return {k: v for k, v in digest(run_dir).items() if k.startswith(("checkpoints", "metrics", "config.yaml"))}
+
+
 def _refused(run_dir, *overrides: str, into=None) -> str:
     """Run train.py with ``overrides`` into ``into`` (default: the finished run); it must exit 2 without a
     traceback and leave the finished run's files (checkpoints, metrics, config) as they were. Returns stderr."""
-    owned = ("checkpoints", "metrics", "config.yaml")
-    before = digest(run_dir)
+    before = _owned(run_dir)
     result = run_here(
         ["train.py", *TINY_SHAPES, f"hydra.run.dir={into or run_dir}", "trainer.sample_every=0", *overrides]
     )
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
-    assert {k: v for k, v in digest(run_dir).items() if k.startswith(owned)} == {
-        k: v for k, v in before.items() if k.startswith(owned)
-    }
+    assert _owned(run_dir) == before
     return result.stderr
 
 
 @pytest.mark.slow
 def test_a_fresh_run_over_a_finished_one_is_refused(finished_run):
     assert "already holds checkpoints" in _refused(finished_run, "trainer.max_steps=4")
+
+
+@pytest.mark.slow
+def test_a_fresh_run_over_a_finished_one_whose_checkpoints_are_gone_keeps_its_metrics(finished_run, tmp_path):
+    exported = tmp_path / "exported"  # its weights exported, then its checkpoints deleted
+    shutil.copytree(finished_run, exported, ignore=shutil.ignore_patterns("checkpoints"))
+    before = _owned(exported)
+    stderr = _refused(finished_run, "trainer.max_steps=4", into=exported)
+    assert "holds the metrics.jsonl of an earlier run" in stderr and "fresh `hydra.run.dir`" in stderr
+    assert _owned(exported) == before
+
+
+@pytest.mark.slow
+def test_a_checkpoint_continued_in_a_folder_holding_another_run_is_refused(finished_run, tmp_path):
+    other = tmp_path / "other"
+    shutil.copytree(finished_run, other)
+    before = _owned(other)
+    checkpoint = finished_run / "checkpoints" / "checkpoint-2"
+    stderr = _refused(finished_run, "trainer.max_steps=4", f"trainer.resume={checkpoint}", into=other)
+    assert "a checkpoint of another folder" in stderr and "checkpoints up to checkpoint-2" in stderr
+    assert _owned(other) == before
 
 
 @pytest.mark.slow

@@ -1,10 +1,12 @@
 """What a run folder holds (``run_folder.py``): links planted where the trainer writes are refused before anything
-is written through them."""
+is written through them; a damaged checkpoint is told apart from the complete ones, with why."""
+
+import json
 
 import pytest
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.runs.run_folder import refuse_links
+from dit_trainer.runs.run_folder import MANIFEST, incomplete_checkpoints, list_checkpoints, refuse_links
 from tests.conftest import one_paragraph
 
 
@@ -24,3 +26,18 @@ def test_a_link_where_the_trainer_writes_is_refused_and_its_target_left_alone(tm
         refuse_links(run_dir)
     assert f"({planted} -> {victim})" in one_paragraph(caught.value, "hydra.run.dir")
     assert victim.read_text() == "mine"
+
+
+def test_a_checkpoint_missing_a_file_is_listed_as_incomplete_with_why(tmp_path):
+    """``latest`` passes over a damaged checkpoint: the resume warns with these reasons rather than say nothing."""
+    checkpoints = tmp_path / "checkpoints"
+    for step in (2, 4):
+        folder = checkpoints / f"checkpoint-{step}"
+        (folder / "transformer").mkdir(parents=True)
+        (folder / "transformer" / "weights.safetensors").write_bytes(b"1234")
+        (folder / MANIFEST).write_text(json.dumps({"files": {"transformer/weights.safetensors": 4}}))
+    (checkpoints / "checkpoint-4" / "transformer" / "weights.safetensors").unlink()
+    assert list_checkpoints(checkpoints) == [checkpoints / "checkpoint-2"]
+    assert incomplete_checkpoints(checkpoints) == {
+        checkpoints / "checkpoint-4": "transformer/weights.safetensors is missing"
+    }
