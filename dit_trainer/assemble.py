@@ -43,7 +43,14 @@ from dit_trainer.methods.base import Method
 from dit_trainer.precision import allow_tf32, resolve_mixed_precision, weight_dtype
 from dit_trainer.prompts import reward_monitor_prompts, sampled_prompts
 from dit_trainer.runs.init_run import own_starting_weights
-from dit_trainer.runs.run_folder import CHECKPOINTS, CONFIG, IMAGE_SIZES, remove_unfinished_writes, weights_layout
+from dit_trainer.runs.run_folder import (
+    CHECKPOINTS,
+    CONFIG,
+    IMAGE_SIZES,
+    check_run_folder,
+    remove_unfinished_writes,
+    weights_layout,
+)
 from dit_trainer.runs.run_lock import RunFolderLock
 from dit_trainer.training.banner import log_start_banner
 from dit_trainer.training.launch import check_launch_devices
@@ -53,7 +60,13 @@ from dit_trainer.training.monitors.text_cost import warn_live_text_encoding
 from dit_trainer.training.monitors.tracker_media import Trackers
 from dit_trainer.training.monitors.trackers import check_trackers, start_trackers, tracker_name
 from dit_trainer.training.nonfinite import NonFiniteGuard, nonfinite_advice
-from dit_trainer.training.optim import build_ema, build_lr_scheduler, build_optimizer, warmup_within_run
+from dit_trainer.training.optim import (
+    ConfiguredRates,
+    build_ema,
+    build_lr_scheduler,
+    build_optimizer,
+    warmup_within_run,
+)
 from dit_trainer.training.optimizers import check_sharded_optimizer
 from dit_trainer.training.parallel.fsdp import (
     check_fsdp,
@@ -65,13 +78,13 @@ from dit_trainer.training.parallel.fsdp import (
 from dit_trainer.training.parallel.memory import report_memory
 from dit_trainer.training.parallel.privacy import PrivateTraining, check_private_launch, make_private
 from dit_trainer.training.shapes_vae import warn_shapes_vae_on_other_data
-from dit_trainer.training.state.checkpoint import Checkpointer, TrainingState, check_run_folder
+from dit_trainer.training.state.checkpoint import Checkpointer, TrainingState
 from dit_trainer.training.state.checkpoint_manifest import check_resume_launch
 from dit_trainer.training.state.ema import FusedEMA
 from dit_trainer.training.state.saved_state import SavedState
 from dit_trainer.training.step import StepParts, UpdateSequence
 from dit_trainer.training.trainer import LoopSettings, Trainer, TrainResult
-from dit_trainer.training.update import AccelerateUpdate, PrivateUpdate, Update
+from dit_trainer.training.update import Update, build_update
 
 logger = get_logger(__name__)
 
@@ -211,6 +224,7 @@ def build_checkpointer(
         lr_scheduler=update.lr_scheduler,
         parameters=update.parameters,
         method_sections=method_sections(method),
+        configured=ConfiguredRates(update.optimizer, update.lr_scheduler),
     )
 
 
@@ -227,22 +241,6 @@ def why_resume_needs_same_processes(privacy: PrivateTraining | None, dataloader:
     if dataloader is not None and isinstance(dataloader.dataset, IterableDataset):
         return "a streamed source resumes from the shard position each process recorded"
     return None
-
-
-def build_update(
-    cfg: TrainConfig,
-    accelerator: Accelerator,
-    dit: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    lr_scheduler,
-    parameters: list[torch.nn.Parameter],
-    privacy: PrivateTraining | None,
-) -> Update:
-    """DP-SGD under ``privacy.enabled``, else accelerate's accumulation with clipping to ``optim.max_grad_norm``."""
-    if privacy is None:
-        accumulation, max_norm = cfg.trainer.gradient_accumulation_steps, cfg.optim.max_grad_norm
-        return AccelerateUpdate(accelerator, dit, optimizer, lr_scheduler, parameters, max_norm, accumulation)
-    return PrivateUpdate(privacy, accelerator.device, optimizer, lr_scheduler, parameters)
 
 
 def build_training_loader(
@@ -354,7 +352,7 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
         held_out=held_out,
         reward_prompts=plan.reward_prompts,
     )
-    update = build_update(cfg, accelerator, dit, optimizer, lr_scheduler, parameters, privacy)
+    update = build_update(cfg.trainer, cfg.optim, accelerator, dit, optimizer, lr_scheduler, parameters, privacy)
     state = build_training_state(cfg, accelerator, privacy)
     advice = nonfinite_advice(cfg.optim, cfg.privacy, accelerator.mixed_precision)
     guard = NonFiniteGuard(accelerator, dit, state, cfg.trainer.max_consecutive_nonfinite, advice, update.current_lr)

@@ -118,6 +118,44 @@ def incomplete_checkpoints(checkpoints_dir: Path) -> dict[Path, str]:
     return {p: reason for p, reason in reasons.items() if reason is not None}
 
 
+def check_run_folder(run_dir: Path, resume: str | None) -> None:
+    """Refuse to write over another run's record: a fresh run over a folder's checkpoints (they would be mixed,
+    then pruned) or over its metrics (the file would be cut to the new run's), and a checkpoint of another folder
+    continued in a folder that holds a run."""
+    existing = list_checkpoints(run_dir / CHECKPOINTS)
+    metrics = run_dir / METRICS
+    logged = metrics.is_file() and metrics.stat().st_size > 0
+    if resume is None and existing:
+        raise ConfigError(
+            "trainer.resume",
+            resume,
+            f"the run folder {run_dir} already holds checkpoints (newest: {existing[-1].name}) and a fresh run "
+            "would mix with them",
+            "continue that run with `trainer.resume=latest`, or start a new one in a fresh `hydra.run.dir`",
+        )
+    if resume is None and logged:
+        raise ConfigError(
+            "trainer.resume",
+            resume,
+            f"the run folder {run_dir} holds the {METRICS} of an earlier run (its checkpoints are gone), which a "
+            "fresh run would cut to its own",
+            "start in a fresh `hydra.run.dir`, or move that file away first (`trainer.resume=latest` restarts the "
+            "earlier run from step 0 and keeps what it logs)",
+        )
+    if resume in (None, "latest") or not (existing or logged):
+        return
+    if (run_dir / CHECKPOINTS).resolve() not in Path(resume).expanduser().resolve().parents:
+        held = f"checkpoints up to {existing[-1].name}" if existing else f"the {METRICS} of a run"
+        raise ConfigError(
+            "trainer.resume",
+            resume,
+            f"it is a checkpoint of another folder, and the run folder {run_dir} already holds {held}, which "
+            "continuing here would mix with and cut",
+            "continue it in a fresh `hydra.run.dir`, or pass its run folder to continue that run where it is "
+            "(`trainer.resume=RUN`)",
+        )
+
+
 def kept_checkpoints(checkpoints_dir: Path) -> dict[str, Path]:
     """The checkpoints kept from pruning by name (``{"best_gold": .../checkpoint-30}``): those of ``KEPT`` that are
     complete."""

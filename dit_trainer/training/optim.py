@@ -80,3 +80,24 @@ def build_ema(decay: float, parameters: list[torch.nn.Parameter]) -> FusedEMA | 
     if decay == 0:
         return None
     return FusedEMA(parameters, decay=decay)
+
+
+class ConfiguredRates:
+    """The optimizer's settings as this run configures them (each group's rate, weight decay, betas, ...) and the
+    schedule's base rates, taken before a resume loads a checkpoint's: ``reapply`` puts them back over the loaded
+    state, so that an ``optim.lr`` or ``optim.weight_decay`` changed on resuming (a change the resume accepts, and
+    names) is what trains. The moments, the step counts and the schedule's position stay the checkpoint's; the
+    current rate moves with the base rate (the schedule's factor at that position is kept)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, lr_scheduler) -> None:
+        self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
+        self.groups = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+        self.base_lrs = list(lr_scheduler.state_dict()["base_lrs"])
+
+    def reapply(self) -> None:
+        state = self.lr_scheduler.state_dict()
+        scales = [new / old if old else 1.0 for new, old in zip(self.base_lrs, state["base_lrs"], strict=True)]
+        rates = [rate * scale for rate, scale in zip(state["_last_lr"], scales, strict=True)]
+        self.lr_scheduler.load_state_dict({**state, "base_lrs": list(self.base_lrs), "_last_lr": rates})
+        for group, settings, rate in zip(self.optimizer.param_groups, self.groups, rates, strict=True):
+            group.update(settings, lr=rate)

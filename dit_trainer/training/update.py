@@ -16,6 +16,7 @@ import torch
 from accelerate import Accelerator
 from torch import nn
 
+from dit_trainer.config import OptimConfig, TrainerConfig
 from dit_trainer.sharding import whole
 from dit_trainer.training.parallel.privacy import PrivateTraining
 
@@ -176,3 +177,21 @@ class PrivateUpdate(Update):
 
     def metrics(self) -> dict[str, float]:
         return {"privacy/epsilon": self.privacy.epsilon()}
+
+
+def build_update(
+    trainer: TrainerConfig,
+    optim: OptimConfig,
+    accelerator: Accelerator,
+    dit: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    lr_scheduler,
+    parameters: list[nn.Parameter],
+    privacy: PrivateTraining | None,
+) -> Update:
+    """DP-SGD under ``privacy.enabled`` (``privacy``: its training), else accelerate's accumulation over
+    ``trainer.gradient_accumulation_steps`` with clipping to ``optim.max_grad_norm``."""
+    if privacy is None:
+        accumulation, max_norm = trainer.gradient_accumulation_steps, optim.max_grad_norm
+        return AccelerateUpdate(accelerator, dit, optimizer, lr_scheduler, parameters, max_norm, accumulation)
+    return PrivateUpdate(privacy, accelerator.device, optimizer, lr_scheduler, parameters)

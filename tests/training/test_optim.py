@@ -8,7 +8,7 @@ from dit_trainer.data.sources.shapes import ShapesDataset
 from dit_trainer.diffusion.loss import diffusion_loss
 from dit_trainer.training.optim import build_optimizer
 
-from ..conftest import TINY_SHAPES, components_of, compose_config
+from ..conftest import TINY_SHAPES, components_of, compose_config, read_metrics, reset_accelerate_state
 
 
 def test_learned_variance_outputs_stay_as_loaded_under_weight_decay():
@@ -33,3 +33,21 @@ def test_learned_variance_outputs_stay_as_loaded_under_weight_decay():
     channels = parts.latent_shape[0]
     assert torch.equal(rows[:, channels:], before.view_as(rows)[:, channels:])  # variance half as loaded
     assert not torch.equal(rows[:, :channels], before.view_as(rows)[:, :channels])  # mean half trains
+
+
+def test_a_learning_rate_and_weight_decay_changed_on_resuming_are_what_trains(tmp_path):
+    """A resume names ``optim.lr`` and ``optim.weight_decay`` among the settings it changed: they must be the ones the
+    optimizer then uses, not the checkpoint's (its moments and the schedule's position stay)."""
+    from dit_trainer.assemble import build_trainer
+
+    overrides = [*TINY_SHAPES, "data.length=32", "trainer.batch_size=8", "model.num_layers=1", "trainer.log_every=1",
+                 "trainer.sample_every=0", "trainer.checkpoint_every=2", "optim.lr_schedule=constant"]  # fmt: skip
+    build_trainer(compose_config([*overrides, "trainer.max_steps=2", "optim.lr=1e-3"]), tmp_path).fit()
+    reset_accelerate_state()
+    changed = ["trainer.max_steps=3", "trainer.resume=latest", "optim.lr=2e-4", "optim.weight_decay=0.5"]
+    resumed = build_trainer(compose_config([*overrides, *changed]), tmp_path)
+    groups = resumed.update.optimizer.param_groups
+    assert [(group["lr"], group["weight_decay"]) for group in groups] == [(2e-4, 0.5)]
+    assert resumed.update.optimizer.state  # the checkpoint's moments
+    resumed.fit()
+    assert [record["lr"] for record in read_metrics(tmp_path)] == [1e-3, 1e-3, 2e-4]

@@ -42,10 +42,8 @@ from dit_trainer.components.weights import load_weights, save_weights
 from dit_trainer.durable import fsync_tree, publish
 from dit_trainer.errors import CheckpointWriteError, ConfigError
 from dit_trainer.runs.run_folder import (
-    CHECKPOINTS,
     FULL_WEIGHTS,
     MANIFEST,
-    METRICS,
     WeightsLayout,
     checkpoint_step,
     incomplete_checkpoints,
@@ -54,6 +52,7 @@ from dit_trainer.runs.run_folder import (
     write_kept,
 )
 from dit_trainer.sharding import reshard
+from dit_trainer.training.optim import ConfiguredRates
 from dit_trainer.training.state.checkpoint_errors import LOAD_ERRORS, dcp_tracebacks_dropped, load_failure
 from dit_trainer.training.state.checkpoint_manifest import (
     WrittenBy,
@@ -107,44 +106,6 @@ class TrainingState:
             generator.set_state(state[f"generator.{name}"])
 
 
-def check_run_folder(run_dir: Path, resume: str | None) -> None:
-    """Refuse to write over another run's record: a fresh run over a folder's checkpoints (they would be mixed,
-    then pruned) or over its metrics (the file would be cut to the new run's), and a checkpoint of another folder
-    continued in a folder that holds a run."""
-    existing = list_checkpoints(run_dir / CHECKPOINTS)
-    metrics = run_dir / METRICS
-    logged = metrics.is_file() and metrics.stat().st_size > 0
-    if resume is None and existing:
-        raise ConfigError(
-            "trainer.resume",
-            resume,
-            f"the run folder {run_dir} already holds checkpoints (newest: {existing[-1].name}) and a fresh run "
-            "would mix with them",
-            "continue that run with `trainer.resume=latest`, or start a new one in a fresh `hydra.run.dir`",
-        )
-    if resume is None and logged:
-        raise ConfigError(
-            "trainer.resume",
-            resume,
-            f"the run folder {run_dir} holds the {METRICS} of an earlier run (its checkpoints are gone), which a "
-            "fresh run would cut to its own",
-            "start in a fresh `hydra.run.dir`, or move that file away first (`trainer.resume=latest` restarts the "
-            "earlier run from step 0 and keeps what it logs)",
-        )
-    if resume in (None, "latest") or not (existing or logged):
-        return
-    if (run_dir / CHECKPOINTS).resolve() not in Path(resume).expanduser().resolve().parents:
-        held = f"checkpoints up to {existing[-1].name}" if existing else f"the {METRICS} of a run"
-        raise ConfigError(
-            "trainer.resume",
-            resume,
-            f"it is a checkpoint of another folder, and the run folder {run_dir} already holds {held}, which "
-            "continuing here would mix with and cut",
-            "continue it in a fresh `hydra.run.dir`, or pass its run folder to continue that run where it is "
-            "(`trainer.resume=RUN`)",
-        )
-
-
 class Checkpointer:
     """Writes and restores checkpoints through accelerate's hooks (the pattern of diffusers' training examples).
 
@@ -173,6 +134,7 @@ class Checkpointer:
         lr_scheduler: SavedState | None = None,
         parameters: list[torch.nn.Parameter] | None = None,
         method_sections: tuple[str, ...] = (),
+        configured: ConfiguredRates | None = None,
     ) -> None:
         self.accelerator = accelerator
         self.checkpoints_dir = checkpoints_dir
@@ -190,6 +152,7 @@ class Checkpointer:
         self.same_processes_because = same_processes_because
         # The config sections the run's method trains by: a resume that changes them changes what is trained.
         self.method_sections = method_sections
+        self.configured = configured  # the optimizer's settings as configured, put back over a checkpoint's
         self.kept: dict[str, int] = {}  # name -> step of a checkpoint kept from pruning (``keep``)
         accelerator.register_save_state_pre_hook(self._save_models)
         accelerator.register_load_state_pre_hook(self._load_models)
@@ -395,6 +358,8 @@ class Checkpointer:
             ) from error
         if self.lr_scheduler is not None:
             self.lr_scheduler.load_state_dict(schedule_in_updates(self.lr_scheduler.state_dict(), written))
+        if self.configured is not None:
+            self.configured.reapply()
         if self.ema is not None and not self._has_ema(path):
             self._start_ema(path)
         elif self.accelerator.is_fsdp2 and self.ema is not None:
