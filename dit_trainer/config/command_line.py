@@ -201,11 +201,30 @@ def unquoted_braces(item: str, parser: OverridesParser) -> ConfigError | None:
     )
 
 
+def unquoted_home(item: str, parser: OverridesParser) -> ConfigError | None:
+    """The refusal of an override Hydra cannot parse because its value starts with ``~`` (a home folder the shell
+    left unexpanded: typed in quotes), when writing the home folder out makes it parse. None otherwise."""
+    name, _, value = item.partition("=")
+    if value != "~" and not value.startswith("~/"):
+        return None
+    try:
+        parser.parse_override(f"{name}={Path(value).expanduser()}")
+    except HydraException:
+        return None
+    return ConfigError(
+        name.lstrip("+~"),
+        value,
+        "Hydra's override grammar does not take `~` at the start of a value, and the shell passed it on unexpanded "
+        "(it expands `~` only outside quotes)",
+        f"write the home folder out: `{name}=$HOME{value[1:]}` (unquoted, or in double quotes)",
+    )
+
+
 def check_command_line(argv: list[str], config_dir: Path) -> None:
     """Refuse an override whose key the schema does not have, a config group option that does not exist, a value
     its field cannot take (``wrong_type``), or a value whose braces lost their quotes in the shell
-    (``unquoted_braces``). Hydra's flags (``--cfg``, ``-m``, ...), shell completion, ``hydra.*`` settings and any
-    other syntax error are left to Hydra."""
+    (``unquoted_braces``) or that starts with a ``~`` the shell left (``unquoted_home``). Hydra's flags (``--cfg``,
+    ``-m``, ...), shell completion, ``hydra.*`` settings and any other syntax error are left to Hydra."""
     if any(flag in argv for flag in COMPLETION_FLAGS):
         return
     groups = {path.name for path in config_dir.iterdir() if path.is_dir()}
@@ -213,7 +232,8 @@ def check_command_line(argv: list[str], config_dir: Path) -> None:
     config: DictConfig | None = None  # the schema as Hydra composes onto it, built for the first value to check
     for item, override in parsed_overrides(argv):
         if override is None:
-            if (unquoted := unquoted_braces(item, OverridesParser.create())) is not None:
+            parser = OverridesParser.create()
+            if (unquoted := unquoted_braces(item, parser) or unquoted_home(item, parser)) is not None:
                 raise unquoted from None
             continue  # Hydra reports its own syntax errors
         key = override.key_or_group

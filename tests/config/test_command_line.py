@@ -2,6 +2,7 @@
 paragraph naming it and the closest valid ones, and a value whose braces lost their quotes in the shell one paragraph
 naming the quoting that works, exit 2, without importing torch."""
 
+import os
 import shlex
 
 import pytest
@@ -98,3 +99,15 @@ def test_train_py_answers_unquoted_shard_braces_with_exit_2_and_no_traceback(tmp
                          "trainer.max_steps=1", f"hydra.run.dir={run_dir}"], timeout=60)  # fmt: skip
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     assert f"\"data.path='{SHARDS}'\"" in result.stderr.strip().splitlines()[-1] and not run_dir.exists()
+
+
+@pytest.mark.parametrize("item", ["data.path=~/images", "trainer.resume=~"])
+def test_a_value_starting_with_a_tilde_the_shell_left_is_answered_with_the_home_folder_written_out(item):
+    """Typed in quotes, ``~`` reaches Hydra, whose grammar refuses it: one paragraph with what works instead."""
+    with pytest.raises(ConfigError) as caught:
+        check_command_line(["+experiment=shapes", item], CONFIG_DIR)
+    key, _, value = item.partition("=")
+    message = str(caught.value)
+    assert "\n" not in message and "passed it on unexpanded" in message
+    assert message.endswith(f"`{key}=$HOME{value[1:]}` (unquoted, or in double quotes).")
+    check_command_line([f"{key}={os.path.expanduser(value)}"], CONFIG_DIR)  # what the shell makes of the fix
