@@ -23,7 +23,14 @@ from omegaconf import OmegaConf
 from dit_trainer.config import TrainConfig, register_resolvers
 from dit_trainer.durable import link_or_copy_tree
 from dit_trainer.errors import ConfigError, require, shortlist
-from dit_trainer.runs.run_folder import CONFIG, find_checkpoint, is_checkpoint, weights_layout
+from dit_trainer.runs.run_folder import (
+    CHECKPOINTS,
+    CONFIG,
+    find_checkpoint,
+    is_checkpoint,
+    list_checkpoints,
+    weights_layout,
+)
 
 if TYPE_CHECKING:
     from accelerate import Accelerator
@@ -45,14 +52,29 @@ def init_checkpoint(init_from: str) -> tuple[Path, Path]:
     """(run folder, checkpoint) of ``trainer.init_from``: a run folder (its newest complete checkpoint) or one of
     its checkpoint folders."""
     path = Path(init_from).expanduser()
-    if is_checkpoint(path):
+    if is_checkpoint(path) and (path.parent.parent / CONFIG).is_file():
         return path.parent.parent, path
+    if is_checkpoint(path):
+        raise ConfigError(
+            INIT_FROM,
+            init_from,
+            f"it is a checkpoint folder outside a run folder (no {CONFIG} two levels up, which says how its weights "
+            "were trained)",
+            "pass the run folder it was written in, or a checkpoint inside one (`RUN/checkpoints/checkpoint-N`)",
+        )
     if not (path / CONFIG).is_file():
         raise ConfigError(
             INIT_FROM,
             init_from,
             f"it is neither a run folder (one with a {CONFIG}) nor a checkpoint folder of one",
             "pass the folder train.py wrote (e.g. outputs/DATE/TIME) or one of its checkpoints/checkpoint-N folders",
+        )
+    if not list_checkpoints(path / CHECKPOINTS):
+        raise ConfigError(
+            INIT_FROM,
+            init_from,
+            "the run folder holds no complete checkpoint to start from",
+            "pass a run that has written one (`trainer.checkpoint_every`; every run writes one at its end)",
         )
     return path, find_checkpoint(path, "latest")
 

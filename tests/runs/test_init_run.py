@@ -2,6 +2,7 @@
 keeps the free keys, and what it cannot start from is refused. (GRPO runs of train.py: tests/e2e/test_grpo.py.)"""
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -54,6 +55,8 @@ def test_a_run_started_from_another_needs_no_package_for_the_text_encoder_it_inh
 
 
 def test_grpo_config_refuses_what_it_cannot_start_from(fake_init_run, tmp_path):
+    from dit_trainer.assemble import save_resolved_config
+
     with pytest.raises(ConfigError, match=r"trainer\.init_from.*model\.num_layers=3 \(the init run has 2\)") as error:
         _grpo_config(fake_init_run, "model.num_layers=3")
     assert exit_code(error.value) == 2
@@ -64,10 +67,17 @@ def test_grpo_config_refuses_what_it_cannot_start_from(fake_init_run, tmp_path):
         _grpo_config(not_a_run)
     assert str(not_a_run) in str(error.value) and exit_code(error.value) == 2
 
+    loose = tmp_path / "copied" / "checkpoint-7"  # a checkpoint copied out of its run: nothing says how it trained
+    shutil.copytree(fake_init_run / "checkpoints" / "checkpoint-7", loose)
+    with pytest.raises(ConfigError, match=r"trainer\.init_from.*outside a run folder.*RUN/checkpoints/checkpoint-N"):
+        _grpo_config(loose)
+    shutil.rmtree(fake_init_run / "checkpoints")  # a run that wrote none
+    with pytest.raises(ConfigError, match=r"trainer\.init_from.*holds no complete checkpoint"):
+        _grpo_config(fake_init_run)
+    shutil.copytree(loose, fake_init_run / "checkpoints" / "checkpoint-7")
+
     with pytest.raises(ConfigError, match=r"grpo\.steps_per_trajectory.*only 3 trained steps.*=3` or lower"):
         _grpo_config(fake_init_run, "grpo.steps_per_trajectory=4")  # 4 sampler steps, the last deterministic
-
-    from dit_trainer.assemble import save_resolved_config
 
     lora = compose_config([*TINY_SHAPES, f"model.pretrained={fake_init_run}", "lora.enabled=true"])
     save_resolved_config(lora, fake_init_run / "config.yaml")
