@@ -62,6 +62,13 @@ def read_index(cache_dir: Path) -> dict:
     """The index of a complete cache; a missing or partial cache, or an ``index.json`` that some other program
     wrote, is a ``ConfigError`` naming ``data.cache_dir``."""
     path = cache_dir / INDEX
+    if cache_dir.exists() and not cache_dir.is_dir():
+        raise ConfigError(
+            "data.cache_dir",
+            str(cache_dir),
+            "it is a file, not a cache folder",
+            "point `data.cache_dir` at the folder `python scripts/precompute.py` wrote (or will write)",
+        )
     if not path.is_file():
         raise ConfigError(
             "data.cache_dir",
@@ -251,7 +258,7 @@ def open_cache(
     index = read_index(folder)
     check_fingerprint(index, fingerprint, folder)
     stored = opened(folder / PROMPTS, load_file)
-    text = CachedPrompts(index["prompts"], Condition.from_stored(stored), device)
+    text = CachedPrompts(index["prompts"], Condition.from_stored(stored), device, str(cache_dir))
     text.encode(list(prompts))  # a missing sample/monitor prompt fails now, not at the first sample grid
     return CacheDataset(folder, index), text
 

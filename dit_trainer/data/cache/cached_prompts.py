@@ -10,9 +10,11 @@ from dit_trainer.errors import ConfigError
 
 class CachedPrompts:
     """Stands in for the text encoder when training from a cache: the conditions of the prompts precompute was
-    told about (``prompts.sampled_prompts``), so the real encoder is never loaded."""
+    told about (``prompts.sampled_prompts``), so the real encoder is never loaded. ``cache_dir``: the cache they
+    were read from (``data.cache_dir``), which a missing prompt's refusal names."""
 
-    def __init__(self, prompts: list[str], condition: Condition, device: torch.device) -> None:
+    def __init__(self, prompts: list[str], condition: Condition, device: torch.device, cache_dir: str = "") -> None:
+        self.cache_dir = cache_dir
         self.rows = {prompt: row for row, prompt in enumerate(prompts)}
         self.condition = condition.cast(torch.float32)._replace(mask=condition.mask.long()).to(device)
 
@@ -33,7 +35,7 @@ class CachedPrompts:
         if missing:
             raise ConfigError(
                 "data.cache_dir",
-                "",
+                self.cache_dir,
                 f"the cache holds no embedding for the prompts {missing[:3]} (sample and monitor prompts are "
                 "embedded by precompute)",
                 "run `python scripts/precompute.py` again with this run's overrides: it adds the missing prompts "

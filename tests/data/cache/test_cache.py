@@ -92,6 +92,21 @@ def test_a_grown_image_folder_refuses_its_stale_cache(folder_cache):
     assert "`data.cache_dir`" in message and "entries: cache 4, config 5" in message and "precompute.py" in message
 
 
+def test_a_prompt_the_cache_does_not_hold_is_refused_naming_the_cache(folder_cache):
+    images, cache = folder_cache
+    with pytest.raises(ConfigError) as caught:
+        open_cache_of(_folder_config(images, cache, "trainer.sample_prompts=[a prompt never embedded]"))
+    message = str(caught.value)
+    assert f"`data.cache_dir` is '{cache}'" in message and "['a prompt never embedded']" in message
+
+
+def test_a_file_given_as_the_cache_is_refused_as_a_file(folder_cache, tmp_path):
+    images, _ = folder_cache
+    (tmp_path / "notes.txt").write_text("not a cache")
+    with pytest.raises(ConfigError, match=r"`data\.cache_dir` is '.*notes\.txt', but it is a file, not a cache folder"):
+        open_cache_of(_folder_config(images, tmp_path / "notes.txt"))
+
+
 def test_a_cache_made_with_another_tokenizer_subfolder_is_refused(folder_cache):
     images, cache = folder_cache
     with pytest.raises(ConfigError, match="tokenizer_subfolder: cache None, config 'tokenizer'"):
