@@ -227,6 +227,24 @@ def find_checkpoint(run_dir: Path, spec: str) -> Path:
     return path
 
 
+def set_aside_newer(checkpoints_dir: Path, step: int) -> Path | None:
+    """Move the checkpoints after ``step`` into ``abandoned-after-<step>/`` beside them (None when there are none):
+    a run resumed from an older checkpoint starts a new branch, and the old branch's later checkpoints would
+    otherwise be taken for ``latest``, and pruned before the new ones. They are kept, not deleted."""
+    newer = [p for p in _checkpoint_folders(checkpoints_dir) if checkpoint_step(p) > step]
+    if not newer:
+        return None
+    aside = checkpoints_dir / f"abandoned-after-{step}"
+    number = 1
+    while aside.exists():
+        number += 1
+        aside = checkpoints_dir / f"abandoned-after-{step}-{number}"
+    aside.mkdir()
+    for path in newer:
+        path.rename(aside / path.name)
+    return aside
+
+
 def remove_unfinished_writes(checkpoints_dir: Path) -> None:
     """What writes that did not finish left (a kill, a failed process), at the start of a run, by the main process.
     A ``.partial`` folder is never a checkpoint: only disk space. A ``.replaced`` one is the previous copy of a

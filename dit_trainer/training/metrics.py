@@ -72,12 +72,15 @@ class MetricsFile:
         records[-1] = records[-1] | metrics
         write_text_atomically(self.path, "".join(json.dumps(record) + "\n" for record in records))
 
-    def truncate_after(self, step: int) -> None:
-        """Drop the lines of steps after ``step``: what an interrupted attempt logged past the checkpoint a run
-        resumes from, so that the file describes one run."""
-        if self.path.exists():
-            kept = [record for record in self.read() if record["step"] <= step]
-            write_text_atomically(self.path, "".join(json.dumps(record) + "\n" for record in kept))
+    def truncate_after(self, step: int) -> list[dict]:
+        """Drop the lines of steps after ``step`` (returned): what an interrupted attempt logged past the checkpoint a
+        run resumes from, so that the file describes one run."""
+        if not self.path.exists():
+            return []
+        records = self.read()
+        kept = [record for record in records if record["step"] <= step]
+        write_text_atomically(self.path, "".join(json.dumps(record) + "\n" for record in kept))
+        return [record for record in records if record["step"] > step]
 
     def read(self) -> list[dict]:
         if not self.path.exists():

@@ -21,7 +21,7 @@ from diffusers.training_utils import EMAModel
 from torch import nn
 from tqdm.auto import tqdm
 
-from dit_trainer.runs.run_folder import METRICS, kept_checkpoints, list_checkpoints
+from dit_trainer.runs.run_folder import METRICS, kept_checkpoints, list_checkpoints, set_aside_newer
 from dit_trainer.runs.run_lock import RunFolderLock
 from dit_trainer.runs.run_summary import write_summary
 from dit_trainer.training.metrics import (
@@ -104,14 +104,26 @@ class Trainer:
 
     def resume(self, spec: str | None) -> None:
         """Continue from ``spec`` (``latest`` or a path) if set; metrics logged after that step (by an interrupted
-        attempt) are dropped so ``metrics.jsonl`` describes one run."""
+        attempt) are dropped so ``metrics.jsonl`` describes one run. Resumed from a checkpoint older than the run's
+        newest, the later checkpoints and their metrics are set aside: a branch abandoned, kept for reference."""
         path = self.checkpointer.restore(spec)
         if path is not None:
             logger.info(f"Resumed from {path} at step {self.state.step}", main_process_only=True)
         elif spec:
             logger.info("trainer.resume=latest but no checkpoint exists yet: starting from step 0")
-        if self.accelerator.is_main_process:
-            self.metrics.truncate_after(self.state.step)
+        if not self.accelerator.is_main_process:
+            return
+        dropped = self.metrics.truncate_after(self.state.step)
+        aside = set_aside_newer(self.checkpointer.checkpoints_dir, self.state.step) if path is not None else None
+        if aside is not None:
+            abandoned = MetricsFile(aside / METRICS)
+            for record in dropped:
+                abandoned.write(record)
+            logger.warning(
+                f"Resumed from {path.name}, older than the run's newest checkpoint: the later ones "
+                f"({', '.join(sorted(p.name for p in aside.iterdir() if p.is_dir()))}) and the metrics they logged "
+                f"are set aside in {aside}, neither resumed from nor pruned"
+            )
 
     def _is_due(self, every: int) -> bool:
         step = self.state.step

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from dit_trainer.assemble import build_trainer
+from dit_trainer.runs.run_folder import list_checkpoints
 from dit_trainer.training.monitors.monitors import Monitor
 from dit_trainer.training.preflight import PREFLIGHT_ROWS
 
@@ -92,3 +93,22 @@ def test_the_monitors_a_preemption_skipped_run_on_resuming_as_in_a_run_never_sto
 
     assert "val/loss" in logged(tmp_path / "whole")[1]
     assert logged(tmp_path / "cut") == logged(tmp_path / "whole")
+
+
+def test_resuming_an_older_checkpoint_sets_the_abandoned_branch_aside(tmp_path):
+    """Continued from checkpoint-2 of a run that reached 4, the run's later checkpoint and metrics are moved aside
+    (kept): ``latest`` is then the new branch's, and pruning never takes the new checkpoints for older ones."""
+    overrides = [*TINY_SHAPES, "data.length=32", "trainer.batch_size=8", "model.num_layers=1", "trainer.log_every=1",
+                 "trainer.sample_every=0", "trainer.checkpoint_every=2"]  # fmt: skip
+    build_trainer(compose_config([*overrides, "trainer.max_steps=4"]), tmp_path).fit()
+    checkpoints = tmp_path / "checkpoints"
+    reset_accelerate_state()
+    older = f"trainer.resume={checkpoints / 'checkpoint-2'}"
+    build_trainer(compose_config([*overrides, "trainer.max_steps=3", older]), tmp_path).fit()
+    aside = checkpoints / "abandoned-after-2"
+    assert [p.name for p in list_checkpoints(checkpoints)] == ["checkpoint-2", "checkpoint-3"]
+    assert (aside / "checkpoint-4").is_dir() and [r["step"] for r in read_metrics(aside)] == [3, 4]
+    assert [record["step"] for record in read_metrics(tmp_path)] == [1, 2, 3]
+    reset_accelerate_state()
+    resumed = build_trainer(compose_config([*overrides, "trainer.max_steps=4", "trainer.resume=latest"]), tmp_path)
+    assert resumed.state.step == 3
