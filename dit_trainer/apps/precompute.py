@@ -56,7 +56,7 @@ from dit_trainer.prompts import reward_monitor_prompts, sampled_prompts
 class PrecomputeResult:
     cache_dir: Path
     items: int  # encoded now (0 when the cache existed and only prompts were added)
-    bad_files: list[str]
+    bad_files: list[str]  # each unreadable file once (a file is tried again as the next item's replacement)
 
 
 def _refuse_random_augmentation(data: DataConfig) -> None:
@@ -232,4 +232,4 @@ def precompute(
             prompts = _write_prompts(sampled, cache_dir, [], text_encoder)
             _write_index(data.cache_dtype, fingerprint, cache_dir, state.num_processes, prompts)
     state.wait_for_everyone()
-    return PrecomputeResult(cache_dir, items, bad_files)
+    return PrecomputeResult(cache_dir, items, list(dict.fromkeys(bad_files)))

@@ -6,6 +6,7 @@ import pytest
 from dit_trainer.data.cache.cache import check_cache_folder
 from dit_trainer.errors import ConfigError
 from tests.conftest import DATA_SMALL, compose_config, digest, one_paragraph, precompute_cache
+from tests.data.files import photos_folder
 
 INDEX = "0123456789abcdef0123456789abcdef.json"  # a sizes index's name: its data's fingerprint digest
 
@@ -49,3 +50,13 @@ def test_an_unfinished_precompute_keeps_its_sizes_index_and_only_its_own_files_a
     sizes.symlink_to(tmp_path / "elsewhere")  # a link would have the index written outside the cache
     with pytest.raises(ConfigError, match=r"not part of a cache \(image_sizes\)"):
         check_cache_folder(cache)
+
+
+def test_each_unreadable_file_is_reported_once(tmp_path):
+    """Two truncated files in a row: the first is tried again as the second's replacement, yet reported once."""
+    images = photos_folder(tmp_path / "photos", count=6, bad=2)
+    folder = ["data=imagefolder", f"data.path={images}", "vae=pixel", "data.resolution=16", "data.num_workers=0"]
+    cfg = compose_config([*DATA_SMALL, *folder, f"data.cache_dir={tmp_path / 'cache'}", "trainer.batch_size=4"])
+    result = precompute_cache(cfg)
+    assert result.items == 8 and len(result.bad_files) == 2
+    assert all(name in " ".join(result.bad_files) for name in ("6.png", "7.png"))
