@@ -83,15 +83,18 @@ def build_ema(decay: float, parameters: list[torch.nn.Parameter]) -> FusedEMA | 
 
 
 class ConfiguredRates:
-    """The optimizer's settings as this run configures them (each group's rate, weight decay, betas, ...) and the
-    schedule's base rates, taken before a resume loads a checkpoint's: ``reapply`` puts them back over the loaded
-    state, so that an ``optim.lr`` or ``optim.weight_decay`` changed on resuming (a change the resume accepts, and
-    names) is what trains. The moments, the step counts and the schedule's position stay the checkpoint's; the
-    current rate moves with the base rate (the schedule's factor at that position is kept)."""
+    """The optimizer settings the config sets (each group's weight decay, betas and eps) and the schedule's base
+    rates, taken before a resume loads a checkpoint's: ``reapply`` puts them back over the loaded state, so that an
+    ``optim.lr`` or ``optim.weight_decay`` changed on resuming (a change the resume accepts, and names) is what
+    trains. The moments, the step counts, the schedule's position and what an optimizer learns in its groups
+    (Prodigy's step-size estimate) stay the checkpoint's; the current rate moves with the base rate (the schedule's
+    factor at that position is kept)."""
+
+    KEYS = ("weight_decay", "betas", "eps")  # what `optimizers.make_optimizer` sets from the config
 
     def __init__(self, optimizer: torch.optim.Optimizer, lr_scheduler) -> None:
         self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
-        self.groups = [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+        self.groups = [{k: group[k] for k in self.KEYS if k in group} for group in optimizer.param_groups]
         self.base_lrs = list(lr_scheduler.state_dict()["base_lrs"])
 
     def reapply(self) -> None:
@@ -99,5 +102,6 @@ class ConfiguredRates:
         scales = [new / old if old else 1.0 for new, old in zip(self.base_lrs, state["base_lrs"], strict=True)]
         rates = [rate * scale for rate, scale in zip(state["_last_lr"], scales, strict=True)]
         self.lr_scheduler.load_state_dict({**state, "base_lrs": list(self.base_lrs), "_last_lr": rates})
-        for group, settings, rate in zip(self.optimizer.param_groups, self.groups, rates, strict=True):
-            group.update(settings, lr=rate)
+        groups = zip(self.optimizer.param_groups, self.groups, rates, self.base_lrs, strict=True)
+        for group, settings, rate, base in groups:
+            group.update(settings, lr=rate, initial_lr=base)

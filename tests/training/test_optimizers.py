@@ -13,7 +13,7 @@ from accelerate import Accelerator
 
 from dit_trainer.config import OptimConfig, TrainConfig, TrainerConfig
 from dit_trainer.errors import ConfigError
-from dit_trainer.training.optim import build_lr_scheduler, build_optimizer
+from dit_trainer.training.optim import ConfiguredRates, build_lr_scheduler, build_optimizer
 from dit_trainer.training.optimizers import check_optimizer, check_resumed_optimizer, check_sharded_optimizer
 
 from ..conftest import TINY_SHAPES, build_tiny_transformer, compose_config, one_paragraph, run_here, tiny_batch
@@ -100,7 +100,9 @@ def test_each_optimizer_trains_in_the_run_s_groups_and_resumes_bit_for_bit(name,
     assert optimizer.param_groups[0]["lr"] == schedule.get_last_lr()[0] != lr  # the schedule drives it
 
     resumed_accelerator, resumed, resumed_optimizer, resumed_schedule = _prepared(cfg)
+    configured = ConfiguredRates(resumed_optimizer, resumed_schedule)  # taken and put back as a resume does
     resumed_accelerator.load_state(tmp_path / "checkpoint")
+    configured.reapply()  # the same settings: nothing the optimizer learned (Prodigy's estimate) is reset
     resumed_losses = _train(resumed, resumed_optimizer, resumed_schedule, steps - resume_at)
     assert resumed_losses == losses[resume_at:]
     assert all(torch.equal(a, b) for a, b in zip(dit.parameters(), resumed.parameters()))
