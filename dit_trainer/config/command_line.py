@@ -176,6 +176,15 @@ def parsed_overrides(argv: list[str]) -> Iterator[tuple[str, Override | None]]:
         yield item, override
 
 
+def _parses(parser: OverridesParser, item: str) -> bool:
+    """Whether Hydra parses ``item``: a fix offered for one it cannot must be one it can."""
+    try:
+        parser.parse_override(item)
+    except HydraException:
+        return False
+    return True
+
+
 def unquoted_braces(item: str, parser: OverridesParser) -> ConfigError | None:
     """The refusal of an override Hydra cannot parse because its value holds braces Hydra reads as a dict's (a shard
     pattern, ``data.path=/data/shards/{000000..000099}.tar``: the shell removed the quotes it was typed with), when
@@ -185,11 +194,7 @@ def unquoted_braces(item: str, parser: OverridesParser) -> ConfigError | None:
         return None
     inner, outer = ('"', "'") if "$" in value else ("'", '"')  # no `${...}` inside a shell's double quotes
     quoted = _quoted_value(value, inner)
-    if quoted is None or outer in quoted:
-        return None
-    try:
-        parser.parse_override(f"{name}={quoted}")
-    except HydraException:
+    if quoted is None or outer in quoted or not _parses(parser, f"{name}={quoted}"):
         return None
     return ConfigError(
         name.lstrip("+~"),
@@ -205,11 +210,8 @@ def unquoted_home(item: str, parser: OverridesParser) -> ConfigError | None:
     """The refusal of an override Hydra cannot parse because its value starts with ``~`` (a home folder the shell
     left unexpanded: typed in quotes), when writing the home folder out makes it parse. None otherwise."""
     name, _, value = item.partition("=")
-    if value != "~" and not value.startswith("~/"):
-        return None
-    try:
-        parser.parse_override(f"{name}={Path(value).expanduser()}")
-    except HydraException:
+    home = value == "~" or value.startswith("~/")
+    if not home or not _parses(parser, f"{name}={Path(value).expanduser()}"):
         return None
     return ConfigError(
         name.lstrip("+~"),
