@@ -42,6 +42,7 @@ class Batch(TypedDict, total=False):
     text_mask: torch.Tensor  # (B, L)
     text_pooled: torch.Tensor  # (B, P), where the conditioner gives a pooled vector
     caption: list[str]  # the captions (or class names)
+    source_index: list[int]  # the source item each image was read from (an unreadable one's replacement), where known
     bad_files: list[str]  # "name: reason" for each unreadable file skipped to fill the batch: always present
     empty: bool  # a Poisson draw (DP) that selected no image: then nothing but this and ``bad_files``
 

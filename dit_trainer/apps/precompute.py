@@ -138,7 +138,9 @@ def _encode_images(
         condition = text_encoder.encode(batch["caption"])
         posterior = {"latent_mean": mean} | ({} if std is None else {"latent_std": std})  # none: deterministic
         encoded = posterior | condition.cast(torch.float32).stored("text_")
-        encoded |= {"caption": batch["caption"], "items": None if source_items is None else next(source_items)}
+        asked = next(source_items) if source_items is not None else None
+        # The item each row holds: the one asked for, or the stand-in the source read for an unreadable one.
+        encoded |= {"caption": batch["caption"], "items": batch.get("source_index", asked)}
         pending.setdefault(size, []).append({k: v.cpu() if torch.is_tensor(v) else v for k, v in encoded.items()})
         items += len(batch["caption"])
         if sum(len(b["caption"]) for b in pending[size]) >= data.cache_shard_size:

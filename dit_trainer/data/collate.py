@@ -27,19 +27,22 @@ MAX_CONSECUTIVE_BAD = 100
 def collate_batch(items: list[dict[str, Any]] | Batch) -> Batch:
     """Tensors stacked, everything else (captions) as lists, and ``"bad_files"`` always present (maybe empty).
 
-    Unlike the DataLoader's default collate, it accepts items with and without ``"bad_files"`` in one batch. A data
-    set that gathers whole batches itself (``__getitems__`` returning a dict, as the in-memory cache does) has
-    collated already: its batch passes through.
+    Unlike the DataLoader's default collate, it accepts items with and without ``"bad_files"`` in one batch, and
+    keeps ``"source_index"`` only where every item has one (a stream mixed with a map-style source numbers only the
+    latter's). A data set that gathers whole batches itself (``__getitems__`` returning a dict, as the in-memory
+    cache does) has collated already: its batch passes through.
     """
     if isinstance(items, dict):
         return items
     batch: Batch = {}
     for key in items[0]:
-        if key == "bad_files":
+        if key in ("bad_files", "source_index"):
             continue
         values = [item[key] for item in items]
         batch[key] = torch.stack(values) if isinstance(values[0], torch.Tensor) else values
     batch["bad_files"] = [name for item in items for name in item.get("bad_files", ())]
+    if all("source_index" in item for item in items):
+        batch["source_index"] = [item["source_index"] for item in items]
     return batch
 
 
@@ -87,7 +90,8 @@ class SkipUnreadable(Dataset):
     ) -> dict[str, Any]:
         """Item ``index`` at ``size`` (height, width), default a ``resolution`` square. A skipped file's replacement
         is brought to the same size, so a batch of one bucket stays one bucket, and is taken from ``within`` (sorted
-        indices that include ``index``) when given, so it stays on its side of the held-out split."""
+        indices that include ``index``) when given, so it stays on its side of the held-out split. ``source_index``
+        is the item read: ``index``, or its replacement's (what a cache records, so no split moves an image)."""
         if not 0 <= index < len(self):
             raise IndexError(index)  # ends `for item in dataset`, which would otherwise wrap around forever
         bad: list[str] = []
@@ -98,7 +102,8 @@ class SkipUnreadable(Dataset):
             current = candidates[(start + offset) % len(candidates)]
             try:  # the transform too: an image can decode and still fail to convert
                 image, caption = self.read(current)
-                item = {"image": self.prepare(image, size or self.resolution), "caption": caption}
+                prepared = self.prepare(image, size or self.resolution)
+                item = {"image": prepared, "caption": caption, "source_index": current}
             except UNREADABLE_ERRORS as error:
                 bad.append(describe_failure(self.name(current), error))
                 continue

@@ -86,6 +86,7 @@ class MixtureDataset(Dataset):
             end = self.offsets[source + 1]
             within = [i - offset for i in within[bisect.bisect_left(within, offset) : bisect.bisect_left(within, end)]]
         item = dataset.item(local, size, within) if hasattr(dataset, "item") else dataset[local]
+        item["source_index"] = item.get("source_index", local) + offset  # in this mixture's numbering
         if item.get("bad_files"):
             item["bad_files"] = [f"[{self.names[source]}] {record}" for record in item["bad_files"]]
         return item

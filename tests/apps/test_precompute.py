@@ -4,8 +4,9 @@ deleted; the sizes index folder that precompute's buckets write there is its own
 import pytest
 
 from dit_trainer.data.cache.cache import check_cache_folder
+from dit_trainer.data.split import split_validation
 from dit_trainer.errors import ConfigError
-from tests.conftest import DATA_SMALL, compose_config, digest, one_paragraph, precompute_cache
+from tests.conftest import DATA_SMALL, compose_config, digest, one_paragraph, open_cache_of, precompute_cache
 from tests.data.files import photos_folder
 
 INDEX = "0123456789abcdef0123456789abcdef.json"  # a sizes index's name: its data's fingerprint digest
@@ -60,3 +61,18 @@ def test_each_unreadable_file_is_reported_once(tmp_path):
     result = precompute_cache(cfg)
     assert result.items == 8 and len(result.bad_files) == 2
     assert all(name in " ".join(result.bad_files) for name in ("6.png", "7.png"))
+
+
+def test_a_stand_in_for_an_unreadable_image_stays_on_its_own_side_of_the_split(tmp_path):
+    """Precompute fills an unreadable item's row with the next readable image (here item 0, for items 6 and 7): the
+    row must count as that image's, or a held-out split would train on an image it validates with."""
+    images = photos_folder(tmp_path / "photos", count=6, bad=2)
+    folder = ["data=imagefolder", f"data.path={images}", "vae=pixel", "data.resolution=16", "data.num_workers=0"]
+    base = [*DATA_SMALL, *folder, f"data.cache_dir={tmp_path / 'cache'}", "trainer.batch_size=4"]
+    precompute_cache(compose_config(base))
+    for seed in range(6):
+        cfg = compose_config([*base, "validation.every_n_steps=10", "validation.split=0.25", f"validation.seed={seed}"])
+        cache, _ = open_cache_of(cfg)
+        train, held_out = split_validation(cfg.data, cfg.validation, cache)
+        trained = {cache.captions[row] for row in train.indices}
+        assert not trained & {cache.captions[row] for row in held_out.indices}, seed
