@@ -26,7 +26,6 @@ from dit_trainer.errors import ConfigError, require, shortlist
 from dit_trainer.runs.run_folder import (
     CHECKPOINTS,
     CONFIG,
-    find_checkpoint,
     is_checkpoint,
     list_checkpoints,
     weights_layout,
@@ -69,14 +68,15 @@ def init_checkpoint(init_from: str) -> tuple[Path, Path]:
             f"it is neither a run folder (one with a {CONFIG}) nor a checkpoint folder of one",
             "pass the folder train.py wrote (e.g. outputs/DATE/TIME) or one of its checkpoints/checkpoint-N folders",
         )
-    if not list_checkpoints(path / CHECKPOINTS):
+    checkpoints = list_checkpoints(path / CHECKPOINTS)
+    if not checkpoints:
         raise ConfigError(
             INIT_FROM,
             init_from,
             "the run folder holds no complete checkpoint to start from",
             "pass a run that has written one (`trainer.checkpoint_every`; every run writes one at its end)",
         )
-    return path, find_checkpoint(path, "latest")
+    return path, checkpoints[-1]
 
 
 def explicit_keys(overrides: Sequence[str]) -> list[str]:
