@@ -295,9 +295,9 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     source = held_out = cached_text = None
     if reads_data:  # the data's own problems are found before any model loads
         cache, cached_text = open_run_cache(cfg, plan, accelerator.device)
-        batch_size, sizes_dir = cfg.trainer.batch_size, run_dir / IMAGE_SIZES
+        batch_size, seed, sizes_dir = cfg.trainer.batch_size, cfg.trainer.seed, run_dir / IMAGE_SIZES
         source, held_out = build_source(
-            cfg.data, cfg.validation, batch_size, plan.buckets, cache, accelerator, sizes_dir
+            cfg.data, cfg.validation, batch_size, seed, plan.buckets, cache, accelerator, sizes_dir
         )
     frozen_dtype = weight_dtype(accelerator.mixed_precision)
     parts = build_components(

@@ -71,7 +71,7 @@ def preview_items(
     data = replace(data, cache_dir=None, cache_latents=False)  # images, not latents
     set_seed(trainer.seed)
     accelerator = Accelerator(cpu=True)  # no sizes index is written
-    dataset, held_out = build_source(data, validation, trainer.batch_size, buckets, None, accelerator)
+    dataset, held_out = build_source(data, validation, trainer.batch_size, trainer.seed, buckets, None, accelerator)
     held = len(held_out) if held_out is not None and validation.split and not validation.path else 0
     device = torch.device("cpu")
     if isinstance(dataset, IterableDataset):  # a stream: the training loader's first items

@@ -7,7 +7,8 @@ same number of batches: the trainer's resume (epoch, batches to skip) lands on e
 source of weight w gets w / sum(weights) of each epoch's items in expectation (a single source: every item once).
 
 ``PlanBatchSampler`` is the plan as a ``torch`` batch sampler. accelerate shards it across processes (process r
-takes every r-th batch of each group of ``num_processes``) and forwards ``set_epoch`` to it.
+takes every r-th batch of each group of ``num_processes``) and forwards ``set_epoch`` to it. Over ``SeededItems`` it
+asks for keys, so that each item's random crop or flip is its epoch's (``seeded_items``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Iterator, Sequence
 
 import torch
 from torch.utils.data import Sampler
+
+from dit_trainer.data.seeded_items import item_keys
 
 
 def pool_quotas(pools: dict[tuple[int, int], int], weights: Sequence[float]) -> dict[tuple[int, int], int]:
@@ -45,6 +48,7 @@ class BatchPlan:
         self.batch_size = batch_size
         self.seed = seed
         self.epoch = 0
+        self.items = len(buckets)
         members: dict[tuple[int, int], list[int]] = {}
         for index, key in enumerate(zip(sources, buckets)):
             members.setdefault(key, []).append(index)
@@ -83,13 +87,15 @@ class BatchPlan:
 
 class PlanBatchSampler(Sampler[list[int]]):
     """A ``BatchPlan`` as the DataLoader's ``batch_sampler``. ``sampler`` is the plan itself: accelerate's sharded
-    loader calls ``set_epoch`` on its batch sampler's ``sampler``."""
+    loader calls ``set_epoch`` on its batch sampler's ``sampler``. ``keyed``: the batches name their items by their
+    ``SeededItems`` keys in the epoch."""
 
     drop_last = True
 
-    def __init__(self, plan: BatchPlan) -> None:
+    def __init__(self, plan: BatchPlan, keyed: bool = False) -> None:
         self.sampler = plan
         self.batch_size = plan.batch_size
+        self.keyed = keyed
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -98,4 +104,6 @@ class PlanBatchSampler(Sampler[list[int]]):
         return len(self.sampler)
 
     def __iter__(self) -> Iterator[list[int]]:
-        return iter(self.sampler.batches())
+        plan = self.sampler
+        for batch in plan.batches():
+            yield item_keys(batch, plan.epoch, plan.items) if self.keyed else batch

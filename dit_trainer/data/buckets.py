@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.image_sizes import image_sizes
+from dit_trainer.data.seeded_items import SeededItems
 from dit_trainer.errors import ConfigError
 
 Size = tuple[int, int]  # (height, width) in pixels
@@ -193,12 +194,13 @@ def bucketed(
 
 def per_item(dataset: Dataset, attribute: str) -> list | None:
     """A per-item list ``attribute`` (``buckets``, ``sources``) of ``dataset`` or of the data set it views (a
-    ``Subset``, a ``Bucketed`` wrapper), in ``dataset``'s item order; None where no layer has it."""
+    ``Subset``, a ``Bucketed`` or ``SeededItems`` wrapper), in ``dataset``'s item order; None where no layer has
+    it."""
     if isinstance(dataset, Subset):
         values = per_item(dataset.dataset, attribute)
         return None if values is None else [values[index] for index in dataset.indices]
     values = getattr(dataset, attribute, None)
-    if values is None and isinstance(dataset, Bucketed):
+    if values is None and isinstance(dataset, (Bucketed, SeededItems)):
         return per_item(dataset.dataset, attribute)
     return values
 

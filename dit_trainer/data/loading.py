@@ -22,7 +22,8 @@ from dit_trainer.data.cache.cache import CacheDataset
 from dit_trainer.data.cache.latent_cache import LatentDataset, encode_dataset
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.mixture import StreamMixture, item_sources, source_names
-from dit_trainer.data.sources.source import build_dataset
+from dit_trainer.data.seeded_items import SeededItems
+from dit_trainer.data.sources.source import build_dataset, reads_at_random
 from dit_trainer.data.split import split_validation
 from dit_trainer.data.stream_loader import StreamLoader
 from dit_trainer.errors import ConfigError
@@ -52,6 +53,7 @@ def build_source(
     data: DataConfig,
     validation: ValidationConfig,
     batch_size: int,
+    seed: int,
     buckets: BucketTable | None,
     cache: CacheDataset | None,
     accelerator: Accelerator,
@@ -60,8 +62,9 @@ def build_source(
     """What a run trains on, and the validation images it holds out (None: no validation), read top to bottom:
     the disk ``cache`` (opened by the caller, with its prompts; ``cache.open_cache``) or the source, in ``buckets``
     (the run's table, ``components.geometry.configured_buckets``; None: squares), less what validation holds out,
-    checked to give every process a complete batch of ``batch_size`` before any model is built. ``sizes_dir``: the
-    run's folder for the sizes index of bucketed data (``image_sizes``)."""
+    checked to give every process a complete batch of ``batch_size`` before any model is built, its random crops
+    and flips drawn by item and epoch from ``seed`` (``SeededItems``). ``sizes_dir``: the run's folder for the sizes
+    index of bucketed data (``image_sizes``)."""
     require_table_of(data.buckets, buckets)
     if (cache is None) == bool(data.cache_dir):  # the caller's mistake: it would train on the images, or no cache
         raise ValueError(f"cache {cache} for data.cache_dir={data.cache_dir!r}: pass assemble.open_run_cache's")
@@ -81,6 +84,8 @@ def build_source(
         report_buckets(in_buckets, table, batch_size, accelerator.num_processes)
     if sources is not None:
         report_mixture(sources, data.mixture)
+    if cache is None and not isinstance(dataset, IterableDataset) and reads_at_random(data):
+        dataset = SeededItems(dataset, seed)
     return dataset, held_out
 
 
@@ -179,8 +184,9 @@ def loader_options(data: DataConfig, dataset: Dataset, device: torch.device) -> 
 
 
 def build_dataloader(data: DataConfig, trainer: TrainerConfig, dataset: Dataset, device: torch.device) -> DataLoader:
-    """Map-style data sets are shuffled (in buckets or mixed from several sources, by a seeded plan whose every
-    batch is one bucket and whose epochs draw each source by its weight); an iterable one (webdataset, a mixture
+    """Map-style data sets are shuffled (in buckets, mixed from several sources or read with random draws, by a
+    seeded plan whose every batch is one bucket, whose epochs draw each source by its weight, and which asks
+    ``SeededItems`` for each item by its key in the epoch); an iterable one (webdataset, a mixture
     with one) shuffles and splits its shards itself, and its loader's position goes into checkpoints, per process
     (``StreamLoader``), checked against the data at a resume (``trainer.allow_config_change``: restarted instead of
     refused). ``trainer``: the batch size, the seed and ``allow_config_change``."""
@@ -188,11 +194,13 @@ def build_dataloader(data: DataConfig, trainer: TrainerConfig, dataset: Dataset,
     if isinstance(dataset, BucketedStream):  # it yields whole batches
         return DataLoader(dataset, batch_size=None, collate_fn=collate_batch, **options)
     buckets, sources = item_buckets(dataset), item_sources(dataset)
-    if buckets is not None or sources is not None:
+    seeded = isinstance(dataset, SeededItems)
+    if buckets is not None or sources is not None or seeded:
         weights = [entry.weight for entry in data.mixture] or None
         buckets = buckets or [0] * len(dataset)
         plan = BatchPlan(buckets, trainer.batch_size, trainer.seed, sources, weights)
-        return DataLoader(dataset, batch_sampler=PlanBatchSampler(plan), collate_fn=collate_batch, **options)
+        sampler = PlanBatchSampler(plan, keyed=seeded)
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_batch, **options)
     if isinstance(dataset, IterableDataset):  # its position is saved in checkpoints, per process
         return StreamLoader(
             dataset,

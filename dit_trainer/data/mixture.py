@@ -17,7 +17,13 @@ from torch.utils.data import Dataset, IterableDataset
 
 from dit_trainer.config import DataConfig, MixtureSource
 from dit_trainer.data.buckets import per_item
-from dit_trainer.data.sources.streams import process_rank_and_world_size, seeded_int, seeded_uniform, worker_and_workers
+from dit_trainer.data.sources.streams import (
+    process_rank_and_world_size,
+    seeded_draws,
+    seeded_int,
+    seeded_uniform,
+    worker_and_workers,
+)
 from dit_trainer.data.stream_changes import refuse_unless_allowed
 from dit_trainer.errors import ConfigError
 
@@ -280,8 +286,7 @@ class MapShare:
         if self.position >= len(self.indices):
             raise StopIteration
         index, self.position = self.indices[self.position], self.position + 1
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seeded_int(self.seed, self.epoch, index) >> 1)
+        with seeded_draws(self.seed, self.epoch, index):
             return self.dataset[index]
 
     def state_dict(self) -> dict[str, Any]:

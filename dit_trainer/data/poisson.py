@@ -11,6 +11,7 @@ from torch.utils.data import Sampler
 
 from dit_trainer.condition import Batch
 from dit_trainer.data.collate import collate_batch
+from dit_trainer.data.seeded_items import item_keys
 
 EMPTY_BATCH_KEY = "empty"  # a Poisson draw can select no image: the step then adds noise to a zero gradient
 
@@ -20,13 +21,16 @@ class PoissonBatchSampler(Sampler[list[int]]):
     expected size is ``num_samples / steps_per_epoch``): the sampling Opacus' accounting assumes.
 
     The draw of step ``s`` depends only on ``(seed, s)``: a resumed run (``next_step`` set to its step) draws
-    exactly the batches the uninterrupted run would have, whatever the loader's workers prefetched.
+    exactly the batches the uninterrupted run would have, whatever the loader's workers prefetched. ``keyed``: the
+    batches name their items by their ``SeededItems`` keys in round ``s``, so each item's random crop or flip is
+    its step's too.
     """
 
-    def __init__(self, num_samples: int, steps_per_epoch: int, seed: int) -> None:
+    def __init__(self, num_samples: int, steps_per_epoch: int, seed: int, keyed: bool = False) -> None:
         self.num_samples = num_samples
         self.steps_per_epoch = steps_per_epoch
         self.seed = seed
+        self.keyed = keyed
         self.next_step = 0
 
     @property
@@ -45,7 +49,8 @@ class PoissonBatchSampler(Sampler[list[int]]):
         start = self.next_step
         for step in range(start, start + self.steps_per_epoch):
             self.next_step = step + 1
-            yield self.indices(step)
+            indices = self.indices(step)
+            yield item_keys(indices, step, self.num_samples) if self.keyed else indices
 
 
 def collate_poisson(items: list[dict[str, Any]]) -> dict[str, Any]:

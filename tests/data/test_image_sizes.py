@@ -68,7 +68,7 @@ def test_start_up_with_pixart_buckets_on_20000_images_with_declared_sizes_opens_
     opened = count_opens(monkeypatch, folder)
     sizes_dir = tmp_path / "run" / "image_sizes"
     buckets = configured_buckets(cfg.model, cfg.vae, cfg.data)
-    dataset, _ = build_source(cfg.data, cfg.validation, cfg.trainer.batch_size, buckets, None, Accelerator(cpu=True),
+    dataset, _ = build_source(cfg.data, cfg.validation, cfg.trainer.batch_size, 0, buckets, None, Accelerator(cpu=True),
                               sizes_dir)  # fmt: skip
     assert opened == [] and not sizes_dir.exists()  # no header read, no index needed
     buckets = item_buckets(dataset)

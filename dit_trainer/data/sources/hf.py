@@ -14,7 +14,7 @@ from PIL import Image
 from dit_trainer.config import DataConfig
 from dit_trainer.data.collate import SkipUnreadable
 from dit_trainer.data.image_sizes import Size, declared_size
-from dit_trainer.data.sources.source import Source, augmentation
+from dit_trainer.data.sources.source import Source, augmentation, random_augmentation
 from dit_trainer.data.sources.transforms import caption_keys, decode_image, header_size, pick_caption
 from dit_trainer.errors import ConfigError
 
@@ -179,5 +179,6 @@ SOURCE = Source(
     "/path/to/dataset",
     bucketed=True,
     caption_prefix=True,
+    random_reads=random_augmentation,
     content=lambda cfg: split_fingerprint(cfg.path, cfg.split),
 )

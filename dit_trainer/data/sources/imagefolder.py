@@ -16,7 +16,7 @@ from PIL import Image
 from dit_trainer.config import DataConfig
 from dit_trainer.data.collate import SkipUnreadable
 from dit_trainer.data.image_sizes import Size, declared_size
-from dit_trainer.data.sources.source import Source, augmentation
+from dit_trainer.data.sources.source import Source, augmentation, random_augmentation
 from dit_trainer.data.sources.transforms import (
     UNREADABLE_ERRORS,
     caption_keys,
@@ -269,5 +269,6 @@ SOURCE = Source(
     check_image_folder,
     bucketed=True,
     caption_prefix=True,
+    random_reads=random_augmentation,
     content=lambda cfg: metadata_fingerprint(cfg.path),
 )

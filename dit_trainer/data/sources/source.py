@@ -31,6 +31,9 @@ class Source:
     # Its items are clips, (3, F, H, W) of `data.frames` frames (with `data.frames=1`, single frames (3, H, W)).
     clips: bool = False
     caption_prefix: bool = False  # it puts `data.caption_prefix` before the captions it reads (``augmentation``)
+    # Whether its items make random choices when read (a random crop, a flip, one caption of several, a clip's
+    # start): a random-access source's are then drawn by item and epoch (``seeded_items``), so a resume repeats them.
+    random_reads: Callable[[DataConfig], bool] = lambda cfg: False
     # What identifies the data beyond its config, for the cache fingerprint: cheap (no image is read), so None
     # where the config alone determines the data (shapes).
     content: Callable[[DataConfig], dict] | None = None
@@ -49,6 +52,17 @@ def augmentation(cfg: DataConfig) -> dict:
         "caption_columns": cfg.caption_columns,
         "caption_prefix": cfg.caption_prefix,
     }
+
+
+def random_augmentation(cfg: DataConfig) -> bool:
+    """Whether ``augmentation(cfg)`` draws at random: a random crop, a flip, one caption of several."""
+    return cfg.crop == "random" or cfg.horizontal_flip or len(cfg.caption_columns) > 1
+
+
+def reads_at_random(cfg: DataConfig) -> bool:
+    """Whether the items of ``cfg``'s source, or of any source of its mixture, make random choices when read."""
+    entries = [entry_config(cfg, entry) for entry in cfg.mixture] or [cfg]
+    return any(SOURCES.get(entry.source).random_reads(entry) for entry in entries)
 
 
 def build_dataset(cfg: DataConfig) -> Dataset:

@@ -4,7 +4,9 @@ checkpoint, see ``stream_loader``) rather than a generator's whole state."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import get_worker_info
@@ -38,3 +40,12 @@ def seeded_index(n: int, *key: object) -> int:
 def seeded_uniform(*key: object) -> float:
     """A number in [0, 1) drawn from ``key``."""
     return seeded_int(*key) / 2**64
+
+
+@contextlib.contextmanager
+def seeded_draws(*key: object) -> Iterator[None]:
+    """torch's random generator seeded by ``key`` for what runs inside (an item's random crop, flip or caption, drawn
+    where the sources draw them), and given back its own state after: the draws are the item's, not the reader's."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seeded_int(*key) >> 1)
+        yield

@@ -204,6 +204,7 @@ SOURCE = Source(
     check_video_folder,
     bucketed=True,
     caption_prefix=True,
+    random_reads=lambda cfg: True,  # a clip's start, whatever the augmentation
     content=_content,
     clips=True,
 )

@@ -45,6 +45,7 @@ from dit_trainer.components.modulation import (
 from dit_trainer.config import PrivacyConfig
 from dit_trainer.data.loading import require_full_batches
 from dit_trainer.data.poisson import PoissonBatchSampler, collate_poisson
+from dit_trainer.data.seeded_items import SeededItems
 from dit_trainer.errors import ConfigError
 
 logging.getLogger("opacus").setLevel(logging.WARNING)  # it logs every hooked layer at INFO
@@ -275,7 +276,7 @@ def make_private(
     check_model(model)
     require_full_batches(len(dataset), batch_size, processes=1)
     steps_per_epoch = len(dataset) // batch_size
-    sampler = PoissonBatchSampler(len(dataset), steps_per_epoch, seed)
+    sampler = PoissonBatchSampler(len(dataset), steps_per_epoch, seed, keyed=isinstance(dataset, SeededItems))
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_poisson, **loader_options)
     delta = cfg.delta if cfg.delta is not None else 1 / len(dataset)
     sigma = noise_multiplier(cfg, sampler.sample_rate, max_steps, delta)
