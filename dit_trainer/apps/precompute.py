@@ -31,6 +31,7 @@ from dit_trainer.config import (
     TrainerConfig,
     VAEConfig,
 )
+from dit_trainer.data.bad_files import BadFileCounter
 from dit_trainer.data.buckets import BucketTable, bucketed, in_order_loader
 from dit_trainer.data.cache.cache import (
     IMAGE_SIZES,
@@ -44,6 +45,7 @@ from dit_trainer.data.cache.cache import (
     shard_name,
 )
 from dit_trainer.data.cache.fingerprint import cache_fingerprint, check_fingerprint
+from dit_trainer.data.mixture import source_names
 from dit_trainer.data.sources.source import build_dataset
 from dit_trainer.durable import write_atomically, write_text_atomically
 from dit_trainer.errors import ConfigError
@@ -112,14 +114,16 @@ def _encode_images(
     vae,
     text_encoder,
 ) -> tuple[int, list]:
-    """Encode this rank's share into shards; returns (items, bad files) and leaves its shard list beside them."""
+    """Encode this rank's share into shards; returns (items, bad files) and leaves its shard list beside them. Too
+    many unreadable files (``data.max_bad_fraction``) stop it: each one's row would hold a copy of another image."""
     device = state.device
     sizes_dir = cache_dir / IMAGE_SIZES  # a precompute run again (one that did not finish) reads no header
     source = bucketed(build_dataset(data), table, batch_size, False, state.is_main_process, sizes_dir)
     share = _rank_share(source, state)
     loader = in_order_loader(share, batch_size, data.num_workers)  # bucket by bucket
     source_items = _source_items(share, loader)
-    storage, shards, bad_files, items = getattr(torch, data.cache_dtype), [], [], 0
+    storage, shards, items = getattr(torch, data.cache_dtype), [], 0
+    bad_files = BadFileCounter(data.max_bad_fraction, data.path, source_names(data.mixture))
     pending: dict[tuple[int, int], list[dict]] = {}  # encoded batches by image size: every shard holds one size
 
     def flush(size: tuple[int, int]) -> None:
@@ -132,7 +136,8 @@ def _encode_images(
         shards.append({"file": name, "items": len(captions)} | ({"size": list(size)} if table is not None else {}))
 
     for batch in tqdm(loader, desc="precompute", disable=not state.is_main_process):
-        bad_files += batch["bad_files"]
+        bad_files.add(batch)
+        bad_files.check()
         size = tuple(batch["image"].shape[-2:])
         mean, std = vae.encode_posterior(to_model_range(batch["image"].to(device)))
         condition = text_encoder.encode(batch["caption"])
@@ -147,9 +152,9 @@ def _encode_images(
             flush(size)
     for size in list(pending):
         flush(size)
-    record = {"shards": shards, "bad_files": bad_files}
+    record = {"shards": shards, "bad_files": bad_files.bad}
     (cache_dir / SHARD_LIST.format(rank=state.process_index)).write_text(json.dumps(record), encoding="utf-8")
-    return items, bad_files
+    return items, bad_files.bad
 
 
 def _write_json(path: Path, record: dict) -> None:

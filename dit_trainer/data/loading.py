@@ -16,6 +16,7 @@ from accelerate.logging import get_logger
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from dit_trainer.config import DataConfig, MixtureSource, TrainerConfig, ValidationConfig
+from dit_trainer.data.bad_files import BadFileCounter
 from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
 from dit_trainer.data.buckets import BucketedStream, BucketTable, bucketed, item_buckets, require_table_of
 from dit_trainer.data.cache.cache import CacheDataset
@@ -124,7 +125,8 @@ def report_buckets(buckets: list[int], table: BucketTable, batch_size: int, proc
 
 
 def build_training_data(data: DataConfig, accelerator: Accelerator, vae, source: Dataset) -> Dataset:
-    """``source``, or with ``data.cache_latents`` its posteriors kept in memory (a disk cache holds them already)."""
+    """``source``, or with ``data.cache_latents`` its posteriors kept in memory (a disk cache holds them already),
+    encoded unless too many of its files are unreadable (``data.max_bad_fraction``)."""
     if not data.cache_latents or data.cache_dir:
         return source
     return encode_dataset(
@@ -133,6 +135,7 @@ def build_training_data(data: DataConfig, accelerator: Accelerator, vae, source:
         accelerator.device,
         num_workers=loader_workers(data.num_workers, source),
         show_progress=accelerator.is_main_process,
+        bad_files=BadFileCounter(data.max_bad_fraction, data.path, source_names(data.mixture)),
     )
 
 

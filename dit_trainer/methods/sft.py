@@ -24,10 +24,10 @@ class SupervisedMethod(Method):
     def build_step(
         self, data: DataConfig, diffusion: DiffusionConfig, loop: StepParts, parts: Components, dataloader: DataLoader
     ) -> TrainingStep:
+        from dit_trainer.data.bad_files import BadFileCounter
         from dit_trainer.data.captions import tag_augmentation
         from dit_trainer.data.mixture import source_names
         from dit_trainer.diffusion.loss import DiffusionLoss
-        from dit_trainer.training.data_health import BadFileCounter
         from dit_trainer.training.supervised import SupervisedStep
 
         return SupervisedStep(
@@ -41,7 +41,7 @@ class SupervisedMethod(Method):
                 tag_augmentation(data),
             ),
             dataloader=dataloader,
-            bad_files=BadFileCounter(loop.accelerator, data.max_bad_fraction, data.path, source_names(data.mixture)),
+            bad_files=BadFileCounter(data.max_bad_fraction, data.path, source_names(data.mixture), loop.accelerator),
             num_train_timesteps=parts.schedule.num_train_timesteps,
             data_path=data.path,
         )

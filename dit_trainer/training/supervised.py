@@ -11,10 +11,10 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from dit_trainer.condition import Batch
+from dit_trainer.data.bad_files import BadFileCounter
 from dit_trainer.data.collate import first_items
 from dit_trainer.data.poisson import is_empty
 from dit_trainer.training.batches import resumable_batches
-from dit_trainer.training.data_health import BadFileCounter
 from dit_trainer.training.metrics import TimestepLossBuckets
 from dit_trainer.training.preflight import PREFLIGHT_ROWS, preflight
 from dit_trainer.training.state.saved_state import SavedState

@@ -63,6 +63,21 @@ def test_each_unreadable_file_is_reported_once(tmp_path):
     assert all(name in " ".join(result.bad_files) for name in ("6.png", "7.png"))
 
 
+def test_a_folder_of_too_many_unreadable_images_is_refused_before_its_cache_is_complete(tmp_path):
+    """Each unreadable image's row would hold a copy of the next readable one, and training from the cache never
+    reads a file to notice: precompute holds `data.max_bad_fraction` itself."""
+    images = photos_folder(tmp_path / "photos", count=10, bad=6)
+    folder = ["data=imagefolder", f"data.path={images}", "vae=pixel", "data.resolution=16", "data.num_workers=0"]
+    base = [*DATA_SMALL, *folder, f"data.cache_dir={tmp_path / 'cache'}", "trainer.batch_size=4"]
+    with pytest.raises(ConfigError) as caught:
+        precompute_cache(compose_config(base))
+    message = one_paragraph(caught.value, "data.path")
+    assert "10.png" in message and "`data.max_bad_fraction=0.01` allows" in message
+    assert not (tmp_path / "cache" / "index.json").exists()  # no cache to train from
+    result = precompute_cache(compose_config([*base, "data.max_bad_fraction=0.9"]))
+    assert result.items == 16 and len(result.bad_files) == 6
+
+
 def test_a_stand_in_for_an_unreadable_image_stays_on_its_own_side_of_the_split(tmp_path):
     """Precompute fills an unreadable item's row with the next readable image (here item 0, for items 6 and 7): the
     row must count as that image's, or a held-out split would train on an image it validates with."""

@@ -1,11 +1,15 @@
 """The in-memory latent cache (``data/cache/latent_cache.py``): latents that are not finite are refused, naming the
-captions."""
+captions, and so is a data set of too many unreadable images."""
+
+import functools
 
 import pytest
 import torch
 
 from dit_trainer.data.sources.shapes import ShapesDataset
 from dit_trainer.errors import ConfigError
+
+from ..files import photos_folder
 
 
 class NonFiniteVAE:
@@ -36,3 +40,25 @@ def test_a_deterministic_encoder_caches_latents_without_a_std():
     cached = encode_dataset(ShapesDataset(4, 8), PixelVAE(), torch.device("cpu"), batch_size=2, show_progress=False)
     item = cached[1]
     assert "latent_std" not in item and torch.equal(item["latent_mean"], ShapesDataset(4, 8)[1]["image"])
+
+
+def test_too_many_unreadable_images_stop_the_encoding_naming_the_setting(tmp_path):
+    """Trained from memory, the loop never reads a file again: the encoding is where `data.max_bad_fraction` holds."""
+    from dit_trainer.components.vae import PixelVAE
+    from dit_trainer.data.bad_files import BadFileCounter
+    from dit_trainer.data.cache.latent_cache import encode_dataset
+    from dit_trainer.data.sources.imagefolder import ImageFolderDataset
+
+    images = photos_folder(tmp_path / "photos", count=10, bad=6)
+    for fraction, refused in ((0.01, True), (0.9, False)):
+        counter = BadFileCounter(fraction, str(images))
+        encode = functools.partial(
+            encode_dataset, ImageFolderDataset(images, 16), PixelVAE(), torch.device("cpu"), 4, 0, False, counter
+        )
+        if refused:
+            with pytest.raises(
+                ConfigError, match=r"`data\.path`.*`data\.max_bad_fraction=0\.01` allows; the first: 10\.png"
+            ):
+                encode()
+        else:
+            assert len(encode()) == 16

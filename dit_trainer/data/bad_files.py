@@ -1,6 +1,7 @@
-"""Unreadable images are skipped by the data sources (``batch["bad_files"]``); this counts them across processes
-and stops the run when they are more than ``data.max_bad_fraction`` of the files read: a few corrupt files in a
-scraped data set are normal, a mostly unreadable one (wrong path, wrong format) is not worth training on."""
+"""Unreadable images are skipped by the data sources (``batch["bad_files"]``); this counts them (across processes,
+in training) and stops when they are more than ``data.max_bad_fraction`` of the files read: a few corrupt files in a
+scraped data set are normal, a mostly unreadable one (wrong path, wrong format) is not worth training on, nor worth
+encoding into a cache, where every unreadable image's row would be a copy of a readable one."""
 
 from __future__ import annotations
 
@@ -16,10 +17,15 @@ SHOWN = 5
 
 class BadFileCounter:
     """``sources``: the names of a mixture's data sets, whose skipped files (recorded as ``[name] ...``) are also
-    counted apart, as ``data/skipped/<name>``."""
+    counted apart, as ``data/skipped/<name>``. ``accelerator``: the training processes, whose counts are summed at
+    every ``check`` (all of them call it at the same step); None: this process's alone (a cache's encoding)."""
 
     def __init__(
-        self, accelerator: Accelerator, max_bad_fraction: float, data_path: str | None, sources: list[str] = ()
+        self,
+        max_bad_fraction: float,
+        data_path: str | None,
+        sources: list[str] = (),
+        accelerator: Accelerator | None = None,
     ) -> None:
         self.accelerator = accelerator
         self.max_bad_fraction = max_bad_fraction
@@ -33,12 +39,14 @@ class BadFileCounter:
         self.bad += batch["bad_files"]
 
     def check(self) -> dict[str, int]:
-        """Sum over processes (every process calls this at the same step) -> ``{"data/skipped": n}``; raises
-        ``ConfigError`` naming ``data.path`` (a mixture: ``data.mixture`` and its sources' skips) and the first bad
-        files when there are too many."""
+        """The counts so far (summed over the processes) -> ``{"data/skipped": n}``; raises ``ConfigError`` naming
+        ``data.path`` (a mixture: ``data.mixture`` and its sources' skips) and the first bad files when there are
+        too many."""
         per_source = [sum(record.startswith(f"[{name}] ") for record in self.bad) for name in self.sources]
-        counts = torch.tensor([len(self.bad), self.read, *per_source], device=self.accelerator.device)
-        bad, read, *per_source = (int(v) for v in self.accelerator.reduce(counts, reduction="sum"))
+        counts = torch.tensor([len(self.bad), self.read, *per_source])
+        if self.accelerator is not None:
+            counts = self.accelerator.reduce(counts.to(self.accelerator.device), reduction="sum")
+        bad, read, *per_source = (int(v) for v in counts)
         if bad >= MIN_BAD_TO_STOP and bad > self.max_bad_fraction * read:
             shown = "; ".join(list(dict.fromkeys(self.bad))[:SHOWN]) or "(on other processes)"
             # a mixture's entries name their own paths (its `data.path` is unset): name the sources that skipped

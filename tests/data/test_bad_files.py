@@ -1,11 +1,10 @@
-"""Skipped files counted across processes (``training/data_health.py``): too many stop the run naming the setting
-that chose the data."""
+"""Skipped files counted (``data/bad_files.py``): too many stop the run naming the setting that chose the data."""
 
 import pytest
 from accelerate import Accelerator
 
+from dit_trainer.data.bad_files import BadFileCounter
 from dit_trainer.errors import ConfigError
-from dit_trainer.training.data_health import BadFileCounter
 
 from ..conftest import one_paragraph
 
@@ -17,7 +16,7 @@ from ..conftest import one_paragraph
 )
 def test_too_many_skipped_files_name_the_setting_that_chose_the_data(path, sources, key, value):
     """A mixture's `data.path` is unset: its message names `data.mixture` and the sources that skipped files."""
-    counter = BadFileCounter(Accelerator(cpu=True), 0.1, path, sources)
+    counter = BadFileCounter(0.1, path, sources, Accelerator(cpu=True))
     records = [f"[photos] {i}.png: file not found" if sources else f"{i}.png: file not found" for i in range(6)]
     counter.add({"caption": ["a picture"] * 10, "bad_files": records})
     with pytest.raises(ConfigError) as caught:
