@@ -67,10 +67,12 @@ def deterministic(record: dict) -> dict:
 @pytest.mark.slow
 def test_resume_is_bit_exact_with_buckets_validation_and_the_reward_monitor(tmp_path):
     """Every logged value after the resume (losses, per-bucket losses, val/loss, rewards) equals the uninterrupted
-    run's, bit for bit, with the data in aspect-ratio buckets, validation holding images out and the reward monitor
-    sampling (each at step 10, the checkpoint's step, and at the end)."""
+    run's, bit for bit, with the data in aspect-ratio buckets, randomly cropped and flipped by two data-loader
+    workers, validation holding images out and the reward monitor sampling (each at step 10, the checkpoint's step,
+    and at the end)."""
     folder = write_shapes_folder(tmp_path / "images", 64, CANVASES)
-    common = (*bucketed(folder), "trainer.log_every=1", "trainer.checkpoint_every=10", "trainer.sample_every=0",
+    augmented = ("data.crop=random", "data.horizontal_flip=true", "data.num_workers=2")
+    common = (*bucketed(folder), *augmented, "trainer.log_every=1", "trainer.checkpoint_every=10", "trainer.sample_every=0",
               "validation.every_n_steps=10", "validation.split=0.125", "monitor.reward.enabled=true",
               "monitor.reward.every_n_steps=10", "monitor.reward.prompt_file=null",
               "monitor.reward.prompts=[a red circle,a blue square]", "monitor.reward.group_size=2")  # fmt: skip
