@@ -29,6 +29,7 @@ from dit_trainer.components.fp8 import apply_fp8
 from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.components.geometry import configured_buckets
 from dit_trainer.config import TrainConfig, TrainerConfig, call_with_sections
+from dit_trainer.data.bad_files import BadFileCounter
 from dit_trainer.data.buckets import BucketTable
 from dit_trainer.data.cache.cache import CacheDataset, open_cache
 from dit_trainer.data.cache.cached_prompts import CachedPrompts
@@ -205,10 +206,12 @@ def build_checkpointer(
     method: Method,
     method_states: dict[str, SavedState],
     dataloader: DataLoader | None = None,
+    bad_files: BadFileCounter | None = None,
 ) -> Checkpointer:
-    """Checkpoints of the run: its ``state``, DP's accountant, the method's own ``method_states``, and the
-    ``update``'s LR schedule and trained parameters (a resume converts a schedule counted in processes, and starts
-    an EMA the checkpoint lacks)."""
+    """Checkpoints of the run: its ``state``, DP's accountant, the method's own ``method_states``, the ``update``'s
+    LR schedule and trained parameters (a resume converts a schedule counted in processes, and starts an EMA the
+    checkpoint lacks), and per process a stream's position and the unreadable files counted."""
+    process_states = dataloader.process_states() if isinstance(dataloader, StreamLoader) else {}
     return Checkpointer(
         accelerator,
         run_dir / CHECKPOINTS,
@@ -220,7 +223,7 @@ def build_checkpointer(
         allow_config_change=cfg.trainer.allow_config_change,
         json_states={**(privacy.saved_states() if privacy else {}), **method_states},
         same_processes_because=why_resume_needs_same_processes(privacy, dataloader),
-        process_states=dataloader.process_states() if isinstance(dataloader, StreamLoader) else None,
+        process_states=process_states | ({"bad_files": bad_files} if bad_files else {}),
         lr_scheduler=update.lr_scheduler,
         parameters=update.parameters,
         method_sections=method_sections(method),
@@ -357,13 +360,15 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     advice = nonfinite_advice(cfg.optim, cfg.privacy, accelerator.mixed_precision)
     guard = NonFiniteGuard(accelerator, dit, state, cfg.trainer.max_consecutive_nonfinite, advice, update.current_lr)
     loop = StepParts(accelerator, dit, state, UpdateSequence(update, guard, ema))
-    step = method.ask(method.build_step, cfg, loop=loop, parts=parts, frozen_dtype=frozen_dtype, dataloader=dataloader)
+    bad_files = BadFileCounter.of(cfg.data, accelerator) if reads_data else None
+    given = dict(loop=loop, parts=parts, frozen_dtype=frozen_dtype, dataloader=dataloader, bad_files=bad_files)
+    step = method.ask(method.build_step, cfg, **given)
     monitors += method.ask(
         method.build_monitors, cfg, context=context, run_dir=run_dir, step=step, frozen_dtype=frozen_dtype
     )
     saved_states = step.saved_states() | {name: s for m in monitors for name, s in m.saved_states().items()}
     checkpointer = build_checkpointer(
-        cfg, accelerator, run_dir, state, update, ema, privacy, method, saved_states, dataloader
+        cfg, accelerator, run_dir, state, update, ema, privacy, method, saved_states, dataloader, bad_files
     )
     trainer = Trainer(
         settings=loop_settings(cfg.trainer, plan),

@@ -45,7 +45,6 @@ from dit_trainer.data.cache.cache import (
     shard_name,
 )
 from dit_trainer.data.cache.fingerprint import cache_fingerprint, check_fingerprint
-from dit_trainer.data.mixture import source_names
 from dit_trainer.data.sources.source import build_dataset
 from dit_trainer.durable import write_atomically, write_text_atomically
 from dit_trainer.errors import ConfigError
@@ -122,8 +121,8 @@ def _encode_images(
     share = _rank_share(source, state)
     loader = in_order_loader(share, batch_size, data.num_workers)  # bucket by bucket
     source_items = _source_items(share, loader)
-    storage, shards, items = getattr(torch, data.cache_dtype), [], 0
-    bad_files = BadFileCounter(data.max_bad_fraction, data.path, source_names(data.mixture))
+    storage, shards, items, bad_files = getattr(torch, data.cache_dtype), [], 0, []
+    counter = BadFileCounter.of(data)
     pending: dict[tuple[int, int], list[dict]] = {}  # encoded batches by image size: every shard holds one size
 
     def flush(size: tuple[int, int]) -> None:
@@ -136,8 +135,9 @@ def _encode_images(
         shards.append({"file": name, "items": len(captions)} | ({"size": list(size)} if table is not None else {}))
 
     for batch in tqdm(loader, desc="precompute", disable=not state.is_main_process):
-        bad_files.add(batch)
-        bad_files.check()
+        counter.add(batch)
+        counter.check()
+        bad_files += batch["bad_files"]
         size = tuple(batch["image"].shape[-2:])
         mean, std = vae.encode_posterior(to_model_range(batch["image"].to(device)))
         condition = text_encoder.encode(batch["caption"])
@@ -152,9 +152,9 @@ def _encode_images(
             flush(size)
     for size in list(pending):
         flush(size)
-    record = {"shards": shards, "bad_files": bad_files.bad}
+    record = {"shards": shards, "bad_files": bad_files}
     (cache_dir / SHARD_LIST.format(rank=state.process_index)).write_text(json.dumps(record), encoding="utf-8")
-    return items, bad_files.bad
+    return items, bad_files
 
 
 def _write_json(path: Path, record: dict) -> None:

@@ -135,7 +135,7 @@ def build_training_data(data: DataConfig, accelerator: Accelerator, vae, source:
         accelerator.device,
         num_workers=loader_workers(data.num_workers, source),
         show_progress=accelerator.is_main_process,
-        bad_files=BadFileCounter(data.max_bad_fraction, data.path, source_names(data.mixture)),
+        bad_files=BadFileCounter.of(data),
     )
 
 

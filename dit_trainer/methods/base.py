@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from dit_trainer.components.build import Components
     from dit_trainer.config import TrainerConfig
+    from dit_trainer.data.bad_files import BadFileCounter
     from dit_trainer.training.monitors.monitors import Monitor, MonitorContext
     from dit_trainer.training.step import StepParts, TrainingStep
 
@@ -79,10 +80,16 @@ class Method:
         return self.name
 
     def build_step(
-        self, loop: StepParts, parts: Components, frozen_dtype: torch.dtype, dataloader: DataLoader | None
+        self,
+        loop: StepParts,
+        parts: Components,
+        frozen_dtype: torch.dtype,
+        dataloader: DataLoader | None,
+        bad_files: BadFileCounter | None,
     ) -> TrainingStep:
         """The step the ``Trainer`` runs, on the prepared ``loop`` parts and the built models (``parts``);
-        ``dataloader`` is the prepared loader of the data set when ``reads_data``, else None. Called after
+        ``dataloader`` is the prepared loader of the data set when ``reads_data``, else None, and ``bad_files`` the
+        count of its unreadable files that the step adds each batch to (checkpointed with the run). Called after
         ``accelerator.prepare`` and before a resume loads a checkpoint."""
         raise NotImplementedError(f"the method {self.name!r} defines no build_step")
 

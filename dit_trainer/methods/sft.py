@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
     from dit_trainer.components.build import Components
     from dit_trainer.config import DataConfig, DiffusionConfig
+    from dit_trainer.data.bad_files import BadFileCounter
     from dit_trainer.training.step import StepParts, TrainingStep
 
 
@@ -22,11 +23,15 @@ class SupervisedMethod(Method):
         return "supervised denoising (`sft`)"
 
     def build_step(
-        self, data: DataConfig, diffusion: DiffusionConfig, loop: StepParts, parts: Components, dataloader: DataLoader
+        self,
+        data: DataConfig,
+        diffusion: DiffusionConfig,
+        loop: StepParts,
+        parts: Components,
+        dataloader: DataLoader,
+        bad_files: BadFileCounter,
     ) -> TrainingStep:
-        from dit_trainer.data.bad_files import BadFileCounter
         from dit_trainer.data.captions import tag_augmentation
-        from dit_trainer.data.mixture import source_names
         from dit_trainer.diffusion.loss import DiffusionLoss
         from dit_trainer.training.supervised import SupervisedStep
 
@@ -41,7 +46,7 @@ class SupervisedMethod(Method):
                 tag_augmentation(data),
             ),
             dataloader=dataloader,
-            bad_files=BadFileCounter(data.max_bad_fraction, data.path, source_names(data.mixture), loop.accelerator),
+            bad_files=bad_files,
             num_train_timesteps=parts.schedule.num_train_timesteps,
             data_path=data.path,
         )

@@ -1,6 +1,7 @@
 """Skipped files counted (``data/bad_files.py``): too many stop the run naming the setting that chose the data."""
 
 import pytest
+import torch
 from accelerate import Accelerator
 
 from dit_trainer.data.bad_files import BadFileCounter
@@ -24,3 +25,22 @@ def test_too_many_skipped_files_name_the_setting_that_chose_the_data(path, sourc
     message = one_paragraph(caught.value, key)
     assert f"`{key}` is {value}" in message and "6 of the 16 files read so far" in message
     assert ("`data.path`" in message) == (key == "data.path")
+
+
+def test_a_resumed_counter_counts_on_from_its_checkpoint(tmp_path):
+    """Saved per process as a checkpoint saves it (``torch.save``, read back with ``weights_only``); a source added
+    to the mixture at the resume starts at 0."""
+    counter = BadFileCounter(0.5, None, ["shapes", "photos"])
+    counter.add({"caption": ["a"] * 8, "bad_files": ["[photos] 1.png: truncated", "[photos] 2.png: truncated"]})
+    torch.save(counter.state_dict(), tmp_path / "bad_files_0.pt")
+    resumed = BadFileCounter(0.5, None, ["shapes", "photos", "added"])
+    resumed.load_state_dict(torch.load(tmp_path / "bad_files_0.pt", weights_only=True))
+    resumed.add({"caption": ["a"] * 4, "bad_files": ["[shapes] 9.png: empty"]})
+    assert resumed.check() == {
+        "data/skipped": 3,
+        "data/skipped/shapes": 1,
+        "data/skipped/photos": 2,
+        "data/skipped/added": 0,
+    }
+    assert resumed.read == 15 and resumed.first == ["[photos] 1.png: truncated", "[photos] 2.png: truncated",
+                                                     "[shapes] 9.png: empty"]  # fmt: skip

@@ -72,9 +72,9 @@ def test_resume_is_bit_exact_with_buckets_validation_and_the_reward_monitor(tmp_
     and at the end)."""
     folder = write_shapes_folder(tmp_path / "images", 64, CANVASES)
     augmented = ("data.crop=random", "data.horizontal_flip=true", "data.num_workers=2")
-    common = (*bucketed(folder), *augmented, "trainer.log_every=1", "trainer.checkpoint_every=10", "trainer.sample_every=0",
-              "validation.every_n_steps=10", "validation.split=0.125", "monitor.reward.enabled=true",
-              "monitor.reward.every_n_steps=10", "monitor.reward.prompt_file=null",
+    common = (*bucketed(folder), *augmented, "trainer.log_every=1", "trainer.checkpoint_every=10",
+              "trainer.sample_every=0", "validation.every_n_steps=10", "validation.split=0.125",
+              "monitor.reward.enabled=true", "monitor.reward.every_n_steps=10", "monitor.reward.prompt_file=null",
               "monitor.reward.prompts=[a red circle,a blue square]", "monitor.reward.group_size=2")  # fmt: skip
     train_here(tmp_path / "straight", "trainer.max_steps=20", *common)
     checkpoint = tmp_path / "straight" / "checkpoints" / "checkpoint-10"

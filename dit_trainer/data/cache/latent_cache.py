@@ -81,7 +81,8 @@ def encode_dataset(
         stds.append(None if std is None else std.cpu())
         captions.extend(batch["caption"])
     if bad_files.bad:
-        logger.warning(f"{len(bad_files.bad)} unreadable files were skipped while caching latents: {bad_files.bad[:5]}")
+        first = "; ".join(bad_files.first)
+        logger.warning(f"{bad_files.bad} unreadable files were skipped while caching latents (the first: {first})")
     buckets, sources = item_buckets(dataset), item_sources(dataset)
     deterministic = stds[0] is None if stds else False
     if buckets is None:  # one stacked tensor: cheaper to index than a list of them
