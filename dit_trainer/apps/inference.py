@@ -150,13 +150,12 @@ def save_sample(sample: torch.Tensor, file: BinaryIO, fps: float) -> None:
 
 def sample_to_folder(cfg: SampleConfig) -> Path:
     """Write one PNG per image (an MP4 per clip, for a video run) and ``index.jsonl`` (``{"file", "prompt", "seed"}``
-    per image) into ``out_dir``, none of whose files are replaced (files are created exclusively)."""
+    per image) into ``out_dir``, none of whose files are replaced (files are created exclusively). Image ``j`` of
+    every prompt has seed ``seed + j``, as in ``evaluate.py`` and the monitors: a prompt's images do not depend on
+    the other prompts."""
     check_sampling_args(cfg)
     prompts = load_prompts(cfg.prompts, cfg.prompt_file)
-    jobs = [
-        (prompt, cfg.seed + index)
-        for index, prompt in enumerate(p for p in prompts for _ in range(cfg.images_per_prompt))
-    ]
+    jobs = [(prompt, cfg.seed + j) for prompt in prompts for j in range(cfg.images_per_prompt)]
     data = read_run_config(Path(cfg.run_dir).expanduser()).data
     suffix, fps = ("mp4", data.fps or VIDEO_FPS) if data.frames > 1 else ("png", 0.0)
     names = [f"{index:05d}.{suffix}" for index in range(len(jobs))]

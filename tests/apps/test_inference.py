@@ -37,3 +37,22 @@ def test_sampling_into_a_folder_with_earlier_samples_is_refused_and_touches_noth
     fresh = tmp_path / "fresh"  # the same command into a new folder writes the images
     assert sample_in_process(written_run, fresh) == 0
     assert sorted(p.name for p in fresh.iterdir()) == ["00000.png", "index.jsonl"]
+
+
+def test_image_j_of_every_prompt_has_seed_plus_j_whatever_prompts_stand_beside_it(written_run, tmp_path):
+    """As in evaluate.py and the sample grids: a prompt's images do not move when prompts are added or reordered."""
+    import json
+
+    import numpy as np
+    from PIL import Image
+
+    both, alone = tmp_path / "both", tmp_path / "alone"
+    assert sample_in_process(written_run, both, "prompts=[a red circle,a blue square]", "images_per_prompt=2",
+                             "seed=5") == 0  # fmt: skip
+    rows = [json.loads(line) for line in (both / "index.jsonl").read_text().splitlines()]
+    assert [(row["prompt"], row["seed"]) for row in rows] == [
+        ("a red circle", 5), ("a red circle", 6), ("a blue square", 5), ("a blue square", 6)
+    ]  # fmt: skip
+    assert sample_in_process(written_run, alone, "prompts=[a blue square]", "images_per_prompt=1", "seed=5") == 0
+    pixels = [np.asarray(Image.open(path), dtype=np.int16) for path in (alone / "00000.png", both / "00002.png")]
+    assert np.abs(pixels[0] - pixels[1]).max() <= 1  # the same noise; a batch of 4 may round one level otherwise
