@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from huggingface_hub import hf_hub_download, snapshot_download, try_to_load_from_cache
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+from safetensors import SafetensorError
 
 from dit_trainer.errors import ModelLoadError
 
@@ -40,6 +41,23 @@ def _error(name_or_path: str, config_key: str, reason: str) -> ModelLoadError:
         f"{' with HF_HUB_OFFLINE=1' if hub_offline() else ''}: {reason}. If the machine has no hub access, download "
         f"the model elsewhere (e.g. `huggingface-cli download {name_or_path} --local-dir DIR`), copy it here, and set "
         f"`{config_key}=DIR`; otherwise check the id and your network or HF token."
+    )
+
+
+# What reading weights that exist raises when their files are damaged or cut short (diffusers wraps safetensors' error
+# in an OSError; a header that parses to nonsense is a ValueError).
+UNREADABLE_WEIGHTS = (OSError, ValueError, SafetensorError)
+
+
+def unreadable_weights(folder: Path, error: BaseException) -> ModelLoadError:
+    """The one paragraph for weights in a folder of ours (a checkpoint's) that are there but cannot be read."""
+    while error.__cause__ is not None or error.__context__ is not None:  # the reader's own words, not a wrapper's
+        error = error.__cause__ or error.__context__
+    return ModelLoadError(
+        f"Could not read the weights in {folder} ({type(error).__name__}: {' '.join(str(error).split())[:300]}): "
+        "they are damaged or were cut short (a copy that did not finish, a failing disk). To fix it, pass another "
+        "checkpoint (`checkpoint=latest` takes the newest complete one: a checkpoint's manifest.json lists the "
+        "size of each file it wrote), or copy this one again from where it was written."
     )
 
 

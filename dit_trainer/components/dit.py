@@ -15,7 +15,7 @@ from dit_trainer.components.families.base import Family
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ModelConfig
 from dit_trainer.errors import ConfigError
-from dit_trainer.hub import load_pretrained, pretrained_config
+from dit_trainer.hub import UNREADABLE_WEIGHTS, load_pretrained, pretrained_config, unreadable_weights
 
 
 class DiTAdapter(nn.Module):
@@ -91,8 +91,12 @@ def known_patch_size(cfg: ModelConfig) -> int | None:
 
 def load_trained_transformer(folder: Path, transformer_class: type[ModelMixin]) -> ModelMixin:
     """The transformer in one of our own checkpoint folders, read from safetensors only: dit-trainer never writes a
-    pickle there, so a ``.bin`` beside or instead of the weights was planted, and is not unpickled."""
-    return transformer_class.from_pretrained(folder, use_safetensors=True)
+    pickle there, so a ``.bin`` beside or instead of the weights was planted, and is not unpickled. Damaged files
+    are a ``ModelLoadError`` naming the folder."""
+    try:
+        return transformer_class.from_pretrained(folder, use_safetensors=True)
+    except UNREADABLE_WEIGHTS as error:
+        raise unreadable_weights(folder, error) from error
 
 
 def enable_gradient_checkpointing(dit: DiTAdapter, reentrant: bool = False, every: int = 1) -> None:

@@ -20,6 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from dit_trainer.config import LoRAConfig
 from dit_trainer.errors import ConfigError
+from dit_trainer.hub import UNREADABLE_WEIGHTS, unreadable_weights
 
 ADAPTER_NAME = "default"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -61,7 +62,11 @@ def save_adapter(transformer: ModelMixin, directory: Path, whole_state: dict[str
 
 def load_adapter(transformer: ModelMixin, directory: Path) -> None:
     """Load adapter weights saved by ``save_adapter`` into a transformer that ``apply_lora`` prepared."""
-    result = set_peft_model_state_dict(transformer, load_file(directory / ADAPTER_WEIGHTS), adapter_name=ADAPTER_NAME)
+    try:
+        weights = load_file(directory / ADAPTER_WEIGHTS)
+    except UNREADABLE_WEIGHTS as error:
+        raise unreadable_weights(directory, error) from error
+    result = set_peft_model_state_dict(transformer, weights, adapter_name=ADAPTER_NAME)
     if result.unexpected_keys:
         raise ConfigError(
             "lora",

@@ -199,32 +199,44 @@ def resolve_checkpoint(spec: str | None, checkpoints_dir: Path) -> Path | None:
 
 
 def find_checkpoint(run_dir: Path, spec: str) -> Path:
-    """``latest`` (the run's newest complete checkpoint), the name of one the run kept (``best_gold``:
-    ``kept_checkpoints``) or the path of a checkpoint folder (one written before checkpoints had a manifest too:
-    reading weights needs no more)."""
-    kept = kept_checkpoints(run_dir / CHECKPOINTS)
+    """``latest`` (the run's newest complete checkpoint; a damaged newer one passed over is reported), the name of
+    one the run kept (``best_gold``: ``kept_checkpoints``), the name of one of its checkpoint folders
+    (``checkpoint-20``) or the path of a checkpoint folder: complete, or written before checkpoints had a manifest
+    (reading weights needs no more)."""
+    checkpoints_dir = run_dir / CHECKPOINTS
+    kept = kept_checkpoints(checkpoints_dir)
     if spec in kept:
         return kept[spec]
-    path = Path(spec).expanduser() if spec != "latest" else None
-    if path is not None and not is_checkpoint(path):
-        names = "".join(f", `checkpoint={name}`" for name in kept)
-        raise ConfigError(
-            "checkpoint",
-            spec,
-            "it is neither a checkpoint folder (one with a `transformer/` or `transformer_lora/` inside) nor the name "
-            "of a checkpoint this run kept",
-            f"use `checkpoint=latest`{names} or a folder such as {run_dir / CHECKPOINTS}/checkpoint-1000",
-        )
-    path = path or resolve_checkpoint(spec, run_dir / CHECKPOINTS)
-    if path is None:
-        raise ConfigError(
-            "checkpoint",
-            spec,
-            f"{run_dir / CHECKPOINTS} holds no checkpoint yet",
-            "train longer (checkpoints are written every `trainer.checkpoint_every` steps and at the end), "
-            "or pass `checkpoint=PATH`",
-        )
-    return path
+    if spec == "latest":
+        for path, reason in incomplete_checkpoints(checkpoints_dir).items():
+            logger.warning(f"{path} is passed over: it is not a complete checkpoint ({reason})")
+        found = list_checkpoints(checkpoints_dir)
+        if not found:
+            raise ConfigError(
+                "checkpoint",
+                spec,
+                f"{checkpoints_dir} holds no complete checkpoint",
+                "train longer (checkpoints are written every `trainer.checkpoint_every` steps and at the end), "
+                "or pass `checkpoint=PATH`",
+            )
+        return found[-1]
+    path = Path(spec).expanduser()
+    if not is_checkpoint(path) and is_checkpoint(checkpoints_dir / spec):
+        path = checkpoints_dir / spec
+    reason = incomplete_reason(path) if (path / MANIFEST).is_file() else None
+    if reason is None and is_checkpoint(path):
+        return path
+    complete = list_checkpoints(checkpoints_dir)
+    examples = "".join(f", `checkpoint={name}`" for name in [*kept, *[p.name for p in complete[-1:]]])
+    raise ConfigError(
+        "checkpoint",
+        spec,
+        f"it is not a complete checkpoint ({reason})"
+        if reason
+        else "it is neither a checkpoint folder (one with a `transformer/` or `transformer_lora/` inside), nor the "
+        f"name of one in {checkpoints_dir}, nor of a checkpoint this run kept",
+        f"use `checkpoint=latest`{examples} or the path of a checkpoint folder",
+    )
 
 
 def set_aside_newer(checkpoints_dir: Path, step: int) -> Path | None:

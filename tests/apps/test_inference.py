@@ -56,3 +56,13 @@ def test_image_j_of_every_prompt_has_seed_plus_j_whatever_prompts_stand_beside_i
     assert sample_in_process(written_run, alone, "prompts=[a blue square]", "images_per_prompt=1", "seed=5") == 0
     pixels = [np.asarray(Image.open(path), dtype=np.int16) for path in (alone / "00000.png", both / "00002.png")]
     assert np.abs(pixels[0] - pixels[1]).max() <= 1  # the same noise; a batch of 4 may round one level otherwise
+
+
+def test_weights_damaged_in_a_checkpoint_without_a_manifest_are_one_paragraph(written_run, tmp_path, capsys):
+    """A checkpoint written before manifests is read as it is: its cut-short weights are named, exit 2."""
+    weights = written_run / "checkpoints" / "checkpoint-1" / "transformer" / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert sample_in_process(written_run, tmp_path / "samples") == 2
+    error = capsys.readouterr().err
+    assert f"Could not read the weights in {weights.parent}" in error and "`checkpoint=latest`" in error
+    assert "Traceback" not in error

@@ -2,11 +2,18 @@
 is written through them; a damaged checkpoint is told apart from the complete ones, with why."""
 
 import json
+import logging
 
 import pytest
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.runs.run_folder import MANIFEST, incomplete_checkpoints, list_checkpoints, refuse_links
+from dit_trainer.runs.run_folder import (
+    MANIFEST,
+    find_checkpoint,
+    incomplete_checkpoints,
+    list_checkpoints,
+    refuse_links,
+)
 from tests.conftest import one_paragraph
 
 
@@ -41,3 +48,26 @@ def test_a_checkpoint_missing_a_file_is_listed_as_incomplete_with_why(tmp_path):
     assert incomplete_checkpoints(checkpoints) == {
         checkpoints / "checkpoint-4": "transformer/weights.safetensors is missing"
     }
+
+
+def test_the_scripts_find_a_checkpoint_by_name_and_refuse_a_damaged_one_naming_a_complete_one(tmp_path, caplog):
+    """sample.py, evaluate.py and export.py: `latest` says which damaged checkpoint it passed over, a damaged one
+    asked for by path is one paragraph (not diffusers' traceback), and `checkpoint-2` names one of the run's own."""
+    checkpoints = tmp_path / "checkpoints"
+    for step in (2, 4):
+        folder = checkpoints / f"checkpoint-{step}"
+        (folder / "transformer").mkdir(parents=True)
+        (folder / "transformer" / "weights.safetensors").write_bytes(b"1234")
+        (folder / MANIFEST).write_text(json.dumps({"files": {"transformer/weights.safetensors": 4}}))
+    (checkpoints / "checkpoint-4" / "transformer" / "weights.safetensors").write_bytes(b"12")
+    with caplog.at_level(logging.WARNING):
+        assert find_checkpoint(tmp_path, "latest") == checkpoints / "checkpoint-2"
+    assert "checkpoint-4 is passed over" in caplog.text and "2 bytes where 4 were written" in caplog.text
+    assert find_checkpoint(tmp_path, "checkpoint-2") == checkpoints / "checkpoint-2"
+    with pytest.raises(ConfigError) as caught:
+        find_checkpoint(tmp_path, str(checkpoints / "checkpoint-4"))
+    message = one_paragraph(caught.value, "checkpoint")
+    assert "not a complete checkpoint (transformer/weights.safetensors has 2 bytes" in message
+    assert "`checkpoint=checkpoint-2`" in message
+    with pytest.raises(ConfigError, match=r"nor the name of one in .*`checkpoint=latest`, `checkpoint=checkpoint-2`"):
+        find_checkpoint(tmp_path, "checkpoint-9")
