@@ -1,7 +1,8 @@
 """Export a trained run's checkpoint for diffusers (EMA weights by default).
 
-    python scripts/export.py outputs/RUN [out_dir=RUN/export/<checkpoint>] [checkpoint=latest|PATH] [ema=true]
-        [sampler=ddim|dpmsolver++] [dtype=float32|bfloat16|float16] [push_to_hub=user/name [hub_private=true]]
+    python scripts/export.py outputs/RUN [out_dir=RUN/export/<checkpoint>] [checkpoint=latest|checkpoint-N|PATH]
+        [ema=true] [sampler=ddim|dpmsolver++] [dtype=float32|bfloat16|float16]
+        [push_to_hub=user/name [hub_private=true]]
 
 The folder is the family's diffusers pipeline with the run's text encoder in it (the shapes default: a
 PixArtAlphaPipeline holding MiniLM), so `DiffusionPipeline.from_pretrained(out_dir)` loads it from anywhere;

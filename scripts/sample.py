@@ -1,7 +1,8 @@
-"""Generate images from a trained run (EMA weights by default).
+r"""Generate images from a trained run (EMA weights by default).
 
     python scripts/sample.py run_dir=outputs/RUN prompt_file=prompts.txt images_per_prompt=4 out_dir=samples \
-        [seed=0] [steps=25] [guidance_scale=3.0] [sampler=ddim|dpmsolver++] [checkpoint=latest|PATH] [ema=true]
+        [seed=0] [steps=25] [guidance_scale=3.0] [sampler=ddim|dpmsolver++] \
+        [checkpoint=latest|checkpoint-N|PATH] [ema=true]
 
 Writes one PNG per image and ``out_dir/index.jsonl`` with ``{"file", "prompt", "seed"}`` per image; an out_dir that
 already holds one of those files is refused (nothing is overwritten).

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import TypeVar
 
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from dit_trainer.config import TrainConfig, register_configs
-from dit_trainer.config.command_line import check_command_line
+from dit_trainer.config import TrainConfig, check_fields, register_configs
+from dit_trainer.config.command_line import check_command_line, closest_keys, refused_value
 from dit_trainer.errors import EXIT_BAD_INPUT, USER_ERRORS, ConfigError, exit_code
 from dit_trainer.run_config import compose_train_config
 
@@ -40,15 +41,29 @@ NOT_GIVEN = _NotGiven()
 
 
 def parse_cli(schema: type[T], argv: list[str], positional: str = "run_dir") -> T:
-    """``argv`` (``key=value`` items, the first may be a bare value for ``positional``) merged onto ``schema``."""
+    """``argv`` (``key=value`` items, the first may be a bare value for ``positional``) merged onto ``schema`` and
+    field-checked. A key the schema lacks, a value of the wrong type or one its field refuses is one paragraph
+    naming it (OmegaConf's own errors are traceback-like blocks)."""
     if argv and "=" not in argv[0]:
         argv = [f"{positional}={argv[0]}", *argv[1:]]
-    merged = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.from_dotlist(argv))
+    merged = OmegaConf.structured(schema)
+    for item in argv:
+        key, _, value = item.partition("=")
+        try:
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+        except ConfigKeyError as error:
+            closest = " or ".join(f"`{name}`" for name in closest_keys(key, [f.name for f in fields(schema)]))
+            known = f"it is not an argument of this command{f' (the closest: {closest})' if closest else ''}"
+            raise ConfigError(key, value, known, "correct the key (see the usage)") from error
+        except ValidationError as error:
+            raise refused_value(key, value, error, schema, "the usage (`--help`)") from error
     missing = sorted(OmegaConf.missing_keys(merged), key=lambda name: (name != positional, name))
     if missing:  # named here, the first argument first: OmegaConf's own error is a traceback-like block
         key, first = missing[0], ", or give it as the first argument" if missing[0] == positional else ""
         raise ConfigError(key, NOT_GIVEN, "it has no default", f"add `{key}=...` to the command{first} (see the usage)")
-    return OmegaConf.to_object(merged)
+    parsed = OmegaConf.to_object(merged)
+    check_fields(parsed)
+    return parsed
 
 
 def _report(main: Callable[[], tuple[str, int]], usage: str | None = None) -> int:
@@ -64,7 +79,10 @@ def _report(main: Callable[[], tuple[str, int]], usage: str | None = None) -> in
 
 
 def run_cli(main: Callable[[T], str], schema: type[T], argv: list[str], usage: str) -> int:
-    """Parse ``argv`` onto ``schema``, run ``main`` and print what it returns."""
+    """Parse ``argv`` onto ``schema``, run ``main`` and print what it returns; ``-h``/``--help`` prints ``usage``."""
+    if {"-h", "--help"} & set(argv):
+        print(usage)
+        return 0
     register_configs()
     return _report(lambda: (main(parse_cli(schema, argv)), 0), usage)
 

@@ -63,10 +63,11 @@ def _indexes_a_list(key: str) -> bool:
     return any(part.isdigit() for part in key.split("."))
 
 
-def _field(key: str) -> tuple[Any, Any]:
-    """The type and the default of the schema field ``key`` (below a dict field: the dict's value type, no default)."""
-    node: Any = TrainConfig()
-    hint: Any = TrainConfig
+def _field(key: str, schema: type = TrainConfig) -> tuple[Any, Any]:
+    """The type and the default of the ``schema`` field ``key`` (below a dict field: the dict's value type, no
+    default)."""
+    node: Any = schema()
+    hint: Any = schema
     for part in key.split("."):
         if dataclasses.is_dataclass(node):
             hint, node = typing.get_type_hints(type(node))[part], getattr(node, part)
@@ -100,15 +101,27 @@ def wrong_type(override: Override, key: str, config: DictConfig) -> ConfigError 
         try:
             OmegaConf.update(config, key, value, merge=True, force_add=override.is_force_add())
         except ValidationError as error:
-            hint, default = _field(key)
-            words, example, plain = _kind(hint)
-            reason = str(error).partition("\n")[0].rstrip(".")
-            if isinstance(default, bool | int | float):
-                example = str(default).lower() if isinstance(default, bool) else repr(default)
-            accepted = f"it must be {words}" + ("" if plain else f" ({reason})") if words else reason
-            fix = f"set e.g. `{key}={example}`" if example else "see its fields in `python train.py --help`"
-            return ConfigError(key, value, accepted, fix)
+            return refused_value(key, value, error)
     return None
+
+
+def refused_value(
+    key: str,
+    value: Any,
+    error: ValidationError,
+    schema: type = TrainConfig,
+    fields_shown: str = "`python train.py --help`",
+) -> ConfigError:
+    """The one paragraph for a ``value`` that OmegaConf could not convert to the type of the ``schema`` field
+    ``key``: what the field takes and an example (its default where it has one; else where ``fields_shown``)."""
+    hint, default = _field(key, schema)
+    words, example, plain = _kind(hint)
+    reason = str(error).partition("\n")[0].rstrip(".")
+    if isinstance(default, bool | int | float):
+        example = str(default).lower() if isinstance(default, bool) else repr(default)
+    accepted = f"it must be {words}" + ("" if plain else f" ({reason})") if words else reason
+    fix = f"set e.g. `{key}={example}`" if example else f"see its fields in {fields_shown}"
+    return ConfigError(key, value, accepted, fix)
 
 
 def closest_keys(key: str, keys: list[str]) -> list[str]:

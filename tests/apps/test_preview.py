@@ -84,3 +84,8 @@ def test_preview_leaves_out_held_out_items_and_asks_for_an_out_dir(tmp_path):
 
     missing = _preview("n=1")
     assert missing.returncode == 2 and "`out_dir`" in missing.stderr and "Traceback" not in missing.stderr
+
+    for n in ("0", "-5"):  # refused before anything is written: no empty contact sheet blocks the next try
+        refused = _preview(f"out_dir={tmp_path / 'none'}", f"n={n}")
+        assert refused.returncode == 2 and f"`n` is {n}, but it must be >= 1" in refused.stderr
+        assert "Traceback" not in refused.stderr and not (tmp_path / "none").exists()
