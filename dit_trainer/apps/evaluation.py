@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from dit_trainer.apps.inference import TrainedRun, check_sampling_args, load_run, refuse_overwrite
+from dit_trainer.apps.inference import TrainedRun, check_sampling_args, load_run, new_file, refuse_overwrite
 from dit_trainer.config import DataConfig, EvaluateConfig, MonitorConfig, RewardConfig, TrainerConfig
 from dit_trainer.data import SOURCES
 from dit_trainer.diffusion.sampler import SamplerSettings
@@ -208,12 +208,12 @@ def evaluate_to_folder(cfg: EvaluateConfig) -> tuple[Path, dict]:
     if images is not None:
         labels = [f"{value:.2f}" for value in rewards.tolist()]
         prompts = [entry["prompt"] for entry in report["per_prompt"]]
-        with (out_dir / grid_name).open("xb") as file:
+        with new_file(out_dir / grid_name, command="evaluate.py") as file:
             if images.ndim == 5:  # clips: an animated grid
                 frames = clip_grids(images, cfg.images_per_prompt, labels=labels, row_labels=prompts)
                 save_animation(frames, file, ANIMATION_FPS)
             else:
                 image_grid(images, cfg.images_per_prompt, labels=labels, row_labels=prompts).save(file, format="PNG")
-    with (out_dir / REPORT).open("x", encoding="utf-8") as file:  # last: a folder with a report is complete
+    with new_file(out_dir / REPORT, binary=False, command="evaluate.py") as file:  # last: a report ends a folder
         file.write(json.dumps(report, indent=2) + "\n")
     return out_dir, report

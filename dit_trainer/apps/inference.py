@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 import torch
 
@@ -124,6 +126,24 @@ def load_run(
     return TrainedRun(cfg, path, parts.dit.to(device, dtype).eval(), text_to_image, loaded_ema)
 
 
+@contextlib.contextmanager
+def new_file(path: Path, binary: bool = True, command: str = "sampling") -> Iterator[IO]:
+    """``path`` created for writing, never replacing a file (``refuse_overwrite`` looked before any model loaded;
+    a file another command wrote there since, two commands given one folder, is the same refusal)."""
+    try:
+        file = path.open("xb") if binary else path.open("x", encoding="utf-8")
+    except FileExistsError as error:
+        raise ConfigError(
+            "out_dir",
+            str(path.parent),
+            f"it holds {path.name}, which another command wrote there while this one ran, and {command} never "
+            "overwrites",
+            "give each command its own `out_dir`",
+        ) from error
+    with file:
+        yield file
+
+
 def refuse_overwrite(out_dir: Path, names: list[str], command: str = "sampling") -> None:
     """Sampling (and evaluating) never replaces a file: images in ``out_dir`` may be all that is left of an earlier
     run or checkpoint. Checked before any model loads, so a refused command costs nothing."""
@@ -165,12 +185,12 @@ def sample_to_folder(cfg: SampleConfig) -> Path:
     run.text_to_image.text_encoder.check_prompts(prompts)  # a prompt it refuses fails before any file is written
     settings = run.settings(cfg.steps, cfg.guidance_scale, cfg.sampler)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with (out_dir / SAMPLE_INDEX).open("x", encoding="utf-8") as index_file:
+    with new_file(out_dir / SAMPLE_INDEX, binary=False) as index_file:
         for start in range(0, len(jobs), cfg.batch_size):
             batch = jobs[start : start + cfg.batch_size]
             images = run.generate_images([p for p, _ in batch], [s for _, s in batch], settings, cfg.batch_size)
             for name, (prompt, seed), image in zip(names[start:], batch, images):
-                with (out_dir / name).open("xb") as file:
+                with new_file(out_dir / name) as file:
                     save_sample(image, file, fps)
                 index_file.write(json.dumps({"file": name, "prompt": prompt, "seed": seed}) + "\n")
     return out_dir

@@ -24,7 +24,7 @@ from accelerate.utils import set_seed
 from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset
 
-from dit_trainer.apps.inference import refuse_overwrite
+from dit_trainer.apps.inference import new_file, refuse_overwrite
 from dit_trainer.components.geometry import configured_buckets
 from dit_trainer.config import DataConfig, ModelConfig, PreviewConfig, TrainerConfig, VAEConfig, ValidationConfig
 from dit_trainer.data.buckets import BucketTable
@@ -146,15 +146,15 @@ def preview_data(
         image = item["image"]
         bucket = f"{image.shape[1]}x{image.shape[2]}"
         name = f"{index:05d}.png"
-        with (out_dir / name).open("xb") as file:  # created, never replaced
+        with new_file(out_dir / name, command="preview") as file:
             Image.fromarray(image.permute(1, 2, 0).numpy()).save(file, format="PNG")
         records.append({"file": name, "caption": item["caption"], "bucket": bucket})
         buckets[bucket] = buckets.get(bucket, 0) + 1
     lines = "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
-    with (out_dir / INDEX).open("x", encoding="utf-8") as file:
+    with new_file(out_dir / INDEX, binary=False, command="preview") as file:
         file.write(lines)
     labels = [f"{index}: {record['bucket']}" for index, record in enumerate(records)]
-    with (out_dir / CONTACT_SHEET).open("xb") as file:
+    with new_file(out_dir / CONTACT_SHEET, command="preview") as file:
         contact_sheet([item["image"] for item in items], labels).save(file, format="PNG")
     bad = [name for item in items for name in item["bad_files"]]
     return PreviewResult(out_dir, len(items), dict(sorted(buckets.items())), bad, held_out)

@@ -66,3 +66,23 @@ def test_weights_damaged_in_a_checkpoint_without_a_manifest_are_one_paragraph(wr
     error = capsys.readouterr().err
     assert f"Could not read the weights in {weights.parent}" in error and "`checkpoint=latest`" in error
     assert "Traceback" not in error
+
+
+def test_a_file_another_sampling_wrote_meanwhile_is_refused_in_one_paragraph(
+    written_run, tmp_path, monkeypatch, capsys
+):
+    """Two commands given one new folder: the one that loses the race names the file, exit 2, and keeps it."""
+    from dit_trainer.apps import inference
+
+    out_dir, load_run = tmp_path / "samples", inference.load_run
+
+    def meanwhile(*args, **kwargs):
+        out_dir.mkdir()
+        (out_dir / "index.jsonl").write_text("the other command's\n")
+        return load_run(*args, **kwargs)
+
+    monkeypatch.setattr(inference, "load_run", meanwhile)
+    assert sample_in_process(written_run, out_dir) == 2
+    error = capsys.readouterr().err
+    assert "holds index.jsonl, which another command wrote there while this one ran" in error
+    assert "Traceback" not in error and (out_dir / "index.jsonl").read_text() == "the other command's\n"
