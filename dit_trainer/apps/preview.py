@@ -12,6 +12,7 @@ source images the cache was encoded from.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, fields, replace
@@ -161,8 +162,12 @@ def preview_data(
 
 
 def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(the preview's own ``key=value`` items: ``PreviewConfig``'s fields, which train.py has no key of; train.py's
-    overrides)."""
-    names = {field.name for field in fields(PreviewConfig)}
-    own = [item for item in argv if item.partition("=")[0] in names]
-    return own, [item for item in argv if item not in own]
+    """(the preview's own ``key=value`` items: ``PreviewConfig``'s fields, which train.py has no key of, and keys
+    mistyped from them, which its parsing then names; train.py's overrides, whose keys have a section)."""
+    names = [field.name for field in fields(PreviewConfig)]
+
+    def own(item: str) -> bool:
+        key = item.partition("=")[0]
+        return key in names or ("." not in key and bool(difflib.get_close_matches(key, names, cutoff=0.75)))
+
+    return [item for item in argv if own(item)], [item for item in argv if not own(item)]

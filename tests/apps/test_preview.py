@@ -89,3 +89,16 @@ def test_preview_leaves_out_held_out_items_and_asks_for_an_out_dir(tmp_path):
         refused = _preview(f"out_dir={tmp_path / 'none'}", f"n={n}")
         assert refused.returncode == 2 and f"`n` is {n}, but it must be >= 1" in refused.stderr
         assert "Traceback" not in refused.stderr and not (tmp_path / "none").exists()
+
+
+def test_a_key_mistyped_from_the_previews_own_is_named_with_the_one_meant():
+    """It went to train.py's key check, which offered `optim.lr`."""
+    from dit_trainer.apps.cli import parse_cli
+    from dit_trainer.apps.preview import split_arguments
+    from dit_trainer.config import PreviewConfig
+    from dit_trainer.errors import ConfigError
+
+    own, overrides = split_arguments(["outdir=/x", "data.resolution=32", "n=4", "data=imagefolder"])
+    assert own == ["outdir=/x", "n=4"] and overrides == ["data.resolution=32", "data=imagefolder"]
+    with pytest.raises(ConfigError, match=r"`outdir`.*not an argument of this command \(the closest: `out_dir`\)"):
+        parse_cli(PreviewConfig, own)
