@@ -8,17 +8,18 @@ source of weight w gets w / sum(weights) of each epoch's items in expectation (a
 
 ``PlanBatchSampler`` is the plan as a ``torch`` batch sampler. accelerate shards it across processes (process r
 takes every r-th batch of each group of ``num_processes``) and forwards ``set_epoch`` to it. Over ``SeededItems`` it
-asks for keys, so that each item's random crop or flip is its epoch's (``seeded_items``).
+asks for keys, so that each item's random crop or flip is its epoch's (and its copy's, for an item drawn twice).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator, Sequence
 
 import torch
 from torch.utils.data import Sampler
 
-from dit_trainer.data.seeded_items import item_keys
+from dit_trainer.data.seeded_items import item_key
 
 
 def pool_quotas(pools: dict[tuple[int, int], int], weights: Sequence[float]) -> dict[tuple[int, int], int]:
@@ -59,6 +60,8 @@ class BatchPlan:
         for (_, bucket), quota in self.quotas.items():
             per_bucket[bucket] = per_bucket.get(bucket, 0) + quota
         self.batches_per_bucket = {bucket: count // batch_size for bucket, count in sorted(per_bucket.items())}
+        # An item is drawn up to this many times an epoch (a small source weighted up cycles its pool).
+        self.copies = max((-(-quota // sizes[key]) for key, quota in self.quotas.items() if quota), default=1)
 
     def __len__(self) -> int:
         return sum(self.batches_per_bucket.values())
@@ -104,6 +107,13 @@ class PlanBatchSampler(Sampler[list[int]]):
         return len(self.sampler)
 
     def __iter__(self) -> Iterator[list[int]]:
-        plan = self.sampler
+        plan, drawn = self.sampler, Counter()
         for batch in plan.batches():
-            yield item_keys(batch, plan.epoch, plan.items) if self.keyed else batch
+            if not self.keyed:
+                yield batch
+                continue
+            keys = []
+            for index in batch:  # each copy of an item in the epoch is its own round: cut, flipped anew
+                keys.append(item_key(index, plan.epoch * plan.copies + drawn[index], plan.items))
+                drawn[index] += 1
+            yield keys

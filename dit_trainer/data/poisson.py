@@ -11,7 +11,7 @@ from torch.utils.data import Sampler
 
 from dit_trainer.condition import Batch
 from dit_trainer.data.collate import collate_batch
-from dit_trainer.data.seeded_items import item_keys
+from dit_trainer.data.seeded_items import item_key
 
 EMPTY_BATCH_KEY = "empty"  # a Poisson draw can select no image: the step then adds noise to a zero gradient
 
@@ -50,7 +50,7 @@ class PoissonBatchSampler(Sampler[list[int]]):
         for step in range(start, start + self.steps_per_epoch):
             self.next_step = step + 1
             indices = self.indices(step)
-            yield item_keys(indices, step, self.num_samples) if self.keyed else indices
+            yield [item_key(index, step, self.num_samples) for index in indices] if self.keyed else indices
 
 
 def collate_poisson(items: list[dict[str, Any]]) -> dict[str, Any]:

@@ -4,14 +4,13 @@ A random crop, a flip, one caption of several or a clip's start is drawn when a 
 worker. The worker's generator is seeded when the worker starts and advances with every item it reads, so after a
 resume (fresh workers, batches skipped, another worker reading each batch) the same item is cut differently, and a
 ``set_epoch`` on the data set never reaches the copy a persistent worker holds. So the sampler asks for a *key*,
-``round * len + index`` (the round: the epoch, or DP's step), and ``SeededItems`` reads item ``index`` with torch's
-generator seeded by (seed, round, index): each item's draws are its own and its round's, wherever it is read.
-A plain index is a key of round 0 (what a cache's encoding reads).
+``round * len + index`` (the round: the epoch, and which of an epoch's copies of the item it is, or DP's step), and
+``SeededItems`` reads item ``index`` with torch's generator seeded by (seed, round, index): each item's draws are
+its own and its round's, wherever it is read. A plain index is a key of round 0 (what a cache's encoding reads).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from torch.utils.data import Dataset
@@ -34,6 +33,6 @@ class SeededItems(Dataset):
             return self.dataset[index]
 
 
-def item_keys(indices: Sequence[int], round_: int, length: int) -> list[int]:
-    """The keys a sampler asks ``SeededItems`` of ``length`` items for, to read ``indices`` in round ``round_``."""
-    return [round_ * length + index for index in indices]
+def item_key(index: int, round_: int, length: int) -> int:
+    """The key a sampler asks ``SeededItems`` of ``length`` items for, to read item ``index`` in round ``round_``."""
+    return round_ * length + index

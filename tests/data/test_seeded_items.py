@@ -64,7 +64,7 @@ class Draws(torch.utils.data.Dataset):
         return torch.rand(3)
 
 
-def test_a_key_reads_its_item_with_its_rounds_draws_and_leaves_the_readers_generator_alone():
+def test_a_key_reads_its_item_with_its_rounds_draws_and_leaves_the_readers_generator_alone(monkeypatch):
     items = SeededItems(Draws(), seed=7)
     torch.manual_seed(0)
     first = [items[key] for key in range(10)]  # rounds 0 and 1
@@ -77,3 +77,31 @@ def test_a_key_reads_its_item_with_its_rounds_draws_and_leaves_the_readers_gener
     torch.manual_seed(0)
     items[3]
     assert torch.equal(torch.rand(1), unread)  # the reader's own draws (a training step's noise) go on untouched
+
+    def reseeds_the_gpus(seed: int) -> None:
+        raise AssertionError("the GPUs' generators (dropout's) were reseeded by an item's read")
+
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", reseeds_the_gpus)
+    items[3]
+
+
+def test_each_copy_of_an_item_a_mixture_draws_twice_in_an_epoch_is_drawn_anew():
+    """A small source weighted up cycles its pool: its items come several times an epoch, each copy cut anew."""
+    from collections import Counter
+
+    from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
+
+    plan = BatchPlan([0] * 24, batch_size=4, seed=0, sources=[0] * 4 + [1] * 20, weights=[1, 1])
+    items = SeededItems(Draws24(), seed=7)
+    for epoch in (0, 1):
+        plan.set_epoch(epoch)
+        keys = [key for batch in PlanBatchSampler(plan, keyed=True) for key in batch]
+        indices = Counter(key % 24 for key in keys)
+        assert indices[0] == 3 and len(set(keys)) == len(keys)  # item 0 three times, under three keys
+        draws = [items[key] for key in keys if key % 24 == 0]
+        assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[1], draws[2])
+
+
+class Draws24(Draws):
+    def __len__(self) -> int:
+        return 24

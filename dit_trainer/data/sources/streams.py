@@ -44,8 +44,9 @@ def seeded_uniform(*key: object) -> float:
 
 @contextlib.contextmanager
 def seeded_draws(*key: object) -> Iterator[None]:
-    """torch's random generator seeded by ``key`` for what runs inside (an item's random crop, flip or caption, drawn
-    where the sources draw them), and given back its own state after: the draws are the item's, not the reader's."""
+    """torch's CPU generator seeded by ``key`` for what runs inside (an item's random crop, flip or caption, drawn
+    where the sources draw them), and given back its own state after: the draws are the item's, not the reader's.
+    Only the CPU's: ``torch.manual_seed`` would reseed the GPUs' generators too, which dropout draws from."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seeded_int(*key) >> 1)
+        torch.random.default_generator.manual_seed(seeded_int(*key) >> 1)
         yield
