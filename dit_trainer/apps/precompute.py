@@ -31,7 +31,7 @@ from dit_trainer.config import (
     TrainerConfig,
     VAEConfig,
 )
-from dit_trainer.data.bad_files import BadFileCounter
+from dit_trainer.data.bad_files import PassBadFiles
 from dit_trainer.data.buckets import BucketTable, bucketed, in_order_loader
 from dit_trainer.data.cache.cache import (
     IMAGE_SIZES,
@@ -121,8 +121,8 @@ def _encode_images(
     share = _rank_share(source, state)
     loader = in_order_loader(share, batch_size, data.num_workers)  # bucket by bucket
     source_items = _source_items(share, loader)
-    storage, shards, items, bad_files = getattr(torch, data.cache_dtype), [], 0, []
-    counter = BadFileCounter.of(data)
+    storage, shards, items = getattr(torch, data.cache_dtype), [], 0
+    bad_files = PassBadFiles.over(data, share)
     pending: dict[tuple[int, int], list[dict]] = {}  # encoded batches by image size: every shard holds one size
 
     def flush(size: tuple[int, int]) -> None:
@@ -135,9 +135,7 @@ def _encode_images(
         shards.append({"file": name, "items": len(captions)} | ({"size": list(size)} if table is not None else {}))
 
     for batch in tqdm(loader, desc="precompute", disable=not state.is_main_process):
-        counter.add(batch)
-        counter.check()
-        bad_files += batch["bad_files"]
+        bad_files.add(batch)
         size = tuple(batch["image"].shape[-2:])
         mean, std = vae.encode_posterior(to_model_range(batch["image"].to(device)))
         condition = text_encoder.encode(batch["caption"])
@@ -152,9 +150,10 @@ def _encode_images(
             flush(size)
     for size in list(pending):
         flush(size)
-    record = {"shards": shards, "bad_files": bad_files}
+    skipped = bad_files.finish()
+    record = {"shards": shards, "bad_files": skipped}
     (cache_dir / SHARD_LIST.format(rank=state.process_index)).write_text(json.dumps(record), encoding="utf-8")
-    return items, bad_files
+    return items, skipped
 
 
 def _write_json(path: Path, record: dict) -> None:

@@ -16,7 +16,7 @@ from accelerate.logging import get_logger
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from dit_trainer.config import DataConfig, MixtureSource, TrainerConfig, ValidationConfig
-from dit_trainer.data.bad_files import BadFileCounter
+from dit_trainer.data.bad_files import PassBadFiles
 from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
 from dit_trainer.data.buckets import BucketedStream, BucketTable, bucketed, item_buckets, require_table_of
 from dit_trainer.data.cache.cache import CacheDataset
@@ -135,7 +135,7 @@ def build_training_data(data: DataConfig, accelerator: Accelerator, vae, source:
         accelerator.device,
         num_workers=loader_workers(data.num_workers, source),
         show_progress=accelerator.is_main_process,
-        bad_files=BadFileCounter.of(data),
+        bad_files=PassBadFiles.over(data, source),
     )
 
 

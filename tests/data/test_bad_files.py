@@ -4,7 +4,8 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from dit_trainer.data.bad_files import BadFileCounter
+from dit_trainer.config import DataConfig
+from dit_trainer.data.bad_files import BadFileCounter, PassBadFiles
 from dit_trainer.errors import ConfigError
 
 from ..conftest import one_paragraph
@@ -44,3 +45,16 @@ def test_a_resumed_counter_counts_on_from_its_checkpoint(tmp_path):
     }
     assert resumed.read == 15 and resumed.first == ["[photos] 1.png: truncated", "[photos] 2.png: truncated",
                                                      "[shapes] 9.png: empty"]  # fmt: skip
+
+
+def test_a_pass_counts_each_file_once_against_the_whole_data_set():
+    """Precompute reads in order: six unreadable headers, all in the squarest bucket, come in one batch, and a run
+    of them is tried again as each other's stand-in. 6 of 1000 is within 1 %; 11 of 1000 is not."""
+    data = DataConfig(source="imagefolder", path="/data", max_bad_fraction=0.01)
+    records = [f"{i}.png: truncated" for i in range(6)]
+    within = PassBadFiles(data, total=1000)
+    within.add({"caption": ["a"] * 10, "bad_files": records + records[1:] + records[2:]})
+    assert within.finish() == records
+    over = PassBadFiles(data, total=1000)
+    with pytest.raises(ConfigError, match=r"11 of the data set's 1000 files \(1%\) are unreadable.*the first: 0\.png"):
+        over.add({"caption": ["a"] * 10, "bad_files": [f"{i}.png: truncated" for i in range(11)]})

@@ -14,7 +14,8 @@ import torch
 from torch.utils.data import Dataset
 from tqdm.auto import tqdm
 
-from dit_trainer.data.bad_files import BadFileCounter
+from dit_trainer.config import DataConfig
+from dit_trainer.data.bad_files import PassBadFiles
 from dit_trainer.data.buckets import in_order_loader, item_buckets
 from dit_trainer.data.cache.cache import refuse_non_finite
 from dit_trainer.data.mixture import item_sources
@@ -56,17 +57,17 @@ def encode_dataset(
     batch_size: int = 256,
     num_workers: int = 0,
     show_progress: bool = True,
-    bad_files: BadFileCounter | None = None,
+    bad_files: PassBadFiles | None = None,
 ) -> LatentDataset:
     """Run the VAE encoder over ``dataset`` once; results stay on the CPU. NaN/inf is refused as the disk cache
-    refuses it: here it would be drawn from at every step. The unreadable files skipped go to ``bad_files``, which
-    stops the encoding when they are too many (the training loop never sees them again)."""
+    refuses it: here it would be drawn from at every step. The unreadable files skipped go to ``bad_files`` (by
+    default the limit of a default data section), which stops the encoding when they are too many: the training
+    loop never sees them again."""
     means, stds, captions = [], [], []
-    bad_files = bad_files or BadFileCounter(max_bad_fraction=1.0, data_path=None)
+    bad_files = bad_files or PassBadFiles.over(DataConfig(), dataset)
     loader = in_order_loader(dataset, batch_size, num_workers)
     for batch in tqdm(loader, desc="encode latents", disable=not show_progress):
         bad_files.add(batch)
-        bad_files.check()
         mean, std = vae.encode_posterior(to_model_range(batch["image"].to(device)))
         refuse_non_finite(
             {"latent_mean": mean} | ({} if std is None else {"latent_std": std}),
@@ -80,9 +81,8 @@ def encode_dataset(
         means.append(mean.cpu())
         stds.append(None if std is None else std.cpu())
         captions.extend(batch["caption"])
-    if bad_files.bad:
-        first = "; ".join(bad_files.first)
-        logger.warning(f"{bad_files.bad} unreadable files were skipped while caching latents (the first: {first})")
+    if skipped := bad_files.finish():
+        logger.warning(f"{len(skipped)} unreadable files were skipped while caching latents: {skipped[:5]}")
     buckets, sources = item_buckets(dataset), item_sources(dataset)
     deterministic = stds[0] is None if stds else False
     if buckets is None:  # one stacked tensor: cheaper to index than a list of them

@@ -43,22 +43,23 @@ def test_a_deterministic_encoder_caches_latents_without_a_std():
 
 
 def test_too_many_unreadable_images_stop_the_encoding_naming_the_setting(tmp_path):
-    """Trained from memory, the loop never reads a file again: the encoding is where `data.max_bad_fraction` holds."""
+    """Trained from memory, the loop never reads a file again: the encoding is where `data.max_bad_fraction` holds,
+    each file counted once against the whole data set."""
     from dit_trainer.components.vae import PixelVAE
-    from dit_trainer.data.bad_files import BadFileCounter
+    from dit_trainer.config import DataConfig
+    from dit_trainer.data.bad_files import PassBadFiles
     from dit_trainer.data.cache.latent_cache import encode_dataset
     from dit_trainer.data.sources.imagefolder import ImageFolderDataset
 
     images = photos_folder(tmp_path / "photos", count=10, bad=6)
     for fraction, refused in ((0.01, True), (0.9, False)):
-        counter = BadFileCounter(fraction, str(images))
+        data = DataConfig(source="imagefolder", path=str(images), max_bad_fraction=fraction)
+        dataset = ImageFolderDataset(images, 16)
         encode = functools.partial(
-            encode_dataset, ImageFolderDataset(images, 16), PixelVAE(), torch.device("cpu"), 4, 0, False, counter
+            encode_dataset, dataset, PixelVAE(), torch.device("cpu"), 4, 0, False, PassBadFiles.over(data, dataset)
         )
         if refused:
-            with pytest.raises(
-                ConfigError, match=r"`data\.path`.*`data\.max_bad_fraction=0\.01` allows; the first: 10\.png"
-            ):
+            with pytest.raises(ConfigError, match=r"`data\.path`.*6 of the data set's 16 files \(38%\) are unreadable"):
                 encode()
         else:
             assert len(encode()) == 16
