@@ -44,20 +44,21 @@ def _error(name_or_path: str, config_key: str, reason: str) -> ModelLoadError:
     )
 
 
-# What reading weights that exist raises when their files are damaged or cut short (diffusers wraps safetensors' error
-# in an OSError; a header that parses to nonsense is a ValueError).
-UNREADABLE_WEIGHTS = (OSError, ValueError, SafetensorError)
+# What reading a folder's weights raises when a file is missing or unreadable (diffusers wraps safetensors' error in
+# an OSError). Weights that read but do not fit the model are another error, not caught as this one.
+UNREADABLE_WEIGHTS = (OSError, SafetensorError)
 
 
 def unreadable_weights(folder: Path, error: BaseException) -> ModelLoadError:
-    """The one paragraph for weights in a folder of ours (a checkpoint's) that are there but cannot be read."""
+    """The one paragraph for weights in a folder of ours (a checkpoint's) that cannot be read."""
     while error.__cause__ is not None or error.__context__ is not None:  # the reader's own words, not a wrapper's
         error = error.__cause__ or error.__context__
+    damaged = isinstance(error, SafetensorError | UnicodeDecodeError)  # a header cut short or overwritten
     return ModelLoadError(
-        f"Could not read the weights in {folder} ({type(error).__name__}: {' '.join(str(error).split())[:300]}): "
-        "they are damaged or were cut short (a copy that did not finish, a failing disk). To fix it, pass another "
-        "checkpoint (`checkpoint=latest` takes the newest complete one: a checkpoint's manifest.json lists the "
-        "size of each file it wrote), or copy this one again from where it was written."
+        f"Could not read the weights in {folder} ({type(error).__name__}: {' '.join(str(error).split())[:300]})"
+        + (": they are damaged or were cut short (a copy that did not finish, a failing disk)" if damaged else "")
+        + ". To fix it, pass another checkpoint (`checkpoint=latest` takes the newest complete one: a checkpoint's "
+        "manifest.json lists the size of each file it wrote), or copy this one again from where it was written."
     )
 
 

@@ -15,6 +15,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import TypeVar
 
+import yaml
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
@@ -57,6 +58,15 @@ def parse_cli(schema: type[T], argv: list[str], positional: str = "run_dir") -> 
             raise ConfigError(key, value, known, "correct the key (see the usage)") from error
         except ValidationError as error:
             raise refused_value(key, value, error, schema, "the usage (`--help`)") from error
+        except (yaml.YAMLError, OmegaConfBaseException) as error:  # `prompts=[a, b` unclosed, `prompts.0=a`
+            reason = " ".join(str(error).partition("\n")[0].split())
+            raise ConfigError(
+                key,
+                value,
+                f"it cannot be read as this argument's value ({reason})",
+                "write a list whole (`prompts='[a cat,a dog]'`), and a text that starts with a sign YAML reads (@, %, "
+                f"`, [, {{) in quotes that reach the command (`{key}='\"{value}\"'`)",
+            ) from error
     missing = sorted(OmegaConf.missing_keys(merged), key=lambda name: (name != positional, name))
     if missing:  # named here, the first argument first: OmegaConf's own error is a traceback-like block
         key, first = missing[0], ", or give it as the first argument" if missing[0] == positional else ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,10 +173,15 @@ def sample_to_folder(cfg: SampleConfig) -> Path:
     """Write one PNG per image (an MP4 per clip, for a video run) and ``index.jsonl`` (``{"file", "prompt", "seed"}``
     per image) into ``out_dir``, none of whose files are replaced (files are created exclusively). Image ``j`` of
     every prompt has seed ``seed + j``, as in ``evaluate.py`` and the monitors: a prompt's images do not depend on
-    the other prompts."""
+    the other prompts. A prompt listed again continues its seeds (more images of it, not copies)."""
     check_sampling_args(cfg)
     prompts = load_prompts(cfg.prompts, cfg.prompt_file)
-    jobs = [(prompt, cfg.seed + j) for prompt in prompts for j in range(cfg.images_per_prompt)]
+    listed: Counter[str] = Counter()
+    jobs = []
+    for prompt in prompts:
+        first = cfg.seed + cfg.images_per_prompt * listed[prompt]
+        jobs += [(prompt, first + j) for j in range(cfg.images_per_prompt)]
+        listed[prompt] += 1
     data = read_run_config(Path(cfg.run_dir).expanduser()).data
     suffix, fps = ("mp4", data.fps or VIDEO_FPS) if data.frames > 1 else ("png", 0.0)
     names = [f"{index:05d}.{suffix}" for index in range(len(jobs))]

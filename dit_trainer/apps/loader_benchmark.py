@@ -17,7 +17,7 @@ import torch
 
 from dit_trainer.config import DataConfig, TrainerConfig
 from dit_trainer.data.buckets import BucketTable, bucketed
-from dit_trainer.data.loading import build_dataloader
+from dit_trainer.data.loading import build_dataloader, drawn_per_item
 from dit_trainer.data.sources.source import build_dataset
 
 
@@ -27,7 +27,7 @@ def loader_images_per_second(
     """Images/s of the run's training loader (of ``data``'s source, in the run's ``buckets``) with ``workers``
     worker processes, over ``batches`` batches after the first (which pays for starting the workers)."""
     data = replace(data, num_workers=workers, cache_latents=False, cache_dir=None)
-    source = bucketed(build_dataset(data), buckets, trainer.batch_size, True)
+    source = drawn_per_item(data, bucketed(build_dataset(data), buckets, trainer.batch_size, True), trainer.seed)
     iterator = iter(build_dataloader(data, trainer, source, torch.device("cpu")))
     next(iterator)
     start, images = time.perf_counter(), 0

@@ -85,9 +85,15 @@ def build_source(
         report_buckets(in_buckets, table, batch_size, accelerator.num_processes)
     if sources is not None:
         report_mixture(sources, data.mixture)
-    if cache is None and not isinstance(dataset, IterableDataset) and reads_at_random(data):
-        dataset = SeededItems(dataset, seed)
-    return dataset, held_out
+    return (dataset if cache is not None else drawn_per_item(data, dataset, seed)), held_out
+
+
+def drawn_per_item(data: DataConfig, dataset: Dataset, seed: int) -> Dataset:
+    """``dataset`` read through ``SeededItems`` when its items make random choices (``reads_at_random``): drawn by
+    item and epoch from ``seed``, as a resume draws them again (a stream draws so by itself)."""
+    if isinstance(dataset, IterableDataset) or not reads_at_random(data):
+        return dataset
+    return SeededItems(dataset, seed)
 
 
 def report_mixture(sources: list[int], mixture: list[MixtureSource]) -> None:

@@ -208,9 +208,11 @@ def find_checkpoint(run_dir: Path, spec: str) -> Path:
     if spec in kept:
         return kept[spec]
     if spec == "latest":
-        for path, reason in incomplete_checkpoints(checkpoints_dir).items():
-            logger.warning(f"{path} is passed over: it is not a complete checkpoint ({reason})")
         found = list_checkpoints(checkpoints_dir)
+        newest = checkpoint_step(found[-1]) if found else -1
+        for path, reason in incomplete_checkpoints(checkpoints_dir).items():
+            if checkpoint_step(path) > newest:
+                logger.warning(f"{path} is passed over: it is not a complete checkpoint ({reason})")
         if not found:
             raise ConfigError(
                 "checkpoint",

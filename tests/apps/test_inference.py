@@ -53,6 +53,10 @@ def test_image_j_of_every_prompt_has_seed_plus_j_whatever_prompts_stand_beside_i
     assert [(row["prompt"], row["seed"]) for row in rows] == [
         ("a red circle", 5), ("a red circle", 6), ("a blue square", 5), ("a blue square", 6)
     ]  # fmt: skip
+    again = tmp_path / "again"  # a prompt listed twice: more images of it, not copies
+    assert sample_in_process(written_run, again, "prompts=[a red circle,a red circle]", "images_per_prompt=2") == 0
+    rows = [json.loads(line) for line in (again / "index.jsonl").read_text().splitlines()]
+    assert [row["seed"] for row in rows] == [0, 1, 2, 3]
     assert sample_in_process(written_run, alone, "prompts=[a blue square]", "images_per_prompt=1", "seed=5") == 0
     pixels = [np.asarray(Image.open(path), dtype=np.int16) for path in (alone / "00000.png", both / "00002.png")]
     assert np.abs(pixels[0] - pixels[1]).max() <= 1  # the same noise; a batch of 4 may round one level otherwise
@@ -64,7 +68,8 @@ def test_weights_damaged_in_a_checkpoint_without_a_manifest_are_one_paragraph(wr
     weights.write_bytes(weights.read_bytes()[:100])
     assert sample_in_process(written_run, tmp_path / "samples") == 2
     error = capsys.readouterr().err
-    assert f"Could not read the weights in {weights.parent}" in error and "`checkpoint=latest`" in error
+    assert f"Could not read the weights in {weights.parent}" in error and "they are damaged or were cut short" in error
+    assert "`checkpoint=latest`" in error
     assert "Traceback" not in error
 
 
