@@ -57,8 +57,9 @@ def unreadable_weights(folder: Path, error: BaseException) -> ModelLoadError:
     return ModelLoadError(
         f"Could not read the weights in {folder} ({type(error).__name__}: {' '.join(str(error).split())[:300]})"
         + (": they are damaged or were cut short (a copy that did not finish, a failing disk)" if damaged else "")
-        + ". To fix it, pass another checkpoint (`checkpoint=latest` takes the newest complete one: a checkpoint's "
-        "manifest.json lists the size of each file it wrote), or copy this one again from where it was written."
+        + ". To fix it, use another of the run's checkpoints (for sample, evaluate and export, `checkpoint=latest` "
+        "takes the newest complete one; a checkpoint's manifest.json lists the size of each file it wrote), or copy "
+        "this one again from where it was written."
     )
 
 

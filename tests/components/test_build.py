@@ -4,7 +4,7 @@ VAE's factor is known."""
 import pytest
 import torch
 
-from dit_trainer.errors import ConfigError
+from dit_trainer.errors import ConfigError, ModelLoadError
 
 from ..conftest import TINY_SHAPES, components_of, compose_config, one_paragraph
 
@@ -38,5 +38,5 @@ def test_a_grpo_run_reads_the_weights_it_starts_from_from_safetensors_only(tmp_p
     )
     assert trained_start(cfg.model, cfg.trainer) == start
     monkeypatch.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("a pickle was loaded"))
-    with pytest.raises(OSError, match="safetensors"):
+    with pytest.raises(ModelLoadError, match="Could not read the weights in .*safetensors"):
         components_of(cfg)
