@@ -44,7 +44,8 @@ def test_field_descriptions_are_the_comments_beside_each_field_and_its_rule():
     assert trainer["batch_size"] == "per process; must be >= 1"
     assert trainer["reentrant_checkpointing"].startswith("torch's re-entrant variant (use_reentrant=True): it gives")
     assert trainer["reentrant_checkpointing"].endswith("Off: the non-re-entrant variant.")  # both lines above it
-    assert "seed" not in trainer  # no comment, no check
+    assert "sample_seed" not in trainer  # no comment, no check
+    assert trainer["seed"] == "must be in [0, 2**32)"  # no comment: its check alone
     assert field_docs(RewardMonitorConfig)["group_size"].startswith("G: images per prompt; ")  # on a call's first line
     values = OmegaConf.to_container(OmegaConf.structured(TrainConfig))
     assert yaml.safe_load(documented_yaml(values)) == values  # the comments never break the YAML

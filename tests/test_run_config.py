@@ -14,6 +14,9 @@ from .conftest import compose_config, sample_in_process
 CONFIG_VALUES = [
     ("diffusion.objective=x0", "diffusion.objective", "'x0'"),
     ("optim.lr=-1", "optim.lr", "-1"),
+    ("optim.lr=inf", "optim.lr", "inf"),
+    ("optim.eps=0", "optim.eps", "0"),
+    ("trainer.seed=-1", "trainer.seed", "-1"),
     ("optim.lr_schedule=exponential", "optim.lr_schedule", "'exponential'"),
     ("trainer.batch_size=0", "trainer.batch_size", "0"),
     ("trainer.mixed_precision=fp8", "trainer.mixed_precision", "'fp8'"),

@@ -9,6 +9,7 @@ and default, so the schema stays a plain structured config. ``check_fields`` wal
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,14 @@ def at_least(minimum: float, default: Any, fix: str | None = None, note: str | N
 
 def positive(default: Any, fix: str | None = None, note: str | None = None) -> Any:
     return checked(lambda value: value > 0, _rule("it must be > 0", note), fix, default)
+
+
+def finite(minimum: float, default: Any, fix: str, above: bool = False) -> Any:
+    """A finite number >= ``minimum`` (``above``: > it): a rate or a weight where infinity trains NaN from step 2."""
+    rule = f"it must be a finite number {'>' if above else '>='} {minimum:g}"
+    return checked(
+        lambda value: (value > minimum if above else value >= minimum) and value < math.inf, rule, fix, default
+    )
 
 
 def fraction(default: Any, fix: str | None = None, note: str | None = None) -> Any:

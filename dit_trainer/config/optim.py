@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dit_trainer.config.choices import OPTIMIZERS
-from dit_trainer.config.fields import at_least, fraction, one_of, positive
+from dit_trainer.config.fields import at_least, finite, fraction, one_of, positive
 
 
 @dataclass
@@ -17,11 +17,12 @@ class OptimConfig:
     # torch.optim.Adafactor (lr is a relative step, torch's default 1e-2; betas and eps unused) | prodigy: prodigyopt's
     # Prodigy (`pip install prodigyopt`), which estimates the step size itself: set optim.lr=1.0 and tune d_coef
     name: str = one_of(OPTIMIZERS, "adamw")
-    lr: float = positive(1e-4, "set e.g. `optim.lr=1e-4`")
-    weight_decay: float = at_least(0, 0.0)
+    lr: float = finite(0, 1e-4, "set e.g. `optim.lr=1e-4`", above=True)
+    weight_decay: float = finite(0, 0.0, "set e.g. `optim.weight_decay=0.01`")
     beta1: float = fraction(0.9)
     beta2: float = fraction(0.999)
-    eps: float = 1e-8
+    # Adam's term beside the gradient's RMS in the denominator: 0 divides by zero where a gradient is 0
+    eps: float = finite(0, 1e-8, "set e.g. `optim.eps=1e-8`", above=True)
     warmup_steps: int = at_least(0, 500)
     # A diffusers LR schedule (diffusers.optimization)
     lr_schedule: str = one_of(

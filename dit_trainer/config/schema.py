@@ -224,7 +224,8 @@ class DataConfig:
     # Empty: the single source data.source / data.path.
     mixture: list[MixtureSource] = field(default_factory=list)
     length: int = at_least(1, 20_000)  # shapes: number of distinct images
-    seed: int = 0  # shapes: which images; webdataset: the shard shuffle (seed + epoch); a streamed mixture's draws
+    # shapes: which images; webdataset: the shard shuffle (seed + epoch); a streamed mixture's draws
+    seed: int = at_least(0, 0)
 
 
 @dataclass
@@ -313,7 +314,7 @@ class TrainerConfig:
     # Each attention's q, k and v projections as one matmul (the blocks of PixArt and DiT, whose attention diffusers'
     # fused processor takes); the weights, their names and every checkpoint stay the unfused model's
     fused_qkv: bool = False
-    seed: int = 0
+    seed: int = checked(lambda value: 0 <= value < 2**32, "it must be in [0, 2**32)", "set e.g. `{key}=0`", 0)
     # auto: bf16 on recent GPUs, fp16 + grad scaler on older ones, fp32 on CPU/MPS
     mixed_precision: str = one_of(("auto", "no", "fp16", "bf16"), "auto")
     ema_decay: float = fraction(0.9999, note="0 disables EMA")

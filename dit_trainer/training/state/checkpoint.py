@@ -193,7 +193,9 @@ class Checkpointer:
         slices = self._ema_slices()
         dcp.load(slices, checkpoint_id=path / EMA_SLICES)
         counters = json.loads((path / self.weights.ema_directory / EMA_STATE).read_text(encoding="utf-8"))
-        self.ema.load_state_dict({**counters, "shadow_params": list(slices["shadow"].values())})
+        self.ema.load_state_dict(
+            {**counters, "decay": self.ema.decay, "shadow_params": list(slices["shadow"].values())}
+        )
 
     def _load_models(self, models: list, input_dir: str) -> None:
         while models:
@@ -224,7 +226,7 @@ class Checkpointer:
         # Checkpoints written by EMAModel.save_pretrained keep the counters in config.json.
         counters = json.loads((path / EMA_STATE if (path / EMA_STATE).is_file() else path / "config.json").read_text())
         shadow = [parameter.detach().clone() for parameter in trainable_parameters(transformer)]
-        self.ema.load_state_dict({**counters, "shadow_params": shadow})
+        self.ema.load_state_dict({**counters, "decay": self.ema.decay, "shadow_params": shadow})  # the configured
         self.ema.to(self.accelerator.device)
 
     def save(self, step: int) -> Path:

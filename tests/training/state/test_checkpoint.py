@@ -141,6 +141,16 @@ def test_an_ema_turned_on_at_a_resume_starts_from_the_restored_weights(tmp_path)
     assert reader.ema.optimization_step == 0
 
 
+def test_an_ema_decay_changed_at_a_resume_is_the_one_that_averages(tmp_path):
+    """The banner names `trainer.ema_decay` as changed; the checkpoint's counters must not put the old one back."""
+    _, writer, _ = tiny_run(tmp_path, "constant", ema_decay=0.9)
+    writer.ema.step(writer.parameters)
+    checkpoint = writer.save(1)
+    _, reader, _ = tiny_run(tmp_path, "constant", ema_decay=0.2)
+    assert reader.restore("latest") == checkpoint
+    assert reader.ema.decay == 0.2 and reader.ema.optimization_step == writer.ema.optimization_step
+
+
 def test_an_optimizer_of_other_parameter_groups_is_refused_without_blaming_the_checkpoint(tmp_path):
     """``optim.weight_decay`` turned on at a resume of a learned-variance DiT gives AdamW another group: the
     checkpoint is fine, the optimizer is another (not a reason to fall back to an older checkpoint)."""
