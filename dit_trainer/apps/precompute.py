@@ -45,6 +45,7 @@ from dit_trainer.data.cache.cache import (
     shard_name,
 )
 from dit_trainer.data.cache.fingerprint import cache_fingerprint, check_fingerprint
+from dit_trainer.data.loading import drawn_per_item
 from dit_trainer.data.sources.source import build_dataset
 from dit_trainer.durable import write_atomically, write_text_atomically
 from dit_trainer.errors import ConfigError
@@ -106,7 +107,7 @@ def _source_items(share: Dataset, loader: DataLoader) -> Iterator[list[int]] | N
 @torch.no_grad()
 def _encode_images(
     data: DataConfig,
-    batch_size: int,
+    trainer: TrainerConfig,
     table: BucketTable | None,
     cache_dir: Path,
     state: PartialState,
@@ -114,10 +115,12 @@ def _encode_images(
     text_encoder,
 ) -> tuple[int, list]:
     """Encode this rank's share into shards; returns (items, bad files) and leaves its shard list beside them. Too
-    many unreadable files (``data.max_bad_fraction``) stop it: each one's row would hold a copy of another image."""
-    device = state.device
+    many unreadable files (``data.max_bad_fraction``) stop it: each one's row would hold a copy of another image.
+    What a source draws at random when read (a clip's start) is drawn as a run's first epoch draws it."""
+    device, batch_size = state.device, trainer.batch_size
     sizes_dir = cache_dir / IMAGE_SIZES  # a precompute run again (one that did not finish) reads no header
     source = bucketed(build_dataset(data), table, batch_size, False, state.is_main_process, sizes_dir)
+    source = drawn_per_item(data, source, trainer.seed)
     share = _rank_share(source, state)
     loader = in_order_loader(share, batch_size, data.num_workers)  # bucket by bucket
     source_items = _source_items(share, loader)
@@ -230,9 +233,7 @@ def precompute(
         text_encoder = build_text_encoder(conditioner, state.device, dtype)
         autoencoder = build_vae(vae, state.device, dtype)
         check_resolution(model, data, autoencoder.downsample_factor)
-        items, bad_files = _encode_images(
-            data, trainer.batch_size, buckets, cache_dir, state, autoencoder, text_encoder
-        )
+        items, bad_files = _encode_images(data, trainer, buckets, cache_dir, state, autoencoder, text_encoder)
         state.wait_for_everyone()
         if state.is_main_process:
             prompts = _write_prompts(sampled, cache_dir, [], text_encoder)

@@ -204,7 +204,8 @@ def build_dataloader(data: DataConfig, trainer: TrainerConfig, dataset: Dataset,
         return DataLoader(dataset, batch_size=None, collate_fn=collate_batch, **options)
     buckets, sources = item_buckets(dataset), item_sources(dataset)
     seeded = isinstance(dataset, SeededItems)
-    if buckets is not None or sources is not None or seeded:
+    # A cache of a source that reads at random (a video's clip starts) is read in that source's order too.
+    if buckets is not None or sources is not None or seeded or reads_at_random(data):
         weights = [entry.weight for entry in data.mixture] or None
         buckets = buckets or [0] * len(dataset)
         plan = BatchPlan(buckets, trainer.batch_size, trainer.seed, sources, weights)

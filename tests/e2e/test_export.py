@@ -174,7 +174,7 @@ def test_export_explains_a_folder_that_is_not_a_run_or_a_pixel_run(tmp_path, min
     fresh = tmp_path / "fresh_run"
     fresh.mkdir()
     (fresh / "config.yaml").write_text(config)
-    with pytest.raises(ConfigError, match="no checkpoint"):
+    with pytest.raises(ConfigError, match="no complete checkpoint"):
         export_run(ExportConfig(run_dir=str(fresh)))
     with pytest.raises(ConfigError, match="float32, bfloat16, float16"):
         export_run(ExportConfig(run_dir=str(minilm_run), dtype="float8"))

@@ -75,7 +75,7 @@ def test_sample_script_writes_images_and_an_index(shapes_run, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     index = [json.loads(line) for line in (out_dir / "index.jsonl").read_text().splitlines()]
     assert [entry["prompt"] for entry in index] == ["a red circle"] * 3 + ["a blue square"] * 3
-    assert [entry["seed"] for entry in index] == list(range(7, 13))
+    assert [entry["seed"] for entry in index] == [7, 8, 9] * 2  # image j of every prompt: seed + j
     for entry in index:
         assert Image.open(out_dir / entry["file"]).size == (32, 32)
 
