@@ -35,14 +35,19 @@ def test_a_link_where_the_trainer_writes_is_refused_and_its_target_left_alone(tm
     assert victim.read_text() == "mine"
 
 
-def test_a_checkpoint_missing_a_file_is_listed_as_incomplete_with_why(tmp_path):
-    """``latest`` passes over a damaged checkpoint: the resume warns with these reasons rather than say nothing."""
-    checkpoints = tmp_path / "checkpoints"
+def two_checkpoints(checkpoints):
+    """checkpoint-2 and checkpoint-4, each a 4-byte weights file that its manifest lists."""
     for step in (2, 4):
         folder = checkpoints / f"checkpoint-{step}"
         (folder / "transformer").mkdir(parents=True)
         (folder / "transformer" / "weights.safetensors").write_bytes(b"1234")
         (folder / MANIFEST).write_text(json.dumps({"files": {"transformer/weights.safetensors": 4}}))
+    return checkpoints
+
+
+def test_a_checkpoint_missing_a_file_is_listed_as_incomplete_with_why(tmp_path):
+    """``latest`` passes over a damaged checkpoint: the resume warns with these reasons rather than say nothing."""
+    checkpoints = two_checkpoints(tmp_path / "checkpoints")
     (checkpoints / "checkpoint-4" / "transformer" / "weights.safetensors").unlink()
     assert list_checkpoints(checkpoints) == [checkpoints / "checkpoint-2"]
     assert incomplete_checkpoints(checkpoints) == {
@@ -53,12 +58,7 @@ def test_a_checkpoint_missing_a_file_is_listed_as_incomplete_with_why(tmp_path):
 def test_the_scripts_find_a_checkpoint_by_name_and_refuse_a_damaged_one_naming_a_complete_one(tmp_path, caplog):
     """sample.py, evaluate.py and export.py: `latest` says which damaged checkpoint it passed over, a damaged one
     asked for by path is one paragraph (not diffusers' traceback), and `checkpoint-2` names one of the run's own."""
-    checkpoints = tmp_path / "checkpoints"
-    for step in (2, 4):
-        folder = checkpoints / f"checkpoint-{step}"
-        (folder / "transformer").mkdir(parents=True)
-        (folder / "transformer" / "weights.safetensors").write_bytes(b"1234")
-        (folder / MANIFEST).write_text(json.dumps({"files": {"transformer/weights.safetensors": 4}}))
+    checkpoints = two_checkpoints(tmp_path / "checkpoints")
     (checkpoints / "checkpoint-4" / "transformer" / "weights.safetensors").write_bytes(b"12")
     with caplog.at_level(logging.WARNING):
         assert find_checkpoint(tmp_path, "latest") == checkpoints / "checkpoint-2"
