@@ -202,15 +202,6 @@ def build_dataloader(data: DataConfig, trainer: TrainerConfig, dataset: Dataset,
     options = loader_options(data, dataset, device)
     if isinstance(dataset, BucketedStream):  # it yields whole batches
         return DataLoader(dataset, batch_size=None, collate_fn=collate_batch, **options)
-    buckets, sources = item_buckets(dataset), item_sources(dataset)
-    seeded = isinstance(dataset, SeededItems)
-    # A cache of a source that reads at random (a video's clip starts) is read in that source's order too.
-    if buckets is not None or sources is not None or seeded or reads_at_random(data):
-        weights = [entry.weight for entry in data.mixture] or None
-        buckets = buckets or [0] * len(dataset)
-        plan = BatchPlan(buckets, trainer.batch_size, trainer.seed, sources, weights)
-        sampler = PlanBatchSampler(plan, keyed=seeded)
-        return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_batch, **options)
     if isinstance(dataset, IterableDataset):  # its position is saved in checkpoints, per process
         return StreamLoader(
             dataset,
@@ -220,6 +211,15 @@ def build_dataloader(data: DataConfig, trainer: TrainerConfig, dataset: Dataset,
             collate_fn=collate_batch,
             **options,
         )
+    buckets, sources = item_buckets(dataset), item_sources(dataset)
+    seeded = isinstance(dataset, SeededItems)
+    # A cache of a source that reads at random (a video's clip starts) is read in that source's order too.
+    if buckets is not None or sources is not None or seeded or reads_at_random(data):
+        weights = [entry.weight for entry in data.mixture] or None
+        buckets = buckets or [0] * len(dataset)
+        plan = BatchPlan(buckets, trainer.batch_size, trainer.seed, sources, weights)
+        sampler = PlanBatchSampler(plan, keyed=seeded)
+        return DataLoader(dataset, batch_sampler=sampler, collate_fn=collate_batch, **options)
     return DataLoader(
         dataset, batch_size=trainer.batch_size, shuffle=True, drop_last=True, collate_fn=collate_batch, **options
     )

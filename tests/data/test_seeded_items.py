@@ -105,3 +105,20 @@ def test_each_copy_of_an_item_a_mixture_draws_twice_in_an_epoch_is_drawn_anew():
 class Draws24(Draws):
     def __len__(self) -> int:
         return 24
+
+
+def test_a_stream_mixed_with_a_randomly_cropped_folder_stays_a_stream(tmp_path):
+    """A mixture with a webdataset draws its own crops by sample and epoch: no batch plan, no keys."""
+    from dit_trainer.data.stream_loader import StreamLoader
+
+    from ..conftest import TINY_SHAPES
+    from .files import captioned_shards, photos_folder
+
+    shards = captioned_shards(tmp_path / "shards", 4, 10, bad=0)
+    photos = photos_folder(tmp_path / "photos", 38)
+    entries = f"{{source:webdataset,path:'{shards}',caption_column:txt}},{{source:imagefolder,path:{photos}}}"
+    overrides = [*TINY_SHAPES, f"data.mixture=[{entries}]", "vae=pixel", "data.resolution=16", "data.num_workers=0",
+                 "data.crop=random", "data.cache_latents=false", "trainer.batch_size=4"]  # fmt: skip
+    trainer = build_trainer(compose_config(overrides), tmp_path / "run")
+    assert isinstance(trainer.step.dataloader, StreamLoader)
+    assert len(list(islice(trainer.step.batches(), 3))) == 3
