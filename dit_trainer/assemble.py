@@ -79,10 +79,11 @@ from dit_trainer.training.parallel.fsdp import (
 from dit_trainer.training.parallel.memory import report_memory
 from dit_trainer.training.parallel.privacy import PrivateTraining, check_private_launch, make_private
 from dit_trainer.training.shapes_vae import warn_shapes_vae_on_other_data
-from dit_trainer.training.state.checkpoint import Checkpointer, TrainingState
+from dit_trainer.training.state.checkpoint import Checkpointer
 from dit_trainer.training.state.checkpoint_manifest import check_resume_launch
 from dit_trainer.training.state.ema import FusedEMA
 from dit_trainer.training.state.saved_state import SavedState
+from dit_trainer.training.state.training_state import TrainingState
 from dit_trainer.training.step import StepParts, UpdateSequence
 from dit_trainer.training.trainer import LoopSettings, Trainer, TrainResult
 from dit_trainer.training.update import Update, build_update
@@ -238,7 +239,7 @@ def method_sections(method: Method) -> tuple[str, ...]:
 
 def why_resume_needs_same_processes(privacy: PrivateTraining | None, dataloader: DataLoader | None) -> str | None:
     """What a checkpoint of this run holds per process and cannot split or merge (None: weights and optimizer
-    state reshard, and only the data order after the resume point changes)."""
+    state reshard, and a shuffled data set's position is counted in images)."""
     if privacy is not None:
         return "DP-SGD's privacy accounting assumes the Poisson sampling of one process throughout"
     if dataloader is not None and isinstance(dataloader.dataset, IterableDataset):

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from dit_trainer.assemble import build_accelerator, build_trainer
+from dit_trainer.training.state.training_state import DataPosition
 
 from .conftest import GRPO_PROMPTS, SHAPES_TRANSFORMER, build_tiny_transformer, compose_config, read_metrics
 
@@ -57,7 +58,8 @@ def test_the_collective_timeout_outlasts_a_long_monitor(tmp_path):
 def test_a_run_trains_checkpoints_and_resumes_in_this_process(tmp_path):
     """The smoke test of the whole core without a subprocess: ``build_trainer(cfg).fit()`` trains the DiT (its
     weights move, the frozen VAE's and text encoder's do not), logs finite losses, writes the config and a
-    checkpoint, and a second build of the same run resumes at that step and finishes the longer run."""
+    checkpoint, and a second build of the same run resumes at that step (and place in the data) and finishes the
+    longer run."""
     overrides = ["+experiment=shapes", "data.length=32", "trainer.batch_size=8", "model.num_layers=1",
                  "trainer.sample_every=0", "trainer.log_every=1", "trainer.checkpoint_every=2",
                  "monitor.reward.enabled=false", "validation.every_n_steps=0"]  # fmt: skip
@@ -74,4 +76,18 @@ def test_a_run_trains_checkpoints_and_resumes_in_this_process(tmp_path):
     assert (tmp_path / "config.yaml").is_file() and (tmp_path / "checkpoints" / "checkpoint-2").is_dir()
 
     resumed = build_trainer(compose_config([*overrides, "trainer.max_steps=3", "trainer.resume=latest"]), tmp_path)
-    assert resumed.state.step == 2 and resumed.fit().steps == 3
+    assert resumed.state.step == 2 and resumed.state.data_position == DataPosition(0, 2, 8)  # 4 batches an epoch
+    assert resumed.fit().steps == 3 and resumed.state.data_position == DataPosition(0, 3, 8)
+
+
+@pytest.mark.slow
+def test_a_resume_in_smaller_batches_continues_at_the_image_it_stopped_at(tmp_path):
+    """2 steps of 8 images, resumed with `trainer.batch_size=4`: the next batch is the epoch's 5th of 4 (images
+    16-19), not its 3rd (the step count in the new batches would read images 8-15 again)."""
+    overrides = ["+experiment=shapes", "data.length=32", "model.num_layers=1", "trainer.sample_every=0",
+                 "monitor.reward.enabled=false", "validation.every_n_steps=0",
+                 "trainer.checkpoint_every=2"]  # fmt: skip
+    build_trainer(compose_config([*overrides, "trainer.max_steps=2", "trainer.batch_size=8"]), tmp_path).fit()
+    resumed = compose_config([*overrides, "trainer.max_steps=3", "trainer.resume=latest", "trainer.batch_size=4"])
+    trainer = build_trainer(resumed, tmp_path)
+    assert trainer.fit().steps == 3 and trainer.state.data_position == DataPosition(0, 5, 4)

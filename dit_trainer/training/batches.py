@@ -1,7 +1,8 @@
 """Endless batches that continue where a resumed run stopped, for each kind of loader the trainer builds:
 map-style (shuffled per epoch: skip into the epoch), streamed (webdataset, a mixture with one: continue at the
 position the checkpoint saved, or without one read and drop what was trained on) and Poisson-sampled (DP: step
-``s``'s draw depends only on ``s``)."""
+``s``'s draw depends only on ``s``). A shuffled map-style order's place is also kept as a ``DataPosition``, so a
+resume in other batches (another batch size, accumulation or number of processes) continues at the same image."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from dit_trainer.data.poisson import PoissonBatchSampler
 from dit_trainer.data.stream_loader import StreamLoader
 from dit_trainer.errors import ConfigError
+from dit_trainer.training.state.training_state import DataPosition
 
 logger = get_logger(__name__)
 
@@ -28,6 +30,34 @@ def resumable_batches(
     if isinstance(dataloader.dataset, IterableDataset):
         return _stream_batches(dataloader, micro_steps, data_path)
     return _map_batches(dataloader, accelerator, micro_steps)
+
+
+def continued_micro_steps(dataloader: DataLoader, micro_steps: int, position: DataPosition | None) -> int:
+    """The micro-step a resumed run's data order continues at: ``position`` (a checkpoint's, perhaps written in
+    other batches) in this loader's batches, else ``micro_steps`` (the steps' count; a stream and a Poisson draw keep
+    their own place)."""
+    if position is None or not _shuffled(dataloader):
+        return micro_steps
+    return position.micro_steps(len(dataloader), _images_per_batch(dataloader))
+
+
+def data_position(dataloader: DataLoader, micro_steps: int) -> DataPosition | None:
+    """Micro-step ``micro_steps`` of a shuffled map-style loader's order as a ``DataPosition`` (None otherwise)."""
+    if not _shuffled(dataloader):
+        return None
+    return DataPosition(*divmod(micro_steps, len(dataloader)), _images_per_batch(dataloader))
+
+
+def _shuffled(dataloader: DataLoader) -> bool:
+    return not isinstance(dataloader.dataset, IterableDataset) and not isinstance(
+        dataloader.batch_sampler, PoissonBatchSampler
+    )
+
+
+def _images_per_batch(dataloader: DataLoader) -> int:
+    """Images in one micro-batch over all processes (accelerate's sharded loader knows them; a plain one is one
+    process's)."""
+    return getattr(dataloader, "total_batch_size", None) or dataloader.batch_sampler.batch_size
 
 
 def _poisson_batches(dataloader: DataLoader, step: int) -> Iterator[dict]:

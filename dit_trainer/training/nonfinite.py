@@ -20,7 +20,7 @@ from dit_trainer.config import OptimConfig, PrivacyConfig
 from dit_trainer.errors import NonFiniteError
 from dit_trainer.sharding import local
 from dit_trainer.training.preemption import PreemptionHandler
-from dit_trainer.training.state.checkpoint import TrainingState
+from dit_trainer.training.state.training_state import TrainingState
 
 logger = get_logger(__name__)
 SHOWN = 6

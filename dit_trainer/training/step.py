@@ -19,8 +19,8 @@ from diffusers.training_utils import EMAModel
 from torch import nn
 
 from dit_trainer.training.nonfinite import NonFiniteGuard
-from dit_trainer.training.state.checkpoint import TrainingState
 from dit_trainer.training.state.saved_state import SavedState
+from dit_trainer.training.state.training_state import TrainingState
 from dit_trainer.training.update import Update
 
 

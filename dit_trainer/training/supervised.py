@@ -14,7 +14,7 @@ from dit_trainer.condition import Batch
 from dit_trainer.data.bad_files import BadFileCounter
 from dit_trainer.data.collate import first_items
 from dit_trainer.data.poisson import is_empty
-from dit_trainer.training.batches import resumable_batches
+from dit_trainer.training.batches import continued_micro_steps, data_position, resumable_batches
 from dit_trainer.training.metrics import TimestepLossBuckets
 from dit_trainer.training.preflight import PREFLIGHT_ROWS, preflight
 from dit_trainer.training.state.saved_state import SavedState
@@ -44,11 +44,14 @@ class SupervisedStep:
         self.data_path = data_path  # named when a streamed data set yields nothing
         self.timestep_losses = TimestepLossBuckets(num_train_timesteps, self.accelerator.device)
         self._preflight_done = False
+        self._micro_steps_read = 0
 
     def batches(self) -> Iterator[dict]:
-        """Endless batches, continuing the data order where a resumed run stopped."""
-        micro_steps = self.state.step * self.updates.update.micro_batches
-        return resumable_batches(self.dataloader, self.accelerator, micro_steps, self.data_path)
+        """Endless batches, continuing the data order where a resumed run stopped (in the state's data position,
+        or after the steps' micro-batches)."""
+        steps_read = self.state.step * self.updates.update.micro_batches
+        self._micro_steps_read = continued_micro_steps(self.dataloader, steps_read, self.state.data_position)
+        return resumable_batches(self.dataloader, self.accelerator, self._micro_steps_read, self.data_path)
 
     def __call__(self, batches: Iterator[dict]) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer update over the update's micro-batches; (loss, gradient norm)."""
@@ -56,6 +59,8 @@ class SupervisedStep:
         def micro_batches() -> Iterator[Callable[[], torch.Tensor]]:
             for _ in range(self.updates.update.micro_batches):
                 batch = next(batches)
+                self._micro_steps_read += 1
+                self.state.data_position = data_position(self.dataloader, self._micro_steps_read)
                 self.bad_files.add(batch)
                 if not self._preflight_done and not is_empty(batch):
                     self._preflight(first_items(batch, PREFLIGHT_ROWS))
@@ -68,7 +73,8 @@ class SupervisedStep:
         return self.bad_files.check() | self.timestep_losses.collect(self.accelerator)
 
     def saved_states(self) -> dict[str, SavedState]:
-        """None: the data order resumes from the step count (``batches``), the randomness from the state's generator."""
+        """None: the data order resumes from the state's data position (``batches``), the randomness from the state's
+        generator."""
         return {}
 
     def _backward(self, batch: Batch) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""Batches that continue where a resumed run stopped (``training/batches.py``): map-style, Poisson-sampled, and a
-stream that yields nothing."""
+"""Batches that continue where a resumed run stopped (``training/batches.py``): map-style (in the same batches, or
+in others at the same image), Poisson-sampled, and a stream that yields nothing."""
 
 import pytest
 from accelerate import Accelerator
@@ -9,12 +9,15 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.poisson import PoissonBatchSampler, collate_poisson
 from dit_trainer.errors import ConfigError
-from dit_trainer.training.batches import resumable_batches
+from dit_trainer.training.batches import continued_micro_steps, data_position, resumable_batches
 
 
 class Numbered(Dataset):
+    def __init__(self, items: int = 10) -> None:
+        self.items = items
+
     def __len__(self) -> int:
-        return 10
+        return self.items
 
     def __getitem__(self, index: int) -> dict:
         return {"caption": str(index)}
@@ -36,6 +39,29 @@ def test_map_style_batches_resume_mid_epoch_in_the_same_order():
     assert uninterrupted[0] != uninterrupted[3]  # epochs are shuffled differently
     for start in (2, 4):
         assert _captions(resumable_batches(loader(), accelerator, start), 8 - start) == uninterrupted[start:]
+
+
+@pytest.mark.parametrize("batch_size", [2, 3, 8])
+def test_a_resume_in_other_batches_reads_the_rest_of_the_epoch(batch_size):
+    """Stopped 3 batches of 4 into epoch 1 (6 batches an epoch), a resume with another batch size (or number of
+    processes: the images per micro-batch change alike) reads that epoch's images not yet read, then epoch 2; the
+    step count alone (9 micro-steps of the new size) would land elsewhere."""
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True))
+
+    def loader(size: int) -> DataLoader:
+        data = DataLoader(Numbered(24), batch_size=size, shuffle=True, drop_last=True, collate_fn=collate_batch)
+        return accelerator.prepare_data_loader(data, device_placement=False)
+
+    by_four = sum(_captions(resumable_batches(loader(4), accelerator, 0), 18), [])  # 3 epochs of 24 images
+    position = data_position(loader(4), 9)
+    assert (position.epoch, position.batches, position.images_per_batch) == (1, 3, 4)
+    resumed_loader = loader(batch_size)
+    start = continued_micro_steps(resumed_loader, 9, position)
+    assert start != 9
+    read = 12 // batch_size * batch_size  # a partial batch is read again
+    rest = (48 - read) // batch_size  # batches to the end of epoch 2
+    resumed = sum(_captions(resumable_batches(resumed_loader, accelerator, start), rest), [])
+    assert resumed == by_four[24 + read :]
 
 
 def test_poisson_batches_resume_at_the_step():

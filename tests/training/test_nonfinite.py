@@ -8,7 +8,7 @@ from accelerate import Accelerator
 from dit_trainer.config import OptimConfig, PrivacyConfig
 from dit_trainer.errors import NonFiniteError
 from dit_trainer.training.nonfinite import NonFiniteGuard, nonfinite_advice
-from dit_trainer.training.state.checkpoint import TrainingState
+from dit_trainer.training.state.training_state import TrainingState
 
 
 def _guard(model: torch.nn.Module, max_consecutive: int = 3) -> NonFiniteGuard:

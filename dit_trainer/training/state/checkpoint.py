@@ -35,7 +35,6 @@ from accelerate.logging import get_logger
 from diffusers import ModelMixin
 from diffusers.training_utils import EMAModel
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
 from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.components.weights import load_weights, save_weights
@@ -64,46 +63,12 @@ from dit_trainer.training.state.checkpoint_manifest import (
 )
 from dit_trainer.training.state.config_changes import config_hash
 from dit_trainer.training.state.saved_state import SavedState, read_saved_state, write_saved_state
+from dit_trainer.training.state.training_state import TrainingState
 
 logger = get_logger(__name__)
 EMA_STATE = "ema_state.json"
 EMA_SLICES = "ema_sharded"  # under FSDP: the EMA's slices as a torch.distributed.checkpoint folder
 WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)  # what a full disk raises, depending on the writer
-
-
-class TrainingState:
-    """What accelerate does not checkpoint by itself: the step counter, the counts of steps skipped for non-finite
-    gradients and of fp16 grad-scaler overflows, whether the step's monitors are still to run (a preemption's
-    checkpoint is written before them), the trainer's random generator (one per process), and other named
-    generators (DP noise)."""
-
-    def __init__(self, generator: torch.Generator, other_generators: dict[str, torch.Generator] | None = None) -> None:
-        self.step = 0
-        self.skipped_steps = 0
-        self.scaler_overflows = 0
-        self.monitors_pending = False
-        self.generator = generator
-        self.other_generators = other_generators or {}
-
-    def save(self, path: Path) -> None:
-        counts = [self.step, self.skipped_steps, self.scaler_overflows, int(self.monitors_pending)]
-        counters = torch.tensor(counts, dtype=torch.int64)
-        generators = {f"generator.{name}": g.get_state() for name, g in self.other_generators.items()}
-        save_file({"counters": counters, "generator": self.generator.get_state(), **generators}, path)
-
-    def load(self, folder: Path, process_index: int) -> None:
-        """This process's state from checkpoint ``folder``. A process the checkpoint did not have (resumed on more
-        processes) takes the counters of process 0 and keeps its own freshly seeded generators."""
-        own = folder / f"trainer_state_{process_index}.safetensors"
-        state = load_file(own if own.is_file() else folder / "trainer_state_0.safetensors")
-        counters = [int(v) for v in state["counters"]] + [0, 0]  # earlier checkpoints hold two or three counters
-        self.step, self.skipped_steps, self.scaler_overflows, pending = counters[:4]
-        self.monitors_pending = bool(pending)
-        if not own.is_file():
-            return
-        self.generator.set_state(state["generator"])
-        for name, generator in self.other_generators.items():
-            generator.set_state(state[f"generator.{name}"])
 
 
 class Checkpointer:

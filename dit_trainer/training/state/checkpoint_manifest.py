@@ -151,8 +151,8 @@ def check_compatible(
     if world_size != processes:
         logger.warning(
             f"Resuming {path.name}, written by {world_size} processes, on {processes}: the weights, the optimizer "
-            "state and the LR schedule continue exactly, but each step now takes another number of images and "
-            "the data order after the resume point differs from the uninterrupted run's.",
+            "state and the LR schedule continue exactly; each step now takes another number of images, and a "
+            "shuffled data set continues in its epoch after the images already read, in this run's batches.",
             main_process_only=True,
         )
     if "config" not in manifest:  # written before checkpoints recorded their config

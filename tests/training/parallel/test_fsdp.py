@@ -18,7 +18,8 @@ from dit_trainer.config import ModelConfig
 from dit_trainer.errors import ConfigError
 from dit_trainer.training.parallel.fsdp import check_fsdp, wrap_family_blocks
 from dit_trainer.training.parallel.privacy import check_private_launch
-from dit_trainer.training.state.checkpoint import Checkpointer, TrainingState
+from dit_trainer.training.state.checkpoint import Checkpointer
+from dit_trainer.training.state.training_state import TrainingState
 from tests.conftest import one_paragraph
 
 

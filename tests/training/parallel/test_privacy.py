@@ -176,7 +176,7 @@ def test_a_non_finite_private_gradient_is_skipped_not_applied(mode):
     from accelerate import Accelerator
 
     from dit_trainer.training.nonfinite import NonFiniteGuard
-    from dit_trainer.training.state.checkpoint import TrainingState
+    from dit_trainer.training.state.training_state import TrainingState
     from dit_trainer.training.update import PrivateUpdate
 
     model = torch.nn.Linear(1, 1, bias=False)

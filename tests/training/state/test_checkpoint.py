@@ -19,9 +19,10 @@ from dit_trainer.config.schema import OptimConfig, TrainerConfig
 from dit_trainer.errors import ConfigError
 from dit_trainer.runs.run_folder import MANIFEST, list_checkpoints, remove_unfinished_writes
 from dit_trainer.training.optim import build_lr_scheduler
-from dit_trainer.training.state.checkpoint import Checkpointer, TrainingState
+from dit_trainer.training.state.checkpoint import Checkpointer
 from dit_trainer.training.state.checkpoint_manifest import WrittenBy, check_launch, schedule_in_updates, written_by
 from dit_trainer.training.state.ema import FusedEMA
+from dit_trainer.training.state.training_state import TrainingState
 from tests.conftest import build_tiny_transformer, one_paragraph
 
 KINDS = ("constant_with_warmup", "constant", "linear", "cosine", "cosine_with_restarts", "polynomial")  # fmt: skip
