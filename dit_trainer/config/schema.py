@@ -283,9 +283,10 @@ class DiffusionConfig:
 class TrainerConfig:
     """The loop: how long, how big, in what precision, and when to log, checkpoint and sample."""
 
-    # What a resume itself changes, and what defines the trained thing: the method and the run it started from.
+    # What a resume itself changes, and what defines the trained thing: the method, the run it started from and the
+    # seed (the data order: another one in mid-epoch would read some images twice and miss others).
     RESUMING: ClassVar[frozenset[str]] = frozenset({"resume", "max_steps", "allow_config_change"})
-    DEFINING: ClassVar[frozenset[str]] = frozenset({"method", "init_from", "init_ema", "init_weights"})
+    DEFINING: ClassVar[frozenset[str]] = frozenset({"method", "init_from", "init_ema", "init_weights", "seed"})
 
     # How the DiT is trained: sft (noise / velocity prediction on the data, the default) | grpo (reward
     # fine-tuning on its own samples, section `grpo`) | nft (DiffusionNFT, section `nft`) |

@@ -168,8 +168,9 @@ def check_compatible(
         raise ConfigError(
             "trainer.resume",
             str(path),
-            "that checkpoint was trained with another model, data, held-out split, objective or reward "
-            "fine-tuning: " + ", ".join(f"{key} ({changes[key][0]!r} -> {changes[key][1]!r})" for key in defining),
+            "that checkpoint was trained with another model, data, data order (seed), held-out split, objective or "
+            "reward fine-tuning: "
+            + ", ".join(f"{key} ({changes[key][0]!r} -> {changes[key][1]!r})" for key in defining),
             "resume with the settings the run was trained with (its config.yaml), start a fresh run in a new "
             "`hydra.run.dir`, or, if the change is intended, add `trainer.allow_config_change=true`",
         )

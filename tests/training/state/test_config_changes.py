@@ -30,6 +30,9 @@ GRPO = ("grpo", "reward")  # the sections GRPO trains by
      ("grpo.prompts", [], ["a"], (), False),  # another method: GRPO's settings are inert
      ("trainer.method", "sft", "grpo", (), True),
      ("trainer.init_from", "runs/a", "runs/b", GRPO, True),
+     ("trainer.seed", 0, 1, (), True),  # the data order: an epoch's rest would repeat and miss images
+     ("trainer.batch_size", 32, 16, (), False),  # the data position is counted in images
+     ("trainer.mixed_precision", "fp16", "bf16", (), False),
      ("data.length", 256, 300, (), True),
      ("optim.lr", 1e-3, 1e-4, (), False),
      ("diffusion.sample_steps", 25, 50, False, False)],
