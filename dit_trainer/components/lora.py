@@ -41,7 +41,7 @@ def apply_lora(transformer: ModelMixin, cfg: LoRAConfig, default_targets: Sequen
     empty the family's ``default_targets``); returns peft's tuner, which can merge them."""
     transformer.requires_grad_(False)
     try:
-        return LoraModel(transformer, peft_config(cfg, default_targets), ADAPTER_NAME)
+        tuner = LoraModel(transformer, peft_config(cfg, default_targets), ADAPTER_NAME)
     except ValueError as error:  # peft: "Target modules {...} not found in the base model"
         raise ConfigError(
             "lora.target_modules",
@@ -49,6 +49,25 @@ def apply_lora(transformer: ModelMixin, cfg: LoRAConfig, default_targets: Sequen
             f"peft could not adapt them ({str(error).splitlines()[0]})",
             "name the DiT's Linear layers by suffix, e.g. `lora.target_modules=[to_q,to_k,to_v,to_out.0]`",
         ) from error
+    _check_train_modules(transformer, cfg.train_modules)
+    return tuner
+
+
+def _check_train_modules(transformer: ModelMixin, names: Sequence[str]) -> None:
+    """Each of ``lora.train_modules`` must have wrapped a module: peft passes over a name that matches none (a typo
+    would train nothing of it, silently)."""
+    wrapped = [name for name, module in transformer.named_modules() if isinstance(module, ModulesToSaveWrapper)]
+    missing = [name for name in names if not any(path.endswith(name) for path in wrapped)]
+    if missing:
+        children = ", ".join(name for name, _ in transformer.named_children())
+        raise ConfigError(
+            "lora.train_modules",
+            list(names),
+            f"no module of the DiT is named {', '.join(map(repr, missing))} (by suffix); its top-level modules "
+            f"are {children}",
+            "name modules of the DiT to train in full beside the adapters, e.g. `lora.train_modules=[proj_out]`, "
+            "or leave it empty",
+        )
 
 
 def save_adapter(transformer: ModelMixin, directory: Path, whole_state: dict[str, torch.Tensor] | None = None) -> None:

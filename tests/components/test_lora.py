@@ -88,3 +88,14 @@ def test_with_the_adapters_off_the_modules_trained_in_full_compute_as_the_base_s
     with adapters_disabled(dit.transformer):
         torch.testing.assert_close(dit.predict(x, t, condition), base)
     assert any(p.requires_grad for name, p in dit.named_parameters() if "modules_to_save" in name)
+
+
+def test_a_train_module_that_names_no_module_is_refused(tiny_transformer):
+    """peft passes over a ``modules_to_save`` name that matches nothing: a typo would train only the adapters."""
+    from dit_trainer.components.lora import apply_lora
+    from dit_trainer.config import LoRAConfig
+
+    dit = tiny_transformer(condition_dim=12)
+    lora = LoRAConfig(enabled=True, rank=2, train_modules=["caption_projection", "caption_projectoin"])
+    with pytest.raises(ConfigError, match=r"lora.train_modules.*'caption_projectoin'.*caption_projection"):
+        apply_lora(dit.transformer, lora, ["to_q", "to_k", "to_v"])
