@@ -42,6 +42,7 @@ from dit_trainer.durable import fsync_tree, publish
 from dit_trainer.errors import CheckpointWriteError, ConfigError
 from dit_trainer.runs.run_folder import (
     FULL_WEIGHTS,
+    LORA_WEIGHTS,
     MANIFEST,
     WeightsLayout,
     checkpoint_step,
@@ -271,6 +272,7 @@ class Checkpointer:
             written = written_by(path, manifest)
             check_compatible(path, manifest, written, self.accelerator, self.config, self.allow_config_change,
                              self.same_processes_because, self.method_sections)  # fmt: skip
+            self._check_weights_kind(path)
             failure = self._try_load(path, written)
             if failure is None:
                 self.kept = dict(manifest.get("kept", {}))
@@ -286,6 +288,23 @@ class Checkpointer:
                 "restore a checkpoint folder from a copy, or start a fresh run in a new `hydra.run.dir`",
             )
         return None
+
+    def _check_weights_kind(self, path: Path) -> None:
+        """A LoRA checkpoint resumed as a full fine-tune, or the reverse, even with the change allowed: neither the
+        weights nor the optimizer state of one continue the other."""
+        other = LORA_WEIGHTS if self.weights is FULL_WEIGHTS else FULL_WEIGHTS
+        if (path / self.weights.directory).is_dir() or not (path / other.directory).is_dir():
+            return
+        kinds = {True: "LoRA adapters", False: "the whole DiT"}
+        raise ConfigError(
+            "trainer.resume",
+            str(path),
+            f"it holds {kinds[other.lora]} (`{other.directory}/`) and this run trains {kinds[self.weights.lora]} "
+            f"(`lora.enabled={str(self.weights.lora).lower()}`): neither its weights nor its optimizer state "
+            "continue that",
+            f"resume with `lora.enabled={str(other.lora).lower()}`, or start a fresh run in a new `hydra.run.dir` "
+            "from its weights (`scripts/export.py` writes them as one diffusers transformer for `model.pretrained`)",
+        )
 
     def _try_load(self, path: Path, written: WrittenBy) -> str | None:
         """Load ``path`` on every process; None if all did, else why not (the same answer on every process). A

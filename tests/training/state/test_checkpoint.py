@@ -17,7 +17,7 @@ from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.config import TrainConfig
 from dit_trainer.config.schema import OptimConfig, TrainerConfig
 from dit_trainer.errors import ConfigError
-from dit_trainer.runs.run_folder import MANIFEST, list_checkpoints, remove_unfinished_writes
+from dit_trainer.runs.run_folder import LORA_WEIGHTS, MANIFEST, list_checkpoints, remove_unfinished_writes
 from dit_trainer.training.optim import build_lr_scheduler
 from dit_trainer.training.state.checkpoint import Checkpointer
 from dit_trainer.training.state.checkpoint_manifest import WrittenBy, check_launch, schedule_in_updates, written_by
@@ -121,6 +121,18 @@ def test_a_10000_step_run_preempted_at_5000_on_8_processes_resumes_its_schedule(
     assert resumed.state_dict()["last_epoch"] == 5000
     remaining = lrs(resumed, 5000)
     assert same(remaining, straight[5000:]) and max(remaining) > 1e-4
+
+
+def test_a_full_checkpoint_resumed_by_a_lora_run_is_refused_naming_both(tmp_path):
+    """Even with the change allowed: a LoRA run finds no adapter in a whole-DiT checkpoint (nor the reverse), and
+    said so as an unreadable file."""
+    accelerator, writer, _ = tiny_run(tmp_path, "constant")
+    checkpoint = writer.save(2)
+    reader = Checkpointer(accelerator, writer.checkpoints_dir, TrainingState(torch.Generator()), None, None,
+                          weights=LORA_WEIGHTS, config=writer.config)  # fmt: skip
+    with pytest.raises(ConfigError, match=r"holds the whole DiT \(`transformer/`\).*trains LoRA adapters") as refused:
+        reader.restore(str(checkpoint))
+    assert "`lora.enabled=false`" in one_paragraph(refused.value, "trainer.resume")
 
 
 def test_an_ema_turned_on_at_a_resume_starts_from_the_restored_weights(tmp_path):
