@@ -20,10 +20,10 @@ METRIC_LINES = logging.getLogger("dit_trainer.metric_lines")
 HEADLINE = ("val/loss", "reward/mean", "fid/fid", "privacy/epsilon")  # the monitors' numbers a metric line shows
 
 
-def mean_over_processes(accelerator: Accelerator, values: list[torch.Tensor]) -> float:
+def mean_over_processes(accelerator: Accelerator, values: torch.Tensor) -> float:
     """The mean of ``values`` (this process's per-step losses) over steps and then over processes: every rank
     trains on its own shard, so one rank's loss alone is a noisier, biased view of the run."""
-    return accelerator.reduce(torch.stack(values).mean(), reduction="mean").item()
+    return accelerator.reduce(values.mean(), reduction="mean").item()
 
 
 def metric_line(step: int, max_steps: int, metrics: dict[str, float]) -> str:
@@ -106,29 +106,35 @@ def _parse(line: str) -> dict | None:
 
 class TimestepLossBuckets:
     """The per-sample training loss averaged in ten timestep buckets (``loss/t_0-99`` ... for T = 1000) over the
-    steps since the last log: how well each noise level is learned, which the mean loss hides."""
+    steps since the last log: how well each noise level is learned, which the mean loss hides. The sums and counts
+    are kept in ``since_log`` (the training state's, which a checkpoint keeps), under ``loss_by_timestep``."""
 
     BUCKETS = 10
+    KEY = "loss_by_timestep"
 
-    def __init__(self, num_timesteps: int, device: torch.device) -> None:
+    def __init__(self, num_timesteps: int, since_log: dict[str, torch.Tensor], device: torch.device) -> None:
         self.num_timesteps = num_timesteps
-        self.sums = torch.zeros(self.BUCKETS, device=device)
-        self.counts = torch.zeros(self.BUCKETS, device=device)
+        self.since_log = since_log
+        self.device = device
         width = num_timesteps / self.BUCKETS
         self.names = [f"loss/t_{round(k * width)}-{round((k + 1) * width) - 1}" for k in range(self.BUCKETS)]
 
     def add(self, losses: torch.Tensor, timesteps: torch.Tensor) -> None:
         """``losses`` (B,) at ``timesteps`` (B,): integers in [0, T) or flow matching's sigma * T in (0, T]."""
         index = (timesteps.float() * self.BUCKETS / self.num_timesteps).long().clamp(0, self.BUCKETS - 1)
-        self.sums.index_add_(0, index, losses.detach().float())
-        self.counts.index_add_(0, index, torch.ones_like(self.sums[index]))
+        sums, counts = self._totals()
+        sums.index_add_(0, index, losses.detach().float())
+        counts.index_add_(0, index, torch.ones_like(sums[index]))
 
     def collect(self, accelerator: Accelerator) -> dict[str, float]:
         """Means over every process since the last call (every process calls it at the same step), then reset."""
-        totals = accelerator.reduce(torch.stack([self.sums, self.counts]), reduction="sum").tolist()
-        self.sums.zero_()
-        self.counts.zero_()
+        totals = accelerator.reduce(self._totals(), reduction="sum").tolist()
+        self.since_log.pop(self.KEY)
         return {name: total / count for name, total, count in zip(self.names, *totals) if count}
+
+    def _totals(self) -> torch.Tensor:
+        """(2, BUCKETS): the sums and the counts since the last log."""
+        return self.since_log.setdefault(self.KEY, torch.zeros(2, self.BUCKETS, device=self.device))
 
 
 def save_loss_curve(records: list[dict], path: Path, size: tuple[int, int] = (640, 360)) -> None:

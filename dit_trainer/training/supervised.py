@@ -42,7 +42,7 @@ class SupervisedStep:
         self.dataloader = dataloader
         self.bad_files = bad_files
         self.data_path = data_path  # named when a streamed data set yields nothing
-        self.timestep_losses = TimestepLossBuckets(num_train_timesteps, self.accelerator.device)
+        self.timestep_losses = TimestepLossBuckets(num_train_timesteps, self.state.since_log, self.accelerator.device)
         self._preflight_done = False
         self._micro_steps_read = 0
 

@@ -41,6 +41,7 @@ from dit_trainer.training.summary import RunEnd, summarize, summary_line
 from dit_trainer.training.update import Update
 
 logger = get_logger(__name__)
+LOSSES_SINCE_LOG = "loss"  # the per-step losses the next log step averages, in the state's ``since_log``
 
 
 @dataclass(frozen=True)
@@ -129,13 +130,19 @@ class Trainer:
         step = self.state.step
         return step == self.settings.max_steps or (every > 0 and step % every == 0)
 
-    def _train_metrics(self, losses: list[torch.Tensor], grad_norm: torch.Tensor, since: float) -> dict[str, float]:
-        """What a log step writes: the loop's step metrics, then the method's."""
-        return self._step_metrics(losses, grad_norm, since) | self.step.metrics()
+    def _add_to_log_window(self, step_loss: torch.Tensor) -> None:
+        window = self.state.since_log.get(LOSSES_SINCE_LOG)
+        step_loss = step_loss.detach().float().reshape(1)
+        self.state.since_log[LOSSES_SINCE_LOG] = step_loss if window is None else torch.cat([window, step_loss])
 
-    def _step_metrics(self, losses: list[torch.Tensor], grad_norm: torch.Tensor, since: float) -> dict[str, float]:
-        """Loss (mean over the steps since the last log and over processes), lr, grad norm and throughput."""
-        loss = mean_over_processes(self.accelerator, losses)
+    def _train_metrics(self, grad_norm: torch.Tensor, steps: int, since: float) -> dict[str, float]:
+        """What a log step writes: the loop's step metrics, then the method's."""
+        return self._step_metrics(grad_norm, steps, since) | self.step.metrics()
+
+    def _step_metrics(self, grad_norm: torch.Tensor, steps: int, since: float) -> dict[str, float]:
+        """Loss (mean over the steps since the last log and over processes), lr, grad norm and throughput (of the
+        ``steps`` this process trained since ``since``)."""
+        loss = mean_over_processes(self.accelerator, self.state.since_log.pop(LOSSES_SINCE_LOG))
         seconds = time.perf_counter() - since  # measured after .item(): the device has caught up
         return {
             **self.update.metrics(),
@@ -145,8 +152,8 @@ class Trainer:
             "skipped_steps": self.state.skipped_steps,  # so far: updates skipped for non-finite loss or gradients
             # so far, fp16 only: updates the grad scaler skipped while it lowered its scale (not non-finite steps)
             **({"scaler_overflows": self.state.scaler_overflows} if self.accelerator.scaler is not None else {}),
-            "images_per_sec": self.settings.images_per_step * len(losses) / seconds,
-            "seconds_per_step": seconds / len(losses),
+            "images_per_sec": self.settings.images_per_step * steps / seconds,
+            "seconds_per_step": seconds / steps,
         }
 
     def _run_monitors(self) -> tuple[dict[str, float], list[MonitorVerdict], float]:
@@ -221,7 +228,9 @@ class Trainer:
         )
         start = self._started = time.perf_counter()
         self._start_step = self.state.step
-        window_start, window_losses, loss = time.perf_counter(), [], float("nan")
+        # The losses since the last log are in the state (a resumed run averages the ones before the resume too);
+        # the time and steps since then are this process's.
+        window_start, timed_steps, loss = time.perf_counter(), 0, float("nan")
         preempted = interrupted = False
         with PreemptionHandler() as preemption:
             self.guard.preemption = preemption
@@ -230,14 +239,15 @@ class Trainer:
             while not self.stop_reason and self.state.step < settings.max_steps:
                 step_loss, grad_norm = self.step(batches)
                 self.state.step += 1
-                window_losses.append(step_loss)
+                self._add_to_log_window(step_loss)
+                timed_steps += 1
                 progress.update(1)
                 metrics = {}
                 if self._is_due(settings.log_every):
-                    metrics = self._train_metrics(window_losses, grad_norm, window_start)
+                    metrics = self._train_metrics(grad_norm, timed_steps, window_start)
                     loss = metrics["loss"]
                     progress.set_postfix(loss=f"{loss:.4f}", img_s=f"{metrics['images_per_sec']:.0f}")
-                    window_start, window_losses = time.perf_counter(), []
+                    window_start, timed_steps = time.perf_counter(), 0
                 checkpoint_start = time.perf_counter()
                 # A pending stop skips the monitors: the grace period before the kill is for the checkpoint.
                 preempted = self.state.step < settings.max_steps and self._stop_requested(preemption)

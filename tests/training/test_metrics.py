@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[2]  # not from conftest: this file also 
 
 
 def test_timestep_buckets_average_the_loss_per_tenth_of_the_schedule():
-    buckets = TimestepLossBuckets(1000, torch.device("cpu"))
+    buckets = TimestepLossBuckets(1000, {}, torch.device("cpu"))
     buckets.add(torch.tensor([1.0, 3.0, 5.0]), torch.tensor([5, 99, 950]))
     buckets.add(torch.tensor([7.0]), torch.tensor([1000.0]))  # flow matching's sigma = 1
     assert buckets.collect(Accelerator(cpu=True)) == {"loss/t_0-99": 2.0, "loss/t_900-999": 6.0}
@@ -44,7 +44,7 @@ def mean_worker() -> None:
 
     accelerator = Accelerator(cpu=True)
     rank = float(accelerator.process_index)
-    mean = mean_over_processes(accelerator, [torch.tensor(rank), torch.tensor(rank + 2)])
+    mean = mean_over_processes(accelerator, torch.tensor([rank, rank + 2]))
     print(f"rank {accelerator.process_index}: mean {mean}", flush=True)
     accelerator.end_training()
 

@@ -112,3 +112,27 @@ def test_resuming_an_older_checkpoint_sets_the_abandoned_branch_aside(tmp_path):
     reset_accelerate_state()
     resumed = build_trainer(compose_config([*overrides, "trainer.max_steps=4", "trainer.resume=latest"]), tmp_path)
     assert resumed.state.step == 3
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="POSIX signals")
+def test_a_log_step_after_a_resume_averages_the_steps_before_it_too(tmp_path):
+    """Logged every 4 steps and preempted at step 6: step 8's loss (and its losses by timestep) average steps 5-8
+    as the uninterrupted run's do, not only the 2 steps trained since the resume."""
+    overrides = [*TINY_SHAPES, "data.length=32", "trainer.batch_size=8", "model.num_layers=1", "trainer.log_every=4",
+                 "trainer.sample_every=0", "trainer.max_steps=8"]  # fmt: skip
+    build_trainer(compose_config(overrides), tmp_path / "whole").fit()
+    reset_accelerate_state()
+    cut = build_trainer(compose_config(overrides), tmp_path / "cut")
+    cut.monitors.append(SignalAt(cut.monitors[0].context, step=5))
+    assert cut.fit().preempted and cut.state.step == 6
+    reset_accelerate_state()
+    build_trainer(compose_config([*overrides, "trainer.resume=latest"]), tmp_path / "cut").fit()
+
+    def logged(run_dir):
+        return [{k: v for k, v in record.items() if "seconds" not in k and "per_sec" not in k}
+                for record in read_metrics(run_dir)]  # fmt: skip
+
+    whole = logged(tmp_path / "whole")
+    assert [record["step"] for record in whole] == [4, 8] and any(key.startswith("loss/t_") for key in whole[1])
+    assert logged(tmp_path / "cut") == whole

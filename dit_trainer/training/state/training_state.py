@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+SINCE_LOG = "since_log."  # the prefix of the accumulators' names in the file
+
 
 @dataclass(frozen=True)
 class DataPosition:
@@ -30,8 +32,9 @@ class DataPosition:
 class TrainingState:
     """The step counter, the counts of steps skipped for non-finite gradients and of fp16 grad-scaler overflows,
     whether the step's monitors are still to run (a preemption's checkpoint is written before them), the data
-    position (for a shuffled map-style data set; None otherwise), the trainer's random generator (one per process),
-    and other named generators (DP noise)."""
+    position (for a shuffled map-style data set; None otherwise), what the next log step averages (``since_log``,
+    by name: the per-step losses, the losses by timestep; each process's own, so that a resumed run logs what the
+    uninterrupted one did), the trainer's random generator (one per process), and other named generators (DP noise)."""
 
     def __init__(self, generator: torch.Generator, other_generators: dict[str, torch.Generator] | None = None) -> None:
         self.step = 0
@@ -39,6 +42,7 @@ class TrainingState:
         self.scaler_overflows = 0
         self.monitors_pending = False
         self.data_position: DataPosition | None = None
+        self.since_log: dict[str, torch.Tensor] = {}
         self.generator = generator
         self.other_generators = other_generators or {}
 
@@ -48,7 +52,8 @@ class TrainingState:
         counts += [position.epoch, position.batches, position.images_per_batch]
         counters = torch.tensor(counts, dtype=torch.int64)
         generators = {f"generator.{name}": g.get_state() for name, g in self.other_generators.items()}
-        save_file({"counters": counters, "generator": self.generator.get_state(), **generators}, path)
+        since_log = {f"{SINCE_LOG}{name}": value.detach().cpu().contiguous() for name, value in self.since_log.items()}
+        save_file({"counters": counters, "generator": self.generator.get_state(), **generators, **since_log}, path)
 
     def load(self, folder: Path, process_index: int) -> None:
         """This process's state from checkpoint ``folder``. A process the checkpoint did not have (resumed on more
@@ -64,3 +69,7 @@ class TrainingState:
         self.generator.set_state(state["generator"])
         for name, generator in self.other_generators.items():
             generator.set_state(state[f"generator.{name}"])
+        self.since_log.update(
+            {key.removeprefix(SINCE_LOG): value.to(self.generator.device) for key, value in state.items()
+             if key.startswith(SINCE_LOG)}
+        )  # fmt: skip
