@@ -182,3 +182,22 @@ def test_the_run_logs_its_banner_and_writes_its_summary(wandb_run):
     assert summary["weights"] == str(Path("checkpoints/checkpoint-2/transformer_ema"))
     [closing] = [line for line in logged if "(summary.json)" in line]
     assert "Trained 2 steps in " in closing and "val loss" in closing and "reward" in closing
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_its_wandb_run(tmp_path, monkeypatch):
+    """One W&B run per run folder: the resume logs to the id the first attempt started (``resume="allow"``); a
+    fresh run in another folder gets its own."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    quick = ("data.length=16", "trainer.batch_size=8", "trainer.log_every=1", "trainer.sample_every=0",
+             "trainer.checkpoint_every=1", "logger=wandb", "monitor.reward.enabled=false",
+             "validation.every_n_steps=0")  # fmt: skip
+    train_in_process(tmp_path / "run", *quick, "trainer.max_steps=1")
+    train_in_process(tmp_path / "run", *quick, "trainer.max_steps=2", "trainer.resume=latest")
+    train_in_process(tmp_path / "other", *quick, "trainer.max_steps=1")
+    wandb.teardown()
+    first, resumed = sorted((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    [other] = (tmp_path / "other" / "wandb").glob("offline-run-*")
+    run_id = (tmp_path / "run" / "wandb_run_id").read_text()
+    assert first.name.endswith(f"-{run_id}") and resumed.name.endswith(f"-{run_id}")
+    assert not other.name.endswith(f"-{run_id}")

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import secrets
+import string
 import sys
 from pathlib import Path
 
@@ -30,6 +32,7 @@ logger = get_logger(__name__)
 
 # The packages a tracker needs (any one of them), the first being what to install.
 PACKAGES = {"wandb": ("wandb",), "tensorboard": ("tensorboard", "tensorboardX")}
+WANDB_RUN_ID = "wandb_run_id"  # in the run folder: the W&B run a resume continues
 OFFLINE_FIX = (
     "log offline with `WANDB_MODE=offline` (or `logger.mode=offline`) and upload later with "
     "`wandb sync RUN/wandb/offline-run-*`"
@@ -180,10 +183,25 @@ def flat_config(config: dict, prefix: str = "") -> dict[str, int | float | str |
     return flat
 
 
-def wandb_init_kwargs(cfg: LoggerConfig, run_dir: Path) -> dict:
+def wandb_run_id(run_dir: Path, resuming: bool) -> dict:
+    """Which W&B run this one logs to: a resumed run continues the one its folder started (the id is kept in
+    ``RUN/wandb_run_id``), so the dashboard shows one run, not one per attempt; steps an interrupted attempt
+    logged after its checkpoint are logged again with the same values (the resume is exact), and W&B keeps the
+    first. A fresh run, or a folder written before the id was kept, starts a new one. Called on the main process."""
+    path = run_dir / WANDB_RUN_ID
+    if resuming and path.is_file():
+        return {"id": path.read_text(encoding="utf-8").strip(), "resume": "allow"}
+    run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+    path.write_text(run_id, encoding="utf-8")
+    return {"id": run_id}
+
+
+def wandb_init_kwargs(cfg: LoggerConfig, run_dir: Path, resuming: bool = False) -> dict:
     """``wandb.init``'s arguments: the run lives in the run folder (``run_dir/wandb``, so an offline run is synced
-    from there) and is named after it; ``mode`` only when ``logger.mode`` is set, so that ``WANDB_MODE`` decides."""
+    from there), is named after it and continued by a resume (``wandb_run_id``); ``mode`` only when
+    ``logger.mode`` is set, so that ``WANDB_MODE`` decides."""
     kwargs = {
+        **wandb_run_id(run_dir, resuming),
         "dir": str(run_dir),
         "name": cfg.run_name or run_dir.name,
         "entity": cfg.entity,
@@ -196,10 +214,13 @@ def wandb_init_kwargs(cfg: LoggerConfig, run_dir: Path) -> dict:
 
 def start_trackers(accelerator: Accelerator, cfg: LoggerConfig, run_dir: Path, config: dict) -> None:
     """Start the tracker with the run's whole config (``config``, as a dict: the trackers' hyperparameters, and its
-    ``privacy`` says what they may get) and the run folder's path (``run_dir``)."""
+    ``privacy`` says what they may get; a set ``trainer.resume`` continues the folder's W&B run) and the run
+    folder's path (``run_dir``)."""
     if tracker_name(cfg) is None:
         return
-    init_kwargs = {"wandb": wandb_init_kwargs(cfg, run_dir)} if cfg.name == "wandb" else {}
+    resuming = config["trainer"]["resume"] is not None
+    wandb_kwargs = cfg.name == "wandb" and accelerator.is_main_process
+    init_kwargs = {"wandb": wandb_init_kwargs(cfg, run_dir, resuming)} if wandb_kwargs else {}
     values = {**flat_config(config), "run_dir": str(run_dir.resolve())}
     # W&B's own errors (no network, a refused key, a project it may not write to) are the user's to fix
     user_errors = (importlib.import_module("wandb").errors.Error,) if cfg.name == "wandb" else ()
