@@ -4,7 +4,8 @@ Layout: ``config.yaml`` (the resolved config), ``metrics.jsonl``, ``checkpoints/
 with a ``manifest.json`` listing its files and sizes, the trained weights in one of the ``WeightsLayout``s),
 ``samples/``, ``rewards/`` and, for bucketed data read without a cache and without declared sizes, ``image_sizes/``
 (the images' sizes index of ``dit_trainer.data.image_sizes``: their headers read once, by the main process, and not
-again when the run resumes). The run folder is also checked before Hydra creates it: an unwritable or impossible
+again when the run resumes), and with ``logger=wandb`` ``wandb/`` and ``wandb_run_id`` (the W&B run a resume
+continues). The run folder is also checked before Hydra creates it: an unwritable or impossible
 path (a full or read-only disk, a file where a folder should be), or links planted where the trainer writes, become
 one paragraph naming ``hydra.run.dir`` instead of a traceback from Hydra or a write outside the run folder; and a
 folder Hydra made for a start that was then refused is removed again (``discard_refused_start``).
