@@ -26,6 +26,7 @@ from accelerate.logging import get_logger
 from accelerate.tracking import GeneralTracker
 
 from dit_trainer.config import LoggerConfig, PrivacyConfig
+from dit_trainer.durable import write_text_atomically
 from dit_trainer.errors import ConfigError
 
 logger = get_logger(__name__)
@@ -183,25 +184,28 @@ def flat_config(config: dict, prefix: str = "") -> dict[str, int | float | str |
     return flat
 
 
-def wandb_run_id(run_dir: Path, resuming: bool) -> dict:
-    """Which W&B run this one logs to: a resumed run continues the one its folder started (the id is kept in
-    ``RUN/wandb_run_id``), so the dashboard shows one run, not one per attempt; steps an interrupted attempt
-    logged after its checkpoint are logged again with the same values (the resume is exact), and W&B keeps the
-    first. A fresh run, or a folder written before the id was kept, starts a new one. Called on the main process."""
+def which_wandb_run(cfg: LoggerConfig, run_dir: Path, resume: str | None) -> dict:
+    """``wandb.init``'s ``id`` (and ``resume``): which W&B run this one logs to. A run resumed online from its newest
+    checkpoint (``trainer.resume=latest``, or the run folder) continues the W&B run its folder started (the id is
+    kept in ``RUN/wandb_run_id``): the steps an interrupted attempt logged after that checkpoint come again with the
+    same values (the resume is exact), and W&B keeps the first. Every other start gets a new W&B run: a fresh run, a
+    resume from a checkpoint named by path (an older one: W&B drops every step below the run's last, so the new
+    branch would not show until it passed the old one), or an offline one (``wandb sync`` of two offline folders of
+    one id keeps only the last one's history). Called on the main process."""
     path = run_dir / WANDB_RUN_ID
-    if resuming and path.is_file():
+    if resume == "latest" and wandb_mode(cfg) == "online" and path.is_file():
         return {"id": path.read_text(encoding="utf-8").strip(), "resume": "allow"}
     run_id = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
-    path.write_text(run_id, encoding="utf-8")
+    write_text_atomically(path, run_id)
     return {"id": run_id}
 
 
-def wandb_init_kwargs(cfg: LoggerConfig, run_dir: Path, resuming: bool = False) -> dict:
+def wandb_init_kwargs(cfg: LoggerConfig, run_dir: Path, resume: str | None = None) -> dict:
     """``wandb.init``'s arguments: the run lives in the run folder (``run_dir/wandb``, so an offline run is synced
-    from there), is named after it and continued by a resume (``wandb_run_id``); ``mode`` only when
-    ``logger.mode`` is set, so that ``WANDB_MODE`` decides."""
+    from there), is named after it and continued by a resume (``which_wandb_run``); ``mode`` only when ``logger.mode``
+    is set, so that ``WANDB_MODE`` decides."""
     kwargs = {
-        **wandb_run_id(run_dir, resuming),
+        **which_wandb_run(cfg, run_dir, resume),
         "dir": str(run_dir),
         "name": cfg.run_name or run_dir.name,
         "entity": cfg.entity,
@@ -214,13 +218,12 @@ def wandb_init_kwargs(cfg: LoggerConfig, run_dir: Path, resuming: bool = False) 
 
 def start_trackers(accelerator: Accelerator, cfg: LoggerConfig, run_dir: Path, config: dict) -> None:
     """Start the tracker with the run's whole config (``config``, as a dict: the trackers' hyperparameters, and its
-    ``privacy`` says what they may get; a set ``trainer.resume`` continues the folder's W&B run) and the run
+    ``privacy`` says what they may get; its ``trainer.resume`` may continue the folder's W&B run) and the run
     folder's path (``run_dir``)."""
     if tracker_name(cfg) is None:
         return
-    resuming = config["trainer"]["resume"] is not None
     wandb_kwargs = cfg.name == "wandb" and accelerator.is_main_process
-    init_kwargs = {"wandb": wandb_init_kwargs(cfg, run_dir, resuming)} if wandb_kwargs else {}
+    init_kwargs = {"wandb": wandb_init_kwargs(cfg, run_dir, config["trainer"]["resume"])} if wandb_kwargs else {}
     values = {**flat_config(config), "run_dir": str(run_dir.resolve())}
     # W&B's own errors (no network, a refused key, a project it may not write to) are the user's to fix
     user_errors = (importlib.import_module("wandb").errors.Error,) if cfg.name == "wandb" else ()
