@@ -16,6 +16,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import (
     DataLoaderConfiguration,
+    GradientAccumulationPlugin,
     InitProcessGroupKwargs,
     ProjectConfiguration,
     set_seed,
@@ -41,7 +42,7 @@ from dit_trainer.durable import write_text_atomically
 from dit_trainer.errors import ConfigError
 from dit_trainer.methods import method_of
 from dit_trainer.methods.base import Method
-from dit_trainer.precision import allow_tf32, resolve_mixed_precision, weight_dtype
+from dit_trainer.precision import allow_tf32, refuse_fp16_without_autocast, resolve_mixed_precision, weight_dtype
 from dit_trainer.prompts import reward_monitor_prompts, sampled_prompts
 from dit_trainer.runs.init_run import own_starting_weights
 from dit_trainer.runs.run_folder import (
@@ -95,10 +96,15 @@ def build_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
     """The accelerator of a run, once the launch's devices and the tracker are known to work (refused otherwise)."""
     check_launch_devices()  # several GPU processes launched on a machine without GPUs
     check_trackers(cfg.logger)  # its package installed; W&B online with credentials
+    mixed_precision = resolve_mixed_precision(cfg.trainer.mixed_precision)
     accelerator = Accelerator(
         cpu=launched_on_cpu_processes(),
-        mixed_precision=resolve_mixed_precision(cfg.trainer.mixed_precision),
-        gradient_accumulation_steps=cfg.trainer.gradient_accumulation_steps,
+        mixed_precision=mixed_precision,
+        # An update is the step's micro-batches, wherever an epoch ends (accelerate's default syncs at the end of
+        # the data loader, which would end an update early and shift every later one).
+        gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=cfg.trainer.gradient_accumulation_steps, sync_with_dataloader=False
+        ),
         log_with=tracker_name(cfg.logger),
         project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
@@ -109,6 +115,7 @@ def build_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
         # NCCL's default 10 minutes would kill a long FID evaluation.
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=cfg.trainer.collective_timeout_minutes))],
     )
+    refuse_fp16_without_autocast(cfg.trainer.mixed_precision, mixed_precision, accelerator.native_amp)
     shard_on_cpu_processes(accelerator)
     return accelerator
 

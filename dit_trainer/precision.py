@@ -1,6 +1,6 @@
 """Mixed precision per device: bf16 where the GPU has it, fp16 (with accelerate's grad scaler) on older GPUs,
-fp32 on CPU and MPS, where bf16 autocast is slower than fp32 — unless the launcher chose one. fp16 on a CPU is
-refused: accelerate has neither its autocast nor its grad scaler there.
+fp32 on CPU and MPS, where bf16 autocast is slower than fp32 — unless the launcher chose one. fp16 in CPU processes
+is refused: accelerate has neither its autocast nor its grad scaler there.
 
 ``accelerate launch --mixed_precision bf16`` (or a launch config's ``mixed_precision``) reaches the processes as
 ``ACCELERATE_MIXED_PRECISION``: ``trainer.mixed_precision=auto`` follows a half precision named there, as a script
@@ -37,12 +37,10 @@ def choose_mixed_precision(requested: str) -> Precision:
     launcher's), ``auto`` takes the launcher's half precision, else the device's best."""
     launched = os.environ.get(LAUNCHER_PRECISION, "").strip().lower()
     if requested != "auto":
-        _check_fp16_device(requested, "trainer.mixed_precision")
         overridden = launched not in ("", "no", requested)
         note = f"; it overrides the launcher's {launched} ({LAUNCHER_PRECISION})" if overridden else ""
         return Precision(requested, f"trainer.mixed_precision={requested}{note}{_slow_on_cpu(requested)}")
     if launched in HALF_PRECISIONS:
-        _check_fp16_device(launched, LAUNCHER_PRECISION)
         return Precision(launched, f"auto: the launcher's --mixed_precision {launched}{_slow_on_cpu(launched)}")
     if launched not in ("", "no"):
         raise ConfigError(
@@ -59,17 +57,18 @@ def choose_mixed_precision(requested: str) -> Precision:
     return Precision("no", "auto: no CUDA GPU, and bf16 autocast is slower than fp32 on a CPU")
 
 
-def _check_fp16_device(value: str, key: str) -> None:
-    """fp16 on a machine with neither a CUDA GPU nor Apple's MPS: accelerate runs no fp16 autocast and no grad
-    scaler on a CPU, so the DiT would train in fp32 while the frozen encoders ran in fp16, several times slower."""
-    if value != "fp16" or torch.cuda.is_available() or torch.backends.mps.is_available():
+def refuse_fp16_without_autocast(requested: str, resolved: str, autocasts: bool) -> None:
+    """fp16 (``resolved`` from ``trainer.mixed_precision=requested``) where accelerate runs no fp16 autocast
+    (``autocasts`` false: CPU processes, on a machine without a GPU or launched with ``ACCELERATE_USE_CPU=1``): the
+    DiT would train in fp32 without a grad scaler while the frozen encoders ran in fp16, several times slower."""
+    if resolved != "fp16" or autocasts:
         return
     raise ConfigError(
-        key,
-        value,
-        "this machine has no CUDA GPU, and on a CPU accelerate trains in fp32 without fp16 autocast or a grad "
-        "scaler (only the frozen encoders would run in fp16, several times slower)",
-        "use `trainer.mixed_precision=no` (fp32, the fastest on a CPU) or `bf16`, or run on a GPU",
+        "trainer.mixed_precision" if requested != "auto" else LAUNCHER_PRECISION,
+        "fp16",
+        "this run's processes are on the CPU, where accelerate has neither an fp16 autocast nor a grad scaler (the "
+        "DiT would train in fp32 and only the frozen encoders run in fp16, several times slower)",
+        "use `trainer.mixed_precision=no` (fp32, the fastest on a CPU) or `bf16`, or launch on GPUs",
     )
 
 

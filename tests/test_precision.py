@@ -1,11 +1,11 @@
 """Precision per device (``precision.py``): TF32 for a GPU's float32 matmuls, nothing changed on a CPU; fp16 on a
-CPU refused."""
+CPU processes refused."""
 
 import pytest
 import torch
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.precision import LAUNCHER_PRECISION, allow_tf32, choose_mixed_precision, weight_dtype
+from dit_trainer.precision import LAUNCHER_PRECISION, allow_tf32, refuse_fp16_without_autocast, weight_dtype
 
 
 @pytest.fixture()
@@ -28,13 +28,11 @@ def test_frozen_components_take_the_half_precision_of_the_run():
     assert weight_dtype("no") == torch.float32
 
 
-@pytest.mark.skipif(torch.cuda.is_available() or torch.backends.mps.is_available(), reason="a machine without a GPU")
-@pytest.mark.parametrize("launcher", [None, "fp16"])
-def test_fp16_on_a_cpu_is_refused_naming_fp32_and_bf16(monkeypatch, launcher):
-    """accelerate has no fp16 autocast or grad scaler on a CPU: the DiT would train in fp32 beside fp16 encoders."""
-    requested = "auto" if launcher else "fp16"
-    if launcher:
-        monkeypatch.setenv(LAUNCHER_PRECISION, launcher)
-    with pytest.raises(ConfigError, match=r"is 'fp16'.*no CUDA GPU.*`trainer.mixed_precision=no`.*`bf16`"):
-        choose_mixed_precision(requested)
-    assert choose_mixed_precision("bf16").value == "bf16"
+@pytest.mark.parametrize(("requested", "key"), [("fp16", "trainer.mixed_precision"), ("auto", LAUNCHER_PRECISION)])
+def test_fp16_without_accelerate_s_autocast_is_refused_naming_where_it_came_from(requested, key):
+    """CPU processes (no GPU, or ``ACCELERATE_USE_CPU=1``) get no fp16 autocast or grad scaler from accelerate: the
+    DiT would train in fp32 beside fp16 encoders."""
+    with pytest.raises(ConfigError, match=rf"`{key}` is 'fp16'.*on the CPU.*`trainer.mixed_precision=no`.*`bf16`"):
+        refuse_fp16_without_autocast(requested, "fp16", autocasts=False)
+    refuse_fp16_without_autocast(requested, "fp16", autocasts=True)  # a GPU process
+    refuse_fp16_without_autocast(requested, "bf16", autocasts=False)  # CPU autocast has bf16

@@ -1,6 +1,6 @@
 """The checks of what the training run itself is configured to do beyond the model and data: the weights a run
-started from another begins with, DP-SGD (what would void its guarantee or fail inside Opacus), the monitors
-(their prompts, and FID's need for validation images) and a precision this machine cannot train in."""
+started from another begins with, DP-SGD (what would void its guarantee or fail inside Opacus) and the monitors
+(their prompts, and FID's need for validation images)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from dit_trainer.config import (
 )
 from dit_trainer.data import SOURCES
 from dit_trainer.errors import require
-from dit_trainer.precision import choose_mixed_precision
 from dit_trainer.prompts import load_prompts
 from dit_trainer.training.optimizers import check_optimizer
 
@@ -40,7 +39,6 @@ def check_training(
         load_prompts(monitor.reward.prompts, monitor.reward.prompt_file, "monitor.reward.")
     if monitor.fid.enabled:
         _check_fid_monitor(data, monitor, validation)
-    choose_mixed_precision(trainer.mixed_precision)  # what this machine cannot train in, refused before any model
 
 
 def _check_starting_weights(model: ModelConfig, trainer: TrainerConfig) -> None:

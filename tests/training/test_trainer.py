@@ -136,3 +136,16 @@ def test_a_log_step_after_a_resume_averages_the_steps_before_it_too(tmp_path):
     whole = logged(tmp_path / "whole")
     assert [record["step"] for record in whole] == [4, 8] and any(key.startswith("loss/t_") for key in whole[1])
     assert logged(tmp_path / "cut") == whole
+
+
+@pytest.mark.slow
+def test_an_update_is_its_micro_batches_wherever_an_epoch_ends(tmp_path):
+    """10 batches an epoch, 4 per update: accelerate's default would sync at the end of each epoch (micro-batch 2
+    of update 3), ending that update early. Every update must make exactly one optimizer step."""
+    overrides = [*TINY_SHAPES, "data.length=40", "trainer.batch_size=4", "model.num_layers=1", "trainer.max_steps=5",
+                 "trainer.gradient_accumulation_steps=4", "trainer.sample_every=0", "trainer.checkpoint_every=0",
+                 "monitor.reward.enabled=false", "validation.every_n_steps=0"]  # fmt: skip
+    trainer = build_trainer(compose_config(overrides), tmp_path)
+    trainer.fit()
+    steps = {int(state["step"]) for state in trainer.update.optimizer.state.values()}
+    assert steps == {5}
