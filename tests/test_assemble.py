@@ -76,8 +76,8 @@ def test_a_run_trains_checkpoints_and_resumes_in_this_process(tmp_path):
     assert (tmp_path / "config.yaml").is_file() and (tmp_path / "checkpoints" / "checkpoint-2").is_dir()
 
     resumed = build_trainer(compose_config([*overrides, "trainer.max_steps=3", "trainer.resume=latest"]), tmp_path)
-    assert resumed.state.step == 2 and resumed.state.data_position == DataPosition(0, 2, 8)  # 4 batches an epoch
-    assert resumed.fit().steps == 3 and resumed.state.data_position == DataPosition(0, 3, 8)
+    assert resumed.state.step == 2 and resumed.state.data_position == DataPosition(0, 2, 8, 8)  # 4 batches an epoch
+    assert resumed.fit().steps == 3 and resumed.state.data_position == DataPosition(0, 3, 8, 8)
 
 
 @pytest.mark.slow
@@ -90,4 +90,4 @@ def test_a_resume_in_smaller_batches_continues_at_the_image_it_stopped_at(tmp_pa
     build_trainer(compose_config([*overrides, "trainer.max_steps=2", "trainer.batch_size=8"]), tmp_path).fit()
     resumed = compose_config([*overrides, "trainer.max_steps=3", "trainer.resume=latest", "trainer.batch_size=4"])
     trainer = build_trainer(resumed, tmp_path)
-    assert trainer.fit().steps == 3 and trainer.state.data_position == DataPosition(0, 5, 4)
+    assert trainer.fit().steps == 3 and trainer.state.data_position == DataPosition(0, 5, 4, 4)

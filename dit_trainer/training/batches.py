@@ -2,7 +2,9 @@
 map-style (shuffled per epoch: skip into the epoch), streamed (webdataset, a mixture with one: continue at the
 position the checkpoint saved, or without one read and drop what was trained on) and Poisson-sampled (DP: step
 ``s``'s draw depends only on ``s``). A shuffled map-style order's place is also kept as a ``DataPosition``, so a
-resume in other batches (another batch size, accumulation or number of processes) continues at the same image."""
+resume in other batches (another batch size, accumulation or number of processes) continues at the same image; a
+``BatchPlan``'s batches depend on the batch size, so there another batch size continues at the same share of the
+epoch."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from torch.utils.data import DataLoader, IterableDataset
 
+from dit_trainer.data.batch_plan import PlanBatchSampler
 from dit_trainer.data.poisson import PoissonBatchSampler
 from dit_trainer.data.stream_loader import StreamLoader
 from dit_trainer.errors import ConfigError
@@ -38,6 +41,14 @@ def continued_micro_steps(dataloader: DataLoader, micro_steps: int, position: Da
     their own place)."""
     if position is None or not _shuffled(dataloader):
         return micro_steps
+    if _planned(dataloader) and position.batch_size != dataloader.batch_sampler.batch_size:
+        logger.warning(
+            f"The data are cut into batches of `trainer.batch_size` images by a plan (buckets or a mixture): "
+            f"resumed with {dataloader.batch_sampler.batch_size} instead of {position.batch_size}, epoch "
+            f"{position.epoch} is planned anew and continues after the same share of it, so until it ends some "
+            "images are read twice and others not at all.",
+            main_process_only=True,
+        )
     return position.micro_steps(len(dataloader), _images_per_batch(dataloader))
 
 
@@ -45,13 +56,21 @@ def data_position(dataloader: DataLoader, micro_steps: int) -> DataPosition | No
     """Micro-step ``micro_steps`` of a shuffled map-style loader's order as a ``DataPosition`` (None otherwise)."""
     if not _shuffled(dataloader):
         return None
-    return DataPosition(*divmod(micro_steps, len(dataloader)), _images_per_batch(dataloader))
+    epoch, batches = divmod(micro_steps, len(dataloader))
+    return DataPosition(epoch, batches, _images_per_batch(dataloader), dataloader.batch_sampler.batch_size)
 
 
 def _shuffled(dataloader: DataLoader) -> bool:
     return not isinstance(dataloader.dataset, IterableDataset) and not isinstance(
         dataloader.batch_sampler, PoissonBatchSampler
     )
+
+
+def _planned(dataloader: DataLoader) -> bool:
+    """Whether a ``BatchPlan`` cuts the batches (accelerate's sharded loader wraps it): its batches, unlike a
+    shuffle's, depend on the batch size."""
+    sampler = dataloader.batch_sampler
+    return isinstance(getattr(sampler, "batch_sampler", sampler), PlanBatchSampler)
 
 
 def _images_per_batch(dataloader: DataLoader) -> int:

@@ -1,15 +1,19 @@
 """Batches that continue where a resumed run stopped (``training/batches.py``): map-style (in the same batches, or
 in others at the same image), Poisson-sampled, and a stream that yields nothing."""
 
+import logging
+
 import pytest
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.poisson import PoissonBatchSampler, collate_poisson
 from dit_trainer.errors import ConfigError
 from dit_trainer.training.batches import continued_micro_steps, data_position, resumable_batches
+from dit_trainer.training.state.training_state import DataPosition
 
 
 class Numbered(Dataset):
@@ -54,7 +58,7 @@ def test_a_resume_in_other_batches_reads_the_rest_of_the_epoch(batch_size):
 
     by_four = sum(_captions(resumable_batches(loader(4), accelerator, 0), 18), [])  # 3 epochs of 24 images
     position = data_position(loader(4), 9)
-    assert (position.epoch, position.batches, position.images_per_batch) == (1, 3, 4)
+    assert position == DataPosition(epoch=1, batches=3, images_per_batch=4, batch_size=4)
     resumed_loader = loader(batch_size)
     start = continued_micro_steps(resumed_loader, 9, position)
     assert start != 9
@@ -62,6 +66,23 @@ def test_a_resume_in_other_batches_reads_the_rest_of_the_epoch(batch_size):
     rest = (48 - read) // batch_size  # batches to the end of epoch 2
     resumed = sum(_captions(resumable_batches(resumed_loader, accelerator, start), rest), [])
     assert resumed == by_four[24 + read :]
+
+
+def test_a_plan_resumed_in_other_batches_warns_that_its_epoch_is_planned_anew(caplog):
+    """A ``BatchPlan`` (buckets, mixtures) cuts an epoch by the batch size: another one re-plans the epoch, so the
+    resume can only continue after the same share of it, and says so; the same batch size continues exactly."""
+    accelerator = Accelerator(cpu=True)
+
+    def loader(size: int) -> DataLoader:
+        plan = PlanBatchSampler(BatchPlan([0] * 24, batch_size=size, seed=1))
+        data = DataLoader(Numbered(24), batch_sampler=plan, collate_fn=collate_batch)
+        return accelerator.prepare_data_loader(data, device_placement=False)
+
+    position = data_position(loader(4), 3)  # 12 images into epoch 0
+    with caplog.at_level(logging.WARNING):
+        assert continued_micro_steps(loader(4), 3, position) == 3 and not caplog.records
+        assert continued_micro_steps(loader(8), 3, position) == 1
+    assert "resumed with 8 instead of 4, epoch 0 is planned anew" in caplog.text
 
 
 def test_poisson_batches_resume_at_the_step():

@@ -270,9 +270,9 @@ class Checkpointer:
                 logger.warning(f"{newer} could not be loaded ({failures[-1]}); resuming from {path} instead")
             manifest = read_manifest(path)
             written = written_by(path, manifest)
+            self._check_weights_kind(path)  # first: `allow_config_change` does not make it work
             check_compatible(path, manifest, written, self.accelerator, self.config, self.allow_config_change,
                              self.same_processes_because, self.method_sections)  # fmt: skip
-            self._check_weights_kind(path)
             failure = self._try_load(path, written)
             if failure is None:
                 self.kept = dict(manifest.get("kept", {}))
@@ -290,8 +290,8 @@ class Checkpointer:
         return None
 
     def _check_weights_kind(self, path: Path) -> None:
-        """A LoRA checkpoint resumed as a full fine-tune, or the reverse, even with the change allowed: neither the
-        weights nor the optimizer state of one continue the other."""
+        """A LoRA checkpoint resumed as a full fine-tune, or the reverse: neither the weights nor the optimizer
+        state of one can continue the other, so no `allow_config_change` makes it work."""
         other = LORA_WEIGHTS if self.weights is FULL_WEIGHTS else FULL_WEIGHTS
         if (path / self.weights.directory).is_dir() or not (path / other.directory).is_dir():
             return
@@ -300,8 +300,8 @@ class Checkpointer:
             "trainer.resume",
             str(path),
             f"it holds {kinds[other.lora]} (`{other.directory}/`) and this run trains {kinds[self.weights.lora]} "
-            f"(`lora.enabled={str(self.weights.lora).lower()}`): neither its weights nor its optimizer state "
-            "continue that",
+            f"(`lora.enabled={str(self.weights.lora).lower()}`): its weights and optimizer state cannot continue "
+            "that kind of training",
             f"resume with `lora.enabled={str(other.lora).lower()}`, or start a fresh run in a new `hydra.run.dir` "
             "from its weights (`scripts/export.py` writes them as one diffusers transformer for `model.pretrained`)",
         )

@@ -152,7 +152,8 @@ def check_compatible(
         logger.warning(
             f"Resuming {path.name}, written by {world_size} processes, on {processes}: the weights, the optimizer "
             "state and the LR schedule continue exactly; each step now takes another number of images, and a "
-            "shuffled data set continues in its epoch after the images already read, in this run's batches.",
+            "shuffled data set continues in its epoch after the images already read (when the checkpoint records "
+            "them: one written before it did continues after the steps' count of the new batches).",
             main_process_only=True,
         )
     if "config" not in manifest:  # written before checkpoints recorded their config

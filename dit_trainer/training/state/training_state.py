@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+DATA_POSITION = "data_position"  # epoch, batches, images per batch, batch size per process
 SINCE_LOG = "since_log."  # the prefix of the accumulators' names in the file
 
 
 @dataclass(frozen=True)
 class DataPosition:
     """Where a shuffled data order stands: ``batches`` micro-batches into ``epoch``, each of ``images_per_batch``
-    images over all processes. The step count alone cannot say this once the batch size, the gradient accumulation
-    or the number of processes changes at a resume: counted in the new micro-batches, it would skip or repeat up to
-    whole epochs."""
+    images over all processes (``batch_size`` per process). The step count alone cannot say this once the batch
+    size, the gradient accumulation or the number of processes changes at a resume: counted in the new
+    micro-batches, it would skip or repeat up to whole epochs."""
 
     epoch: int
     batches: int
     images_per_batch: int
+    batch_size: int
 
     def micro_steps(self, batches_per_epoch: int, images_per_batch: int) -> int:
         """This position as micro-steps of a loader of ``batches_per_epoch`` batches of ``images_per_batch`` images:
@@ -47,23 +50,25 @@ class TrainingState:
         self.other_generators = other_generators or {}
 
     def save(self, path: Path) -> None:
-        position = self.data_position or DataPosition(0, 0, 0)
         counts = [self.step, self.skipped_steps, self.scaler_overflows, int(self.monitors_pending)]
-        counts += [position.epoch, position.batches, position.images_per_batch]
-        counters = torch.tensor(counts, dtype=torch.int64)
-        generators = {f"generator.{name}": g.get_state() for name, g in self.other_generators.items()}
-        since_log = {f"{SINCE_LOG}{name}": value.detach().cpu().contiguous() for name, value in self.since_log.items()}
-        save_file({"counters": counters, "generator": self.generator.get_state(), **generators, **since_log}, path)
+        tensors = {"counters": torch.tensor(counts, dtype=torch.int64), "generator": self.generator.get_state()}
+        if self.data_position is not None:
+            tensors[DATA_POSITION] = torch.tensor(dataclasses.astuple(self.data_position), dtype=torch.int64)
+        tensors |= {f"generator.{name}": g.get_state() for name, g in self.other_generators.items()}
+        tensors |= {f"{SINCE_LOG}{name}": value.detach().cpu().contiguous() for name, value in self.since_log.items()}
+        save_file(tensors, path)
 
     def load(self, folder: Path, process_index: int) -> None:
         """This process's state from checkpoint ``folder``. A process the checkpoint did not have (resumed on more
         processes) takes the counters of process 0 and keeps its own freshly seeded generators."""
         own = folder / f"trainer_state_{process_index}.safetensors"
         state = load_file(own if own.is_file() else folder / "trainer_state_0.safetensors")
-        counters = [int(v) for v in state["counters"]] + [0] * 5  # earlier checkpoints hold two to four counters
-        self.step, self.skipped_steps, self.scaler_overflows, pending, epoch, batches, images = counters[:7]
+        counters = [int(v) for v in state["counters"]] + [0, 0]  # earlier checkpoints hold two or three counters
+        self.step, self.skipped_steps, self.scaler_overflows, pending = counters[:4]
         self.monitors_pending = bool(pending)
-        self.data_position = DataPosition(epoch, batches, images) if images else None
+        position = state.get(DATA_POSITION)  # none in a checkpoint written before it was kept
+        self.data_position = DataPosition(*map(int, position)) if position is not None else None
+        self.since_log.clear()  # the same dict the accumulators hold: what an attempt to load before left goes
         if not own.is_file():
             return
         self.generator.set_state(state["generator"])

@@ -124,14 +124,15 @@ def test_a_10000_step_run_preempted_at_5000_on_8_processes_resumes_its_schedule(
 
 
 def test_a_full_checkpoint_resumed_by_a_lora_run_is_refused_naming_both(tmp_path):
-    """Even with the change allowed: a LoRA run finds no adapter in a whole-DiT checkpoint (nor the reverse), and
-    said so as an unreadable file."""
+    """A LoRA run finds no adapter in a whole-DiT checkpoint (nor the reverse; it said so as an unreadable file):
+    refused first, as allowing the config change would not make it load."""
     accelerator, writer, _ = tiny_run(tmp_path, "constant")
     checkpoint = writer.save(2)
+    changed = {**writer.config, "lora": {**writer.config["lora"], "enabled": True}}
     reader = Checkpointer(accelerator, writer.checkpoints_dir, TrainingState(torch.Generator()), None, None,
-                          weights=LORA_WEIGHTS, config=writer.config)  # fmt: skip
+                          weights=LORA_WEIGHTS, config=changed)  # fmt: skip
     with pytest.raises(ConfigError, match=r"holds the whole DiT \(`transformer/`\).*trains LoRA adapters") as refused:
-        reader.restore(str(checkpoint))
+        reader.restore(str(checkpoint))  # before the config change is refused: allowing it would not help
     assert "`lora.enabled=false`" in one_paragraph(refused.value, "trainer.resume")
 
 
