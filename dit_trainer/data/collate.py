@@ -1,8 +1,8 @@
 """Batches, and how skipped files travel from the data sources to the trainer.
 
-A corrupt JPEG among millions must not end a week-long run, nor vanish unnoticed. So a source skips it and
-records it in the next item's ``"bad_files"`` (``"name: reason"`` strings); ``collate_batch`` gathers those per
-batch, and the trainer counts them against ``data.max_bad_fraction``.
+A corrupt JPEG among millions must not end a week-long run, nor vanish unnoticed. So a source skips it, gives a
+readable file in its place and records it in that item's ``"bad_files"`` (``"name: reason"`` strings);
+``collate_batch`` gathers those per batch, and the trainer counts them against ``data.max_bad_fraction``.
 """
 
 from __future__ import annotations
@@ -91,7 +91,9 @@ class SkipUnreadable(Dataset):
         """Item ``index`` at ``size`` (height, width), default a ``resolution`` square. A skipped file's replacement
         is brought to the same size, so a batch of one bucket stays one bucket, and is taken from ``within`` (sorted
         indices that include ``index``) when given, so it stays on its side of the held-out split. ``source_index``
-        is the item read: ``index``, or its replacement's (what a cache records, so no split moves an image)."""
+        is the item read: ``index``, or its replacement's (what a cache records, so no split moves an image).
+        ``bad_files`` names only ``index``'s own file: a stand-in tried and found unreadable is counted when its own
+        index is read, so each unreadable file counts once an epoch, however they cluster."""
         if not 0 <= index < len(self):
             raise IndexError(index)  # ends `for item in dataset`, which would otherwise wrap around forever
         bad: list[str] = []
@@ -107,7 +109,7 @@ class SkipUnreadable(Dataset):
             except UNREADABLE_ERRORS as error:
                 bad.append(describe_failure(self.name(current), error))
                 continue
-            return {**item, "bad_files": bad} if bad else item
+            return {**item, "bad_files": bad[:1]} if bad else item
         raise ConfigError(
             "data.path",
             self.path,

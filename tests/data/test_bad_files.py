@@ -3,12 +3,16 @@
 import pytest
 import torch
 from accelerate import Accelerator
+from torch.utils.data import DataLoader
 
 from dit_trainer.config import DataConfig
 from dit_trainer.data.bad_files import BadFileCounter, PassBadFiles
+from dit_trainer.data.collate import collate_batch
+from dit_trainer.data.sources.imagefolder import ImageFolderDataset
 from dit_trainer.errors import ConfigError
 
 from ..conftest import one_paragraph
+from .files import image_folder, png_bytes
 
 
 @pytest.mark.parametrize(
@@ -58,3 +62,17 @@ def test_a_pass_counts_each_file_once_against_the_whole_data_set():
     over = PassBadFiles(data, total=1000)
     with pytest.raises(ConfigError, match=r"11 of the data set's 1000 files \(1%\) are unreadable.*the first: 0\.png"):
         over.add({"caption": ["a"] * 10, "bad_files": [f"{i}.png: truncated" for i in range(11)]})
+
+
+def test_a_cluster_of_bad_files_counts_each_once_an_epoch(tmp_path):
+    """5 unreadable files in a row among 40 (12.5 %): a shuffled epoch reads each once, and a limit of 20 % holds.
+    Counting the stand-ins tried for an item too (each bad file once more for every bad one before it) made 8 of 24
+    and stopped the run."""
+    files = {f"{i:02d}.png": b"" if 10 <= i < 15 else png_bytes() for i in range(40)}
+    image_folder(tmp_path, [{"file_name": name, "text": name} for name in files], files)
+    loader = DataLoader(ImageFolderDataset(tmp_path, resolution=8), batch_size=8, shuffle=True,
+                        collate_fn=collate_batch)  # fmt: skip
+    counter = BadFileCounter(0.2, str(tmp_path))
+    for batch in loader:
+        counter.add(batch)
+    assert counter.check() == {"data/skipped": 5}

@@ -170,9 +170,9 @@ def test_images_with_no_defined_scale_are_skipped_and_counted(tmp_path):
         "good.png": saved(Image.fromarray(COLOURS), "PNG"),
     }
     image_folder(tmp_path, [{"file_name": name, "text": name} for name in files], files)
-    item = ImageFolderDataset(tmp_path, resolution=SIDE)[0]
-    assert item["caption"] == "good.png"
-    assert item["bad_files"] == [
+    dataset = ImageFolderDataset(tmp_path, resolution=SIDE)
+    assert dataset[0]["caption"] == "good.png"
+    assert [record for index in range(3) for record in dataset[index].get("bad_files", [])] == [
         "signed.tif: ValueError: I pixels in [-32768, 32767], not 0..65535 (signed or 32-bit samples): no brightness "
         "scale to map",
         "hdr.tif: ValueError: float pixels in [0, 10], not [0, 1]: no brightness scale to map",

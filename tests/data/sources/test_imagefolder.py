@@ -61,12 +61,18 @@ def test_unreadable_images_are_skipped_and_named_until_none_is_left(tmp_path):
     Image.new("RGB", (8, 8)).save(tmp_path / "good.png")
     rows = [{"file_name": name, "text": name} for name in ("broken.png", "missing.png", "good.png")]
     _write(tmp_path, rows)
-    item = ImageFolderDataset(tmp_path, resolution=16)[0]
-    assert item["caption"] == "good.png"
-    assert item["bad_files"] == ["broken.png: not an image PIL can read", "missing.png: file not found"]
+    dataset = ImageFolderDataset(tmp_path, resolution=16)
+    assert dataset[0]["caption"] == "good.png" and dataset[1]["caption"] == "good.png"
+    assert dataset[0]["bad_files"] == ["broken.png: not an image PIL can read"]  # the stand-in counts as its own
+    assert dataset[1]["bad_files"] == ["missing.png: file not found"]
     _write(tmp_path, rows[:2])
     with pytest.raises(ConfigError, match=r"data.path.*every one of the last 2 files was unreadable.*broken.png"):
         ImageFolderDataset(tmp_path, resolution=16)[1]
+
+
+def skipped_records(dataset) -> list[str]:
+    """The unreadable files of one pass over ``dataset``: each item names its own file when it was skipped."""
+    return [record for index in range(len(dataset)) for record in dataset[index].get("bad_files", [])]
 
 
 def _assert_all_corrupt_reported(bad_files: list[str]) -> None:
@@ -87,19 +93,16 @@ def test_imagefolder_skips_unreadable_files_and_reports_them_in_the_batch(tmp_pa
     assert batch["image"].shape == (6, 3, 16, 16)
     _assert_all_corrupt_reported(batch["bad_files"])
     assert "bad_files" not in dataset[0]
-    assert dataset[1]["bad_files"] == [
-        "truncated.png: OSError: image file is truncated",
-        "empty.png: ValueError: empty file (0 bytes)",
-        "text.jpg: not an image PIL can read",
-        "missing.png: file not found",
-    ]
+    # Each item names its own file only: a cluster of bad files counts each once, not once per stand-in tried.
+    assert dataset[1]["bad_files"] == ["truncated.png: OSError: image file is truncated"]
+    assert sum(len(dataset[i].get("bad_files", [])) for i in range(len(names))) == len(CORRUPT)
 
 
 def test_imagefolder_gives_up_after_100_unreadable_files_in_a_row(tmp_path):
     files = {f"{i:03d}.png": b"" for i in range(120)} | {"good.png": png_bytes()}
     image_folder(tmp_path, [{"file_name": n, "text": "x"} for n in files], files)
     dataset = ImageFolderDataset(tmp_path, resolution=8)
-    assert len(dataset[30]["bad_files"]) == 90  # 030..119, then good.png
+    assert dataset[30]["bad_files"] == ["030.png: ValueError: empty file (0 bytes)"]  # 031..119 tried, then good.png
     with pytest.raises(ConfigError, match=r"data.path.*every one of the last 100 files was unreadable"):
         dataset[0]
 
@@ -121,10 +124,11 @@ def test_decompression_bombs_are_skipped_and_counted_like_unreadable_images(tmp_
         "good.png": png_bytes(size=(30, 30)),
     }
     image_folder(tmp_path, [{"file_name": n, "text": n} for n in files], files)
-    item = ImageFolderDataset(tmp_path, resolution=8)[0]
-    assert item["caption"] == "good.png"
-    assert [record.split(":")[0] for record in item["bad_files"]] == ["warned.png", "refused.png"]
-    assert all("DecompressionBomb" in record for record in item["bad_files"])
+    dataset = ImageFolderDataset(tmp_path, resolution=8)
+    assert dataset[0]["caption"] == "good.png"
+    records = skipped_records(dataset)
+    assert [record.split(":")[0] for record in records] == ["warned.png", "refused.png"]
+    assert all("DecompressionBomb" in record for record in records)
 
 
 @pytest.mark.parametrize(
@@ -181,7 +185,7 @@ def test_links_out_of_the_folder_and_files_that_are_not_regular_are_skipped_as_u
     _write(folder, [{"file_name": name, "text": name} for name in names])
     dataset = ImageFolderDataset(folder, resolution=8)
     assert dataset[0]["caption"] == "inner.png" and [dataset.image_size(i) for i in range(4)] == [None] * 3 + [(24, 16)]
-    assert dataset[0]["bad_files"] == [
+    assert skipped_records(dataset) == [
         "dir.png: ValueError: not a regular file (a folder)",
         "fifo.png: ValueError: not a regular file (a FIFO)",
         f"link.png: ValueError: a link to {tmp_path / 'secret.png'}, outside the data folder, is not followed",
