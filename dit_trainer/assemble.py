@@ -36,6 +36,7 @@ from dit_trainer.data.cache.cache import CacheDataset, open_cache
 from dit_trainer.data.cache.cached_prompts import CachedPrompts
 from dit_trainer.data.cache.fingerprint import cache_fingerprint
 from dit_trainer.data.loading import build_dataloader, build_source, build_training_data, loader_options
+from dit_trainer.data.sources.source import trained_content
 from dit_trainer.data.stream_loader import StreamLoader
 from dit_trainer.diffusion.sampler import TextToImage
 from dit_trainer.durable import write_text_atomically
@@ -236,6 +237,7 @@ def build_checkpointer(
         parameters=update.parameters,
         method_sections=method_sections(method),
         configured=ConfiguredRates(update.optimizer, update.lr_scheduler),
+        data_content=trained_content(cfg.data) if dataloader is not None else None,
     )
 
 

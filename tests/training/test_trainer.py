@@ -11,11 +11,13 @@ import pytest
 import torch
 
 from dit_trainer.assemble import build_trainer
+from dit_trainer.errors import ConfigError
 from dit_trainer.runs.run_folder import list_checkpoints
 from dit_trainer.training.monitors.monitors import Monitor
 from dit_trainer.training.preflight import PREFLIGHT_ROWS
 
 from ..conftest import TINY_SHAPES, compose_config, read_metrics, reset_accelerate_state, rows_trained_in_a_step
+from ..data.files import image_folder, png_bytes
 
 
 @pytest.mark.parametrize("max_grad_norm", [1e-3, 1e6, 0.0])
@@ -149,3 +151,24 @@ def test_an_update_is_its_micro_batches_wherever_an_epoch_ends(tmp_path):
     trainer.fit()
     steps = {int(state["step"]) for state in trainer.update.optimizer.state.values()}
     assert steps == {5}
+
+
+@pytest.mark.slow
+def test_a_resume_on_a_folder_whose_images_changed_is_refused(tmp_path):
+    """Images added under the same config move the held-out split (validation images would be trained on): the
+    checkpoint records what the folder held, and a resume on more is refused unless the change is allowed."""
+    rows = [{"file_name": f"{i}.png", "text": "a red square"} for i in range(16)]
+    (tmp_path / "data").mkdir()
+    folder = image_folder(tmp_path / "data", rows, {row["file_name"]: png_bytes() for row in rows})
+    overrides = [*TINY_SHAPES, "data=imagefolder", f"data.path={folder}", "data.resolution=32", "data.num_workers=0",
+                 "trainer.batch_size=4", "model.num_layers=1", "trainer.sample_every=0", "validation.every_n_steps=2",
+                 "validation.split=0.25", "monitor.reward.enabled=false"]  # fmt: skip
+    build_trainer(compose_config([*overrides, "trainer.max_steps=2"]), tmp_path / "run").fit()
+    added = [{"file_name": f"{i}.png", "text": "a red square"} for i in range(16, 20)]
+    image_folder(folder, rows + added, {row["file_name"]: png_bytes() for row in added})
+    reset_accelerate_state()
+    resumed = [*overrides, "trainer.max_steps=3", "trainer.resume=latest"]
+    with pytest.raises(ConfigError, match=r"`trainer.resume`.*the data it was trained on changed since.*'entries': 16"):
+        build_trainer(compose_config(resumed), tmp_path / "run")
+    reset_accelerate_state()
+    assert build_trainer(compose_config([*resumed, "trainer.allow_config_change=true"]), tmp_path / "run").state.step

@@ -65,6 +65,20 @@ def reads_at_random(cfg: DataConfig) -> bool:
     return any(SOURCES.get(entry.source).random_reads(entry) for entry in entries)
 
 
+def trained_content(cfg: DataConfig) -> dict | None:
+    """What the data a run trains on hold beyond their config (a folder's metadata, a saved data set's fingerprint),
+    by source of a mixture; None when nothing can say it cheaply: the config alone determines the data (shapes),
+    a stream checks its own shards at a resume, and a run from a latent cache reads only the cache, whose
+    fingerprint checked the data when it was opened."""
+    if cfg.cache_dir:
+        return None
+    entries = [entry_config(cfg, entry) for entry in cfg.mixture] or [cfg]
+    sources = [SOURCES.get(entry.source) for entry in entries]
+    if any(source.streamed for source in sources) or not any(source.content for source in sources):
+        return None
+    return {"sources": [source.content(entry) if source.content else None for source, entry in zip(sources, entries)]}
+
+
 def build_dataset(cfg: DataConfig) -> Dataset:
     """The source ``cfg.source`` names, or the mixture of ``cfg.mixture``'s. ``webdataset`` is an
     ``IterableDataset`` (no ``len``), sharded by the torch.distributed rank of this process, and so is a mixture

@@ -57,6 +57,7 @@ from dit_trainer.training.state.checkpoint_errors import LOAD_ERRORS, dcp_traceb
 from dit_trainer.training.state.checkpoint_manifest import (
     WrittenBy,
     check_compatible,
+    check_same_data,
     how_written,
     read_manifest,
     schedule_in_updates,
@@ -101,6 +102,7 @@ class Checkpointer:
         parameters: list[torch.nn.Parameter] | None = None,
         method_sections: tuple[str, ...] = (),
         configured: ConfiguredRates | None = None,
+        data_content: dict | None = None,
     ) -> None:
         self.accelerator = accelerator
         self.checkpoints_dir = checkpoints_dir
@@ -119,6 +121,7 @@ class Checkpointer:
         # The config sections the run's method trains by: a resume that changes them changes what is trained.
         self.method_sections = method_sections
         self.configured = configured  # the optimizer's settings as configured, put back over a checkpoint's
+        self.data_content = data_content  # what the data hold beyond their config (``trained_content``)
         self.kept: dict[str, int] = {}  # name -> step of a checkpoint kept from pruning (``keep``)
         accelerator.register_save_state_pre_hook(self._save_models)
         accelerator.register_load_state_pre_hook(self._load_models)
@@ -246,6 +249,7 @@ class Checkpointer:
             **how_written(self.accelerator),
             "config_hash": config_hash(self.config),
             "config": self.config,
+            **({"data_content": self.data_content} if self.data_content is not None else {}),
             "kept": self.kept,
             "files": files,
         }
@@ -273,6 +277,7 @@ class Checkpointer:
             self._check_weights_kind(path)  # first: `allow_config_change` does not make it work
             check_compatible(path, manifest, written, self.accelerator, self.config, self.allow_config_change,
                              self.same_processes_because, self.method_sections)  # fmt: skip
+            check_same_data(path, manifest, self.data_content, self.allow_config_change)
             failure = self._try_load(path, written)
             if failure is None:
                 self.kept = dict(manifest.get("kept", {}))

@@ -179,6 +179,28 @@ def check_compatible(
         logger.warning(f"Resuming {path.name} with changed settings: {listed}", main_process_only=True)
 
 
+def check_same_data(path: Path, manifest: dict[str, Any], content: dict | None, allow_config_change: bool) -> None:
+    """The data a checkpoint was trained on still hold what they held (``data_content``: a folder's metadata, a
+    saved data set's fingerprint): images added or removed under the same config would move the held-out split
+    (images trained on would be validated on) and the data order. A checkpoint that did not record it, or a run
+    whose data cannot say it, is not compared."""
+    saved = manifest.get("data_content")
+    if saved is None or content is None or saved == content:
+        return
+    if allow_config_change:
+        logger.warning(f"Resuming {path.name} on data that changed since it was written.", main_process_only=True)
+        return
+    raise ConfigError(
+        "trainer.resume",
+        str(path),
+        f"the data it was trained on changed since (what they hold, under the same config: {saved} -> "
+        f"{content}); images added or removed move the held-out split, so images trained on would be validated "
+        "on, and the order of the data",
+        "resume on the data as they were, start a fresh run in a new `hydra.run.dir` (`trainer.init_from=RUN` "
+        "starts from its weights), or, if the change is intended, add `trainer.allow_config_change=true`",
+    )
+
+
 def schedule_in_updates(state: dict[str, Any], written: WrittenBy) -> dict[str, Any]:
     """An LR scheduler's state counted in optimizer updates. One written when accelerate stepped the schedule once
     per process on each update counts updates x world size (``last_epoch``; ``_step_count`` counts one more, for
