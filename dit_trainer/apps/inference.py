@@ -142,7 +142,11 @@ def new_file(path: Path, binary: bool = True, command: str = "sampling") -> Iter
             "give each command its own `out_dir`",
         ) from error
     with file:
-        yield file
+        try:
+            yield file
+        except BaseException:
+            path.unlink()  # what this command began: a half-written file would block its own rerun
+            raise
 
 
 def refuse_overwrite(out_dir: Path, names: list[str], command: str = "sampling") -> None:

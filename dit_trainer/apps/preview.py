@@ -67,8 +67,9 @@ class PreviewResult:
 def preview_items(
     data: DataConfig, validation: ValidationConfig, trainer: TrainerConfig, buckets: BucketTable | None, n: int
 ) -> tuple[list[dict], int]:
-    """Up to ``n`` items of the training data, each ``{"image": (3, H, W) uint8, "caption", "bad_files"}``, and the
-    number of items the held-out split keeps from training. ``buckets``: the run's table (``configured_buckets``)."""
+    """Up to ``n`` items of the training data, each ``{"image": (3, H, W) uint8 (a clip's frames side by side),
+    "bucket": "HxW", "caption", "bad_files"}``, and the number of items the held-out split keeps from training.
+    ``buckets``: the run's table (``configured_buckets``)."""
     data = replace(data, cache_dir=None, cache_latents=False)  # images, not latents
     set_seed(trainer.seed)
     accelerator = Accelerator(cpu=True)  # no sizes index is written
@@ -92,19 +93,25 @@ def preview_items(
 
 
 def as_pixels(image: torch.Tensor) -> torch.Tensor:
-    """An item's image as (3, H, W) uint8: the sources' own pixels, or a procedural source's float in [-1, 1] (what
-    ``pixels.to_model_range`` passes to the model) brought back to them."""
+    """An item's image as (3, H, W) uint8, a clip (3, F, H, W) as its frames side by side (3, H, F x W): the
+    sources' own pixels, or a procedural source's float in [-1, 1] (what ``pixels.to_model_range`` passes to the
+    model) brought back to them."""
+    if image.dim() == 4:
+        channels, frames, height, width = image.shape
+        image = image.permute(0, 2, 1, 3).reshape(channels, height, frames * width)
     if image.dtype == torch.uint8:
         return image
     return ((image.float() + 1) * 127.5).round().clamp(0, 255).to(torch.uint8)
 
 
 def _items(batches: Iterable[dict]) -> Iterator[dict]:
-    """The items of collated ``batches``; a batch's skipped files ride on its first item."""
+    """The items of collated ``batches``, each with its ``bucket`` (a frame's "HxW"); a batch's skipped files ride
+    on its first item."""
     for batch in batches:
         bad = batch["bad_files"]
         for image, caption in zip(batch["image"], batch["caption"]):
-            yield {"image": as_pixels(image), "caption": caption, "bad_files": bad}
+            bucket = "x".join(map(str, image.shape[-2:]))
+            yield {"image": as_pixels(image), "bucket": bucket, "caption": caption, "bad_files": bad}
             bad = []
 
 
@@ -144,8 +151,7 @@ def preview_data(
     out_dir.mkdir(parents=True, exist_ok=True)
     records, buckets = [], {}
     for index, item in enumerate(items):
-        image = item["image"]
-        bucket = f"{image.shape[1]}x{image.shape[2]}"
+        image, bucket = item["image"], item["bucket"]
         name = f"{index:05d}.png"
         with new_file(out_dir / name, command="preview") as file:
             Image.fromarray(image.permute(1, 2, 0).numpy()).save(file, format="PNG")

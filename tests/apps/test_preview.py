@@ -102,3 +102,25 @@ def test_a_key_mistyped_from_the_previews_own_is_named_with_the_one_meant():
     assert own == ["outdir=/x", "n=4"] and overrides == ["data.resolution=32", "data=imagefolder"]
     with pytest.raises(ConfigError, match=r"`outdir`.*not an argument of this command \(the closest: `out_dir`\)"):
         parse_cli(PreviewConfig, own)
+
+
+def test_a_clip_is_previewed_as_its_frames_side_by_side(tmp_path):
+    """A clip source's items are (3, F, H, W): each is written as a strip of its frames, its bucket a frame's size.
+    It was a traceback that left an empty 00000.png, which then refused the rerun."""
+    out = tmp_path / "preview"
+    result = run_here(["scripts/preview_data.py", "+experiment=moving_shapes", "data.frames=4", "data.length=8",
+                       "trainer.batch_size=4", "validation.every_n_steps=0", f"out_dir={out}", "n=2"])  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = [json.loads(line) for line in (out / "index.jsonl").read_text().splitlines()]
+    assert [record["bucket"] for record in records] == ["32x32", "32x32"]
+    assert Image.open(out / "00000.png").size == (4 * 32, 32)
+
+
+def test_a_file_whose_writing_fails_is_removed(tmp_path):
+    """Never left half-written: it would block the command's own rerun (which never overwrites)."""
+    from dit_trainer.apps.inference import new_file
+
+    with pytest.raises(ValueError), new_file(tmp_path / "00000.png") as file:
+        file.write(b"\x89PNG")
+        raise ValueError("the encoder failed")
+    assert not (tmp_path / "00000.png").exists()
