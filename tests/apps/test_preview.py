@@ -48,6 +48,8 @@ def test_preview_writes_each_item_as_trained_with_its_caption_and_bucket(photos,
     def no_models(*args, **kwargs):
         raise AssertionError("the preview built the models")
 
+    import dit_trainer.apps.inference  # noqa: F401  imported unpatched: a module first imported now would keep it
+
     monkeypatch.setattr("dit_trainer.components.build.build_components", no_models)
     out = tmp_path / "preview"
     result = _preview(*BUCKETED, f"data.path={photos}", f"out_dir={out}", "n=10")
