@@ -46,8 +46,10 @@ def check_online(
     )
     prompts = load_prompts(rollouts.prompts, rollouts.prompt_file, f"{method}.")
     check_gold(conditioner, reward, method, rollouts, prompts)
+    key = f"{method}.prompt_file" if rollouts.prompt_file else f"{method}.prompts"
+    trained_on = [name for name, weight in reward.weights.items() if weight]
+    check_judged(trained_on, key, rollouts.prompt_file or prompts, prompts)
     if conditioner.kind == CLASS_LABELS:
-        key = f"{method}.prompt_file" if rollouts.prompt_file else f"{method}.prompts"
         check_prompts_are_classes(conditioner, key, prompts)
     images = rollouts.prompts_per_epoch * rollouts.group_size
     require(
@@ -121,5 +123,24 @@ def check_gold(
         f"{', ...' if len(trained) > 3 else ''}): the gold reward must be read on prompts the run never trains on",
         f"hold those prompts out of `{method}.prompts` / `{method}.prompt_file`, or choose other gold prompts",
     )
+    check_judged([gold], key, rollouts.gold_prompt_file or held_out, held_out)
     if conditioner.kind == CLASS_LABELS:
         check_prompts_are_classes(conditioner, key, held_out)
+
+
+def check_judged(rewards: list[str], key: str, value: object, prompts: list[str]) -> None:
+    """Each of ``rewards`` can score an image for every one of ``prompts`` (``key`` is ``value``): a judge of one
+    data set's captions (the shapes judges) would fail, or score nothing, in the first rollout."""
+    for name in rewards:
+        entry = REWARDS.get(name, key)
+        judges = getattr(entry, "judges", None)
+        unjudged = [prompt for prompt in prompts if judges is not None and not judges(prompt)]
+        require(
+            not unjudged,
+            key,
+            value,
+            f"the reward `{name}` cannot score an image for {len(unjudged)} of its prompts "
+            f"({', '.join(map(repr, unjudged[:3]))}{', ...' if len(unjudged) > 3 else ''}): it reads only prompts "
+            f"of the form {entry.judged_prompts}",
+            "use prompts of that form, or a reward that reads them (`reward.weights`, `gold_reward`)",
+        )

@@ -34,6 +34,10 @@ class Reward:
 
     build: Callable[[RewardConfig, torch.device, torch.dtype], RewardFunction]
     models: Callable[[RewardConfig], dict[str, str | None]] = no_models
+    # Whether it can score an image for a prompt (a judge of one data set reads only its captions): a prompt it
+    # cannot is refused with the config, not found in a rollout's traceback.
+    judges: Callable[[str], bool] = lambda prompt: True
+    judged_prompts: str = ""  # what ``judges`` accepts, for the refusal: e.g. "a COLOUR SHAPE"
 
 
 def check_reward_inputs(images: torch.Tensor, prompts: Sequence[str], clips: bool = False) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 
 from dit_trainer.data.sources.moving_shapes import alignment_components
-from dit_trainer.data.sources.shapes import score_alignment, shape_margins
+from dit_trainer.data.sources.shapes import COLORS, SHAPES, is_shapes_caption, score_alignment, shape_margins
 from dit_trainer.rewards.base import Reward, check_reward_inputs
 
 
@@ -52,6 +52,9 @@ class MovingShapesAlignmentReward:
         return (sum(components.values()) / len(components)).to(clips.device)
 
 
-SHAPES_ALIGNMENT = Reward(lambda cfg, device, dtype: ShapesAlignmentReward())
-SHAPES_MARGIN = Reward(lambda cfg, device, dtype: ShapesMarginReward())
+SHAPES_PROMPTS = f'"a COLOUR SHAPE", a colour of {", ".join(COLORS)} and a shape of {", ".join(SHAPES)}'
+SHAPES_ALIGNMENT = Reward(lambda cfg, device, dtype: ShapesAlignmentReward(), judges=is_shapes_caption,
+                          judged_prompts=SHAPES_PROMPTS)  # fmt: skip
+SHAPES_MARGIN = Reward(lambda cfg, device, dtype: ShapesMarginReward(), judges=is_shapes_caption,
+                       judged_prompts=SHAPES_PROMPTS)  # fmt: skip
 MOVING_SHAPES_ALIGNMENT = Reward(lambda cfg, device, dtype: MovingShapesAlignmentReward())

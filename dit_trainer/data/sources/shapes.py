@@ -135,6 +135,12 @@ def classify(images: torch.Tensor) -> list[tuple[str | None, str | None]]:
     return [(color, max(ious, key=ious.get) if ious else None) for color, ious in _read(images)]
 
 
+def is_shapes_caption(caption: str) -> bool:
+    """Whether ``caption`` is ``"a {color} {shape}"`` of the judge's colours and shapes: what it can score."""
+    words = caption.split(" ")
+    return len(words) == 3 and words[0] == "a" and words[1] in COLORS and words[2] in SHAPES
+
+
 def _captioned(captions: list[str]) -> list[tuple[str, str]]:
     """(colour, shape) asked for by each ``"a {color} {shape}"`` caption."""
     return [tuple(caption.removeprefix("a ").split(" ", 1)) for caption in captions]
