@@ -26,6 +26,7 @@ from dit_trainer.errors import ConfigError, require, shortlist
 from dit_trainer.runs.run_folder import (
     CHECKPOINTS,
     CONFIG,
+    OWN_WEIGHTS,
     is_checkpoint,
     list_checkpoints,
     weights_layout,
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
     from accelerate import Accelerator
 
 INIT_FROM = "trainer.init_from"
-OWN_WEIGHTS = "init"  # RUN/init/<weights folder>: the weights a run started from another began with, its own copy
 INHERITED_SECTIONS = ("model", "vae", "conditioner", "data", "diffusion")
 # How a run samples and loads data, not what its weights learned: a run started from another may set these.
 FREE_KEYS = {

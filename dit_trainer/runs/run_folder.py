@@ -66,6 +66,19 @@ FULL_WEIGHTS = WeightsLayout("transformer", "transformer_ema", lora=False)
 LORA_WEIGHTS = WeightsLayout("transformer_lora", "transformer_lora_ema", lora=True)
 
 
+OWN_WEIGHTS = "init"  # RUN/init/<weights folder>: the weights a run started from another began with, its own copy
+
+
+def same_own_weights(saved: str | None, current: str | None, run_dir: Path) -> bool:
+    """Whether ``model.pretrained`` recorded as ``saved`` and now ``current`` are one run's own copy of its starting
+    weights (``RUN/init/<name>``), the run folder moved or copied since: the same weights at another path."""
+    if saved is None or current is None:
+        return False
+    saved_path, current_path = Path(saved), Path(current)
+    own = run_dir.resolve() / OWN_WEIGHTS
+    return current_path.parent == own and saved_path.parent.name == OWN_WEIGHTS and saved_path.name == current_path.name
+
+
 def weights_layout(lora: bool) -> WeightsLayout:
     return LORA_WEIGHTS if lora else FULL_WEIGHTS
 

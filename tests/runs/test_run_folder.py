@@ -13,6 +13,7 @@ from dit_trainer.runs.run_folder import (
     incomplete_checkpoints,
     list_checkpoints,
     refuse_links,
+    same_own_weights,
 )
 from tests.conftest import one_paragraph
 
@@ -71,3 +72,14 @@ def test_the_scripts_find_a_checkpoint_by_name_and_refuse_a_damaged_one_naming_a
     assert "`checkpoint=checkpoint-2`" in message
     with pytest.raises(ConfigError, match=r"nor the name of one in .*`checkpoint=latest`, `checkpoint=checkpoint-2`"):
         find_checkpoint(tmp_path, "checkpoint-9")
+
+
+def test_a_runs_own_starting_weights_are_the_same_after_the_folder_moved(tmp_path):
+    """An online run copied elsewhere records its own copy of the starting weights under the old path: a resume of
+    the copy must not take it for another model (it was refused unless the change was allowed)."""
+    run = tmp_path / "copy"
+    current = str(run.resolve() / "init" / "transformer_ema")
+    assert same_own_weights("/old/place/run/init/transformer_ema", current, run)
+    assert not same_own_weights("/old/place/run/init/transformer", current, run)  # other weights
+    assert not same_own_weights("/models/pixart/transformer_ema", current, run)  # not a run's own copy
+    assert not same_own_weights("/old/place/run/init/transformer_ema", "/elsewhere/init/transformer_ema", run)

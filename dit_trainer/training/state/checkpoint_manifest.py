@@ -28,7 +28,7 @@ from accelerate.logging import get_logger
 
 from dit_trainer.config.renamed import move_renamed_keys_in_saved
 from dit_trainer.errors import ConfigError
-from dit_trainer.runs.run_folder import MANIFEST, resolve_checkpoint
+from dit_trainer.runs.run_folder import MANIFEST, resolve_checkpoint, same_own_weights
 from dit_trainer.training.optimizers import check_resumed_optimizer
 from dit_trainer.training.state.config_changes import config_changes, config_hash, defines_training
 
@@ -161,6 +161,9 @@ def check_compatible(
             logger.warning(f"The config differs from the one {path.name} was trained with; continuing with it.")
         return
     saved = move_renamed_keys_in_saved(manifest["config"])
+    pretrained = saved.get("model", {}).get("pretrained"), config["model"]["pretrained"]
+    if same_own_weights(*pretrained, run_dir=path.parent.parent):  # the run folder was moved or copied
+        saved = {**saved, "model": {**saved["model"], "pretrained": pretrained[1]}}
     changes = config_changes(saved, config)
     check_resumed_optimizer(path, saved, config)
     defining = [key for key, (old, new) in changes.items() if defines_training(key, old, new, method_sections)]
