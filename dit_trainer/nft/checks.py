@@ -17,9 +17,9 @@ def check_nft(diffusion: DiffusionConfig, nft: NFTConfig) -> None:
         sampler in samplers,
         "nft.sampler" if n.sampler else "diffusion.sampler",
         sampler,
-        f"DiffusionNFT rolls out with a deterministic sampler and keeps only the final images (a stochastic one, as "
-        f"GRPO's SDE, would only add noise to them); the deterministic samplers of `diffusion.objective="
-        f"{diffusion.objective}` are {', '.join(samplers)}",
+        f"it is not a sampler of `diffusion.objective={diffusion.objective}`, whose samplers are "
+        f"{', '.join(samplers)} (DiffusionNFT rolls out with one of the objective's own deterministic samplers and "
+        "keeps only the final images)",
         f"set `nft.sampler={samplers[0]}`",
     )
     require(

@@ -72,7 +72,7 @@ def test_an_nft_run_with_lora_keeps_an_old_copy_of_the_adapters_alone(init_run, 
 
 
 def test_what_nft_cannot_train_is_refused_with_the_config(init_run, tmp_path):
-    with pytest.raises(ConfigError, match=r"`nft\.sampler` is 'euler'.*deterministic samplers of .* are ddim"):
+    with pytest.raises(ConfigError, match=r"`nft\.sampler` is 'euler'.*not a sampler of .*whose samplers are ddim"):
         compose_config(nft_overrides(init_run, "nft.sampler=euler"))  # a flow sampler, for a v-prediction model
     with pytest.raises(ConfigError, match=r"`nft\.steps_per_sample` is 4.*3 of them"):
         compose_config(nft_overrides(init_run, "nft.steps_per_sample=4"))

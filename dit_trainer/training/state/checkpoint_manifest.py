@@ -144,13 +144,13 @@ def check_compatible(
         raise ConfigError(
             "trainer.resume",
             str(path),
-            f"it was written by {world_size} processes and this run has {processes} ({same_processes_because})",
+            f"it was written by {_processes(world_size)} and this run has {processes} ({same_processes_because})",
             f"resume with {world_size} processes (e.g. `accelerate launch --num_processes {world_size}`), or "
             "start a fresh run in a new `hydra.run.dir`",
         )
     if world_size != processes:
         logger.warning(
-            f"Resuming {path.name}, written by {world_size} processes, on {processes}: the weights, the optimizer "
+            f"Resuming {path.name}, written by {_processes(world_size)}, on {processes}: the weights, the optimizer "
             "state and the LR schedule continue exactly; each step now takes another number of images, and a "
             "shuffled data set continues in its epoch after the images already read (when the checkpoint records "
             "them: one written before it did continues after the steps' count of the new batches).",
@@ -180,6 +180,10 @@ def check_compatible(
         )
     if changes:
         logger.warning(f"Resuming {path.name} with changed settings: {listed}", main_process_only=True)
+
+
+def _processes(count: int) -> str:
+    return f"{count} process{'es' if count != 1 else ''}"
 
 
 def check_same_data(path: Path, manifest: dict[str, Any], content: dict | None, allow_config_change: bool) -> None:
