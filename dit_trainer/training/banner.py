@@ -56,7 +56,8 @@ def describe_data(
     if inputs is not None:
         return DataShape(inputs, None)
     if dataset is None or isinstance(dataset, IterableDataset):
-        return DataShape(f"a stream from {data.path} (its length is unknown until read)", None)
+        sources = data.path or ", ".join(entry.path or entry.source for entry in data.mixture)
+        return DataShape(f"a stream from {sources} (its length is unknown until read)", None)
     items, held = len(dataset), ""
     if held_out is not None and not isinstance(held_out, IterableDataset):
         where = "held out" if validation.split else f"from {validation.path}"

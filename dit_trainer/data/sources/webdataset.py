@@ -53,6 +53,11 @@ def expand_shards(pattern: str | None) -> list[str]:
     )
     if not shards:
         raise ConfigError("data.path", pattern, "it names no shards", fix)
+    folders = [shard for shard in shards if Path(shard).is_dir()]
+    if folders:
+        raise ConfigError(
+            "data.path", pattern, f"{folders[0]} is a folder, and webdataset reads tar shards (files)", fix
+        )
     missing = [shard for shard in shards if not Path(shard).is_file()]
     if missing:
         raise ConfigError(

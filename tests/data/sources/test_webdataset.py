@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.sources.moving_shapes import judge
-from dit_trainer.data.sources.webdataset import WebDatasetSource
+from dit_trainer.data.sources.webdataset import WebDatasetSource, expand_shards
 from dit_trainer.errors import ConfigError
 from tests.data.files import CORRUPT, assert_in_range, clip_shards, noise_png, png_bytes, write_shards
 from tests.data.sources.test_videofolder import write_bad_clips
@@ -166,3 +166,9 @@ def test_video_members_give_clips_cut_alike_and_bad_ones_are_skipped_and_counted
     assert skipped == sorted([*bad, "still"]), batches[0]["bad_files"]
     assert "no video member (it has png, txt)" in " ".join(batches[0]["bad_files"])
     assert [item["image"].shape for item in dataset][:1] == [(3, 5, 32, 32)]
+
+
+def test_a_folder_as_data_path_is_named_as_a_folder_not_a_missing_shard(tmp_path):
+    """It said "1 of its 1 shards do not exist" of a folder that exists."""
+    with pytest.raises(ConfigError, match=r"`data.path` is .*is a folder, and webdataset reads tar shards"):
+        expand_shards(str(tmp_path))
