@@ -8,17 +8,12 @@ non-finite guard. It asks the method what it needs (a data set or none, updates 
 from __future__ import annotations
 
 import dataclasses
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 from accelerate.utils import (
-    DataLoaderConfiguration,
-    GradientAccumulationPlugin,
-    InitProcessGroupKwargs,
-    ProjectConfiguration,
     set_seed,
 )
 from omegaconf import OmegaConf
@@ -43,7 +38,7 @@ from dit_trainer.durable import write_text_atomically
 from dit_trainer.errors import ConfigError
 from dit_trainer.methods import method_of
 from dit_trainer.methods.base import Method
-from dit_trainer.precision import allow_tf32, refuse_fp16_without_autocast, resolve_mixed_precision, weight_dtype
+from dit_trainer.precision import allow_tf32, weight_dtype
 from dit_trainer.prompts import reward_monitor_prompts, sampled_prompts
 from dit_trainer.runs.init_run import own_starting_weights
 from dit_trainer.runs.run_folder import (
@@ -56,12 +51,12 @@ from dit_trainer.runs.run_folder import (
 )
 from dit_trainer.runs.run_lock import RunFolderLock
 from dit_trainer.training.banner import log_start_banner
-from dit_trainer.training.launch import check_launch_devices
+from dit_trainer.training.launch import build_accelerator
 from dit_trainer.training.monitors.monitor_set import build_monitor_set
 from dit_trainer.training.monitors.monitors import MonitorContext
 from dit_trainer.training.monitors.text_cost import warn_live_text_encoding
 from dit_trainer.training.monitors.tracker_media import Trackers
-from dit_trainer.training.monitors.trackers import check_trackers, start_trackers, tracker_name
+from dit_trainer.training.monitors.trackers import start_trackers
 from dit_trainer.training.nonfinite import NonFiniteGuard, nonfinite_advice
 from dit_trainer.training.optim import (
     ConfiguredRates,
@@ -74,8 +69,6 @@ from dit_trainer.training.optimizers import check_sharded_optimizer
 from dit_trainer.training.parallel.fsdp import (
     check_fsdp,
     gather_shared_modules_once,
-    launched_on_cpu_processes,
-    shard_on_cpu_processes,
     wrap_family_blocks,
 )
 from dit_trainer.training.parallel.memory import report_memory
@@ -93,40 +86,12 @@ from dit_trainer.training.update import Update, build_update
 logger = get_logger(__name__)
 
 
-def build_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
-    """The accelerator of a run, once the launch's devices and the tracker are known to work (refused otherwise)."""
-    check_launch_devices()  # several GPU processes launched on a machine without GPUs
-    check_trackers(cfg.logger)  # its package installed; W&B online with credentials
-    mixed_precision = resolve_mixed_precision(cfg.trainer.mixed_precision)
-    accelerator = Accelerator(
-        cpu=launched_on_cpu_processes(),
-        mixed_precision=mixed_precision,
-        # An update is the step's micro-batches, wherever an epoch ends (accelerate's default syncs at the end of
-        # the data loader, which would end an update early and shift every later one).
-        gradient_accumulation_plugin=GradientAccumulationPlugin(
-            num_steps=cfg.trainer.gradient_accumulation_steps, sync_with_dataloader=False
-        ),
-        log_with=tracker_name(cfg.logger),
-        project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
-        # The LR schedule counts optimizer updates (the update steps it): accelerate's own stepping advances it once
-        # per process, so a checkpoint's schedule would move on a resume with another number of processes.
-        step_scheduler_with_optimizer=False,
-        # Monitors (sample grids, rewards, FID) run on the main process while the others wait in a collective:
-        # NCCL's default 10 minutes would kill a long FID evaluation.
-        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=cfg.trainer.collective_timeout_minutes))],
-    )
-    refuse_fp16_without_autocast(cfg.trainer.mixed_precision, mixed_precision, accelerator.native_amp)
-    shard_on_cpu_processes(accelerator)
-    return accelerator
-
-
 def start_run(cfg: TrainConfig, run_dir: Path) -> tuple[Accelerator, RunFolderLock | None]:
     """The accelerator of a run, and the lock its main process holds on ``run_dir`` (refused while another run
     holds it, or when the folder has another run's checkpoints). What unfinished checkpoint writes left is cleared
     here, and a checkpoint to resume that this launch cannot read (sharded or not) is refused before any model is
     built."""
-    accelerator = build_accelerator(cfg, run_dir)
+    accelerator = build_accelerator(cfg.trainer, cfg.logger, run_dir)
     check_fsdp(accelerator)
     check_sharded_optimizer(cfg.optim, accelerator.is_fsdp2)
     lock = RunFolderLock(run_dir) if accelerator.is_main_process else None

@@ -13,7 +13,8 @@ import accelerate
 import pytest
 import torch
 
-from dit_trainer.assemble import build_accelerator, build_trainer
+from dit_trainer.assemble import build_trainer
+from dit_trainer.training.launch import build_accelerator
 from dit_trainer.training.state.training_state import DataPosition
 
 from .conftest import GRPO_PROMPTS, SHAPES_TRANSFORMER, build_tiny_transformer, compose_config, read_metrics
@@ -52,7 +53,7 @@ def test_the_grpo_kl_reference_is_where_the_trained_model_is(tmp_path, prepare_m
 def test_the_collective_timeout_outlasts_a_long_monitor(tmp_path):
     """The main process samples and scores while the others wait in a collective: NCCL's 10 minutes by default."""
     cfg = compose_config(["+experiment=shapes", "trainer.collective_timeout_minutes=90"])
-    assert build_accelerator(cfg, tmp_path).init_handler.timeout == timedelta(minutes=90)
+    assert build_accelerator(cfg.trainer, cfg.logger, tmp_path).init_handler.timeout == timedelta(minutes=90)
 
 
 def test_a_run_trains_checkpoints_and_resumes_in_this_process(tmp_path):

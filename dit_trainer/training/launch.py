@@ -1,5 +1,5 @@
-"""What the launch gave a run: a launch that asked for GPUs on a machine without one is refused, and the processes
-and device are described for the start banner.
+"""What the launch gave a run: the accelerator it trains with (``build_accelerator``), a launch that asked for GPUs on
+a machine without one refused, and the processes and device described for the start banner.
 
 A launcher of several processes (``accelerate launch --multi_gpu``, a ``distributed_type: MULTI_GPU`` config such as
 ``accelerate_configs/ddp_8gpu.yaml``, ``torchrun``) on a machine where torch sees no GPU would start that many CPU
@@ -12,13 +12,25 @@ for on purpose run: ``ACCELERATE_USE_CPU=1`` set before the launch (how the test
 from __future__ import annotations
 
 import os
+from datetime import timedelta
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType, str_to_bool
+from accelerate.utils import (
+    DataLoaderConfiguration,
+    DistributedType,
+    GradientAccumulationPlugin,
+    InitProcessGroupKwargs,
+    ProjectConfiguration,
+    str_to_bool,
+)
 
+from dit_trainer.config import LoggerConfig, TrainerConfig
 from dit_trainer.errors import ConfigError
-from dit_trainer.training.parallel.fsdp import fsdp_requested, launched_on_cpu_processes
+from dit_trainer.precision import refuse_fp16_without_autocast, resolve_mixed_precision
+from dit_trainer.training.monitors.trackers import check_trackers, tracker_name
+from dit_trainer.training.parallel.fsdp import fsdp_requested, launched_on_cpu_processes, shard_on_cpu_processes
 
 CPU_ON_PURPOSE = "ACCELERATE_USE_CPU"
 
@@ -67,3 +79,31 @@ def describe_processes(accelerator: Accelerator) -> str:
     else:
         where = device.type
     return f"{processes} on {where}"
+
+
+def build_accelerator(trainer: TrainerConfig, logger: LoggerConfig, run_dir: Path) -> Accelerator:
+    """The accelerator of a run, once the launch's devices and the tracker are known to work (refused otherwise)."""
+    check_launch_devices()  # several GPU processes launched on a machine without GPUs
+    check_trackers(logger)  # its package installed; W&B online with credentials
+    mixed_precision = resolve_mixed_precision(trainer.mixed_precision)
+    accelerator = Accelerator(
+        cpu=launched_on_cpu_processes(),
+        mixed_precision=mixed_precision,
+        # An update is the step's micro-batches, wherever an epoch ends (accelerate's default syncs at the end of
+        # the data loader, which would end an update early and shift every later one).
+        gradient_accumulation_plugin=GradientAccumulationPlugin(
+            num_steps=trainer.gradient_accumulation_steps, sync_with_dataloader=False
+        ),
+        log_with=tracker_name(logger),
+        project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        # The LR schedule counts optimizer updates (the update steps it): accelerate's own stepping advances it once
+        # per process, so a checkpoint's schedule would move on a resume with another number of processes.
+        step_scheduler_with_optimizer=False,
+        # Monitors (sample grids, rewards, FID) run on the main process while the others wait in a collective:
+        # NCCL's default 10 minutes would kill a long FID evaluation.
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=trainer.collective_timeout_minutes))],
+    )
+    refuse_fp16_without_autocast(trainer.mixed_precision, mixed_precision, accelerator.native_amp)
+    shard_on_cpu_processes(accelerator)
+    return accelerator

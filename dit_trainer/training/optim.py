@@ -40,9 +40,9 @@ def build_optimizer(optim: OptimConfig, dit: DiTAdapter) -> torch.optim.Optimize
 
 def build_lr_scheduler(optim: OptimConfig, optimizer: torch.optim.Optimizer, updates: int):
     """The diffusers LR schedule over the run's ``updates`` (``trainer.max_steps`` x the updates a step makes: a
-    GRPO step makes several), counted in optimizer updates whatever the
-    number of processes: the accelerator does not step it with the optimizer (``build_accelerator``), the update
-    steps it once per update it applies. So a run resumed on another number of processes continues the same
+    GRPO step makes several), counted in optimizer updates whatever the number of processes: the accelerator does
+    not step it with the optimizer (``training.launch.build_accelerator``), the update steps it once per update it
+    applies. So a run resumed on another number of processes continues the same
     schedule (accelerate's own stepping advances it once per process and would need lengths in processes x updates,
     which a checkpoint then carries into a resume on another count)."""
     return get_scheduler(

@@ -9,8 +9,9 @@ import logging
 import pytest
 import wandb
 
-from dit_trainer.assemble import build_accelerator, build_trainer
+from dit_trainer.assemble import build_trainer
 from dit_trainer.config import LoggerConfig, PrivacyConfig, TrainConfig
+from dit_trainer.training.launch import build_accelerator
 from dit_trainer.training.monitors.trackers import start_trackers
 from tests.conftest import QUIET, TINY_SHAPES, compose_config, read_metrics
 
@@ -32,7 +33,7 @@ def _written_by_tracker(run_dir, name: str) -> bytes:
 def _log_line(run_dir, logger: str, privacy: dict) -> bytes:
     """Start the trackers as train.py does, log LINE once, end the run; returns what the tracker wrote."""
     cfg = TrainConfig(privacy=PrivacyConfig(**privacy), logger=LoggerConfig(name=logger, mode="offline"))
-    accelerator = build_accelerator(cfg, run_dir)
+    accelerator = build_accelerator(cfg.trainer, cfg.logger, run_dir)
     start_trackers(accelerator, cfg.logger, run_dir, dataclasses.asdict(cfg))
     accelerator.log(LINE, step=1)
     accelerator.end_training()
