@@ -3,13 +3,14 @@ the configured one (or the mixture of several)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch.utils.data import Dataset
 
-from dit_trainer.config import DataConfig
+from dit_trainer.config import DataConfig, MixtureSource
 from dit_trainer.data import SOURCES
 from dit_trainer.data.mixture import entry_config, mix
 from dit_trainer.errors import ConfigError
@@ -90,11 +91,13 @@ def build_dataset(cfg: DataConfig) -> Dataset:
 
 
 def _entry_dataset(cfg: DataConfig, position: int) -> Dataset:
-    """The data set of ``data.mixture[position]``; what its source says about its path (a bad metadata line, no
-    images) names the entry's `path`, the key the user set, not `data.path`."""
+    """The data set of ``data.mixture[position]``; what its source says about a setting the entry has of its own
+    (its path: a bad metadata line, no images; its caption or image column, its split) names the entry's key, the
+    one the user set, not `data.path` or `data.caption_column`."""
     try:
         return build_dataset(entry_config(cfg, cfg.mixture[position]))
     except ConfigError as error:
-        if error.key != "data.path":
+        own = error.key.removeprefix("data.")
+        if own not in {field.name for field in dataclasses.fields(MixtureSource)}:
             raise
-        raise error.renamed(f"data.mixture[{position}].path") from error
+        raise error.renamed(f"data.mixture[{position}].{own}") from error

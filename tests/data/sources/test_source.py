@@ -48,3 +48,20 @@ def test_what_a_mixture_entry_s_source_says_about_its_path_names_the_entry(tmp_p
         build_dataset(DataConfig(mixture=mixture, resolution=8))
     message = one_paragraph(caught.value, "data.mixture[1].path")
     assert "its metadata.jsonl lists no images" in message and "data.path" not in message
+
+
+def test_a_mixture_entry_s_missing_caption_column_names_the_entry_s_key(tmp_path):
+    """Entries have their own `caption_column` (default `text`): the refusal named `data.caption_column`, whose
+    value ('txt' here) the entry does not take, so the fix it gave changed nothing."""
+    import pytest
+
+    from dit_trainer.config import MixtureSource
+    from dit_trainer.errors import ConfigError
+    from tests.conftest import one_paragraph
+
+    pattern = write_shards(tmp_path, [[{"__key__": "a", "png": png_bytes(), "txt": "a"}]])
+    mixture = [MixtureSource(source="webdataset", path=pattern)]
+    with pytest.raises(ConfigError) as caught:
+        build_dataset(DataConfig(mixture=mixture, resolution=8, caption_column="txt"))
+    message = one_paragraph(caught.value, "data.mixture[0].caption_column")
+    assert "`data.mixture[0].caption_column` is 'text'" in message and "has no caption 'text'" in message
