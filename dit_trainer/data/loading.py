@@ -73,6 +73,8 @@ def build_source(
         source, table = cache, cache.table
     else:  # a stream in buckets batches itself, dropping incomplete batches as the loader would
         source, table = build_dataset(data), buckets
+        if hasattr(source, "check_shares"):  # a stream that splits its shards between the processes
+            source.check_shares()
         source = bucketed(source, table, batch_size, True, accelerator.is_main_process, sizes_dir)
     dataset, held_out = split_validation(data, validation, source, table)
     if not isinstance(dataset, IterableDataset):  # a stream's length is unknown: `resumable_batches` checks it

@@ -35,7 +35,7 @@ from dit_trainer.data.sources.transforms import (
 )
 from dit_trainer.data.sources.videofolder import VIDEO_SUFFIXES, decode_clip, prepare_clip
 from dit_trainer.data.stream_changes import list_key, refuse_unless_allowed, shard_changes
-from dit_trainer.errors import ConfigError
+from dit_trainer.errors import ConfigError, require
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +140,19 @@ class WebDatasetSource(IterableDataset):
                 "(`txt` is the .txt member, the others are keys of the .json member)",
                 f"set `{self.caption_key}` to one of those",
             )
+
+    def check_shares(self) -> None:
+        """Refuse, before any worker starts, fewer shards than processes: each process streams its own shards, and
+        one without any could never give a batch (it failed in the first step, on that process only)."""
+        require(
+            len(self.shards) >= self.world_size,
+            "data.path",
+            self.path,
+            f"it has {len(self.shards)} shards for {self.world_size} processes, and each process streams shards of "
+            f"its own: {self.world_size - len(self.shards)} would have none to train on",
+            "write at least as many shards as processes (as many as processes x `data.num_workers` lets every "
+            "data-loader worker read), or launch fewer processes",
+        )
 
     def unsharded(self) -> WebDatasetSource:
         """This data set read whole by whichever process iterates it (validation on the main process reads every

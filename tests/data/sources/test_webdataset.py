@@ -172,3 +172,11 @@ def test_a_folder_as_data_path_is_named_as_a_folder_not_a_missing_shard(tmp_path
     """It said "1 of its 1 shards do not exist" of a folder that exists."""
     with pytest.raises(ConfigError, match=r"`data.path` is .*is a folder, and webdataset reads tar shards"):
         expand_shards(str(tmp_path))
+
+
+def test_fewer_shards_than_processes_are_refused_before_training(tmp_path):
+    """A process without a shard could never give a batch: it failed in the first step, on that process only."""
+    pattern = write_shards(tmp_path, [[{"__key__": "a", "png": png_bytes(), "txt": "a"}]])
+    WebDatasetSource(pattern, resolution=8, caption_column="txt", rank=0, world_size=1).check_shares()
+    with pytest.raises(ConfigError, match=r"`data.path` is .*1 shards for 2 processes.*1 would have none"):
+        WebDatasetSource(pattern, resolution=8, caption_column="txt", rank=0, world_size=2).check_shares()
