@@ -199,10 +199,8 @@ def report_memory(
     )
     t = trainer
     total = estimate.total(t.batch_size, checkpointing_of(t)) / GiB
-    logger.info(
-        f"Memory per process (estimate): {describe(estimate)}; at trainer.batch_size={t.batch_size}: {total:.2f} GiB",
-        main_process_only=True,
-    )
+    at = f"at trainer.batch_size={t.batch_size}: {total:.2f} GiB" if refuse_unfit else "(the method's own batches)"
+    logger.info(f"Memory per process (estimate): {describe(estimate)}; {at}", main_process_only=True)
     if accelerator.device.type == "cuda" and refuse_unfit:
         device_bytes = torch.cuda.mem_get_info(accelerator.device)[1]
         check_fits(estimate, t.batch_size, checkpointing_of(t), device_bytes, compiled=t.compile)

@@ -103,3 +103,8 @@ def test_the_estimate_is_logged_once_at_start_on_the_cpu(tiny_parts, caplog):
         report_memory(cfg.trainer, cfg.optim.name, tiny_parts, Accelerator(cpu=True))
     lines = [record.message for record in caplog.records if "Memory per process" in record.message]
     assert len(lines) == 1 and "with gradient checkpointing" in lines[0] and "trainer.batch_size=1000000" in lines[0]
+    caplog.clear()
+    with caplog.at_level(logging.INFO):  # an online method's forwards take its own batches
+        report_memory(cfg.trainer, cfg.optim.name, tiny_parts, Accelerator(cpu=True), refuse_unfit=False)
+    [line] = [record.message for record in caplog.records if "Memory per process" in record.message]
+    assert "trainer.batch_size" not in line and "the method's own batches" in line
