@@ -31,6 +31,7 @@ from dit_trainer.config import DataConfig, ModelConfig, PreviewConfig, TrainerCo
 from dit_trainer.data.buckets import BucketTable
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.loading import build_dataloader, build_source, loader_options
+from dit_trainer.data.mixture import item_sources
 from dit_trainer.data.sources.transforms import to_tensor
 from dit_trainer.errors import ConfigError, shortlist
 from dit_trainer.images import image_grid
@@ -76,7 +77,8 @@ def preview_items(
     dataset, held_out = build_source(data, validation, trainer.batch_size, trainer.seed, buckets, None, accelerator)
     held = len(held_out) if held_out is not None and validation.split and not validation.path else 0
     device = torch.device("cpu")
-    if isinstance(dataset, IterableDataset):  # a stream: the training loader's first items
+    if isinstance(dataset, IterableDataset) or item_sources(dataset) is not None:
+        # a stream, or a mixture (whose epochs draw each source by its weight): the training loader's first items
         batches = build_dataloader(data, trainer, dataset, device)
     else:
         order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(trainer.seed))

@@ -126,3 +126,22 @@ def test_a_file_whose_writing_fails_is_removed(tmp_path):
         file.write(b"\x89PNG")
         raise ValueError("the encoder failed")
     assert not (tmp_path / "00000.png").exists()
+
+
+def test_a_mixture_is_previewed_as_its_weights_draw_it(tmp_path):
+    """Two folders of 12 images weighted 3:1: an epoch's 24 items are 18 and 6, as training draws them (the preview
+    drew uniformly over both: 12 and 12)."""
+    from tests.data.files import image_folder, png_bytes
+
+    folders = []
+    for name in ("photos", "drawings"):
+        (tmp_path / name).mkdir()
+        rows = [{"file_name": f"{i}.png", "text": f"a {name[:-1]}"} for i in range(12)]
+        folders.append(image_folder(tmp_path / name, rows, {row["file_name"]: png_bytes() for row in rows}))
+    mixture = f"data.mixture=[{{path: {folders[0]}, weight: 3}}, {{path: {folders[1]}, weight: 1}}]"
+    out = tmp_path / "preview"
+    result = _preview("data=imagefolder", mixture, "data.resolution=32", "data.num_workers=0", "trainer.batch_size=4",
+                      "validation.every_n_steps=0", f"out_dir={out}", "n=24")  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    captions = [json.loads(line)["caption"] for line in (out / "index.jsonl").read_text().splitlines()]
+    assert (captions.count("a photo"), captions.count("a drawing")) == (18, 6)
