@@ -45,3 +45,16 @@ def test_a_position_in_other_batches_is_the_same_image_of_the_same_epoch():
     assert position.micro_steps(batches_per_epoch=10, images_per_batch=6) == 25
     assert position.micro_steps(batches_per_epoch=5, images_per_batch=12) == 12  # 24 images: 6 are read again
     assert position.micro_steps(batches_per_epoch=4, images_per_batch=4) == 12  # past this batching's epoch: its end
+
+
+def test_what_the_next_log_step_averages_comes_back_to_its_own_process_only(tmp_path):
+    """The losses since the last log are each process's own: a process the checkpoint did not have starts empty."""
+    saved = TrainingState(torch.Generator())
+    saved.since_log["loss"] = torch.tensor([1.5, 2.5])
+    saved.since_log["loss_by_timestep"] = torch.ones(2, 10)
+    saved.save(tmp_path / "trainer_state_0.safetensors")
+    restored, newcomer = TrainingState(torch.Generator()), TrainingState(torch.Generator())
+    restored.load(tmp_path, 0)
+    newcomer.load(tmp_path, 1)
+    assert torch.equal(restored.since_log["loss"], torch.tensor([1.5, 2.5]))
+    assert torch.equal(restored.since_log["loss_by_timestep"], torch.ones(2, 10)) and newcomer.since_log == {}
