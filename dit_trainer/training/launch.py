@@ -104,6 +104,6 @@ def build_accelerator(trainer: TrainerConfig, logger: LoggerConfig, run_dir: Pat
         # NCCL's default 10 minutes would kill a long FID evaluation.
         kwargs_handlers=[InitProcessGroupKwargs(timeout=timedelta(minutes=trainer.collective_timeout_minutes))],
     )
-    refuse_fp16_without_autocast(trainer.mixed_precision, mixed_precision, accelerator.native_amp)
+    refuse_fp16_without_autocast(trainer.mixed_precision, mixed_precision, accelerator.device.type != "cpu")
     shard_on_cpu_processes(accelerator)
     return accelerator
