@@ -145,7 +145,8 @@ def check_compatible(
             "trainer.resume",
             str(path),
             f"it was written by {_processes(world_size)} and this run has {processes} ({same_processes_because})",
-            f"resume with {world_size} processes (e.g. `accelerate launch --num_processes {world_size}`), or "
+            f"resume with {world_size} processes (e.g. `accelerate launch --num_processes {world_size}`; CPU "
+            "processes with `ACCELERATE_USE_CPU=1` and `--multi_gpu`), or "
             "start a fresh run in a new `hydra.run.dir`",
         )
     if world_size != processes:
