@@ -47,10 +47,10 @@ def check_online(
     prompts = load_prompts(rollouts.prompts, rollouts.prompt_file, f"{method}.")
     check_gold(conditioner, reward, method, rollouts, prompts)
     key = f"{method}.prompt_file" if rollouts.prompt_file else f"{method}.prompts"
+    if conditioner.kind == CLASS_LABELS:  # first: what the model can be asked for at all
+        check_prompts_are_classes(conditioner, key, prompts)
     trained_on = [name for name, weight in reward.weights.items() if weight]
     check_judged(trained_on, key, rollouts.prompt_file or prompts, prompts)
-    if conditioner.kind == CLASS_LABELS:
-        check_prompts_are_classes(conditioner, key, prompts)
     images = rollouts.prompts_per_epoch * rollouts.group_size
     require(
         images >= rollouts.minibatches,
@@ -123,9 +123,9 @@ def check_gold(
         f"{', ...' if len(trained) > 3 else ''}): the gold reward must be read on prompts the run never trains on",
         f"hold those prompts out of `{method}.prompts` / `{method}.prompt_file`, or choose other gold prompts",
     )
-    check_judged([gold], key, rollouts.gold_prompt_file or held_out, held_out)
     if conditioner.kind == CLASS_LABELS:
         check_prompts_are_classes(conditioner, key, held_out)
+    check_judged([gold], key, rollouts.gold_prompt_file or held_out, held_out)
 
 
 def check_judged(rewards: list[str], key: str, value: object, prompts: list[str]) -> None:
