@@ -133,8 +133,10 @@ class TimestepLossBuckets:
         return {name: total / count for name, total, count in zip(self.names, *totals) if count}
 
     def _totals(self) -> torch.Tensor:
-        """(2, BUCKETS): the sums and the counts since the last log."""
-        return self.since_log.setdefault(self.KEY, torch.zeros(2, self.BUCKETS, device=self.device))
+        """(2, BUCKETS): the sums and the counts since the last log (made at the first step after it)."""
+        if self.KEY not in self.since_log:
+            self.since_log[self.KEY] = torch.zeros(2, self.BUCKETS, device=self.device)
+        return self.since_log[self.KEY]
 
 
 def save_loss_curve(records: list[dict], path: Path, size: tuple[int, int] = (640, 360)) -> None:
