@@ -21,6 +21,8 @@ without ``trainer.allow_config_change=true``).
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,7 +40,7 @@ from dit_trainer.config import TrainConfig, call_with_sections, check_fields, re
 from dit_trainer.config.choices import CLASS_LABELS
 from dit_trainer.config.command_line import parsed_overrides
 from dit_trainer.config.renamed import move_renamed_keys, move_renamed_sections_in_saved
-from dit_trainer.config.resolvers import check_package_model, register_resolvers
+from dit_trainer.config.resolvers import check_package_model, register_resolvers, relocated_paths
 from dit_trainer.data import SOURCES
 from dit_trainer.diffusion import OBJECTIVES, SAMPLERS
 from dit_trainer.errors import ConfigError
@@ -46,6 +48,8 @@ from dit_trainer.methods import METHODS, method_of
 from dit_trainer.rewards import REWARDS
 from dit_trainer.runs.init_run import check_init_from, inherit_init_run, init_checkpoint, starting_weights
 from dit_trainer.runs.run_folder import CHECKPOINTS, CONFIG, is_checkpoint, list_checkpoints
+
+logger = logging.getLogger(__name__)
 
 RESUME = "trainer.resume"
 MULTIRUN_FLAGS = ("-m", "--multirun")
@@ -273,7 +277,9 @@ def saved_config(run_dir: Path) -> DictConfig:
     refuse_interpolations(saved, config_path)
     drop_unread_sections(saved)
     if isinstance(saved, DictConfig):  # (not a mapping: the merge below says so in one paragraph)
-        saved = OmegaConf.create(move_renamed_sections_in_saved(OmegaConf.to_container(saved)))
+        tree, moved = relocated_paths(move_renamed_sections_in_saved(OmegaConf.to_container(saved)))
+        report_relocated(moved, config_path)
+        saved = OmegaConf.create(tree)
     try:
         return OmegaConf.merge(OmegaConf.structured(TrainConfig), saved)
     except OmegaConfBaseException as error:  # a setting renamed, removed or retyped since the run was trained
@@ -286,6 +292,16 @@ def saved_config(run_dir: Path) -> DictConfig:
             f"edit that key in {config_path} to the current setting (`python train.py --cfg job` prints them "
             "all) or remove it, then run again",
         ) from None
+
+
+def report_relocated(moved: dict[str, str], config_path: Path) -> None:
+    """Say which recorded paths of a moved install are read from this one (``config.resolvers.relocated``)."""
+    if moved and os.environ.get("RANK", "0") == "0":
+        listed = ", ".join(f"{old} -> {new}" for old, new in moved.items())
+        logger.warning(
+            f"{config_path} names files of a dit-trainer or package install that is no longer there; reading this "
+            f"install's copies: {listed}"
+        )
 
 
 def drop_unread_sections(saved: DictConfig) -> None:

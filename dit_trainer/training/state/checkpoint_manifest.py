@@ -27,6 +27,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 
 from dit_trainer.config.renamed import move_renamed_keys_in_saved
+from dit_trainer.config.resolvers import relocated_paths
 from dit_trainer.errors import ConfigError
 from dit_trainer.runs.run_folder import MANIFEST, resolve_checkpoint, same_own_weights
 from dit_trainer.training.optimizers import check_resumed_optimizer
@@ -161,7 +162,7 @@ def check_compatible(
         if manifest.get("config_hash") != config_hash(config):
             logger.warning(f"The config differs from the one {path.name} was trained with; continuing with it.")
         return
-    saved = move_renamed_keys_in_saved(manifest["config"])
+    saved, _ = relocated_paths(move_renamed_keys_in_saved(manifest["config"]))  # a moved install: as the config's
     pretrained = saved.get("model", {}).get("pretrained"), config["model"]["pretrained"]
     if same_own_weights(*pretrained, run_dir=path.parent.parent):  # the run folder was moved or copied
         saved = {**saved, "model": {**saved["model"], "pretrained": pretrained[1]}}

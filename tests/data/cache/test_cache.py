@@ -228,3 +228,18 @@ def test_class_ids_are_stored_in_a_type_that_holds_them(tmp_path, in_memory, mon
     assert dataset.in_memory == in_memory
     assert [dataset[i]["text_embeds"].item() for i in range(6)] == [3, 127, 128, 300, 5, 9]
     assert all(dataset[i]["text_embeds"].dtype == dataset[i]["text_mask"].dtype == torch.long for i in range(6))
+
+
+def test_a_cache_written_in_an_environment_since_rebuilt_matches_this_ones_text_encoder(folder_cache):
+    """The fingerprint records the text encoder's weights by their path in the virtual environment that wrote the
+    cache; the same package's weights in a rebuilt one are the same encoder (the cache was refused as another)."""
+    images, cache = folder_cache
+    index = json.loads((cache / INDEX).read_text())
+    encoder = index["fingerprint"]["text_encoder"]
+    installed = Path(encoder["pretrained"])
+    assert "site-packages" in installed.parts  # the shipped MiniLM, from its package
+    at = installed.parts.index("site-packages")
+    encoder["pretrained"] = str(Path("/gone/venv", *installed.parts[at:]))
+    (cache / INDEX).write_text(json.dumps(index))
+    dataset, _ = open_cache_of(_folder_config(images, cache))
+    assert len(dataset) == 4

@@ -14,7 +14,7 @@ from accelerate import Accelerator, PartialState
 from diffusers.optimization import get_scheduler
 
 from dit_trainer.components.freeze import trainable_parameters
-from dit_trainer.config import TrainConfig
+from dit_trainer.config import ASSETS_DIR, TrainConfig
 from dit_trainer.config.schema import OptimConfig, TrainerConfig
 from dit_trainer.errors import ConfigError
 from dit_trainer.runs.run_folder import LORA_WEIGHTS, MANIFEST, list_checkpoints, remove_unfinished_writes
@@ -288,3 +288,21 @@ def test_a_resume_that_changes_the_model_is_refused_naming_the_key_unless_allowe
     _, other_lr, _ = tiny_run(tmp_path, "linear")
     other_lr.config = other_lr.config | {"optim": other_lr.config["optim"] | {"lr": 1e-5}}
     assert other_lr.restore("latest") is not None
+
+
+def test_a_checkpoint_of_a_moved_checkout_resumes_with_this_installs_shipped_vae(tmp_path):
+    """The checkpoint records the shipped VAE by the path of the checkout that trained it; once that checkout has
+    moved, the same VAE of this install is no change of model (it was refused as one). Another VAE still is."""
+    _, writer, _ = tiny_run(tmp_path, "linear")
+    shipped = str(ASSETS_DIR / "shapes_vae")
+    gone = "/gone/dit_trainer/assets/shapes_vae"
+    writer.config = writer.config | {"vae": writer.config["vae"] | {"pretrained": gone}}
+    writer.save(2)
+    _, reader, _ = tiny_run(tmp_path, "linear")
+    reader.config = reader.config | {"vae": reader.config["vae"] | {"pretrained": shipped}}
+    assert reader.restore("latest") is not None
+    _, other, _ = tiny_run(tmp_path, "linear")
+    other.config = other.config | {"vae": other.config["vae"] | {"pretrained": str(tmp_path)}}
+    with pytest.raises(ConfigError) as caught:
+        other.restore("latest")
+    assert f"vae.pretrained ('{shipped}' -> '{tmp_path}')" in str(caught.value)
