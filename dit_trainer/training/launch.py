@@ -63,14 +63,16 @@ def check_launch_devices() -> None:
 
 def describe_processes(accelerator: Accelerator) -> str:
     """``1 process on cpu (no GPU found)``, ``8 processes (DDP) on cuda: NVIDIA H100 80GB HBM3``, ``2 processes
-    (FSDP2) on cpu (gloo)``."""
+    (FSDP2) on cpu (gloo)``. FSDP is named even for one process: its checkpoints are sharded, and only an FSDP
+    launch resumes them."""
     count = accelerator.num_processes
     kind = {
         DistributedType.FSDP: "FSDP2" if accelerator.is_fsdp2 else "FSDP",
         DistributedType.MULTI_GPU: "DDP",
         DistributedType.MULTI_CPU: "DDP",
     }.get(accelerator.distributed_type)
-    processes = f"{count} process{'es' if count > 1 else ''}{f' ({kind})' if kind and count > 1 else ''}"
+    named = kind and (count > 1 or accelerator.distributed_type == DistributedType.FSDP)
+    processes = f"{count} process{'es' if count > 1 else ''}{f' ({kind})' if named else ''}"
     device = accelerator.device
     if device.type == "cuda":
         where = f"cuda: {torch.cuda.get_device_name(device)}"

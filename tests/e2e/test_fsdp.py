@@ -148,6 +148,7 @@ def test_a_two_process_checkpoint_resumes_on_three_at_the_same_lr_then_exports_a
     assert f"resuming from {run_dir}/checkpoints/checkpoint-4 instead" in log
     assert "checkpoint-4 holds no EMA weights" in log and "the EMA starts from its restored weights" in log
     assert "written by 2 processes, on 3" in log and "the LR schedule continue exactly" in log
+    assert "Processes 3 processes (FSDP2) on cpu" in log
     straight, resumed = lrs(fsdp_run), lrs(run_dir)
     assert sorted(resumed) == list(range(1, 9)) and len({straight[s] for s in range(5, 9)}) == 4
     assert all(math.isclose(resumed[s], straight[s], rel_tol=1e-6, abs_tol=1e-12) for s in range(5, 9)), resumed
