@@ -25,8 +25,6 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-from torchmetrics.image.fid import FrechetInceptionDistance
-from torchmetrics.image.kid import KernelInceptionDistance
 
 from dit_trainer.config import DataConfig, VAEConfig, ValidationConfig
 from dit_trainer.data import SOURCES
@@ -169,6 +167,9 @@ class _Precomputed(nn.Identity):
 def distances(real: torch.Tensor, fake: torch.Tensor, seed: int = 0) -> dict[str, float]:
     """FID and KID (mean, std over torchmetrics' 100 random subsets, drawn from ``seed``) between two feature
     sets (N, d) of at least ``MIN_FID_IMAGES`` each (the callers refuse fewer before sampling)."""
+    from torchmetrics.image.fid import FrechetInceptionDistance  # here: every run imports this module, few use FID
+    from torchmetrics.image.kid import KernelInceptionDistance
+
     dims = real.shape[1]
     fid = FrechetInceptionDistance(feature=_Precomputed(dims))
     subset = min(KID_SUBSET_SIZE, len(real), len(fake))
