@@ -3,6 +3,8 @@ from the subfolders of one pipeline folder (``conditioner.pretrained``)."""
 
 from __future__ import annotations
 
+import logging
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -14,10 +16,12 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from dit_trainer.components.freeze import freeze
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ConditionerConfig
-from dit_trainer.errors import require
-from dit_trainer.hub import load_pretrained
+from dit_trainer.errors import ModelLoadError, require, shortlist
+from dit_trainer.hub import load_pretrained, pretrained_config
 
 T = TypeVar("T")
+M = TypeVar("M", bound=PreTrainedModel)
+logger = logging.getLogger(__name__)
 T5_MAX_LENGTH = 512  # StableDiffusion3Pipeline and FluxPipeline refuse a longer max_sequence_length
 
 
@@ -103,12 +107,37 @@ def load_part(cfg: ConditionerConfig, from_pretrained: Callable[..., T], subfold
     )
 
 
+def load_encoder(cfg: ConditionerConfig, model_class: type[M], subfolder: str | None, dtype: torch.dtype) -> M:
+    """The encoder ``model_class`` from ``subfolder`` of ``conditioner.pretrained``, in ``dtype``. Refused when most
+    of its weights are not in the checkpoint: transformers starts those at random with no more than a load report
+    (a CLIP folder read as T5 loads nothing), and the run would train on the features of a random network. A few
+    missing weights (a head the checkpoint lacks) are named in a warning."""
+    model, loading = load_part(cfg, model_class.from_pretrained, subfolder, dtype=dtype, output_loading_info=True)
+    missing, total = sorted(loading["missing_keys"]), len(model.state_dict())
+    if 2 * len(missing) >= total:
+        where = f"`conditioner.pretrained={cfg.pretrained}`" + (f" (subfolder `{subfolder}`)" if subfolder else "")
+        saved = pretrained_config(cfg.pretrained, subfolder, cfg.revision) or {}
+        holds = saved.get("architectures") or [saved.get("model_type", "another model")]
+        raise ModelLoadError(
+            f"{where} lacks {len(missing)} of the {total} weights of a {model_class.__name__} (e.g. {missing[0]}): "
+            f"its config.json says {holds[0]}, and transformers would start the missing ones at random, so the run "
+            "would condition on noise. To fix it, set `conditioner.kind` to the encoder the folder holds (`auto` "
+            "reads it from the config.json), or point `conditioner.pretrained` at the model the family's pipeline "
+            "uses."
+        )
+    if missing and os.environ.get("RANK", "0") == "0":
+        logger.warning(
+            f"{model_class.__name__} from {cfg.pretrained} starts {len(missing)} weights at random, as the checkpoint "
+            f"lacks them: {shortlist(missing, 5)}"
+        )
+    return model
+
+
 def load_pair(cfg: ConditionerConfig, index: str, model_class, device: torch.device, dtype: torch.dtype):
     """A pipeline's ``tokenizer<index>`` and ``text_encoder<index>`` (``index``: "", "_2", "_3") from the pipeline
     folder ``conditioner.pretrained``, the encoder in ``dtype`` on ``device``."""
     tokenizer = load_part(cfg, AutoTokenizer.from_pretrained, f"tokenizer{index}")
-    model = load_part(cfg, model_class.from_pretrained, f"text_encoder{index}", dtype=dtype)
-    return tokenizer, model.to(device)
+    return tokenizer, load_encoder(cfg, model_class, f"text_encoder{index}", dtype).to(device)
 
 
 def check_pipeline_folder(conditioner: ConditionerConfig, parts: str, t5_note: str) -> None:

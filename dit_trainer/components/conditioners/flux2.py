@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from dit_trainer.components.conditioners.base import TokenizedConditioner, load_part, tokenize
+from dit_trainer.components.conditioners.base import TokenizedConditioner, load_encoder, load_part, tokenize
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ConditionerConfig
@@ -80,7 +80,7 @@ def _build(cfg: ConditionerConfig, device: torch.device, dtype: torch.dtype) -> 
         "point `conditioner.pretrained` at a FLUX.2 klein pipeline folder (its tokenizer/ is Qwen3's, with the "
         "template)",
     )
-    model = load_part(cfg, AutoModelForCausalLM.from_pretrained, cfg.subfolder or TEXT_ENCODER, dtype=dtype)
+    model = load_encoder(cfg, AutoModelForCausalLM, cfg.subfolder or TEXT_ENCODER, dtype)
     layers = model.config.num_hidden_layers
     require(
         layers >= max(HIDDEN_LAYERS),

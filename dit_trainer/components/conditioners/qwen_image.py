@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-from dit_trainer.components.conditioners.base import TokenizedConditioner, load_part, tokenize
+from dit_trainer.components.conditioners.base import TokenizedConditioner, load_encoder, load_part, tokenize
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ConditionerConfig
@@ -74,9 +74,7 @@ def _build(cfg: ConditionerConfig, device: torch.device, dtype: torch.dtype) -> 
     pipeline's own class (an export hands it on whole); ``conditioner.subfolder``/``tokenizer_subfolder`` override
     the folder's ``text_encoder/`` and ``tokenizer/``."""
     tokenizer = load_part(cfg, AutoTokenizer.from_pretrained, cfg.tokenizer_subfolder or TOKENIZER)
-    model = load_part(
-        cfg, Qwen2_5_VLForConditionalGeneration.from_pretrained, cfg.subfolder or TEXT_ENCODER, dtype=dtype
-    )
+    model = load_encoder(cfg, Qwen2_5_VLForConditionalGeneration, cfg.subfolder or TEXT_ENCODER, dtype)
     return QwenImageConditioner(tokenizer, model.to(device), cfg.max_length, cfg.memo_size)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel
 
-from dit_trainer.components.conditioners.base import TokenizedConditioner, load_part, tokenize
+from dit_trainer.components.conditioners.base import TokenizedConditioner, load_encoder, load_part, tokenize
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ConditionerConfig
@@ -68,7 +68,7 @@ def build(cfg: ConditionerConfig, device: torch.device, dtype: torch.dtype) -> S
     """The Gemma-2 decoder and tokenizer of the pipeline folder ``conditioner.pretrained``, frozen, in ``dtype``;
     ``conditioner.subfolder``/``tokenizer_subfolder`` override the folder's ``text_encoder/`` and ``tokenizer/``."""
     tokenizer = load_part(cfg, AutoTokenizer.from_pretrained, cfg.tokenizer_subfolder or TOKENIZER)
-    model = load_part(cfg, AutoModel.from_pretrained, cfg.subfolder or TEXT_ENCODER, dtype=dtype)
+    model = load_encoder(cfg, AutoModel, cfg.subfolder or TEXT_ENCODER, dtype)
     return SanaConditioner(tokenizer, model.to(device), cfg.max_length, list(cfg.instruction), cfg.memo_size)
 
 

@@ -7,7 +7,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoTokenizer, CLIPTextModel, PreTrainedModel, T5EncoderModel
 
 from dit_trainer.components import CONDITIONER_KINDS
-from dit_trainer.components.conditioners.base import FrozenConditioner, load_part, tokenize
+from dit_trainer.components.conditioners.base import FrozenConditioner, load_encoder, load_part, tokenize
 from dit_trainer.components.freeze import freeze
 from dit_trainer.components.kinds import Conditioner, ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
@@ -81,7 +81,7 @@ def _model_class(cfg: ConditionerConfig) -> type[PreTrainedModel]:
 def _transformers_encoder(cfg: ConditionerConfig, device: torch.device, dtype: torch.dtype) -> FrozenTextEncoder:
     """The configured transformers text encoder and its tokenizer, frozen, on ``device`` in ``dtype``."""
     tokenizer = load_part(cfg, AutoTokenizer.from_pretrained, cfg.tokenizer_subfolder)
-    model = load_part(cfg, _model_class(cfg).from_pretrained, cfg.subfolder, dtype=dtype)
+    model = load_encoder(cfg, _model_class(cfg), cfg.subfolder, dtype)
     encoder = FrozenTextEncoder(tokenizer, model.to(device), cfg.max_length, cfg.memo_size, cfg.pooling)
     if cfg.pooling == "pooler":
         encoder.encode([""])  # a model without a pooled output is refused now, not at the first step

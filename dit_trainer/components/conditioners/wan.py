@@ -17,7 +17,7 @@ import torch
 from diffusers.pipelines.wan.pipeline_wan import prompt_clean
 from transformers import AutoTokenizer, UMT5EncoderModel
 
-from dit_trainer.components.conditioners.base import TokenizedConditioner, load_part, tokenize
+from dit_trainer.components.conditioners.base import TokenizedConditioner, load_encoder, load_part, tokenize
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ConditionerConfig
@@ -58,7 +58,7 @@ def _build(cfg: ConditionerConfig, device: torch.device, dtype: torch.dtype) -> 
     """The UMT5 and tokenizer of the pipeline folder ``conditioner.pretrained``, frozen, in ``dtype``;
     ``conditioner.subfolder``/``tokenizer_subfolder`` override the folder's ``text_encoder/`` and ``tokenizer/``."""
     tokenizer = load_part(cfg, AutoTokenizer.from_pretrained, cfg.tokenizer_subfolder or TOKENIZER)
-    model = load_part(cfg, UMT5EncoderModel.from_pretrained, cfg.subfolder or TEXT_ENCODER, dtype=dtype)
+    model = load_encoder(cfg, UMT5EncoderModel, cfg.subfolder or TEXT_ENCODER, dtype)
     return WanConditioner(tokenizer, model.to(device), cfg.max_length, cfg.memo_size)
 
 

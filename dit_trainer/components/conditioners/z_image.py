@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
-from dit_trainer.components.conditioners.base import TokenizedConditioner, load_part, tokenize
+from dit_trainer.components.conditioners.base import TokenizedConditioner, load_encoder, load_part, tokenize
 from dit_trainer.components.kinds import ConditionerKind
 from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ConditionerConfig
@@ -70,7 +70,7 @@ def _build(cfg: ConditionerConfig, device: torch.device, dtype: torch.dtype) -> 
         "its tokenizer has no chat template, and Z-Image encodes every prompt as a chat turn",
         "point `conditioner.pretrained` at a Z-Image pipeline folder (its tokenizer/ is Qwen3's, with the template)",
     )
-    model = load_part(cfg, AutoModel.from_pretrained, cfg.subfolder or TEXT_ENCODER, dtype=dtype)
+    model = load_encoder(cfg, AutoModel, cfg.subfolder or TEXT_ENCODER, dtype)
     return ZImageConditioner(tokenizer, model.to(device), cfg.max_length, cfg.memo_size)
 
 

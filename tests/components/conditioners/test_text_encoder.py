@@ -1,14 +1,18 @@
 """The frozen text encoder (``components/conditioners/text_encoder.py``): fixed-length hidden states and masks from
 MiniLM, an exact and bounded memo, and a T5 encoder loaded from a pipeline's sub-folders."""
 
+import shutil
+
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import BertModel, T5EncoderModel
 
 from dit_trainer.components.conditioners.text_encoder import build_text_encoder
 from dit_trainer.condition import ConditionSize
 from dit_trainer.config import ConditionerConfig
-from dit_trainer.errors import ConfigError
+from dit_trainer.errors import ConfigError, ModelLoadError
+from tests.conftest import one_paragraph
 
 CPU = torch.device("cpu")
 
@@ -72,3 +76,30 @@ def test_a_pooler_is_refused_for_an_encoder_that_has_none(tiny_t5_dir):
                             max_length=12, pooling="pooler")  # fmt: skip
     with pytest.raises(ConfigError, match="T5EncoderModel has no pooled output"):
         build_text_encoder(cfg, CPU)
+
+
+def test_a_folder_of_another_encoder_is_refused_not_loaded_at_random(minilm_path, tiny_t5_dir):
+    """MiniLM's folder read as T5 (or T5's as CLIP) loaded none of the encoder's weights: transformers started
+    them all at random and the run trained on noise features, exit 0. Now one paragraph names the folder, the class
+    asked for and what the folder holds."""
+    with pytest.raises(ModelLoadError) as caught:
+        build_text_encoder(ConditionerConfig(pretrained=minilm_path, kind="t5", max_length=8), CPU)
+    message = one_paragraph(caught.value, "conditioner.pretrained")
+    assert "of a T5EncoderModel" in message and "says BertModel" in message and "`conditioner.kind`" in message
+    t5 = ConditionerConfig(pretrained=str(tiny_t5_dir), kind="clip", subfolder="text_encoder",
+                           tokenizer_subfolder="tokenizer", max_length=8)  # fmt: skip
+    with pytest.raises(ModelLoadError, match="subfolder `text_encoder`.*of a CLIPTextModel.*says T5EncoderModel"):
+        build_text_encoder(t5, CPU)
+
+
+def test_a_few_weights_missing_from_an_encoder_are_named_in_a_warning(tiny_t5_dir, tmp_path, caplog):
+    folder = tmp_path / "t5"
+    shutil.copytree(tiny_t5_dir, folder)
+    weights = folder / "text_encoder" / "model.safetensors"
+    tensors = load_file(weights)
+    dropped = "encoder.final_layer_norm.weight"
+    save_file({name: tensor for name, tensor in tensors.items() if name != dropped}, weights, {"format": "pt"})
+    cfg = ConditionerConfig(pretrained=str(folder), subfolder="text_encoder", tokenizer_subfolder="tokenizer",
+                            max_length=8)  # fmt: skip
+    build_text_encoder(cfg, CPU)
+    assert f"starts 1 weights at random, as the checkpoint lacks them: {dropped}" in caplog.text
