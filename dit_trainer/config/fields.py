@@ -2,8 +2,8 @@
 
 Each helper returns a ``dataclasses.field`` whose metadata carries a ``Check``; OmegaConf reads only a field's type
 and default, so the schema stays a plain structured config. ``check_fields`` walks a config and raises one
-``ConfigError`` paragraph for the first value that fails its check. ``None`` always passes: only fields typed
-``X | None`` can hold it, and for them it means "not set".
+``ConfigError`` paragraph for the first value that fails its check. ``None`` passes where a field is typed
+``X | None`` (it means "not set"); a field typed ``Any`` (``data.buckets``) checks it like any value.
 """
 
 from __future__ import annotations
@@ -99,13 +99,14 @@ def non_empty(
 def check_fields(config: Any, prefix: str = "") -> None:
     """Every field check of ``config`` and of the dataclasses nested in it; the first failure is a
     ``ConfigError`` naming the full key (``trainer.batch_size``)."""
-    for key, value, check in _checked_values(config, prefix):
-        if value is not None and not check.test(value):
+    for key, value, check, optional in _checked_values(config, prefix):
+        if not (value is None and optional) and not check.test(value):
             fix = check.fix.format(key=key) if check.fix else None
             raise ConfigError(key, _plain(value), check.accepted(), fix)
 
 
-def _checked_values(config: Any, prefix: str) -> Iterable[tuple[str, Any, Check]]:
+def _checked_values(config: Any, prefix: str) -> Iterable[tuple[str, Any, Check, bool]]:
+    """(key, value, check, whether the field's type admits None) of every checked field."""
     for spec in dataclasses.fields(config):
         value = getattr(config, spec.name)
         key = f"{prefix}{spec.name}"
@@ -115,7 +116,7 @@ def _checked_values(config: Any, prefix: str) -> Iterable[tuple[str, Any, Check]
             for index, item in enumerate(value):
                 yield from _checked_values(item, f"{key}[{index}].")
         elif CHECK in spec.metadata:
-            yield key, value, spec.metadata[CHECK]
+            yield key, value, spec.metadata[CHECK], "None" in str(spec.type)
 
 
 def _plain(value: Any) -> Any:
