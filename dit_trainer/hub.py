@@ -69,7 +69,32 @@ def load_pretrained(load: Callable[..., T], name_or_path: str, config_key: str, 
         return load(name_or_path, **kwargs)
     except (OSError, ValueError) as error:  # huggingface_hub's errors derive from OSError or ValueError
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        folder = Path(name_or_path).expanduser()
+        if folder.is_dir():  # the loader's own words take a folder it cannot read for a hub id
+            reason = _what_the_folder_lacks(folder, kwargs.get("subfolder") or "", config_key) or reason
         raise _error(name_or_path, config_key, reason) from error
+
+
+# A pipeline folder's part that each config section loads (diffusers' model_index.json names them).
+PIPELINE_PARTS = {"model": "transformer", "vae": "vae", "conditioner": "text_encoder"}
+
+
+def _what_the_folder_lacks(folder: Path, subfolder: str, config_key: str) -> str | None:
+    """Why a local ``folder`` (at ``subfolder``) holds no model to load, where it can be told: a pipeline's root,
+    whose parts live in sub-folders; a sub-folder that is not there; an empty folder. None: another reason."""
+    section = config_key.split(".")[0]
+    part = PIPELINE_PARTS.get(section)
+    if not subfolder and (folder / "model_index.json").is_file() and part and (folder / part).is_dir():
+        return (
+            f"it is a diffusers pipeline's folder (it holds model_index.json), whose parts are in sub-folders: set "
+            f"`{section}.subfolder={part}`"
+        )
+    at = folder / subfolder
+    if not at.is_dir():
+        return f"it has no sub-folder `{subfolder}` (`{section}.subfolder`)"
+    if not any(at.iterdir()):
+        return f"{at} is empty (no config.json, no weights)"
+    return None
 
 
 def require_offline_copy(name_or_path: str, config_key: str) -> None:

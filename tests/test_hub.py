@@ -58,3 +58,16 @@ def test_a_hub_id_missing_offline_gets_the_download_advice():
     assert "with HF_HUB_OFFLINE=1" in message and "neither a local folder nor in the hub cache" in message
     assert "huggingface-cli download org/no-such-model-for-this-test --local-dir DIR" in message
     assert "`conditioner.pretrained=DIR`" in message
+
+
+def test_a_pipeline_folder_without_its_subfolder_is_told_which_subfolder_to_set(tmp_path):
+    """It was answered with huggingface_hub's "Repo id must be in the form 'repo_name'...": the folder is no repo
+    id, and the fix (the part's sub-folder) was never said."""
+    pipeline = tmp_path / "pipeline"
+    AutoencoderKL(block_out_channels=(8,), norm_num_groups=8, latent_channels=4).save_pretrained(pipeline / "vae")
+    (pipeline / "model_index.json").write_text('{"_class_name": "PixArtAlphaPipeline", "vae": ["diffusers", "x"]}')
+    with pytest.raises(ModelLoadError, match=r"a diffusers pipeline's folder .* set `vae.subfolder=vae`"):
+        load_pretrained(AutoencoderKL.from_pretrained, str(pipeline), "vae.pretrained")
+    with pytest.raises(ModelLoadError, match=r"it has no sub-folder `decoder` \(`vae.subfolder`\)"):
+        load_pretrained(AutoencoderKL.from_pretrained, str(pipeline), "vae.pretrained", subfolder="decoder")
+    assert isinstance(load_pretrained(AutoencoderKL.from_pretrained, str(pipeline), "", subfolder="vae"), AutoencoderKL)
