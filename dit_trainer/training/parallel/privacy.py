@@ -46,7 +46,7 @@ from dit_trainer.config import PrivacyConfig
 from dit_trainer.data.loading import require_full_batches
 from dit_trainer.data.poisson import PoissonBatchSampler, collate_poisson
 from dit_trainer.data.seeded_items import SeededItems
-from dit_trainer.errors import ConfigError
+from dit_trainer.errors import ConfigError, shortlist
 
 logging.getLogger("opacus").setLevel(logging.WARNING)  # it logs every hooked layer at INFO
 register_grad_sampler(BlockModulation)(block_modulation_grad_sample)
@@ -84,16 +84,23 @@ def check_model(model: nn.Module) -> None:
     """One paragraph for layers Opacus cannot train privately (BatchNorm mixes samples; others lack a grad
     sampler), instead of an error from inside its hooks at the first backward."""
     problems = [str(error).strip() for error in ModuleValidator.validate(model, strict=False)]
+    fixes = (
+        ["replace BatchNorm with GroupNorm or LayerNorm (`opacus.validators.ModuleValidator.fix`)"] if problems else []
+    )
     uncovered = without_per_sample_gradients(model)
     if uncovered:
-        problems.append(f"no per-sample gradient for {', '.join(uncovered[:6])}{' ...' if len(uncovered) > 6 else ''}")
+        layers = sorted({type(model.get_submodule(name.rpartition(".")[0])).__name__ for name in uncovered})
+        problems.append(
+            f"no per-sample gradient for {shortlist(uncovered, 6)} (Opacus has no grad sampler for "
+            f"{' or '.join(layers)})"
+        )
+        fixes.append("freeze those parameters (e.g. train LoRA adapters: `lora.enabled=true`)")
     if problems:
         raise ConfigError(
             "privacy.enabled",
             True,
             f"Opacus cannot train this DiT with differential privacy: {'; '.join(problems[:4])}",
-            "replace BatchNorm with GroupNorm or LayerNorm (`opacus.validators.ModuleValidator.fix`), or freeze the "
-            "listed parameters (e.g. train LoRA adapters: `lora.enabled=true`)",
+            ", or ".join(fixes),
         )
 
 

@@ -215,6 +215,26 @@ def test_batchnorm_is_refused_with_the_fix(tiny_transformer):
         check_model(dit)
 
 
+class Gain(torch.nn.Module):
+    """A layer whose weight Opacus has no grad sampler for (as an SD3.5 attention's qk-norm once had none)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(4))
+
+
+def test_a_layer_without_a_grad_sampler_is_refused_naming_its_type_not_batchnorm(tiny_transformer):
+    """It was told to replace BatchNorm, which the model did not have."""
+    dit = tiny_transformer(condition_dim=TINY_CONDITION_DIM)
+    expose_modulation_tables(dit.transformer)  # as make_private does: PixArt's own tables then have samplers
+    dit.transformer.gain = Gain()
+    with pytest.raises(ConfigError) as caught:
+        check_model(dit)
+    message = str(caught.value)
+    assert "transformer.gain.weight (Opacus has no grad sampler for Gain)" in message and "freeze those" in message
+    assert "BatchNorm" not in message
+
+
 TINY_DP = [*TINY_SHAPES, "privacy.enabled=true", "privacy.noise_multiplier=1.0", "trainer.ema_decay=0.9"]
 
 
