@@ -256,12 +256,15 @@ def check_command_line(argv: list[str], config_dir: Path) -> None:
             continue
         if key in groups and isinstance(override.value(), str):
             _check_option(key, override.value(), config_dir, "+" if override.is_add() else "")
-        elif not override.is_add() and not _known(key):
+        elif not _known(key):  # `+` too: Hydra adds the key, and the schema's loader drops it without a word
             closest = " or ".join(f"`{candidate}`" for candidate in closest_keys(key, keys))
+            added = " (a `+` adds keys only below a field that takes any, such as `model.extra_config`)"
             raise ConfigError(
                 key,
                 override.value(),
-                "the config has no such key" + (f" (the closest are {closest})" if closest else ""),
+                "the config has no such key"
+                + (f" (the closest are {closest})" if closest else "")
+                + (added if override.is_add() else ""),
                 "correct the key; `python train.py --cfg job` prints every key with its value",
             )
         elif key not in groups and not override.is_add() and not _indexes_a_list(key):

@@ -29,7 +29,9 @@ def test_the_closest_keys_lead_with_the_one_meant(key, meant):
     [(["trainer.lrr=1"], "`trainer.lrr`"),
      (["+experiment=shapes", "data.resolutoin=64"], "`data.resolution`"),
      (["model=pixart_tin"], "`model=pixart_tiny`"),
-     (["+experiment=shpes"], "`+experiment=shapes`")],
+     (["+experiment=shpes"], "`+experiment=shapes`"),
+     (["+optim.weight_decayy=0.1"], "`optim.weight_decay`"),  # a `+` was dropped without a word, exit 0
+     (["+trainer.foo=1"], "a `+` adds keys only below a field that takes any")],
 )  # fmt: skip
 def test_a_mistyped_key_or_option_is_refused_naming_the_closest(argv, named):
     with pytest.raises(ConfigError) as caught:
@@ -41,7 +43,8 @@ def test_a_mistyped_key_or_option_is_refused_naming_the_closest(argv, named):
     "argv",
     [["+experiment=shapes", "trainer.max_steps=5", "model=pixart_xl_2", "hydra.run.dir=/tmp/x", "--cfg", "job"],
      ["reward=none", r"+reward.weights={toy_extension\:TOY_REWARD:1.0}", "data.buckets=[[32,32]]", "~model"],
-     ["-m", "optim.lr=1e-3,1e-4", "monitor.reward.prompts=[a,b]", "reward.weights.clip_score=1.0"]],
+     ["-m", "optim.lr=1e-3,1e-4", "monitor.reward.prompts=[a,b]", "reward.weights.clip_score=1.0"],
+     ["+model.extra_config.sample_size=64", "+reward.weights.clip_score=1.0"]],
 )  # fmt: skip
 def test_valid_command_lines_pass(argv):
     check_command_line(argv, CONFIG_DIR)
