@@ -40,7 +40,13 @@ from dit_trainer.config import TrainConfig, call_with_sections, check_fields, re
 from dit_trainer.config.choices import CLASS_LABELS
 from dit_trainer.config.command_line import parsed_overrides
 from dit_trainer.config.renamed import move_renamed_keys, move_renamed_sections_in_saved
-from dit_trainer.config.resolvers import check_package_model, register_resolvers, relocated_paths
+from dit_trainer.config.resolvers import (
+    LOCAL_PATH_KEYS,
+    check_package_model,
+    register_resolvers,
+    relocated_paths,
+    with_absolute_paths,
+)
 from dit_trainer.data import SOURCES
 from dit_trainer.diffusion import OBJECTIVES, SAMPLERS
 from dit_trainer.errors import ConfigError
@@ -74,12 +80,26 @@ def to_train_config(
     structured = OmegaConf.to_object(typed_by_schema(cfg))
     structured = move_renamed_keys(structured)  # before the field checks: a moved value is checked at its new key
     check_fields(structured)
+    structured = with_absolute_local_paths(structured)
     METHODS.check(structured.trainer.method)
     if structured.trainer.init_from and structured.trainer.init_weights is None:
         check_init_from(structured, method_of(structured.trainer).reads_data)
         structured = start_from_run(structured, overrides, run_dir)
     check_package_model(str(structured.conditioner.pretrained))
     return with_tracker_names(with_lora_targets(validate(with_class_folders(structured))), overrides)
+
+
+def with_absolute_local_paths(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with its relative paths of local models and data made absolute (``config.resolvers.LOCAL_PATH_KEYS``):
+    the saved config then serves a resume, ``sample.py`` or ``export.py`` from any working directory."""
+    sections = {section: dataclasses.asdict(getattr(cfg, section)) for section, _ in LOCAL_PATH_KEYS}
+    absolute = with_absolute_paths(sections)
+    changed = {
+        section: dataclasses.replace(getattr(cfg, section), **{key: absolute[section][key]})
+        for section, key in LOCAL_PATH_KEYS
+        if absolute[section][key] != sections[section][key]
+    }
+    return dataclasses.replace(cfg, **changed) if changed else cfg
 
 
 def typed_by_schema(cfg: DictConfig | TrainConfig) -> DictConfig:

@@ -57,6 +57,32 @@ def relocated(value: str) -> str:
     return value
 
 
+# Settings that name a local folder when one exists at that path (else a hub id or data set name): recorded absolute,
+# so that a run resumes, samples and exports from any working directory.
+LOCAL_PATH_KEYS = (
+    ("model", "pretrained"),
+    ("vae", "pretrained"),
+    ("conditioner", "pretrained"),
+    ("data", "path"),
+    ("validation", "path"),
+)
+
+
+def with_absolute_paths(tree: dict[str, Any]) -> dict[str, Any]:
+    """A plain config tree whose ``LOCAL_PATH_KEYS`` that are relative paths of existing files or folders (from the
+    working directory) are made absolute. Applied to new configs and, for the comparisons of a resume, to configs
+    recorded before they were made absolute (then read from the same working directory)."""
+    tree = dict(tree)
+    for section, key in LOCAL_PATH_KEYS:
+        values = tree.get(section)
+        value = values.get(key) if isinstance(values, dict) else None
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            local = Path(value).expanduser()
+            if local.exists():
+                tree[section] = {**values, key: str(local.absolute())}
+    return tree
+
+
 def relocated_paths(tree: Any) -> tuple[Any, dict[str, str]]:
     """A plain config tree (a saved config, a cache's fingerprint) with each path ``relocated``, and what moved
     (``{recorded: now}``)."""

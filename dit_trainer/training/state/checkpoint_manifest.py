@@ -27,7 +27,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 
 from dit_trainer.config.renamed import move_renamed_keys_in_saved
-from dit_trainer.config.resolvers import relocated_paths
+from dit_trainer.config.resolvers import relocated_paths, with_absolute_paths
 from dit_trainer.errors import ConfigError
 from dit_trainer.runs.run_folder import MANIFEST, resolve_checkpoint, same_own_weights
 from dit_trainer.training.optimizers import check_resumed_optimizer
@@ -163,6 +163,7 @@ def check_compatible(
             logger.warning(f"The config differs from the one {path.name} was trained with; continuing with it.")
         return
     saved, _ = relocated_paths(move_renamed_keys_in_saved(manifest["config"]))  # a moved install: as the config's
+    saved = with_absolute_paths(saved)  # relative paths recorded before they were made absolute
     pretrained = saved.get("model", {}).get("pretrained"), config["model"]["pretrained"]
     if same_own_weights(*pretrained, run_dir=path.parent.parent):  # the run folder was moved or copied
         saved = {**saved, "model": {**saved["model"], "pretrained": pretrained[1]}}
