@@ -111,7 +111,12 @@ class Trainer:
         if path is not None:
             logger.info(f"Resumed from {path} at step {self.state.step}", main_process_only=True)
         elif spec:
-            logger.info("trainer.resume=latest but no checkpoint exists yet: starting from step 0")
+            logger.warning(  # a requeued job's first attempt; or `latest` in a new folder, which resumes nothing
+                f"trainer.resume=latest, but {self.checkpointer.checkpoints_dir} holds no checkpoint yet: starting "
+                "from step 0. To continue an earlier run, name it: `trainer.resume=RUN` (its folder), or its "
+                "`hydra.run.dir` with `trainer.resume=latest`.",
+                main_process_only=True,
+            )
         if not self.accelerator.is_main_process:
             return
         dropped = self.metrics.truncate_after(self.state.step)

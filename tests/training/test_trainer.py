@@ -97,6 +97,15 @@ def test_the_monitors_a_preemption_skipped_run_on_resuming_as_in_a_run_never_sto
     assert logged(tmp_path / "cut") == logged(tmp_path / "whole")
 
 
+def test_latest_in_a_folder_without_checkpoints_warns_that_it_starts_at_step_0(tmp_path, caplog):
+    """A `trainer.resume=latest` without the run's `hydra.run.dir` trains from step 0 in a new folder: it was one
+    INFO line, and the user believed the run resumed."""
+    overrides = [*TINY_SHAPES, "data.length=32", "trainer.batch_size=8", "model.num_layers=1", "trainer.max_steps=1"]
+    build_trainer(compose_config([*overrides, "trainer.resume=latest"]), tmp_path)
+    warned = [record for record in caplog.records if "holds no checkpoint yet" in record.getMessage()]
+    assert warned and warned[0].levelname == "WARNING" and "`trainer.resume=RUN`" in warned[0].getMessage()
+
+
 def test_resuming_an_older_checkpoint_sets_the_abandoned_branch_aside(tmp_path):
     """Continued from checkpoint-2 of a run that reached 4, the run's later checkpoint and metrics are moved aside
     (kept): ``latest`` is then the new branch's, and pruning never takes the new checkpoints for older ones."""
