@@ -45,7 +45,7 @@ from dit_trainer.data.cache.cache import (
     shard_name,
 )
 from dit_trainer.data.cache.fingerprint import cache_fingerprint, check_fingerprint
-from dit_trainer.data.loading import drawn_per_item
+from dit_trainer.data.loading import drawn_per_item, loader_workers
 from dit_trainer.data.sources.source import build_dataset
 from dit_trainer.durable import write_atomically, write_text_atomically
 from dit_trainer.errors import ConfigError
@@ -122,7 +122,7 @@ def _encode_images(
     source = bucketed(build_dataset(data), table, batch_size, False, state.is_main_process, sizes_dir)
     source = drawn_per_item(data, source, trainer.seed)
     share = _rank_share(source, state)
-    loader = in_order_loader(share, batch_size, data.num_workers)  # bucket by bucket
+    loader = in_order_loader(share, batch_size, loader_workers(data.num_workers, share))  # bucket by bucket
     source_items = _source_items(share, loader)
     storage, shards, items = getattr(torch, data.cache_dtype), [], 0
     bad_files = PassBadFiles.over(data, share)

@@ -91,3 +91,14 @@ def test_a_stand_in_for_an_unreadable_image_stays_on_its_own_side_of_the_split(t
         train, held_out = split_validation(cfg.data, cfg.validation, cache)
         trained = {cache.captions[row] for row in train.indices}
         assert not trained & {cache.captions[row] for row in held_out.indices}, seed
+
+
+def test_more_workers_than_cpus_are_lowered_as_training_lowers_them(tmp_path, monkeypatch, caplog):
+    """Precompute started every configured worker (torch warned it might freeze); training lowers them to this
+    process's share of the CPUs, with the project's warning. Here the share is 1 CPU: one per local process."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1024")
+    images = photos_folder(tmp_path / "photos", count=8, bad=0)
+    folder = ["data=imagefolder", f"data.path={images}", "vae=pixel", "data.resolution=16", "data.num_workers=3"]
+    cfg = compose_config([*DATA_SMALL, *folder, f"data.cache_dir={tmp_path / 'cache'}", "trainer.batch_size=4"])
+    assert precompute_cache(cfg).items == 8
+    assert "`data.num_workers=3` is more than the 1 CPUs this process may use" in caplog.text
