@@ -69,9 +69,8 @@ def summary_line(summary: dict, run_dir: Path) -> str:
     if summary["seconds_per_step"]:
         per_step = f"{summary['seconds_per_step']:.3f} s/step"
         per_step += f", resumed at step {resumed_at}" if resumed_at else ""
-    elif resumed_at and resumed_at >= max_steps:  # a finished run requeued, or trainer.max_steps set below its step
-        limit = "its `trainer.max_steps`" if resumed_at == max_steps else f"past `trainer.max_steps={max_steps}`"
-        per_step = f"none trained: it resumed at step {resumed_at}, {limit}; raise that to train on"
+    elif resumed_at and resumed_at == max_steps:  # a finished run requeued (one past it is refused at its resume)
+        per_step = f"none trained: it resumed at step {resumed_at}, its `trainer.max_steps`; raise that to train on"
     else:
         per_step = "no steps"
     if summary["status"] == "completed":

@@ -16,7 +16,15 @@ from dit_trainer.runs.run_folder import list_checkpoints
 from dit_trainer.training.monitors.monitors import Monitor
 from dit_trainer.training.preflight import PREFLIGHT_ROWS
 
-from ..conftest import TINY_SHAPES, compose_config, read_metrics, reset_accelerate_state, rows_trained_in_a_step
+from ..conftest import (
+    TINY_SHAPES,
+    compose_config,
+    digest,
+    one_paragraph,
+    read_metrics,
+    reset_accelerate_state,
+    rows_trained_in_a_step,
+)
 from ..data.files import image_folder, png_bytes
 
 
@@ -104,6 +112,21 @@ def test_latest_in_a_folder_without_checkpoints_warns_that_it_starts_at_step_0(t
     build_trainer(compose_config([*overrides, "trainer.resume=latest"]), tmp_path)
     warned = [record for record in caplog.records if "holds no checkpoint yet" in record.getMessage()]
     assert warned and warned[0].levelname == "WARNING" and "`trainer.resume=RUN`" in warned[0].getMessage()
+
+
+def test_a_resume_past_max_steps_is_refused_and_changes_nothing_in_the_run_folder(tmp_path):
+    """It trained nothing, exited 0 and rewrote config.yaml (max_steps, a warm-up clipped to the shorter run) and
+    summary.json with the shorter length."""
+    overrides = [*TINY_SHAPES, "data.length=32", "trainer.batch_size=8", "model.num_layers=1", "trainer.log_every=1",
+                 "trainer.sample_every=0", "trainer.checkpoint_every=2"]  # fmt: skip
+    build_trainer(compose_config([*overrides, "trainer.max_steps=4"]), tmp_path).fit()
+    before = digest(tmp_path)
+    reset_accelerate_state()
+    with pytest.raises(ConfigError) as caught:
+        build_trainer(compose_config([*overrides, "trainer.max_steps=3", "trainer.resume=latest"]), tmp_path)
+    message = one_paragraph(caught.value, "trainer.max_steps")
+    assert "resumes at step 4 (checkpoint-4), past it" in message and "`trainer.max_steps=4` or more" in message
+    assert digest(tmp_path) == before
 
 
 def test_resuming_an_older_checkpoint_sets_the_abandoned_branch_aside(tmp_path):
