@@ -22,7 +22,7 @@ from dit_trainer.data.sources.videofolder import write_mp4
 from dit_trainer.diffusion import SAMPLERS
 from dit_trainer.diffusion.checks import check_sampler
 from dit_trainer.diffusion.sampler import SamplerSettings, TextToImage
-from dit_trainer.errors import ConfigError, shortlist
+from dit_trainer.errors import ConfigError, require, shortlist
 from dit_trainer.images import to_pil
 from dit_trainer.prompts import load_prompts
 from dit_trainer.run_config import read_run_config
@@ -58,10 +58,21 @@ class TrainedRun:
 
     def at_size(self, height: int | None, width: int | None) -> TrainedRun:
         """This run generating ``height`` x ``width`` images (either None: the run's ``data.resolution``); a side
-        that the latent would not cut into whole patches is a ``ConfigError`` naming it."""
-        resolution, vae = self.cfg.data.resolution, self.text_to_image.vae
-        multiple = vae.downsample_factor * self.dit.family.latents_per_token(self.dit.transformer.config)
+        that the latent would not cut into whole patches, or that the transformer has no positions for (SD3's
+        table), is a ``ConfigError`` naming it."""
+        resolution, vae, family = self.cfg.data.resolution, self.text_to_image.vae, self.dit.family
+        multiple = vae.downsample_factor * family.latents_per_token(self.dit.transformer.config)
         height, width = height or resolution, width or resolution
+        if family.largest_latent_of is not None:
+            largest = family.largest_latent_of(self.dit.transformer.config) * vae.downsample_factor
+            key, side = max((("height", height), ("width", width)), key=lambda pair: pair[1])
+            require(
+                side <= largest,
+                key,
+                side,
+                f"the transformer has positions for at most {largest} px on a side (its positional table)",
+                f"set `{key}={largest}` or less",
+            )
         for key, side in (("height", height), ("width", width)):
             if side % multiple:
                 lower = side // multiple * multiple

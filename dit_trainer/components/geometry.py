@@ -10,7 +10,7 @@ from dit_trainer.components.vae import known_downsample_factor
 from dit_trainer.config import DataConfig, ModelConfig, VAEConfig
 from dit_trainer.data.buckets import BucketTable, bucket_table
 from dit_trainer.errors import ConfigError
-from dit_trainer.hub import model_config
+from dit_trainer.hub import model_config, pretrained_config
 
 
 def check_resolution(model: ModelConfig, data: DataConfig, downsample_factor: int) -> None:
@@ -48,10 +48,37 @@ def pixel_multiple(model: ModelConfig, vae: VAEConfig, download: bool = False) -
 
 def check_bucket_sizes(model: ModelConfig, vae: VAEConfig, data: DataConfig) -> None:
     """Listed ``data.buckets`` sizes that the latents would not cut into whole patches are refused with the config,
-    where the models' config files are on this machine (else when the data is read: ``configured_buckets``).
-    Checked after the data's own checks, for a method that reads the data set."""
-    if data.buckets != "none" and pixel_multiple(model, vae) is not None:
-        configured_buckets(model, vae, data)
+    where the models' config files are on this machine (else when the data is read: ``configured_buckets``), and
+    so are image sides beyond a pretrained transformer's positions. Checked after the data's own checks, for a
+    method that reads the data set."""
+    if pixel_multiple(model, vae) is None:
+        return
+    table = configured_buckets(model, vae, data)
+    sides = [data.resolution] if table is None else [side for size in table.sizes for side in size]
+    key, value = ("data.buckets", data.buckets) if table is not None else ("data.resolution", data.resolution)
+    check_largest_side(model, vae, max(sides), key, value)
+
+
+def check_largest_side(model: ModelConfig, vae: VAEConfig, side: int, key: str, value: object) -> None:
+    """Refuse images whose longest ``side`` (pixels, set by ``key`` = ``value``) a pretrained transformer of a family
+    with a learned positional table has no positions for (SD3's ``pos_embed_max_size``): diffusers would fail in the
+    first forward, after every model has loaded. Unchecked while the config files are not on this machine."""
+    largest_latent_of = FAMILIES.get(model.family).largest_latent_of
+    if largest_latent_of is None:
+        return
+    config = pretrained_config(model.pretrained, model.subfolder, model.revision)
+    factor = known_downsample_factor(vae)
+    if config is None or factor is None:
+        return
+    largest = largest_latent_of(config) * factor
+    if side > largest:
+        raise ConfigError(
+            key,
+            value,
+            f"it asks for images {side} px on a side, and `model.pretrained` has positions for at most {largest} px "
+            f"(its positional table: {largest // factor} latents x the VAE's factor {factor})",
+            f"keep every side at {largest} px or less (a lower `data.resolution`, or fewer or squarer `data.buckets`)",
+        )
 
 
 def configured_buckets(model: ModelConfig, vae: VAEConfig, data: DataConfig) -> BucketTable | None:

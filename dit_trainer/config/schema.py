@@ -179,8 +179,8 @@ class DataConfig:
     # aspect ratio (resized to cover it, then cropped), and every batch holds one bucket.
     buckets: Any = checked(
         is_bucket_spec,
-        "it must be `none` (the word: null is no setting here), `pixart`, or a list of [height, width] pairs of pixel "
-        "sizes",
+        "it must be none, pixart, or a list of [height, width] pairs of pixel sizes (none as a word: null is no "
+        "setting here)",
         "set e.g. `data.buckets=pixart` or `data.buckets=[[32,32],[24,40],[40,24]]`",
         "none",
     )

@@ -139,6 +139,8 @@ class Family:
     resolution_shift_rule: str = "linear"
     # Latents per token side in a transformer's config (its `patch_size`; Z-Image's lists one per patching mode).
     patch_size_of: Callable[[Mapping], int | None] = config_patch_size
+    # The longest latent side a transformer's config has positions for (SD3's learned table); None: any (rotary).
+    largest_latent_of: Callable[[Mapping], int] | None = None
     # It takes clips, latents (B, C, F, H, W) (an image is a clip of one frame): what `data.frames` > 1 needs.
     video: bool = False
 

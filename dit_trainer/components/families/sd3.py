@@ -15,6 +15,7 @@ so the condition's mask is not used. The export (``families/mmdit_export.py``) i
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 from diffusers import SD3Transformer2DModel
@@ -127,6 +128,12 @@ def export(parts: ExportParts) -> PipelineExport:
     return mmdit_export.export(parts, SD3_MMDIT)
 
 
+def largest_latent(config: Mapping) -> int:
+    """The longest latent side SD3's positional table covers: ``pos_embed_max_size`` patches (diffusers' default
+    96, SD3-Medium's 192)."""
+    return config.get("pos_embed_max_size", 96) * config.get("patch_size", 2)
+
+
 SD3 = Family(
     transformer_class=SD3Transformer2DModel,
     build=build,
@@ -137,4 +144,5 @@ SD3 = Family(
     check=check,
     lora_targets=LORA_TARGETS,
     pipeline_applies_shift=True,
+    largest_latent_of=largest_latent,
 )

@@ -154,3 +154,20 @@ def test_the_recipes_stop_at_once_offline_naming_the_missing_model(experiment, t
     (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "a"}\n')
     with pytest.raises(ModelLoadError, match="stabilityai/stable-diffusion-3.5-medium"):
         compose_config([f"+experiment={experiment}", f"data.path={tmp_path}"])
+
+
+def test_images_beyond_a_pretrained_models_positional_table_are_refused_with_the_config(sd3_dir, tmp_path):
+    """diffusers failed in the first forward ("Height (16) cannot be greater than `pos_embed_max_size`"), after
+    every model had loaded, with a bare traceback. The tiny model's table covers 8 patches of 2 latents: 32 px."""
+    from ...data.files import photos_folder
+    from ...tiny_sd3 import overrides
+
+    pretrained = [*TINY_SHAPES, *overrides(sd3_dir), f"model.pretrained={sd3_dir}", "model.subfolder=transformer"]
+    compose_config([*pretrained, "data.resolution=32"])
+    with pytest.raises(ConfigError) as caught:
+        compose_config([*pretrained, "data.resolution=64"])
+    message = one_paragraph(caught.value, "data.resolution")
+    assert "images 64 px on a side" in message and "positions for at most 32 px" in message
+    folder = ["data=imagefolder", f"data.path={photos_folder(tmp_path / 'photos', count=4, bad=0)}"]
+    with pytest.raises(ConfigError, match=r"`data.buckets` is \[\[16, 48\]\], but it asks for images 48 px"):
+        compose_config([*pretrained, *folder, "data.resolution=16", "data.buckets=[[16,48]]"])
