@@ -20,7 +20,8 @@ REWARD_KEYS = ("reward/mean", "rollout/reward_mean")  # the reward monitor's, el
 class RunEnd:
     """How a launch of the run ended: what ``metrics.jsonl`` cannot say."""
 
-    status: str  # completed | stopped early (a monitor's verdict) | preempted | stopped: <error type>
+    # completed | stopped early (a monitor's verdict) | preempted (a signal) | interrupted (Ctrl-C) | stopped: <error>
+    status: str
     steps: int  # the run's step now
     max_steps: int
     start_step: int  # the step this launch resumed at (0: a fresh run)

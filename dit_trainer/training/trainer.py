@@ -297,7 +297,10 @@ class Trainer:
         seconds = time.perf_counter() - start
         if self.accelerator.is_main_process:
             save_loss_curve(self.metrics.read(), self.run_dir / "loss_curve.png")
-        self._summarize("preempted" if preempted else "stopped early" if self.stop_reason else "completed", seconds)
+        stopped_by_signal = "interrupted" if interrupted else "preempted"  # the user's Ctrl-C, or a scheduler's signal
+        self._summarize(
+            stopped_by_signal if preempted else "stopped early" if self.stop_reason else "completed", seconds
+        )
         self.accelerator.wait_for_everyone()  # every rank done before the process group goes away
         self.accelerator.end_training()
         return TrainResult(self.state.step, loss, seconds, self.run_dir, self.monitor_seconds, preempted, interrupted)

@@ -5,6 +5,7 @@ losses of the uninterrupted run; a resume refused for a bad value leaves the fol
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -64,6 +65,7 @@ def test_ctrl_c_checkpoints_and_resume_by_folder_alone_continues_like_the_uninte
     assert stopped.returncode == EXIT_INTERRUPTED, stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr and "Interrupted by Ctrl-C at step 4; checkpoint written" in stopped.stdout
     assert [path.name for path in list_checkpoints(run_dir / "checkpoints")] == ["checkpoint-4"]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"  # it said "preempted"
     started_with = (run_dir / ".hydra" / "overrides.yaml").read_text()
 
     monkeypatch.chdir(tmp_path)  # where Hydra would make a new outputs/DATE/TIME folder
