@@ -13,6 +13,7 @@ one process of a multi-process run fails, the others stop with its message and c
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -44,7 +45,11 @@ def main(cfg: DictConfig) -> None:
         from dit_trainer.training.metrics import log_lines_to_files_only
 
         log_lines_to_files_only()  # a line per log step in train.log; the console has the progress bar
-        result = run(train_cfg, run_dir)  # it logs the start banner and the closing summary (main process)
+        logging.captureWarnings(True)  # Python warnings (the fallback schedule's, the libraries') reach train.log too
+        try:
+            result = run(train_cfg, run_dir)  # it logs the start banner and the closing summary (main process)
+        finally:
+            logging.captureWarnings(False)  # as it was: main also runs in tests' processes
     except USER_ERRORS as error:
         if watch is not None:  # an error caused by another process's failure (a folder it removed) reports that
             watch.stop_if_failed_elsewhere(timeout=0.0)
