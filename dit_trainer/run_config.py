@@ -21,12 +21,9 @@ without ``trainer.allow_config_change=true``).
 from __future__ import annotations
 
 import dataclasses
-import logging
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import yaml
 from hydra import compose, initialize_config_dir
@@ -39,14 +36,15 @@ from dit_trainer.components.families import FAMILIES
 from dit_trainer.config import TrainConfig, call_with_sections, check_fields, register_configs
 from dit_trainer.config.choices import CLASS_LABELS
 from dit_trainer.config.command_line import parsed_overrides
-from dit_trainer.config.renamed import move_renamed_keys, move_renamed_sections_in_saved
-from dit_trainer.config.resolvers import (
+from dit_trainer.config.recorded import (
     LOCAL_PATH_KEYS,
-    check_package_model,
-    register_resolvers,
+    refuse_interpolations,
     relocated_paths,
+    report_relocated,
     with_absolute_paths,
 )
+from dit_trainer.config.renamed import move_renamed_keys, move_renamed_sections_in_saved
+from dit_trainer.config.resolvers import check_package_model, register_resolvers
 from dit_trainer.data import SOURCES
 from dit_trainer.diffusion import OBJECTIVES, SAMPLERS
 from dit_trainer.errors import ConfigError
@@ -54,8 +52,6 @@ from dit_trainer.methods import METHODS, method_of
 from dit_trainer.rewards import REWARDS
 from dit_trainer.runs.init_run import check_init_from, inherit_init_run, init_checkpoint, starting_weights
 from dit_trainer.runs.run_folder import CHECKPOINTS, CONFIG, is_checkpoint, list_checkpoints
-
-logger = logging.getLogger(__name__)
 
 RESUME = "trainer.resume"
 MULTIRUN_FLAGS = ("-m", "--multirun")
@@ -90,7 +86,7 @@ def to_train_config(
 
 
 def with_absolute_local_paths(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with its relative paths of local models and data made absolute (``config.resolvers.LOCAL_PATH_KEYS``):
+    """``cfg`` with its relative paths of local models and data made absolute (``config.recorded.LOCAL_PATH_KEYS``):
     the saved config then serves a resume, ``sample.py`` or ``export.py`` from any working directory."""
     sections = {section: dataclasses.asdict(getattr(cfg, section)) for section, _ in LOCAL_PATH_KEYS}
     absolute = with_absolute_paths(sections)
@@ -238,42 +234,6 @@ def check_unread_sections(cfg: TrainConfig) -> None:
             )
 
 
-def first_interpolation(node: Any, key: str = "") -> tuple[str, str] | None:
-    """The dotted key and text of the first ``${...}`` in a plain (unresolved) config tree, or None."""
-    if isinstance(node, dict):
-        children = ((f"{key}.{name}" if key else str(name), child) for name, child in node.items())
-    elif isinstance(node, list):
-        children = ((f"{key}[{index}]", child) for index, child in enumerate(node))
-    else:
-        return (key, node) if isinstance(node, str) and "${" in node else None
-    for child_key, child in children:
-        found = first_interpolation(child, child_key)
-        if found is not None:
-            return found
-    return None
-
-
-def refuse_interpolations(saved: DictConfig, config_path: Path) -> None:
-    """Refuse a run config holding an interpolation, before anything resolves it.
-
-    ``train.py`` writes ``config.yaml`` with every interpolation resolved, so one in it was added by hand or by
-    another tool, and resolving it is not safe: ``${oc.env:NAME}`` reads an environment variable (a token, a
-    password) into the config, and a resolver such as ``${package_model:MODULE}`` imports a module, running its
-    code. Refusing is clearer than keeping the text literally, which would only fail later as a strange model path
-    or prompt.
-    """
-    found = first_interpolation(OmegaConf.to_container(saved, resolve=False))
-    if found is not None:
-        key, text = found
-        raise ConfigError(
-            key,
-            text,
-            f"{config_path} must hold plain values (train.py writes it with every interpolation resolved), and "
-            "resolving one from a run folder could read environment variables or import code",
-            f"replace the interpolation in {config_path} with the value it stands for, then run again",
-        )
-
-
 def saved_config(run_dir: Path) -> DictConfig:
     """A run folder's ``config.yaml`` on the schema (typed, not yet checked); interpolations in it are refused,
     never resolved, and a key this version does not accept is one paragraph."""
@@ -312,16 +272,6 @@ def saved_config(run_dir: Path) -> DictConfig:
             f"edit that key in {config_path} to the current setting (`python train.py --cfg job` prints them "
             "all) or remove it, then run again",
         ) from None
-
-
-def report_relocated(moved: dict[str, str], config_path: Path) -> None:
-    """Say which recorded paths of a moved install are read from this one (``config.resolvers.relocated``)."""
-    if moved and os.environ.get("RANK", "0") == "0":
-        listed = ", ".join(f"{old} -> {new}" for old, new in moved.items())
-        logger.warning(
-            f"{config_path} names files of a dit-trainer or package install that is no longer there; reading this "
-            f"install's copies: {listed}"
-        )
 
 
 def drop_unread_sections(saved: DictConfig) -> None:

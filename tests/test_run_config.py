@@ -102,7 +102,7 @@ def test_relative_paths_of_local_models_and_data_are_recorded_absolute(tmp_path,
     kept as given."""
     import shutil
 
-    from dit_trainer.config.resolvers import with_absolute_paths
+    from dit_trainer.config.recorded import with_absolute_paths
 
     shutil.copytree(tiny_pixart_dir, tmp_path / "models" / "pixart")
     (tmp_path / "images").mkdir()

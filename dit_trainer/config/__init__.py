@@ -1,7 +1,8 @@
 """The configuration, the ground of the package: typed dataclasses (``schema``, ``grpo``: the one source of defaults)
-registered with Hydra, field checks beside their fields (``fields``), closed vocabularies (``choices``), and the
-scripts' command lines (``scripts``). It imports nothing of dit-trainer but ``errors``, and neither torch nor
-diffusers, so a config is composed and its fields checked in a fraction of a second.
+registered with Hydra, field checks beside their fields (``fields``), closed vocabularies (``choices``), the
+scripts' command lines (``scripts``), and what a recorded config is read back as (``recorded``). It imports nothing
+of dit-trainer but ``errors``, and neither torch nor diffusers, so a config is composed and its fields checked in a
+fraction of a second.
 
 Hydra composes YAML onto the schema (so a mistyped key or a non-integer batch size fails at compose time);
 ``dit_trainer.run_config`` then checks the fields and has each part check its own section, and raises one readable

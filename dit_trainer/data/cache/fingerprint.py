@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from dit_trainer.config import ConditionerConfig, DataConfig, VAEConfig
-from dit_trainer.config.resolvers import relocated_paths
+from dit_trainer.config.recorded import relocated_paths
 from dit_trainer.data import SOURCES
 from dit_trainer.data.buckets import BucketTable, require_table_of
 from dit_trainer.errors import ConfigError, shortlist

@@ -26,8 +26,8 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 
+from dit_trainer.config.recorded import relocated_paths, with_absolute_paths
 from dit_trainer.config.renamed import move_renamed_keys_in_saved
-from dit_trainer.config.resolvers import relocated_paths, with_absolute_paths
 from dit_trainer.errors import ConfigError
 from dit_trainer.runs.run_folder import MANIFEST, resolve_checkpoint, same_own_weights
 from dit_trainer.training.optimizers import check_resumed_optimizer

@@ -1,4 +1,4 @@
-"""Paths of shipped models recorded by an install that has since moved (``config/resolvers.py: relocated``): run
+"""Paths of shipped models recorded by an install that has since moved (``config/recorded.py: relocated``): run
 folders, checkpoints and caches record ``${asset:NAME}`` and ``${package_model:MODULE}`` resolved, and are read
 with this install's copies once the recorded ones are gone; a path that still exists, or that no package holds, is
 kept as recorded."""
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import yaml
 
-from dit_trainer.config.resolvers import ASSETS_DIR, relocated, relocated_paths
+from dit_trainer.config.recorded import relocated, relocated_paths
+from dit_trainer.config.resolvers import ASSETS_DIR
 from dit_trainer.run_config import saved_config
 
 GONE = "/gone/checkout"  # an install that no longer exists
