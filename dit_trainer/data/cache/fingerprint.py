@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from dit_trainer.config import ConditionerConfig, DataConfig, VAEConfig
-from dit_trainer.config.recorded import relocated_paths
+from dit_trainer.config.recorded import relocated_paths, with_absolute_paths
 from dit_trainer.data import SOURCES
 from dit_trainer.data.buckets import BucketTable, require_table_of
 from dit_trainer.errors import ConfigError, shortlist
@@ -85,6 +85,8 @@ def check_fingerprint(index: dict, fingerprint: dict, cache_dir: Path) -> None:
     """Refuse a cache made with other settings or from other data (``fingerprint``: this run's
     ``cache_fingerprint``): training on it would silently learn from the wrong inputs."""
     saved, _ = relocated_paths(index["fingerprint"])  # its shipped models' paths, of an install since moved
+    if isinstance(saved, dict):  # relative paths, recorded before configs made them absolute
+        saved = with_absolute_paths(saved)
     if not isinstance(saved, dict) or saved.get("format") != FORMAT_VERSION:
         version = saved.get("format") if isinstance(saved, dict) else None
         age = "an older" if isinstance(version, int) and version < FORMAT_VERSION else "another"
