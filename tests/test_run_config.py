@@ -96,10 +96,10 @@ def test_a_run_config_with_an_interpolation_is_refused_unresolved(written_run, t
     assert not imported.exists() and not (tmp_path / "out").exists()
 
 
-def test_relative_paths_of_local_models_and_data_are_recorded_absolute(tmp_path, monkeypatch, tiny_pixart_dir):
+def test_relative_paths_of_local_models_are_recorded_absolute(tmp_path, monkeypatch, tiny_pixart_dir):
     """A run trained on `model.pretrained=runs/U/.../transformer` recorded the path as typed: from any other working
-    directory its resume, sample and export could not find the model. A hub id, or a path that is not there, is
-    kept as given."""
+    directory its resume, sample and export could not find the model. A hub id, a path that is not there, and a
+    data path (a stream's draws are seeded by its shard paths) are kept as given."""
     import shutil
 
     from dit_trainer.config.recorded import with_absolute_paths
@@ -107,10 +107,7 @@ def test_relative_paths_of_local_models_and_data_are_recorded_absolute(tmp_path,
     shutil.copytree(tiny_pixart_dir, tmp_path / "models" / "pixart")
     (tmp_path / "images").mkdir()
     monkeypatch.chdir(tmp_path)
-    cfg = compose_config(
-        ["+experiment=shapes", "model.pretrained=models/pixart", "validation.path=images", "validation.split=0"]
-    )
+    cfg = compose_config(["+experiment=shapes", "model.pretrained=models/pixart"])
     assert cfg.model.pretrained == str(tmp_path / "models" / "pixart")
-    assert cfg.validation.path == str(tmp_path / "images")
-    kept = {"conditioner": {"pretrained": "org/model"}, "data": {"path": "not/here"}, "vae": {"pretrained": None}}
+    kept = {"conditioner": {"pretrained": "org/model"}, "data": {"path": "images"}, "vae": {"pretrained": None}}
     assert with_absolute_paths(kept) == kept

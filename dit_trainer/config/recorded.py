@@ -49,23 +49,18 @@ def relocated(value: str) -> str:
     return value
 
 
-# Settings that name a local folder when one exists at that path (else a hub id or data set name): recorded absolute,
-# so that a run resumes, samples and exports from any working directory.
-LOCAL_PATH_KEYS = (
-    ("model", "pretrained"),
-    ("vae", "pretrained"),
-    ("conditioner", "pretrained"),
-    ("data", "path"),
-    ("validation", "path"),
-)
+# Settings that name a local model folder when one exists at that path (else a hub id): recorded absolute, so that a
+# run resumes, samples and exports from any working directory. (Data paths stay as given: a stream's draws are seeded
+# by its shard paths.)
+LOCAL_PATH_KEYS = (("model", "pretrained"), ("vae", "pretrained"), ("conditioner", "pretrained"))
 
 
-def with_absolute_paths(tree: dict[str, Any]) -> dict[str, Any]:
-    """A plain config tree whose ``LOCAL_PATH_KEYS`` that are relative paths of existing files or folders (from the
-    working directory) are made absolute. Applied to new configs and, for the comparisons of a resume, to configs
-    recorded before they were made absolute (then read from the same working directory)."""
+def with_absolute_paths(tree: dict[str, Any], keys: tuple[tuple[str, str], ...] = LOCAL_PATH_KEYS) -> dict[str, Any]:
+    """A plain config tree whose ``keys`` (section, key) that are relative paths of existing files or folders (from
+    the working directory) are made absolute. Applied to new configs and, for the comparisons of a resume or a
+    cache, to what was recorded before they were made absolute (then read from the same working directory)."""
     tree = dict(tree)
-    for section, key in LOCAL_PATH_KEYS:
+    for section, key in keys:
         values = tree.get(section)
         value = values.get(key) if isinstance(values, dict) else None
         if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():

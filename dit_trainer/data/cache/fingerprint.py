@@ -85,8 +85,8 @@ def check_fingerprint(index: dict, fingerprint: dict, cache_dir: Path) -> None:
     """Refuse a cache made with other settings or from other data (``fingerprint``: this run's
     ``cache_fingerprint``): training on it would silently learn from the wrong inputs."""
     saved, _ = relocated_paths(index["fingerprint"])  # its shipped models' paths, of an install since moved
-    if isinstance(saved, dict):  # relative paths, recorded before configs made them absolute
-        saved = with_absolute_paths(saved)
+    if isinstance(saved, dict):  # relative model paths, recorded before configs made them absolute
+        saved = with_absolute_paths(saved, (("vae", "pretrained"), ("text_encoder", "pretrained")))
     if not isinstance(saved, dict) or saved.get("format") != FORMAT_VERSION:
         version = saved.get("format") if isinstance(saved, dict) else None
         age = "an older" if isinstance(version, int) and version < FORMAT_VERSION else "another"

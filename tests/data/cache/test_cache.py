@@ -245,13 +245,15 @@ def test_a_cache_written_in_an_environment_since_rebuilt_matches_this_ones_text_
     assert len(dataset) == 4
 
 
-def test_a_cache_that_recorded_a_relative_data_path_matches_from_the_same_folder(folder_cache, monkeypatch):
-    """Configs now record local paths absolute; a cache written before, from a command line with a relative
-    `data.path`, is the same data read from the folder it was written from (it was refused as other settings)."""
+def test_a_cache_that_recorded_a_relative_encoder_path_matches_from_the_same_folder(folder_cache, monkeypatch):
+    """Configs now record local model paths absolute; a cache written before, from a command line with a relative
+    `conditioner.pretrained`, holds the same encoder read from the folder it was written from (it was refused as
+    made with other settings)."""
     images, cache = folder_cache
     index = json.loads((cache / INDEX).read_text())
-    index["fingerprint"]["data"]["path"] = images.name
+    encoder = Path(index["fingerprint"]["text_encoder"]["pretrained"])
+    index["fingerprint"]["text_encoder"]["pretrained"] = encoder.name
     (cache / INDEX).write_text(json.dumps(index))
-    monkeypatch.chdir(images.parent)
+    monkeypatch.chdir(encoder.parent)
     dataset, _ = open_cache_of(_folder_config(images, cache))
     assert len(dataset) == 4
