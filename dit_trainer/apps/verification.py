@@ -26,6 +26,7 @@ from dit_trainer.diagnostics.parameters import (
     gradient_norm,
     snapshot,
     step_changes,
+    zero_gradients,
 )
 from dit_trainer.diffusion.loss import DiffusionLoss
 from dit_trainer.training.optim import build_optimizer
@@ -60,6 +61,14 @@ class VerificationReport:
             lines.append("After 2 optimizer steps:")
             lines.append(_listing("trainable parameters that did not change", self.changes.unchanged_trainable))
             lines.append(_listing("frozen parameters that changed", self.changes.changed_frozen))
+            if self.changes.zero_gradient:
+                lines.append(
+                    _listing(
+                        "trainable parameters whose gradients were exactly zero at every step (nothing reads their "
+                        "outputs: they cannot train, and do no harm)",
+                        self.changes.zero_gradient,
+                    )
+                )
         lines.append("OK: training trains the DiT and nothing else." if self.ok else "FAILED: see above.")
         return "\n".join(lines)
 
@@ -105,15 +114,20 @@ def verify_training_setup(
         return report
     before = {name: snapshot(module) for name, module in components.items()}
     optimizer = build_optimizer(optim, parts.dit)
+    always_zero: set[str] | None = None  # trainable parameters whose gradient was exactly zero at every step
     for step in range(2):
         compute_loss().backward()
         if step == 0:
             report.gradient_norms = {name: gradient_norm(module) for name, module in components.items()}
+        zero = set().union(*(zero_gradients(module, f"{name}.") for name, module in components.items()))
+        always_zero = zero if always_zero is None else always_zero & zero
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     found = [step_changes(module, before[name], prefix=f"{name}.") for name, module in components.items()]
+    unchanged = [n for change in found for n in change.unchanged_trainable]
     report.changes = StepChanges(
-        [n for change in found for n in change.unchanged_trainable],
+        [n for n in unchanged if n not in always_zero],
         [n for change in found for n in change.changed_frozen],
+        [n for n in unchanged if n in always_zero],
     )
     return report

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -69,12 +69,25 @@ def snapshot(module: nn.Module) -> dict[str, torch.Tensor]:
     return {name: parameter.detach().clone() for name, parameter in module.named_parameters()}
 
 
+def zero_gradients(module: nn.Module, prefix: str = "") -> set[str]:
+    """The trainable parameters of ``module`` whose gradient after a backward is exactly zero (not missing: a missing
+    one is a cut graph, the doctor's to find)."""
+    return {
+        prefix + name
+        for name, parameter in module.named_parameters()
+        if parameter.requires_grad and parameter.grad is not None and not parameter.grad.any()
+    }
+
+
 @dataclass(frozen=True)
 class StepChanges:
-    """After some optimizer steps: trainable parameters that did not move, frozen ones that did."""
+    """After some optimizer steps: trainable parameters that did not move (those whose gradients were exactly zero at
+    every step apart: nothing reads their outputs, as SD3's last block's text queries, so they cannot train and do no
+    harm), frozen ones that did."""
 
     unchanged_trainable: list[str]
     changed_frozen: list[str]
+    zero_gradient: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
