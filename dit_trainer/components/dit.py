@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -16,6 +18,19 @@ from dit_trainer.condition import Condition, ConditionSize
 from dit_trainer.config import ModelConfig
 from dit_trainer.errors import ConfigError
 from dit_trainer.hub import UNREADABLE_WEIGHTS, load_pretrained, pretrained_config, unreadable_weights
+
+logger = logging.getLogger(__name__)
+
+# The fields that size a new model; a pretrained one brings its own (`model.pretrained`).
+ARCHITECTURE_FIELDS = (
+    "num_layers",
+    "num_attention_heads",
+    "attention_head_dim",
+    "cross_attention_dim",
+    "patch_size",
+    "learned_sigma",
+    "dropout",
+)
 
 
 class DiTAdapter(nn.Module):
@@ -144,7 +159,45 @@ def load_fitting_transformer(
         load_transformer(cfg) if weights is None else load_trained_transformer(weights, family.transformer_class)
     )
     refuse_misfit(family, transformer.config, source, in_channels, condition)
+    if weights is None:
+        warn_ignored_architecture(cfg, transformer.config)
     return transformer
+
+
+def ignored_architecture(cfg: ModelConfig, config: Mapping) -> dict[str, object]:
+    """The architecture settings (``model.<field>`` or ``model.extra_config.<key>``: value) set away from their
+    defaults that the pretrained transformer's ``config`` does not hold: a user who sets ``model.num_layers=12``
+    beside ``model.pretrained`` may think the model is cut to 12 blocks. A field its config names otherwise counts
+    whenever it is set."""
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    ignored: dict[str, object] = {}
+    for name in ARCHITECTURE_FIELDS:
+        value = getattr(cfg, name)
+        if value == defaults[name] or (name in config and config[name] == value):
+            continue
+        if name == "learned_sigma" and (config.get("out_channels") == 2 * config.get("in_channels", -1)) == value:
+            continue  # the model has a variance half as asked
+        ignored[f"model.{name}"] = value
+    ignored |= {
+        f"model.extra_config.{key}": value for key, value in cfg.extra_config.items() if config.get(key) != value
+    }
+    return ignored
+
+
+def warn_ignored_architecture(cfg: ModelConfig, config: Mapping) -> None:
+    """Warn of the sizes set in ``model.*`` that the transformer ``model.pretrained`` loaded does not have."""
+    ignored = ignored_architecture(cfg, config)
+    if not ignored:
+        return
+    held = {key: config[key.rsplit(".", 1)[-1]] for key in ignored if key.rsplit(".", 1)[-1] in config}
+    named = ", ".join(
+        f"`{key}={value}`" + (f" (it has {held[key]})" if key in held else "") for key, value in ignored.items()
+    )
+    logger.warning(
+        f"{named} {'is' if len(ignored) == 1 else 'are'} not used: `model.pretrained={cfg.pretrained}` brings its "
+        "own architecture (its config.json), and the run trains that. Drop these settings, or leave "
+        "`model.pretrained` unset to build a new model of these sizes."
+    )
 
 
 def build_dit(

@@ -43,3 +43,28 @@ def test_dit_adapter_prediction_is_no_view_of_the_transformer_output(tiny_transf
 def test_dit_sample_size_must_divide_by_patch(tiny_transformer):
     with pytest.raises(ConfigError, match="patch"):
         tiny_transformer(num_layers=1, patch_size=3)
+
+
+def test_sizes_set_beside_a_pretrained_model_that_it_does_not_have_are_named_in_a_warning(
+    tiny_transformer, tmp_path, caplog
+):
+    """`model.pretrained` brings its own architecture: `model.num_layers=12` beside it is not used, and the user
+    who meant to cut the model is told so; sizes the model has, and the defaults, are not named."""
+    from dit_trainer.components.dit import build_dit
+    from dit_trainer.condition import ConditionSize
+    from dit_trainer.config import ModelConfig
+
+    tiny_transformer(num_layers=2, patch_size=2).transformer.save_pretrained(tmp_path / "pretrained")
+    pretrained = str(tmp_path / "pretrained")
+
+    def loaded(**fields) -> tuple[int, str]:
+        caplog.clear()
+        dit = build_dit(ModelConfig(pretrained=pretrained, **fields), 4, 8, ConditionSize(16))
+        return dit.transformer.config.num_layers, caplog.text
+
+    layers, warned = loaded(num_layers=12, patch_size=2, extra_config={"norm_eps": 0.5})
+    assert layers == 2
+    assert "`model.num_layers=12` (it has 2)" in warned and "`model.extra_config.norm_eps=0.5`" in warned
+    assert "model.patch_size" not in warned and "model.attention_head_dim" not in warned
+    assert loaded(num_layers=2, patch_size=2, attention_head_dim=8) == (2, "")  # what the tiny model has
+    assert loaded() == (2, "")  # the defaults
