@@ -24,6 +24,7 @@ from dit_trainer.components.compile import apply_compile
 from dit_trainer.components.fp8 import apply_fp8
 from dit_trainer.components.freeze import trainable_parameters
 from dit_trainer.components.geometry import configured_buckets
+from dit_trainer.components.lora import base_weights
 from dit_trainer.config import TrainConfig, TrainerConfig, call_with_sections
 from dit_trainer.data.bad_files import BadFileCounter
 from dit_trainer.data.buckets import BucketTable
@@ -75,7 +76,11 @@ from dit_trainer.training.parallel.memory import report_memory
 from dit_trainer.training.parallel.privacy import PrivateTraining, check_private_launch, make_private
 from dit_trainer.training.shapes_vae import warn_shapes_vae_on_other_data
 from dit_trainer.training.state.checkpoint import Checkpointer
-from dit_trainer.training.state.checkpoint_manifest import check_resume_launch
+from dit_trainer.training.state.checkpoint_manifest import (
+    ResumeRules,
+    check_resume_before_models,
+    check_resume_launch,
+)
 from dit_trainer.training.state.ema import FusedEMA
 from dit_trainer.training.state.saved_state import SavedState
 from dit_trainer.training.state.training_state import TrainingState
@@ -177,14 +182,15 @@ def build_checkpointer(
     update: Update,
     ema: FusedEMA | None,
     privacy: PrivateTraining | None,
-    method: Method,
+    rules: ResumeRules,
     method_states: dict[str, SavedState],
     dataloader: DataLoader | None = None,
     bad_files: BadFileCounter | None = None,
 ) -> Checkpointer:
     """Checkpoints of the run: its ``state``, DP's accountant, the method's own ``method_states``, the ``update``'s
     LR schedule and trained parameters (a resume converts a schedule counted in processes, and starts an EMA the
-    checkpoint lacks), and per process a stream's position and the unreadable files counted."""
+    checkpoint lacks), and per process a stream's position and the unreadable files counted; resumed under
+    ``rules``."""
     process_states = dataloader.process_states() if isinstance(dataloader, StreamLoader) else {}
     return Checkpointer(
         accelerator,
@@ -192,17 +198,28 @@ def build_checkpointer(
         state,
         ema,
         total_limit=cfg.trainer.checkpoints_total_limit,
-        weights=weights_layout(cfg.lora.enabled),
-        config=dataclasses.asdict(cfg),
-        allow_config_change=cfg.trainer.allow_config_change,
+        rules=rules,
         json_states={**(privacy.saved_states() if privacy else {}), **method_states},
-        same_processes_because=why_resume_needs_same_processes(privacy, dataloader),
         process_states=process_states | ({"bad_files": bad_files} if bad_files else {}),
         lr_scheduler=update.lr_scheduler,
         parameters=update.parameters,
-        method_sections=method_sections(method),
         configured=ConfiguredRates(update.optimizer, update.lr_scheduler),
-        data_content=trained_content(cfg.data) if dataloader is not None else None,
+    )
+
+
+def resume_rules(cfg: TrainConfig, method: Method, source: Dataset | None) -> ResumeRules:
+    """What a checkpoint must share with this run (``cfg`` as trained: checked, recorded) to be resumed by it;
+    ``source``: what it trains on (None: a method that reads no data)."""
+    return ResumeRules(
+        weights=weights_layout(cfg.lora.enabled),
+        config=dataclasses.asdict(cfg),
+        allow_config_change=cfg.trainer.allow_config_change,
+        same_processes_because=why_resume_needs_same_processes(
+            cfg.privacy.enabled, streamed=isinstance(source, IterableDataset)
+        ),
+        method_sections=method_sections(method),
+        data_content=trained_content(cfg.data) if source is not None else None,
+        base_weights=base_weights(cfg.model, cfg.lora),
     )
 
 
@@ -211,12 +228,12 @@ def method_sections(method: Method) -> tuple[str, ...]:
     return (*([method.section] if method.section else []), *(["reward"] if method.scores_rewards else []))
 
 
-def why_resume_needs_same_processes(privacy: PrivateTraining | None, dataloader: DataLoader | None) -> str | None:
+def why_resume_needs_same_processes(private: bool, streamed: bool) -> str | None:
     """What a checkpoint of this run holds per process and cannot split or merge (None: weights and optimizer
     state reshard, and a shuffled data set's position is counted in images)."""
-    if privacy is not None:
+    if private:
         return "DP-SGD's privacy accounting assumes the Poisson sampling of one process throughout"
-    if dataloader is not None and isinstance(dataloader.dataset, IterableDataset):
+    if streamed:
         return "a streamed source resumes from the shard position each process recorded"
     return None
 
@@ -277,6 +294,8 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
         source, held_out = build_source(
             cfg.data, cfg.validation, batch_size, seed, plan.buckets, cache, accelerator, sizes_dir
         )
+    rules = resume_rules(cfg, method, source)
+    check_resume_before_models(run_dir / CHECKPOINTS, cfg.trainer.resume, rules, accelerator)
     frozen_dtype = weight_dtype(accelerator.mixed_precision)
     parts = build_components(
         model=cfg.model,
@@ -291,6 +310,8 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
         frozen_dtype=frozen_dtype,
         cached_text=cached_text,
     )
+    # A hub base downloaded just now is fingerprinted now.
+    rules = dataclasses.replace(rules, base_weights=base_weights(cfg.model, cfg.lora))
     # Logged; on a GPU, a run whose `trainer.batch_size` steps cannot fit is refused before step 1.
     report_memory(cfg.trainer, cfg.optim.name, parts, accelerator, refuse_unfit=reads_data)
     if reads_data:
@@ -343,7 +364,7 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
     )
     saved_states = step.saved_states() | {name: s for m in monitors for name, s in m.saved_states().items()}
     checkpointer = build_checkpointer(
-        cfg, accelerator, run_dir, state, update, ema, privacy, method, saved_states, dataloader, bad_files
+        cfg, accelerator, run_dir, state, update, ema, privacy, rules, saved_states, dataloader, bad_files
     )
     trainer = Trainer(
         settings=loop_settings(cfg.trainer, plan),

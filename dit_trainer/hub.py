@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -113,14 +114,10 @@ def require_offline_copy(name_or_path: str, config_key: str) -> None:
 def pretrained_config(name_or_path: str | None, subfolder: str | None, revision: str | None) -> dict | None:
     """The ``config.json`` of a model on this machine (a local folder, or a hub id in the hub cache), read without
     loading the model, so that config validation can use it; None when it is not here yet (it downloads on load)."""
-    if not name_or_path:
-        return None
-    filename = f"{subfolder}/config.json" if subfolder else "config.json"
-    local = Path(name_or_path).expanduser()
+    folder = model_folder(name_or_path, subfolder, revision) if name_or_path else None
     try:
-        path = local / filename if local.is_dir() else try_to_load_from_cache(name_or_path, filename, revision=revision)
-        return json.loads(Path(path).read_text(encoding="utf-8")) if isinstance(path, (str, Path)) else None
-    except (OSError, ValueError):  # not there, not JSON, or not a valid hub id (HFValidationError)
+        return None if folder is None else json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # not there, or not JSON
         return None
 
 
@@ -133,3 +130,49 @@ def model_config(name_or_path: str, subfolder: str | None, revision: str | None,
     path = load_pretrained(hf_hub_download, name_or_path, config_key, filename="config.json", subfolder=subfolder,
                            revision=revision)  # fmt: skip
     return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+WEIGHTS_NAME = "diffusion_pytorch_model"  # diffusers' model weights: .safetensors, sharded with an index, or .bin
+PROBES, PROBE_BYTES = 64, 1 << 16
+
+
+def model_folder(name_or_path: str, subfolder: str | None, revision: str | None) -> Path | None:
+    """The folder of a model on this machine (a local folder, or a hub id's snapshot in the hub cache), found by its
+    config.json; None when it is not here."""
+    filename = f"{subfolder}/config.json" if subfolder else "config.json"
+    local = Path(name_or_path).expanduser()
+    if local.is_dir():
+        return local / subfolder if subfolder else local
+    try:
+        path = try_to_load_from_cache(name_or_path, filename, revision=revision)
+    except (OSError, ValueError):  # not a valid hub id (HFValidationError)
+        return None
+    return Path(path).parent if isinstance(path, (str, Path)) else None
+
+
+def weights_fingerprint(name_or_path: str, subfolder: str | None, revision: str | None) -> str | None:
+    """A digest of the weight files diffusers loads for a model on this machine: each file's name and size, and
+    64 probes of 64 KiB spread over it (fine-tuned weights of one architecture share names and sizes, and differ
+    almost everywhere). It tells a LoRA checkpoint's base replaced under the same path, or an unpinned hub id moved
+    on, from the base it trained on, in milliseconds. None when the model is not here."""
+    folder = model_folder(name_or_path, subfolder, revision)
+    if folder is None:
+        return None
+    index = folder / f"{WEIGHTS_NAME}.safetensors.index.json"
+    try:
+        if index.is_file():
+            files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        else:
+            files = [next(name for name in (f"{WEIGHTS_NAME}.safetensors", f"{WEIGHTS_NAME}.bin")
+                          if (folder / name).is_file())]  # fmt: skip
+        digest = hashlib.sha256()
+        for name in files:
+            size = (folder / name).stat().st_size
+            digest.update(f"{name}:{size}".encode())
+            with (folder / name).open("rb") as file:
+                for probe in range(PROBES):
+                    file.seek(probe * max(0, size - PROBE_BYTES) // (PROBES - 1))
+                    digest.update(file.read(PROBE_BYTES))
+    except (OSError, ValueError, KeyError, StopIteration):  # no weights, an unreadable index: it fails to load
+        return None
+    return digest.hexdigest()[:16]

@@ -13,7 +13,10 @@ import accelerate
 import pytest
 import torch
 
+from dit_trainer import assemble
+from dit_trainer.apps.inference import load_run
 from dit_trainer.assemble import build_trainer
+from dit_trainer.errors import ConfigError
 from dit_trainer.training.launch import build_accelerator
 from dit_trainer.training.state.training_state import DataPosition
 
@@ -56,11 +59,12 @@ def test_the_collective_timeout_outlasts_a_long_monitor(tmp_path):
     assert build_accelerator(cfg.trainer, cfg.logger, tmp_path).init_handler.timeout == timedelta(minutes=90)
 
 
-def test_a_run_trains_checkpoints_and_resumes_in_this_process(tmp_path):
+def test_a_run_trains_checkpoints_and_resumes_in_this_process(tmp_path, monkeypatch):
     """The smoke test of the whole core without a subprocess: ``build_trainer(cfg).fit()`` trains the DiT (its
     weights move, the frozen VAE's and text encoder's do not), logs finite losses, writes the config and a
     checkpoint, and a second build of the same run resumes at that step (and place in the data) and finishes the
-    longer run."""
+    longer run. A resume that changes the model is refused before any model is built (it was refused once the
+    models had loaded and the data had been encoded: minutes on a real model)."""
     overrides = ["+experiment=shapes", "data.length=32", "trainer.batch_size=8", "model.num_layers=1",
                  "trainer.sample_every=0", "trainer.log_every=1", "trainer.checkpoint_every=2",
                  "monitor.reward.enabled=false", "validation.every_n_steps=0"]  # fmt: skip
@@ -76,9 +80,31 @@ def test_a_run_trains_checkpoints_and_resumes_in_this_process(tmp_path):
     assert frozen and all(map(torch.equal, before[1], [p.detach() for p in frozen]))
     assert (tmp_path / "config.yaml").is_file() and (tmp_path / "checkpoints" / "checkpoint-2").is_dir()
 
+    with monkeypatch.context() as patched:
+        patched.setattr(assemble, "build_components", lambda **parts: pytest.fail("a model was built"))
+        with pytest.raises(ConfigError, match=r"model.num_layers \(1 -> 2\)"):
+            build_trainer(compose_config([*overrides, "trainer.max_steps=3", "trainer.resume=latest",
+                                          "model.num_layers=2"]), tmp_path)  # fmt: skip
     resumed = build_trainer(compose_config([*overrides, "trainer.max_steps=3", "trainer.resume=latest"]), tmp_path)
     assert resumed.state.step == 2 and resumed.state.data_position == DataPosition(0, 2, 8, 8)  # 4 batches an epoch
     assert resumed.fit().steps == 3 and resumed.state.data_position == DataPosition(0, 3, 8, 8)
+
+
+def test_lora_adapters_resume_only_on_the_base_they_trained_on(tmp_path, caplog):
+    """A LoRA checkpoint holds the adapters alone: a base re-saved under the same path (or an unpinned hub id that
+    moved on) was trained on by the resumed adapters, silently. The checkpoint records the base's fingerprint; the
+    resume is refused before any model loads, and sampling says so."""
+    base = tmp_path / "base"
+    overrides = ["+experiment=shapes", "data.length=16", "trainer.batch_size=8", f"model.pretrained={base}",
+                 "lora.enabled=true", "lora.rank=2", "trainer.sample_every=0", "trainer.checkpoint_every=1",
+                 "monitor.reward.enabled=false", "validation.every_n_steps=0"]  # fmt: skip
+    build_tiny_transformer(**SHAPES_TRANSFORMER, num_layers=1).transformer.save_pretrained(base)
+    build_trainer(compose_config([*overrides, "trainer.max_steps=1"]), tmp_path / "run").fit()
+    build_tiny_transformer(**SHAPES_TRANSFORMER, num_layers=1, seed=1).transformer.save_pretrained(base)
+    with pytest.raises(ConfigError, match=r"adapters were trained on other weights than those now at `model.pretra"):
+        build_trainer(compose_config([*overrides, "trainer.max_steps=2", "trainer.resume=latest"]), tmp_path / "run")
+    load_run(tmp_path / "run")
+    assert "trained on other base weights than those now at" in caplog.text
 
 
 @pytest.mark.slow

@@ -71,3 +71,23 @@ def test_a_pipeline_folder_without_its_subfolder_is_told_which_subfolder_to_set(
     with pytest.raises(ModelLoadError, match=r"it has no sub-folder `decoder` \(`vae.subfolder`\)"):
         load_pretrained(AutoencoderKL.from_pretrained, str(pipeline), "vae.pretrained", subfolder="decoder")
     assert isinstance(load_pretrained(AutoencoderKL.from_pretrained, str(pipeline), "", subfolder="vae"), AutoencoderKL)
+
+
+def test_a_models_weights_fingerprint_changes_with_its_weights_not_with_a_copy(tmp_path, tiny_transformer):
+    """What a LoRA checkpoint records of its base: the same weights (re-saved, or copied elsewhere) give the same
+    fingerprint, weights of the same shapes drawn otherwise another, sharded files count whole, and a model not on
+    this machine has none."""
+    from dit_trainer.hub import weights_fingerprint
+
+    def saved(seed: int, folder: str, **options) -> str | None:
+        tiny_transformer(seed=seed).transformer.save_pretrained(tmp_path / folder / "transformer", **options)
+        return weights_fingerprint(str(tmp_path / folder), "transformer", None)
+
+    first = saved(0, "a")
+    assert first is not None and saved(0, "a") == first == saved(0, "copy")
+    assert saved(1, "a") not in (None, first)
+    sharded = saved(0, "sharded", max_shard_size="20KB")
+    assert len(list((tmp_path / "sharded" / "transformer").glob("*.safetensors"))) > 1
+    assert sharded is not None and saved(1, "sharded", max_shard_size="20KB") != sharded
+    assert weights_fingerprint(str(tmp_path / "absent"), None, None) is None
+    assert weights_fingerprint("nobody/no-such-model", None, None) is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ import torch
 
 from dit_trainer.components.build import build_components
 from dit_trainer.components.dit import DiTAdapter
-from dit_trainer.components.lora import load_adapter
+from dit_trainer.components.lora import base_weights, load_adapter
 from dit_trainer.config import SampleConfig, TrainConfig, call_with_sections, check_fields
 from dit_trainer.config.scripts import RunCheckpointArgs
 from dit_trainer.data.sources.videofolder import write_mp4
@@ -27,7 +28,9 @@ from dit_trainer.images import to_pil
 from dit_trainer.prompts import load_prompts
 from dit_trainer.run_config import read_run_config
 from dit_trainer.runs.run_folder import check_writable_folder, find_checkpoint, weights_layout
+from dit_trainer.training.state.checkpoint_manifest import changed_base, read_manifest
 
+logger = logging.getLogger(__name__)
 SAMPLE_INDEX = "index.jsonl"
 VIDEO_FPS = 16.0  # a video run's sample clips without `data.fps`: Wan's rate
 
@@ -129,6 +132,7 @@ def load_run(
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     if cfg.lora.enabled:  # the base model, adapters injected, then the checkpoint's adapter weights
+        warn_of_another_base(path, cfg)
         parts = call_with_sections(build_components, cfg, device=device, frozen_dtype=dtype)
         load_adapter(parts.dit.transformer, weights)
     else:  # the checkpoint's folder is a whole diffusers transformer
@@ -136,6 +140,17 @@ def load_run(
     text_to_image = TextToImage(parts.vae, parts.text_encoder, parts.schedule, parts.latent_shape, device)
     loaded_ema = weights.name.endswith("_ema")
     return TrainedRun(cfg, path, parts.dit.to(device, dtype).eval(), text_to_image, loaded_ema)
+
+
+def warn_of_another_base(checkpoint: Path, cfg: TrainConfig) -> None:
+    """LoRA adapters applied to other base weights than they trained on make another model: said, not refused (a
+    user may mean to carry adapters over to an updated base)."""
+    if changed_base(read_manifest(checkpoint), base_weights(cfg.model, cfg.lora)):
+        logger.warning(
+            f"The LoRA adapters of {checkpoint} trained on other base weights than those now at "
+            f"`model.pretrained={cfg.model.pretrained}` (their files changed since): the images come from the "
+            "adapters on the new base. Put back the base the run trained on to see what it learned."
+        )
 
 
 @contextlib.contextmanager

@@ -18,12 +18,20 @@ from peft.tuners.tuners_utils import BaseTunerLayer
 from peft.utils import ModulesToSaveWrapper
 from safetensors.torch import load_file, save_file
 
-from dit_trainer.config import LoRAConfig
+from dit_trainer.config import LoRAConfig, ModelConfig
 from dit_trainer.errors import ConfigError
-from dit_trainer.hub import UNREADABLE_WEIGHTS, unreadable_weights
+from dit_trainer.hub import UNREADABLE_WEIGHTS, unreadable_weights, weights_fingerprint
 
 ADAPTER_NAME = "default"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def base_weights(model: ModelConfig, lora: LoRAConfig) -> str | None:
+    """The fingerprint of the frozen base a LoRA run's adapters train on (``hub.weights_fingerprint``; None: a full
+    fine-tune, a new model, or a hub model not downloaded yet): adapters mean something only on their base."""
+    if not (lora.enabled and model.pretrained):
+        return None
+    return weights_fingerprint(model.pretrained, model.subfolder, model.revision)
 
 
 def peft_config(cfg: LoRAConfig, default_targets: Sequence[str] = ()) -> LoraConfig:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -41,10 +40,7 @@ from dit_trainer.components.weights import load_weights, save_weights
 from dit_trainer.durable import fsync_tree, publish
 from dit_trainer.errors import CheckpointWriteError, ConfigError
 from dit_trainer.runs.run_folder import (
-    FULL_WEIGHTS,
-    LORA_WEIGHTS,
     MANIFEST,
-    WeightsLayout,
     checkpoint_step,
     incomplete_checkpoints,
     list_checkpoints,
@@ -55,13 +51,11 @@ from dit_trainer.sharding import reshard
 from dit_trainer.training.optim import ConfiguredRates
 from dit_trainer.training.state.checkpoint_errors import LOAD_ERRORS, dcp_tracebacks_dropped, load_failure
 from dit_trainer.training.state.checkpoint_manifest import (
+    ResumeRules,
     WrittenBy,
-    check_compatible,
-    check_same_data,
+    check_resumable,
     how_written,
-    read_manifest,
     schedule_in_updates,
-    written_by,
 )
 from dit_trainer.training.state.config_changes import config_hash
 from dit_trainer.training.state.saved_state import SavedState, read_saved_state, write_saved_state
@@ -92,36 +86,26 @@ class Checkpointer:
         state: TrainingState,
         ema: EMAModel | None,
         total_limit: int | None,
-        weights: WeightsLayout = FULL_WEIGHTS,
-        config: dict[str, Any] | None = None,
-        allow_config_change: bool = False,
+        rules: ResumeRules | None = None,
         json_states: dict[str, SavedState] | None = None,
-        same_processes_because: str | None = None,
         process_states: dict[str, SavedState] | None = None,
         lr_scheduler: SavedState | None = None,
         parameters: list[torch.nn.Parameter] | None = None,
-        method_sections: tuple[str, ...] = (),
         configured: ConfiguredRates | None = None,
-        data_content: dict | None = None,
     ) -> None:
         self.accelerator = accelerator
         self.checkpoints_dir = checkpoints_dir
         self.state = state
         self.ema = ema
         self.total_limit = total_limit
-        self.weights = weights
-        self.config = config or {}
-        self.allow_config_change = allow_config_change
+        # What a checkpoint must share with this run to be resumed; its weights layout and config are what it writes.
+        self.rules = rules or ResumeRules()
+        self.weights = rules.weights
         self.json_states = json_states or {}
         self.process_states = process_states or {}
         self.lr_scheduler = lr_scheduler
         self.parameters = parameters or []  # what trains, as prepared (under FSDP: this process's slices)
-        # Why a resume must have the checkpoint's number of processes (None: it may change, with a warning).
-        self.same_processes_because = same_processes_because
-        # The config sections the run's method trains by: a resume that changes them changes what is trained.
-        self.method_sections = method_sections
         self.configured = configured  # the optimizer's settings as configured, put back over a checkpoint's
-        self.data_content = data_content  # what the data hold beyond their config (``trained_content``)
         self.kept: dict[str, int] = {}  # name -> step of a checkpoint kept from pruning (``keep``)
         accelerator.register_save_state_pre_hook(self._save_models)
         accelerator.register_load_state_pre_hook(self._load_models)
@@ -247,9 +231,10 @@ class Checkpointer:
         manifest = {
             "step": step,
             **how_written(self.accelerator),
-            "config_hash": config_hash(self.config),
-            "config": self.config,
-            **({"data_content": self.data_content} if self.data_content is not None else {}),
+            "config_hash": config_hash(self.rules.config),
+            "config": self.rules.config,
+            **({"data_content": self.rules.data_content} if self.rules.data_content is not None else {}),
+            **({"base_weights": self.rules.base_weights} if self.rules.base_weights is not None else {}),
             "kept": self.kept,
             "files": files,
         }
@@ -272,12 +257,7 @@ class Checkpointer:
         for newer, path in zip([None, *candidates], candidates):
             if newer is not None:
                 logger.warning(f"{newer} could not be loaded ({failures[-1]}); resuming from {path} instead")
-            manifest = read_manifest(path)
-            written = written_by(path, manifest)
-            self._check_weights_kind(path)  # first: `allow_config_change` does not make it work
-            check_compatible(path, manifest, written, self.accelerator, self.config, self.allow_config_change,
-                             self.same_processes_because, self.method_sections)  # fmt: skip
-            check_same_data(path, manifest, self.data_content, self.allow_config_change)
+            manifest, written = check_resumable(path, self.rules, self.accelerator)
             failure = self._try_load(path, written)
             if failure is None:
                 self.kept = dict(manifest.get("kept", {}))
@@ -293,23 +273,6 @@ class Checkpointer:
                 "restore a checkpoint folder from a copy, or start a fresh run in a new `hydra.run.dir`",
             )
         return None
-
-    def _check_weights_kind(self, path: Path) -> None:
-        """A LoRA checkpoint resumed as a full fine-tune, or the reverse: neither the weights nor the optimizer
-        state of one can continue the other, so no `allow_config_change` makes it work."""
-        other = LORA_WEIGHTS if self.weights is FULL_WEIGHTS else FULL_WEIGHTS
-        if (path / self.weights.directory).is_dir() or not (path / other.directory).is_dir():
-            return
-        kinds = {True: "LoRA adapters", False: "the whole DiT"}
-        raise ConfigError(
-            "trainer.resume",
-            str(path),
-            f"it holds {kinds[other.lora]} (`{other.directory}/`) and this run trains {kinds[self.weights.lora]} "
-            f"(`lora.enabled={str(self.weights.lora).lower()}`): its weights and optimizer state cannot continue "
-            "that kind of training",
-            f"resume with `lora.enabled={str(other.lora).lower()}`, or start a fresh run in a new `hydra.run.dir` "
-            "from its weights (`scripts/export.py` writes them as one diffusers transformer for `model.pretrained`)",
-        )
 
     def _try_load(self, path: Path, written: WrittenBy) -> str | None:
         """Load ``path`` on every process; None if all did, else why not (the same answer on every process). A

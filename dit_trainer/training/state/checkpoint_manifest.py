@@ -18,8 +18,7 @@ the launch that reads it: the checkpoint is intact, only the launch differs.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,14 @@ from accelerate.logging import get_logger
 from dit_trainer.config.recorded import relocated_paths, with_absolute_paths
 from dit_trainer.config.renamed import move_renamed_keys_in_saved
 from dit_trainer.errors import ConfigError
-from dit_trainer.runs.run_folder import MANIFEST, resolve_checkpoint, same_own_weights
+from dit_trainer.runs.run_folder import (
+    FULL_WEIGHTS,
+    LORA_WEIGHTS,
+    MANIFEST,
+    WeightsLayout,
+    resolve_checkpoint,
+    same_own_weights,
+)
 from dit_trainer.training.optimizers import check_resumed_optimizer
 from dit_trainer.training.state.config_changes import config_changes, config_hash, defines_training
 
@@ -71,6 +77,23 @@ def how_written(accelerator: Accelerator) -> dict[str, Any]:
         "world_size": accelerator.num_processes,
         "lr_schedule_unit": SCHEDULE_IN_UPDATES,
     }
+
+
+@dataclass(frozen=True)
+class ResumeRules:
+    """What a checkpoint must share with this run to be resumed: the kind of weights trained (``weights``), the
+    model, data, objective, method and the ``method_sections`` it trains by in ``config`` (unless
+    ``allow_config_change``), the number of processes where ``same_processes_because`` says why (each process then
+    restores its own state), what the data hold (``data_content``) and, under LoRA, the frozen base the adapters
+    train on (``base_weights``: ``hub.weights_fingerprint``); None: not compared."""
+
+    weights: WeightsLayout = FULL_WEIGHTS
+    config: dict[str, Any] = field(default_factory=dict)
+    allow_config_change: bool = False
+    same_processes_because: str | None = None
+    method_sections: tuple[str, ...] = ()
+    data_content: dict[str, Any] | None = None
+    base_weights: str | None = None
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -124,22 +147,63 @@ def check_resume_launch(checkpoints_dir: Path, spec: str | None, accelerator: Ac
         check_launch(path, written_by(path, read_manifest(path)), accelerator)
 
 
+def check_resume_before_models(
+    checkpoints_dir: Path, spec: str | None, rules: ResumeRules, accelerator: Accelerator
+) -> None:
+    """Every check of the resume (``check_resumable``) on the checkpoint it tries first, before any model is built:
+    a refused resume costs seconds, not the minutes that loading the models and encoding the data take. It warns
+    of nothing: the resume itself does."""
+    path = resolve_checkpoint(spec, checkpoints_dir)
+    if path is not None:
+        check_resumable(path, rules, accelerator, quiet=True)
+
+
+def check_resumable(
+    path: Path, rules: ResumeRules, accelerator: Accelerator, quiet: bool = False
+) -> tuple[dict[str, Any], WrittenBy]:
+    """Whether this run may resume checkpoint ``path`` under ``rules``: the kind of weights first (no
+    ``allow_config_change`` makes the other kind load), then ``check_compatible`` and ``check_same_data``. Returns its
+    manifest and how it was written. ``quiet``: warn of nothing (of changes allowed, another number of processes)."""
+    manifest = read_manifest(path)
+    written = written_by(path, manifest)
+    check_weights_kind(path, rules.weights)
+    check_compatible(path, manifest, written, accelerator, rules, quiet)
+    check_same_data(path, manifest, rules.data_content, rules.allow_config_change, quiet)
+    check_same_base(path, manifest, rules, quiet)
+    return manifest, written
+
+
+def check_weights_kind(path: Path, weights: WeightsLayout) -> None:
+    """A LoRA checkpoint resumed as a full fine-tune, or the reverse: neither the weights nor the optimizer state of
+    one can continue the other."""
+    other = LORA_WEIGHTS if weights is FULL_WEIGHTS else FULL_WEIGHTS
+    if (path / weights.directory).is_dir() or not (path / other.directory).is_dir():
+        return
+    kinds = {True: "LoRA adapters", False: "the whole DiT"}
+    raise ConfigError(
+        "trainer.resume",
+        str(path),
+        f"it holds {kinds[other.lora]} (`{other.directory}/`) and this run trains {kinds[weights.lora]} "
+        f"(`lora.enabled={str(weights.lora).lower()}`): its weights and optimizer state cannot continue "
+        "that kind of training",
+        f"resume with `lora.enabled={str(other.lora).lower()}`, or start a fresh run in a new `hydra.run.dir` "
+        "from its weights (`scripts/export.py` writes them as one diffusers transformer for `model.pretrained`)",
+    )
+
+
 def check_compatible(
     path: Path,
     manifest: dict[str, Any],
     written: WrittenBy,
     accelerator: Accelerator,
-    config: dict[str, Any],
-    allow_config_change: bool = False,
-    same_processes_because: str | None = None,
-    method_sections: Sequence[str] = (),
+    rules: ResumeRules,
+    quiet: bool = False,
 ) -> None:
     """Whether this run may resume checkpoint ``path`` (its ``manifest``, ``written`` so): a launch that reads it
-    (``check_launch``), the same number of processes where ``same_processes_because`` says why (each process
-    restores its own state), and the same model, data, objective, method and ``method_sections`` (the sections
-    its method trains by) as ``config`` unless ``allow_config_change``; other changes (lr, monitors, ...) are
-    listed in a warning."""
+    (``check_launch``), and the processes and config ``rules`` ask for; other changes (lr, monitors, ...) are
+    listed in a warning unless ``quiet``."""
     check_launch(path, written, accelerator)
+    config, same_processes_because = rules.config, rules.same_processes_because
     world_size, processes = written.world_size, accelerator.num_processes
     if world_size != processes and same_processes_because:
         raise ConfigError(
@@ -150,7 +214,7 @@ def check_compatible(
             "processes with `ACCELERATE_USE_CPU=1` and `--multi_gpu`), or "
             "start a fresh run in a new `hydra.run.dir`",
         )
-    if world_size != processes:
+    if world_size != processes and not quiet:
         logger.warning(
             f"Resuming {path.name}, written by {_processes(world_size)}, on {processes}: the weights, the optimizer "
             "state and the LR schedule continue exactly; each step now takes another number of images, and a "
@@ -159,7 +223,7 @@ def check_compatible(
             main_process_only=True,
         )
     if "config" not in manifest:  # written before checkpoints recorded their config
-        if manifest.get("config_hash") != config_hash(config):
+        if manifest.get("config_hash") != config_hash(config) and not quiet:
             logger.warning(f"The config differs from the one {path.name} was trained with; continuing with it.")
         return
     saved, _ = relocated_paths(move_renamed_keys_in_saved(manifest["config"]))  # a moved install: as the config's
@@ -169,9 +233,10 @@ def check_compatible(
         saved = {**saved, "model": {**saved["model"], "pretrained": pretrained[1]}}
     changes = config_changes(saved, config)
     check_resumed_optimizer(path, saved, config)
-    defining = [key for key, (old, new) in changes.items() if defines_training(key, old, new, method_sections)]
+    sections = rules.method_sections
+    defining = [key for key, (old, new) in changes.items() if defines_training(key, old, new, sections)]
     listed = ", ".join(f"{key} ({old!r} -> {new!r})" for key, (old, new) in changes.items())
-    if defining and not allow_config_change:
+    if defining and not rules.allow_config_change:
         raise ConfigError(
             "trainer.resume",
             str(path),
@@ -181,7 +246,7 @@ def check_compatible(
             "resume with the settings the run was trained with (its config.yaml), start a fresh run in a new "
             "`hydra.run.dir`, or, if the change is intended, add `trainer.allow_config_change=true`",
         )
-    if changes:
+    if changes and not quiet:
         logger.warning(f"Resuming {path.name} with changed settings: {listed}", main_process_only=True)
 
 
@@ -189,7 +254,9 @@ def _processes(count: int) -> str:
     return f"{count} process{'es' if count != 1 else ''}"
 
 
-def check_same_data(path: Path, manifest: dict[str, Any], content: dict | None, allow_config_change: bool) -> None:
+def check_same_data(
+    path: Path, manifest: dict[str, Any], content: dict | None, allow_config_change: bool, quiet: bool = False
+) -> None:
     """The data a checkpoint was trained on still hold what they held (``data_content``: a folder's metadata, a
     saved data set's fingerprint): images added or removed under the same config would move the held-out split
     (images trained on would be validated on) and the data order. A checkpoint that did not record it, or a run
@@ -198,7 +265,8 @@ def check_same_data(path: Path, manifest: dict[str, Any], content: dict | None, 
     if saved is None or content is None or saved == content:
         return
     if allow_config_change:
-        logger.warning(f"Resuming {path.name} on data that changed since it was written.", main_process_only=True)
+        if not quiet:
+            logger.warning(f"Resuming {path.name} on data that changed since it was written.", main_process_only=True)
         return
     raise ConfigError(
         "trainer.resume",
@@ -208,6 +276,33 @@ def check_same_data(path: Path, manifest: dict[str, Any], content: dict | None, 
         "on, and the order of the data",
         "resume on the data as they were, start a fresh run in a new `hydra.run.dir` (`trainer.init_from=RUN` "
         "starts from its weights), or, if the change is intended, add `trainer.allow_config_change=true`",
+    )
+
+
+def changed_base(manifest: dict[str, Any], base_weights: str | None) -> bool:
+    """Whether a LoRA checkpoint's base (``base_weights`` in its ``manifest``) is not the one found now. A checkpoint
+    that did not record it, or a base not on this machine, is not compared."""
+    saved = manifest.get("base_weights")
+    return saved is not None and base_weights is not None and saved != base_weights
+
+
+def check_same_base(path: Path, manifest: dict[str, Any], rules: ResumeRules, quiet: bool = False) -> None:
+    """A LoRA checkpoint continues on the base its adapters trained on: the weights at ``model.pretrained`` replaced
+    under the same path, or an unpinned hub id that moved on, would give the adapters another model to adapt."""
+    if not changed_base(manifest, rules.base_weights):
+        return
+    pretrained = rules.config.get("model", {}).get("pretrained")
+    if rules.allow_config_change:
+        if not quiet:
+            logger.warning(f"Resuming {path.name} on another base model at {pretrained}.", main_process_only=True)
+        return
+    raise ConfigError(
+        "trainer.resume",
+        str(path),
+        f"its LoRA adapters were trained on other weights than those now at `model.pretrained={pretrained}` (their "
+        f"files changed since: fingerprint {manifest['base_weights']} -> {rules.base_weights})",
+        "put back the base the run trained on (for a hub id, pin the revision it had with `model.revision`), start a "
+        "fresh run in a new `hydra.run.dir`, or, if the new base is intended, add `trainer.allow_config_change=true`",
     )
 
 

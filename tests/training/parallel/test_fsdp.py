@@ -19,6 +19,7 @@ from dit_trainer.errors import ConfigError
 from dit_trainer.training.parallel.fsdp import check_fsdp, wrap_family_blocks
 from dit_trainer.training.parallel.privacy import check_private_launch
 from dit_trainer.training.state.checkpoint import Checkpointer
+from dit_trainer.training.state.checkpoint_manifest import ResumeRules
 from dit_trainer.training.state.training_state import TrainingState
 from tests.conftest import one_paragraph
 
@@ -48,7 +49,7 @@ def test_a_resume_on_another_number_of_processes_is_refused_where_state_is_per_p
     (checkpoint / "manifest.json").write_text(json.dumps({"step": 4, "world_size": 2, "files": {}}))
     because = "a streamed source resumes from the shard position each process recorded"
     checkpointer = Checkpointer(Accelerator(cpu=True), tmp_path / "checkpoints", TrainingState(torch.Generator()),
-                                None, None, same_processes_because=because)  # fmt: skip
+                                None, None, ResumeRules(same_processes_because=because))  # fmt: skip
     with pytest.raises(ConfigError) as caught:
         checkpointer.restore(str(checkpoint))
     message = one_paragraph(caught.value, "trainer.resume")

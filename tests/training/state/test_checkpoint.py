@@ -20,7 +20,13 @@ from dit_trainer.errors import ConfigError
 from dit_trainer.runs.run_folder import LORA_WEIGHTS, MANIFEST, list_checkpoints, remove_unfinished_writes
 from dit_trainer.training.optim import build_lr_scheduler
 from dit_trainer.training.state.checkpoint import Checkpointer
-from dit_trainer.training.state.checkpoint_manifest import WrittenBy, check_launch, schedule_in_updates, written_by
+from dit_trainer.training.state.checkpoint_manifest import (
+    ResumeRules,
+    WrittenBy,
+    check_launch,
+    schedule_in_updates,
+    written_by,
+)
 from dit_trainer.training.state.ema import FusedEMA
 from dit_trainer.training.state.training_state import TrainingState
 from tests.conftest import build_tiny_transformer, one_paragraph
@@ -84,7 +90,7 @@ def tiny_run(tmp_path, kind: str, ema_decay: float = 0.0, groups: int = 1) -> tu
     parameters = trainable_parameters(accelerator.unwrap_model(dit).transformer)
     ema = FusedEMA(parameters, decay=ema_decay) if ema_decay else None
     state, config = TrainingState(torch.Generator()), dataclasses.asdict(cfg)
-    checkpointer = Checkpointer(accelerator, tmp_path / "checkpoints", state, ema, None, config=config,
+    checkpointer = Checkpointer(accelerator, tmp_path / "checkpoints", state, ema, None, ResumeRules(config=config),
                                 lr_scheduler=scheduler, parameters=parameters)  # fmt: skip
     return accelerator, checkpointer, scheduler
 
@@ -128,9 +134,9 @@ def test_a_full_checkpoint_resumed_by_a_lora_run_is_refused_naming_both(tmp_path
     refused first, as allowing the config change would not make it load."""
     accelerator, writer, _ = tiny_run(tmp_path, "constant")
     checkpoint = writer.save(2)
-    changed = {**writer.config, "lora": {**writer.config["lora"], "enabled": True}}
-    reader = Checkpointer(accelerator, writer.checkpoints_dir, TrainingState(torch.Generator()), None, None,
-                          weights=LORA_WEIGHTS, config=changed)  # fmt: skip
+    config = writer.rules.config
+    changed = ResumeRules(weights=LORA_WEIGHTS, config={**config, "lora": {**config["lora"], "enabled": True}})
+    reader = Checkpointer(accelerator, writer.checkpoints_dir, TrainingState(torch.Generator()), None, None, changed)
     with pytest.raises(ConfigError, match=r"holds the whole DiT \(`transformer/`\).*trains LoRA adapters") as refused:
         reader.restore(str(checkpoint))  # before the config change is refused: allowing it would not help
     assert "`lora.enabled=false`" in one_paragraph(refused.value, "trainer.resume")
@@ -269,6 +275,13 @@ def test_a_checkpoint_restores_weights_optimizer_schedule_counters_and_generator
     assert _same(_snapshot(reader, reader_schedule), _snapshot(writer, writer_schedule))
 
 
+def changed(checkpointer: Checkpointer, section: str, **values) -> None:
+    """``checkpointer``'s run configured with ``values`` in ``section`` (its resume rules and the config it writes)."""
+    config = checkpointer.rules.config
+    config = config | {section: config[section] | values}
+    checkpointer.rules = dataclasses.replace(checkpointer.rules, config=config)
+
+
 def test_a_resume_that_changes_the_model_is_refused_naming_the_key_unless_allowed(tmp_path):
     """What a checkpoint trained is part of it: a resume with another model section is refused in one paragraph
     naming the key and both values (nothing loaded), and goes on with ``trainer.allow_config_change=true``; a
@@ -276,17 +289,17 @@ def test_a_resume_that_changes_the_model_is_refused_naming_the_key_unless_allowe
     _, writer, _ = tiny_run(tmp_path, "linear")
     writer.save(2)
     _, reader, _ = tiny_run(tmp_path, "linear")
-    layers = reader.config["model"]["num_layers"]
-    reader.config = reader.config | {"model": reader.config["model"] | {"num_layers": layers + 1}}
+    layers = reader.rules.config["model"]["num_layers"]
+    changed(reader, "model", num_layers=layers + 1)
     with pytest.raises(ConfigError) as caught:
         reader.restore("latest")
     message = one_paragraph(caught.value, "trainer.resume")
     assert f"model.num_layers ({layers} -> {layers + 1})" in message and reader.state.step == 0
 
-    reader.allow_config_change = True
+    reader.rules = dataclasses.replace(reader.rules, allow_config_change=True)
     assert reader.restore("latest") is not None
     _, other_lr, _ = tiny_run(tmp_path, "linear")
-    other_lr.config = other_lr.config | {"optim": other_lr.config["optim"] | {"lr": 1e-5}}
+    changed(other_lr, "optim", lr=1e-5)
     assert other_lr.restore("latest") is not None
 
 
@@ -296,13 +309,31 @@ def test_a_checkpoint_of_a_moved_checkout_resumes_with_this_installs_shipped_vae
     _, writer, _ = tiny_run(tmp_path, "linear")
     shipped = str(ASSETS_DIR / "shapes_vae")
     gone = "/gone/dit_trainer/assets/shapes_vae"
-    writer.config = writer.config | {"vae": writer.config["vae"] | {"pretrained": gone}}
+    changed(writer, "vae", pretrained=gone)
     writer.save(2)
     _, reader, _ = tiny_run(tmp_path, "linear")
-    reader.config = reader.config | {"vae": reader.config["vae"] | {"pretrained": shipped}}
+    changed(reader, "vae", pretrained=shipped)
     assert reader.restore("latest") is not None
     _, other, _ = tiny_run(tmp_path, "linear")
-    other.config = other.config | {"vae": other.config["vae"] | {"pretrained": str(tmp_path)}}
+    changed(other, "vae", pretrained=str(tmp_path))
     with pytest.raises(ConfigError) as caught:
         other.restore("latest")
     assert f"vae.pretrained ('{shipped}' -> '{tmp_path}')" in str(caught.value)
+
+
+def test_a_checkpoint_resumes_on_another_base_only_when_allowed(tmp_path):
+    """A LoRA checkpoint's base (its fingerprint, ``hub.weights_fingerprint``) is part of what it trained: another
+    is refused unless the change is allowed; a checkpoint or a run that cannot say it is not compared."""
+    _, writer, _ = tiny_run(tmp_path, "linear")
+    writer.rules = dataclasses.replace(writer.rules, base_weights="aaaa")
+    checkpoint = writer.save(2)
+    _, reader, _ = tiny_run(tmp_path, "linear")
+    reader.rules = dataclasses.replace(reader.rules, base_weights="bbbb")
+    with pytest.raises(ConfigError) as caught:
+        reader.restore("latest")
+    message = one_paragraph(caught.value, "trainer.resume")
+    assert "fingerprint aaaa -> bbbb" in message and "`model.revision`" in message
+    for rules in ({"base_weights": "bbbb", "allow_config_change": True}, {"base_weights": None}):
+        _, reader, _ = tiny_run(tmp_path, "linear")
+        reader.rules = dataclasses.replace(reader.rules, **rules)
+        assert reader.restore("latest") == checkpoint
