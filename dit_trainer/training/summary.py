@@ -54,6 +54,7 @@ def summarize(records: list[dict], end: RunEnd, run_dir: Path) -> dict:
         "seconds_per_step": round(end.seconds / trained, 4) if trained > 0 else None,
         "monitor_seconds": round(end.monitor_seconds, 1),
         "final_loss": loss[1] if loss else None,
+        "final_loss_step": loss[0] if loss else None,  # the last logged: a run stopped between logs ends later
         "final_val_loss": val[1] if val else None,
         "best_val_loss": {"step": best[0], "value": best[1]} if best else None,
         "final_reward": {"step": reward[0], "value": reward[1]} if reward else None,
@@ -80,7 +81,9 @@ def summary_line(summary: dict, run_dir: Path) -> str:
         ended = f"Stopped at step {summary['steps']} of {summary['max_steps']} ({summary['status']})"
         parts = [f"{ended} after {seconds:.0f} s ({per_step})"]
     if summary["final_loss"] is not None:
-        parts.append(f"final loss {summary['final_loss']:.4f}")
+        logged_at = summary.get("final_loss_step")
+        at = f" (logged at step {logged_at})" if logged_at not in (None, summary["steps"]) else ""
+        parts.append(f"final loss {summary['final_loss']:.4f}{at}")
     if summary["final_val_loss"] is not None:
         best = summary["best_val_loss"]
         parts.append(f"val loss {summary['final_val_loss']:.4f} (best {best['value']:.4f} at step {best['step']})")

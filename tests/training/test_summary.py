@@ -29,6 +29,7 @@ def test_a_finished_run_summarizes_the_whole_run(tmp_path):
         "seconds_per_step": 0.5,  # 10 steps in this launch
         "monitor_seconds": 1.0,
         "final_loss": 0.6,
+        "final_loss_step": 30,
         "final_val_loss": 0.65,
         "best_val_loss": {"step": 20, "value": 0.6},  # an earlier launch's, from metrics.jsonl
         "final_reward": {"step": 30, "value": 0.5},
@@ -48,6 +49,9 @@ def test_a_preempted_run_says_where_it_stopped_with_what_it_has(tmp_path):
     assert summary["status"] == "preempted" and summary["final_reward"] == {"step": 4, "value": 0.75}
     assert summary["best_val_loss"] is None and summary["weights"] is None and summary["resumed_at_step"] is None
     assert summary_line(summary, tmp_path).startswith("Stopped at step 4 of 100 (preempted) after 8 s")
+    between_logs = summarize(RECORDS, RunEnd("preempted", 34, 100, 0, 8.0, 0.0, None), tmp_path)
+    assert between_logs["final_loss_step"] == 30
+    assert "final loss 0.6000 (logged at step 30)" in summary_line(between_logs, tmp_path)
 
 
 def test_a_run_a_monitor_stopped_says_why_and_which_checkpoint_it_kept(tmp_path):
