@@ -24,8 +24,8 @@ def optimizer_groups(dit: DiTAdapter, weight_decay: float) -> list[dict]:
     so the optimizer (any ``optim.name``) leaves them as loaded unless weight decay shrinks them. ``proj_out`` is
     therefore exempt from weight decay: the variance half stays frozen, not silently decayed towards zero."""
     named = [(name, p) for name, p in dit.named_parameters() if p.requires_grad]
-    config = dit.transformer.config
-    if not weight_decay or config.out_channels == config.in_channels:
+    config = dit.transformer.config  # Z-Image's names no `out_channels`: its output is its input's size
+    if not weight_decay or config.get("out_channels", config.get("in_channels")) == config.get("in_channels"):
         return [{"params": [p for _, p in named]}]
     exempt = [p for name, p in named if name.startswith("transformer.proj_out.")]
     rest = [p for name, p in named if not name.startswith("transformer.proj_out.")]

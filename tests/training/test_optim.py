@@ -1,14 +1,36 @@
 """The optimizer side of a run (``training/optim.py``): the AdamW groups keep weight decay off what the loss does
 not train."""
 
+import pytest
 import torch
 
+from dit_trainer.components.families import FAMILIES
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.sources.shapes import ShapesDataset
 from dit_trainer.diffusion.loss import diffusion_loss
-from dit_trainer.training.optim import build_optimizer
+from dit_trainer.training.optim import build_optimizer, optimizer_groups
 
-from ..conftest import TINY_SHAPES, components_of, compose_config, read_metrics, reset_accelerate_state
+from ..components.test_meta import FAMILIES as CONDITIONS
+from ..conftest import (
+    TINY_SHAPES,
+    build_tiny_transformer,
+    components_of,
+    compose_config,
+    read_metrics,
+    reset_accelerate_state,
+)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_family_is_grouped_for_weight_decay(family):
+    """Z-Image's config names no ``out_channels``: its run with weight decay (both shipped recipes) failed with an
+    AttributeError before step 1. Every family's trainable parameters land in the groups, once."""
+    assert family in CONDITIONS or family == "pixart_sigma", f"add {family}'s condition widths to test_meta.FAMILIES"
+    width, pooled = CONDITIONS.get(family, CONDITIONS["pixart_alpha"])
+    dit = build_tiny_transformer(family, condition_dim=width, pooled_dim=pooled)
+    groups = optimizer_groups(dit, weight_decay=0.1)
+    grouped = [id(parameter) for group in groups for parameter in group["params"]]
+    assert sorted(grouped) == sorted(id(parameter) for parameter in dit.parameters() if parameter.requires_grad)
 
 
 def test_learned_variance_outputs_stay_as_loaded_under_weight_decay():
