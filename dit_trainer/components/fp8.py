@@ -9,6 +9,7 @@ stay in autocast's precision. The conversion happens before
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -19,6 +20,7 @@ from dit_trainer.components.dit import DiTAdapter
 from dit_trainer.config import LoRAConfig, PrecisionConfig, PrivacyConfig
 from dit_trainer.errors import ConfigError, require
 
+logger = logging.getLogger(__name__)
 FP8_CAPABILITY = (8, 9)  # Ada (L4, L40S, RTX 4090), Hopper (H100, H200), Blackwell (B200)
 FP8_ALIGNMENT = 16  # FP8 GEMMs need both sizes of the weight to be multiples of 16
 
@@ -96,5 +98,17 @@ def apply_fp8(precision: PrecisionConfig, dit: DiTAdapter, device: torch.device)
                if isinstance(module, nn.Linear) and id(module) not in shared}  # fmt: skip
     convert = _is_block_linear(linears)
     count = sum(convert(module, name) for name, module in dit.transformer.named_modules())
+    if not count:  # the run would train exactly as without FP8, under a config that says FP8
+        widths = sorted({(m.in_features, m.out_features) for m in dit.transformer.modules() if id(m) in linears})
+        raise ConfigError(
+            "precision.fp8",
+            True,
+            f"none of the DiT's {len(linears)} block linear layers can run in FP8: FP8 matmuls need both sizes of a "
+            f"weight to be multiples of {FP8_ALIGNMENT}, and theirs are {', '.join(f'{i}x{o}' for i, o in widths[:6])}",
+            "set `precision.fp8=false` (a model this small gains nothing from FP8), or widen the model",
+        )
     convert_to_float8_training(dit.transformer, config=config, module_filter_fn=convert)
+    others = len(linears) - count
+    skipped = f" (the other {others}: sizes not multiples of {FP8_ALIGNMENT})" if others else ""
+    logger.info(f"FP8 training: {count} of the DiT's {len(linears)} block linear layers{skipped}")
     return count

@@ -2,6 +2,8 @@
 with torchao's emulation the same conversion trains on the CPU, only the blocks' linear layers are converted (the
 state-dict keys unchanged), and a run resumes bit-exact."""
 
+import logging
+
 import pytest
 import torch
 from torch import nn
@@ -62,6 +64,18 @@ def test_only_the_blocks_linear_layers_are_converted_and_the_weights_keep_their_
     outside = ("proj_out", "adaln_single", "caption_projection", "pos_embed")
     assert not any(name.startswith(outside) for name in converted)
     assert list(dit.state_dict()) == keys and all(p.dtype == torch.float32 for p in dit.parameters())
+
+
+def test_a_model_without_a_layer_fp8_can_take_is_refused_and_a_partial_conversion_is_logged(tiny_transformer, caplog):
+    """A DiT 24 wide has no block linear layer whose sizes are multiples of 16: `precision.fp8=true` converted
+    nothing and the run trained exactly as without it, under a config that says FP8."""
+    narrow = tiny_transformer(num_attention_heads=2, attention_head_dim=12, condition_dim=24)
+    with pytest.raises(ConfigError) as caught:
+        apply_fp8(PrecisionConfig(fp8=True, fp8_emulate=True), narrow, torch.device("cpu"))
+    assert "multiples of 16, and theirs are 24x24" in one_paragraph(caught.value, "precision.fp8")
+    with caplog.at_level(logging.INFO):
+        count = apply_fp8(PrecisionConfig(fp8=True, fp8_emulate=True), tiny_transformer(), torch.device("cpu"))
+    assert f"FP8 training: {count} of the DiT's" in caplog.text
 
 
 @pytest.mark.slow
