@@ -23,7 +23,7 @@ from accelerate import Accelerator
 from accelerate.logging import get_logger
 from torch.utils.data import Dataset, IterableDataset
 
-from dit_trainer.config import DataConfig, MonitorConfig, TrainerConfig, ValidationConfig
+from dit_trainer.config import DataConfig, MonitorConfig, PrecisionConfig, TrainerConfig, ValidationConfig
 from dit_trainer.data.buckets import item_buckets
 from dit_trainer.data.mixture import item_sources
 from dit_trainer.precision import choose_mixed_precision
@@ -74,6 +74,7 @@ def describe_data(
 
 def describe_run(
     trainer: TrainerConfig,
+    precision: PrecisionConfig,
     monitor: MonitorConfig,
     validation: ValidationConfig,
     accelerator: Accelerator,
@@ -94,7 +95,7 @@ def describe_run(
     rows = {
         "Run folder": str(run_dir.resolve()),
         "Processes": describe_processes(accelerator),
-        "Precision": choose_mixed_precision(t.mixed_precision).describe(),
+        "Precision": choose_mixed_precision(t.mixed_precision).describe() + describe_fp8(precision),
         "Data": data.described,
         "Batch": batch,
         "Steps": f"{t.max_steps}{epochs}, {start}; a log line every {t.log_every}",
@@ -104,6 +105,12 @@ def describe_run(
     }
     width = max(map(len, rows)) + 2
     return "Starting the run:\n" + "\n".join(f"  {name:<{width}}{value}" for name, value in rows.items())
+
+
+def describe_fp8(precision: PrecisionConfig) -> str:
+    if not precision.fp8:
+        return ""
+    return f"; the blocks' linear layers in FP8 ({precision.fp8_recipe}{', emulated' if precision.fp8_emulate else ''})"
 
 
 def checkpoint_cadence(trainer: TrainerConfig, run_dir: Path) -> str:
@@ -130,6 +137,7 @@ def log_start_banner(
     run: Trainer,
     data: DataConfig,
     trainer: TrainerConfig,
+    precision: PrecisionConfig,
     monitor: MonitorConfig,
     validation: ValidationConfig,
     dataset: Dataset | None,
@@ -145,6 +153,7 @@ def log_start_banner(
     metrics = run.trackers.describe(run.run_dir) if run.trackers else str(run.metrics.path)
     banner = describe_run(
         trainer,
+        precision,
         monitor,
         validation,
         accelerator,

@@ -37,7 +37,8 @@ def test_the_banner_says_what_the_run_will_do_and_where(tmp_path):
         cfg.data, cfg.trainer, cfg.validation, list(range(40)), list(range(8)), accelerator.num_processes
     )
     assert data.described == "40 items (+ 8 validation images held out) at 32 px; 5 steps per epoch"
-    banner = describe_run(cfg.trainer, cfg.monitor, cfg.validation, accelerator, tmp_path, data, 8, 3, "METRICS")
+    banner = describe_run(cfg.trainer, cfg.precision, cfg.monitor, cfg.validation, accelerator, tmp_path, data, 8, 3,
+                          "METRICS")  # fmt: skip
     lines = {line[2:15].strip(): line[15:] for line in banner.splitlines()[1:]}
     assert lines == {
         "Run folder": str(tmp_path.resolve()),
@@ -50,6 +51,9 @@ def test_the_banner_says_what_the_run_will_do_and_where(tmp_path):
         "Monitors": "sample grid at the end; validation loss every 5 steps",
         "Metrics": "METRICS",
     }
+    fp8 = dataclasses.replace(cfg.precision, fp8=True, fp8_emulate=True)
+    banner = describe_run(cfg.trainer, fp8, cfg.monitor, cfg.validation, accelerator, tmp_path, data, 8, 3, "")
+    assert "slower than fp32 on a CPU); the blocks' linear layers in FP8 (tensorwise, emulated)" in banner
 
 
 def test_bucketed_data_counts_only_full_batches_per_epoch():
