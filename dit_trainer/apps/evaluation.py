@@ -20,7 +20,7 @@ from dit_trainer.errors import ConfigError
 from dit_trainer.images import ANIMATION_FPS, clip_grids, image_grid, save_animation
 from dit_trainer.prompts import load_prompts
 from dit_trainer.rewards import REWARDS
-from dit_trainer.rewards.build import build_reward
+from dit_trainer.rewards.build import build_reward, check_rewards_take
 from dit_trainer.rewards.fid import (
     ReferenceSet,
     build_feature_extractor,
@@ -195,7 +195,10 @@ def evaluate_to_folder(cfg: EvaluateConfig) -> tuple[Path, dict]:
     if "fid" in cfg.metrics:
         require_feature_extractor(cfg.fid_features, cfg.fid_weights, "fid_features", "fid_weights")
     run_dir = Path(cfg.run_dir).expanduser()
-    frames = read_run_config(run_dir).data.frames  # first: a folder that holds no run is named as such
+    run_cfg = read_run_config(run_dir)  # first: a folder that holds no run is named as such
+    frames = run_cfg.data.frames
+    if "rewards" in cfg.metrics:
+        check_rewards_take(evaluation_reward(cfg, run_cfg.reward).weights, frames, prefix="weights")
     checkpoint = find_checkpoint(run_dir, cfg.checkpoint)
     out_dir = evaluation_folder(cfg, checkpoint)
     grid_name = CLIP_GRID if frames > 1 else GRID

@@ -38,6 +38,8 @@ class Reward:
     # cannot is refused with the config, not found in a rollout's traceback.
     judges: Callable[[str], bool] = lambda prompt: True
     judged_prompts: str = ""  # what ``judges`` accepts, for the refusal: e.g. "a COLOUR SHAPE"
+    # What it scores: images (B, 3, H, W), or clips (B, 3, F, H, W), what a video run (`data.frames` > 1) samples.
+    takes: str = "images"
 
 
 def check_reward_inputs(images: torch.Tensor, prompts: Sequence[str], clips: bool = False) -> None:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import torch
 
-from dit_trainer.config import MonitorConfig, RewardConfig
+from dit_trainer.config import DataConfig, MonitorConfig, RewardConfig
 from dit_trainer.errors import ConfigError
 from dit_trainer.hub import require_offline_copy
 from dit_trainer.rewards import REWARDS
@@ -44,13 +44,31 @@ def check_reward_weights(weights: Mapping[str, float], required: bool = True) ->
         )
 
 
-def check_rewards(reward: RewardConfig, monitor: MonitorConfig, method_scores: bool = False) -> None:
-    """The configured rewards, and, when a run scores images (the reward monitor, or a method that trains on
-    rewards: ``method_scores``), every model they load is on this machine under HF_HUB_OFFLINE=1."""
+def check_rewards_take(weights: Mapping[str, float], frames: int, prefix: str = "reward.weights") -> None:
+    """Each reward scores what the run samples: images, or clips of ``data.frames`` > 1 frames (found at the first
+    scoring otherwise, after the steps before it)."""
+    samples = "clips" if frames > 1 else "images"
+    for name, weight in weights.items():
+        takes = REWARDS.get(name, f"{prefix}.{name}").takes
+        if takes != samples:
+            fitting = [other for other in REWARDS if REWARDS.get(other, prefix).takes == samples]
+            raise ConfigError(
+                f"{prefix}.{name}",
+                weight,
+                f"`{name}` scores {takes}, and this run samples {samples} (`data.frames={frames}`)",
+                f"score its {samples} with {' or '.join(f'`{other}`' for other in fitting) or 'a reward of your own'}",
+            )
+
+
+def check_rewards(reward: RewardConfig, monitor: MonitorConfig, data: DataConfig, method_scores: bool = False) -> None:
+    """The configured rewards, and, when a run scores its samples (the reward monitor, or a method that trains on
+    rewards: ``method_scores``), that they score what it samples and every model they load is on this machine under
+    HF_HUB_OFFLINE=1."""
     scoring = monitor.reward.enabled or method_scores
     check_reward_weights(reward.weights, required=scoring)
     if not scoring:
         return
+    check_rewards_take(reward.weights, data.frames)
     for name in reward.weights:
         kind = REWARDS.get(name, f"reward.weights.{name}")
         for key, name_or_path in kind.models(reward).items():

@@ -57,4 +57,4 @@ SHAPES_ALIGNMENT = Reward(lambda cfg, device, dtype: ShapesAlignmentReward(), ju
                           judged_prompts=SHAPES_PROMPTS)  # fmt: skip
 SHAPES_MARGIN = Reward(lambda cfg, device, dtype: ShapesMarginReward(), judges=is_shapes_caption,
                        judged_prompts=SHAPES_PROMPTS)  # fmt: skip
-MOVING_SHAPES_ALIGNMENT = Reward(lambda cfg, device, dtype: MovingShapesAlignmentReward())
+MOVING_SHAPES_ALIGNMENT = Reward(lambda cfg, device, dtype: MovingShapesAlignmentReward(), takes="clips")

@@ -82,6 +82,8 @@ def test_an_out_dir_that_cannot_take_the_report_or_missing_fid_features_are_refu
     monkeypatch.setattr(imports, "_TORCH_FIDELITY_AVAILABLE", False)
     assert _evaluate(written_run, "metrics=[fid]", f"out_dir={tmp_path / 'fid'}") == 2
     assert "`fid_features` is 'inception'" in capsys.readouterr().err and not (tmp_path / "fid").exists()
+    assert _evaluate(written_run, "weights.moving_shapes_alignment=1.0", f"out_dir={tmp_path / 'clips'}") == 2
+    assert "scores clips, and this run samples images" in capsys.readouterr().err  # it failed after sampling
 
 
 @pytest.mark.usefixtures("no_model_loads")
