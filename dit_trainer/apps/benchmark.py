@@ -132,9 +132,11 @@ def _endless(loader: DataLoader) -> Iterator[dict]:
 
 
 def reference_step(cfg: TrainConfig, parts: Components, device: torch.device) -> Callable[[], None]:
-    """(d): the loop of diffusers' ``train_text_to_image.py``, reduced to what our step also does (the family's
-    call, so that every family has its reference)."""
-    vae, text, family = parts.vae.autoencoder, parts.text_encoder, parts.dit.family
+    """(d): the loop of diffusers' ``train_text_to_image.py``, reduced to what our step also does (the VAE's and the
+    family's calls, so that every family and VAE kind has its reference: 5-D video VAEs, packed or batch-normalised
+    latents, pixel space)."""
+    vae, text, family = parts.vae, parts.text_encoder, parts.dit.family
+    generator = torch.Generator(device).manual_seed(0)
     transformer = copy.deepcopy(parts.dit.transformer).to(device).train()
     optimizer = torch.optim.AdamW(transformer.parameters(), lr=cfg.optim.lr)
     scheduler = DDPMScheduler(num_train_timesteps=cfg.diffusion.num_train_timesteps)
@@ -152,7 +154,7 @@ def reference_step(cfg: TrainConfig, parts: Components, device: torch.device) ->
         batch = next(batches)
         with torch.no_grad():
             images = to_model_range(batch["image"].to(device))
-            latents = vae.encode(images).latent_dist.sample() * vae.config.scaling_factor
+            latents = vae.encode(images, generator)  # sampled from the posterior, scaled
             condition = text.encode_uncached(batch["caption"])  # tokenized and encoded every step
         noise = torch.randn_like(latents)
         t = torch.randint(0, scheduler.config.num_train_timesteps, (latents.shape[0],), device=device)
