@@ -168,7 +168,7 @@ def check_resumable(
     written = written_by(path, manifest)
     check_weights_kind(path, rules.weights)
     check_compatible(path, manifest, written, accelerator, rules, quiet)
-    check_same_data(path, manifest, rules.data_content, rules.allow_config_change, quiet)
+    check_same_data(path, manifest, rules, quiet)
     check_same_base(path, manifest, rules, quiet)
     return manifest, written
 
@@ -235,47 +235,47 @@ def check_compatible(
     check_resumed_optimizer(path, saved, config)
     sections = rules.method_sections
     defining = [key for key, (old, new) in changes.items() if defines_training(key, old, new, sections)]
-    listed = ", ".join(f"{key} ({old!r} -> {new!r})" for key, (old, new) in changes.items())
-    if defining and not rules.allow_config_change:
-        raise ConfigError(
-            "trainer.resume",
-            str(path),
+    warning = f"Resuming {path.name} with changed settings: " + ", ".join(
+        f"{key} ({old!r} -> {new!r})" for key, (old, new) in changes.items()
+    )
+    if defining:
+        refuse_unless_allowed(
+            path,
+            rules,
+            quiet,
             "that checkpoint was trained with another model, data, data order (seed), held-out split, objective or "
             "reward fine-tuning: "
             + ", ".join(f"{key} ({changes[key][0]!r} -> {changes[key][1]!r})" for key in defining),
             "resume with the settings the run was trained with (its config.yaml), start a fresh run in a new "
-            "`hydra.run.dir`, or, if the change is intended, add `trainer.allow_config_change=true`",
+            "`hydra.run.dir`",
+            warning,
         )
-    if changes and not quiet:
-        logger.warning(f"Resuming {path.name} with changed settings: {listed}", main_process_only=True)
+    elif changes and not quiet:
+        logger.warning(warning, main_process_only=True)
 
 
 def _processes(count: int) -> str:
     return f"{count} process{'es' if count != 1 else ''}"
 
 
-def check_same_data(
-    path: Path, manifest: dict[str, Any], content: dict | None, allow_config_change: bool, quiet: bool = False
-) -> None:
+def check_same_data(path: Path, manifest: dict[str, Any], rules: ResumeRules, quiet: bool = False) -> None:
     """The data a checkpoint was trained on still hold what they held (``data_content``: a folder's metadata, a
     saved data set's fingerprint): images added or removed under the same config would move the held-out split
     (images trained on would be validated on) and the data order. A checkpoint that did not record it, or a run
     whose data cannot say it, is not compared."""
-    saved = manifest.get("data_content")
+    saved, content = manifest.get("data_content"), rules.data_content
     if saved is None or content is None or saved == content:
         return
-    if allow_config_change:
-        if not quiet:
-            logger.warning(f"Resuming {path.name} on data that changed since it was written.", main_process_only=True)
-        return
-    raise ConfigError(
-        "trainer.resume",
-        str(path),
+    refuse_unless_allowed(
+        path,
+        rules,
+        quiet,
         f"the data it was trained on changed since (what they hold, under the same config: {saved} -> "
         f"{content}); images added or removed move the held-out split, so images trained on would be validated "
         "on, and the order of the data",
         "resume on the data as they were, start a fresh run in a new `hydra.run.dir` (`trainer.init_from=RUN` "
-        "starts from its weights), or, if the change is intended, add `trainer.allow_config_change=true`",
+        "starts from its weights)",
+        f"Resuming {path.name} on data that changed since it was written.",
     )
 
 
@@ -292,18 +292,26 @@ def check_same_base(path: Path, manifest: dict[str, Any], rules: ResumeRules, qu
     if not changed_base(manifest, rules.base_weights):
         return
     pretrained = rules.config.get("model", {}).get("pretrained")
-    if rules.allow_config_change:
-        if not quiet:
-            logger.warning(f"Resuming {path.name} on another base model at {pretrained}.", main_process_only=True)
-        return
-    raise ConfigError(
-        "trainer.resume",
-        str(path),
+    refuse_unless_allowed(
+        path,
+        rules,
+        quiet,
         f"its LoRA adapters were trained on other weights than those now at `model.pretrained={pretrained}` (their "
         f"files changed since: fingerprint {manifest['base_weights']} -> {rules.base_weights})",
         "put back the base the run trained on (for a hub id, pin the revision it had with `model.revision`), start a "
-        "fresh run in a new `hydra.run.dir`, or, if the new base is intended, add `trainer.allow_config_change=true`",
+        "fresh run in a new `hydra.run.dir`",
+        f"Resuming {path.name} on another base model at {pretrained}.",
     )
+
+
+def refuse_unless_allowed(path: Path, rules: ResumeRules, quiet: bool, reason: str, fix: str, warning: str) -> None:
+    """A checkpoint that trained on something else than this run would: refused in one paragraph (``reason``,
+    ``fix``), or with ``trainer.allow_config_change`` resumed with a ``warning`` (none when ``quiet``)."""
+    if not rules.allow_config_change:
+        allow = "or, if the change is intended, add `trainer.allow_config_change=true`"
+        raise ConfigError("trainer.resume", str(path), reason, f"{fix}, {allow}")
+    if not quiet:
+        logger.warning(warning, main_process_only=True)
 
 
 def schedule_in_updates(state: dict[str, Any], written: WrittenBy) -> dict[str, Any]:
