@@ -31,6 +31,7 @@ def check_training(
     validation: ValidationConfig,
 ) -> None:
     check_optimizer(optim)
+    _check_checkpointing_options(trainer)
     if trainer.init_weights:
         _check_starting_weights(model, trainer)
     if privacy.enabled:
@@ -39,6 +40,20 @@ def check_training(
         load_prompts(monitor.reward.prompts, monitor.reward.prompt_file, "monitor.reward.")
     if monitor.fid.enabled:
         _check_fid_monitor(data, monitor, validation)
+
+
+def _check_checkpointing_options(trainer: TrainerConfig) -> None:
+    """How blocks are recomputed means something only when they are: alone, the options recomputed nothing, silently
+    (the README's selective checkpointing read as `gradient_checkpointing_every=2` by itself)."""
+    for key, value, default in (("gradient_checkpointing_every", trainer.gradient_checkpointing_every, 1),
+                                ("reentrant_checkpointing", trainer.reentrant_checkpointing, False)):  # fmt: skip
+        require(
+            trainer.gradient_checkpointing or value == default,
+            f"trainer.{key}",
+            value,
+            "it says how blocks are recomputed, and `trainer.gradient_checkpointing` is false: none would be",
+            f"add `trainer.gradient_checkpointing=true`, or drop `trainer.{key}`",
+        )
 
 
 def _check_starting_weights(model: ModelConfig, trainer: TrainerConfig) -> None:

@@ -25,6 +25,15 @@ def test_refused_combinations_name_the_key(override, key):
         compose_config(["+experiment=shapes_dp", override])
 
 
+@pytest.mark.parametrize("option", ["trainer.gradient_checkpointing_every=2", "trainer.reentrant_checkpointing=true"])
+def test_how_blocks_are_recomputed_needs_checkpointing_on(option):
+    """Alone, each recomputed nothing and said nothing (the README's selective checkpointing read as its own key)."""
+    key = option.split("=")[0]
+    with pytest.raises(ConfigError, match=f"`{key}`.*`trainer.gradient_checkpointing` is false.*To fix it, add "):
+        compose_config([*TINY_SHAPES, option])
+    assert compose_config([*TINY_SHAPES, option, "trainer.gradient_checkpointing=true"])
+
+
 def test_the_fid_monitor_needs_validation():
     with pytest.raises(ConfigError, match="`monitor.fid.enabled`"):
         compose_config([*TINY_SHAPES, "validation.every_n_steps=0", "monitor.fid.enabled=true"])
