@@ -16,7 +16,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from dit_trainer.condition import Batch
-from dit_trainer.data.sources.transforms import UNREADABLE_ERRORS, describe_failure, to_model_input
+from dit_trainer.data.sources.transforms import UNREADABLE_ERRORS, UnfitFile, describe_failure, to_model_input
 from dit_trainer.errors import ConfigError
 
 # A map-style item gives up after this many unreadable files in a row: by then the data set itself (the folder, the
@@ -96,7 +96,7 @@ class SkipUnreadable(Dataset):
         index is read, so each unreadable file counts once an epoch, however they cluster."""
         if not 0 <= index < len(self):
             raise IndexError(index)  # ends `for item in dataset`, which would otherwise wrap around forever
-        bad: list[str] = []
+        bad, errors = [], []
         candidates = range(len(self)) if within is None else within
         start = bisect.bisect_left(candidates, index)
         tries = min(MAX_CONSECUTIVE_BAD, len(candidates))
@@ -108,12 +108,17 @@ class SkipUnreadable(Dataset):
                 item = {"image": prepared, "caption": caption, "source_index": current}
             except UNREADABLE_ERRORS as error:
                 bad.append(describe_failure(self.name(current), error))
+                errors.append(error)
                 continue
             return {**item, "bad_files": bad[:1]} if bad else item
+        first = "; ".join(bad[:3])
+        if all(isinstance(e, UnfitFile) for e in errors) and len({(e.key, e.fix) for e in errors}) == 1:
+            key, value, fix = errors[0].key, errors[0].value, errors[0].fix  # a setting's fault, not the files'
+            raise ConfigError(key, value, f"none of the last {tries} files fits it (the first: {first})", fix)
         raise ConfigError(
             "data.path",
             self.path,
-            f"every one of the last {tries} files was unreadable (the first: {'; '.join(bad[:3])})",
+            f"every one of the last {tries} files was unreadable (the first: {first})",
             "check that `data.path` (and the image column) point at the images you meant, and that the files are "
             "complete",
         )

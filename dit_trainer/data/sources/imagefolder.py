@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 from dit_trainer.config import DataConfig
 from dit_trainer.data.collate import SkipUnreadable
@@ -19,6 +19,8 @@ from dit_trainer.data.image_sizes import Size, declared_size
 from dit_trainer.data.sources.source import Source, augmentation, random_augmentation
 from dit_trainer.data.sources.transforms import (
     UNREADABLE_ERRORS,
+    VIDEO_SUFFIXES,
+    UnfitFile,
     caption_keys,
     decode_image,
     header_size,
@@ -255,7 +257,19 @@ class ImageFolderDataset(ListedFiles, SkipUnreadable):
     def read(self, index: int) -> tuple[Image.Image, str]:
         file_name, captions = self.records[index]
         with open_inside(self.real_root, file_name) as file:
-            return decode_image(file.read()), pick_caption(captions, prefix=self.caption_prefix)
+            data = file.read()
+        try:
+            image = decode_image(data)
+        except UnidentifiedImageError as error:
+            if Path(file_name).suffix.lower() not in VIDEO_SUFFIXES:
+                raise
+            raise UnfitFile(
+                "it is a video, and this source reads images",
+                "data.source",
+                "imagefolder",
+                "read clips with `data=videofolder` and `data.frames` > 1 (a video family: `model.family=wan`)",
+            ) from error
+        return image, pick_caption(captions, prefix=self.caption_prefix)
 
 
 def _build(cfg: DataConfig) -> ImageFolderDataset:

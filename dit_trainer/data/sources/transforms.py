@@ -35,6 +35,18 @@ UNREADABLE_ERRORS: tuple[type[BaseException], ...] = (
     Image.DecompressionBombWarning,
 )
 EXIF_ORIENTATION = 0x0112
+VIDEO_SUFFIXES = (".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v", ".gif")
+
+
+class UnfitFile(ValueError):
+    """A file that reads, but not as this run's settings need it (a clip shorter than ``data.frames`` takes, a video
+    in a source of images): the fix is the setting ``key`` (at ``value``), not the file."""
+
+    def __init__(self, reason: str, key: str, value: object, fix: str) -> None:
+        super().__init__(reason)
+        self.key, self.value, self.fix = key, value, fix
+
+
 JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 
 

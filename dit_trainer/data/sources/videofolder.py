@@ -34,10 +34,14 @@ from dit_trainer.data.sources.imagefolder import (
     read_metadata,
 )
 from dit_trainer.data.sources.source import Source, augmentation
-from dit_trainer.data.sources.transforms import caption_keys, pick_caption, to_model_input
+from dit_trainer.data.sources.transforms import (
+    VIDEO_SUFFIXES,
+    UnfitFile,
+    caption_keys,
+    pick_caption,
+    to_model_input,
+)
 from dit_trainer.errors import ConfigError
-
-VIDEO_SUFFIXES = (".mp4", ".webm", ".mkv", ".mov", ".avi", ".m4v", ".gif")
 
 
 def sidecar_records(folder: Path) -> list[tuple[str, tuple[str, ...]]]:
@@ -93,7 +97,13 @@ def decode_clip(file, frames: int, fps: float | None, generator: torch.Generator
             span = math.floor((frames - 1) * step) + 1  # source frames a clip covers
             count = stream.frames  # 0 where the container does not say
             if count and count < span:
-                raise ValueError(f"it has {count} frames, fewer than the {span} a clip of {frames} needs")
+                raise UnfitFile(
+                    f"it has {count} frames, fewer than the {span} a clip of {frames} needs",
+                    "data.frames",
+                    frames,
+                    f"lower `data.frames` to fit the clips (or set `data.fps` nearer their own rate, {rate:g} fps, "
+                    "to spread a clip over fewer of their frames)" if rate else "lower `data.frames` to fit the clips",
+                )  # fmt: skip
             start = int(torch.randint(count - span + 1, (), generator=generator)) if count else 0
             wanted = [start + math.floor(k * step) for k in range(frames)]
             picked: list[np.ndarray] = []

@@ -27,13 +27,14 @@ from dit_trainer.data.sources.source import Source, augmentation
 from dit_trainer.data.sources.streams import process_rank_and_world_size, worker_and_workers
 from dit_trainer.data.sources.transforms import (
     UNREADABLE_ERRORS,
+    VIDEO_SUFFIXES,
     caption_keys,
     decode_image,
     json_type,
     pick_caption,
     to_model_input,
 )
-from dit_trainer.data.sources.videofolder import VIDEO_SUFFIXES, decode_clip, prepare_clip
+from dit_trainer.data.sources.videofolder import decode_clip, prepare_clip
 from dit_trainer.data.stream_changes import list_key, refuse_unless_allowed, shard_changes
 from dit_trainer.errors import ConfigError, require
 

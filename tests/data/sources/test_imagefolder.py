@@ -190,3 +190,20 @@ def test_links_out_of_the_folder_and_files_that_are_not_regular_are_skipped_as_u
         "fifo.png: ValueError: not a regular file (a FIFO)",
         f"link.png: ValueError: a link to {tmp_path / 'secret.png'}, outside the data folder, is not followed",
     ]
+
+
+def test_a_folder_of_videos_read_as_images_is_refused_naming_the_video_source(tmp_path):
+    """An image family pointed at a folder of MP4s: every file "not an image PIL can read", and the advice was to
+    check that the files are complete."""
+    import numpy as np
+
+    from dit_trainer.data.sources.videofolder import write_mp4
+
+    for index in range(2):
+        write_mp4(np.zeros((3, 16, 16, 3), dtype=np.uint8), tmp_path / f"{index}.mp4", 8)
+    (tmp_path / "metadata.jsonl").write_text("".join(json.dumps({"file_name": f"{i}.mp4", "text": "x"}) + "\n"
+                                                     for i in range(2)))  # fmt: skip
+    with pytest.raises(ConfigError) as refused:
+        ImageFolderDataset(tmp_path, resolution=16)[0]
+    message = one_paragraph(refused.value, "data.source")
+    assert "it is a video, and this source reads images" in message and "`data=videofolder`" in message

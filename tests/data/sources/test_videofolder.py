@@ -14,6 +14,8 @@ from dit_trainer.data.sources.moving_shapes import judge, write_moving_shapes_fo
 from dit_trainer.data.sources.videofolder import VideoFolderDataset, check_video_folder, decode_clip, write_mp4
 from dit_trainer.errors import ConfigError
 
+from ...conftest import one_paragraph
+
 
 def counting_clip(path, frames: int, fps: float = 8) -> None:
     """A clip whose frame k is grey level 10 k (readable back through H.264 within a few levels)."""
@@ -120,6 +122,22 @@ def test_a_folder_with_no_usable_clip_is_refused_in_one_paragraph(tmp_path):
     assert refused.value.key == "data.path" and "unreadable" in str(refused.value)
     with pytest.raises(ConfigError, match="metadata.jsonl"):
         check_video_folder(str(tmp_path / "nothing"))
+
+
+def test_clips_all_too_short_for_data_frames_are_refused_naming_it_not_the_files(tmp_path):
+    """Every clip readable but shorter than a clip of 13 frames needs: the fault is `data.frames` (it said to check
+    that `data.path` points at complete files)."""
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    for index in range(3):
+        counting_clip(folder / f"{index}.mp4", frames=5)
+    (folder / "metadata.jsonl").write_text("".join(json.dumps({"file_name": f"{i}.mp4", "text": "x"}) + "\n"
+                                                   for i in range(3)))  # fmt: skip
+    with pytest.raises(ConfigError) as refused:
+        VideoFolderDataset(folder, resolution=16, frames=13)[0]
+    message = one_paragraph(refused.value, "data.frames")
+    assert "none of the last 3 files fits it" in message and "fewer than the 13 a clip of 13 needs" in message
+    assert "To fix it, lower `data.frames` to fit the clips (or set `data.fps` nearer their own rate, 8 fps" in message
 
 
 @pytest.mark.slow
