@@ -64,7 +64,8 @@ def describe_data(
         held = f" (+ {len(held_out)} validation images {where})"
     buckets, sources = item_buckets(dataset), item_sources(dataset)
     counts = Counter(buckets or [0] * items)
-    shape = f" in {len(counts)} buckets" if buckets is not None else f" at {data.resolution} px"
+    shape = f" in {len(counts)} bucket{'s' * (len(counts) > 1)}" if buckets is not None else f" at {data.resolution} px"
+    shape += f", clips of {data.frames} frames" if data.frames > 1 else ""
     mixture = f", mixed from {len(set(sources))} sources" if sources is not None else ""
     batches = sum(count // t.batch_size for count in counts.values())
     steps = batches // (processes * accumulation) if sources is None else None

@@ -63,6 +63,15 @@ def test_bucketed_data_counts_only_full_batches_per_epoch():
     )
     # 2 + 1 + 0 full batches of 4, over 2 processes: 1 step per epoch
     assert data.described == "18 items in 3 buckets; 1 step per epoch" and data.steps_per_epoch == 1
+    one = describe_data(cfg.data, cfg.trainer, cfg.validation, BucketedItems([0] * 8), None, processes=1)
+    assert one.described == "8 items in 1 bucket; 2 steps per epoch"
+
+
+def test_a_clip_run_says_its_clips_frames():
+    cfg = compose_config([*TINY_SHAPES, "trainer.batch_size=4"])
+    clips = dataclasses.replace(cfg.data, frames=5)
+    data = describe_data(clips, cfg.trainer, cfg.validation, list(range(8)), None, processes=1)
+    assert data.described == "8 items at 32 px, clips of 5 frames; 2 steps per epoch"
 
 
 def test_a_grpo_run_describes_its_rollouts():
