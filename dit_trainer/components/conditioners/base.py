@@ -86,12 +86,30 @@ class TokenizedConditioner(FrozenConditioner):
         self.max_length = max_length
 
 
+_CUT_WARNED: set[tuple[str, int]] = set()  # (tokenizer class, length) whose cut captions were warned of
+
+
 def tokenize(tokenizer, prompts: list[str], max_length: int, **kwargs):
     """``prompts`` padded (or cut) to ``max_length`` tokens, as tensors: how every pipeline's ``encode_prompt``
-    tokenizes for its encoders (a prompt's row then does not depend on the prompts beside it)."""
-    return tokenizer(
+    tokenizes for its encoders (a prompt's row then does not depend on the prompts beside it). A cut is warned of,
+    once per tokenizer and length."""
+    tokens = tokenizer(
         prompts, padding="max_length", max_length=max_length, truncation=True, return_tensors="pt", **kwargs
     )
+    warned = (type(tokenizer).__name__, max_length)
+    if warned not in _CUT_WARNED and "attention_mask" in tokens:
+        full = [prompt for prompt, row in zip(prompts, tokens["attention_mask"]) if bool(row.all())]
+        lengths = [len(ids) for ids in tokenizer(full, **kwargs)["input_ids"]] if full else []
+        cut = [(prompt, length) for prompt, length in zip(full, lengths) if length > max_length]
+        if cut:
+            _CUT_WARNED.add(warned)
+            prompt, length = cut[0]
+            logger.warning(
+                f"A caption longer than {max_length} tokens is cut to its first {max_length} by "
+                f"{type(tokenizer).__name__} ({prompt[:80]!r}: {length} tokens), so the model never reads the rest. "
+                "`conditioner.max_length` sets the length where the encoder takes more."
+            )
+    return tokens
 
 
 def load_part(cfg: ConditionerConfig, from_pretrained: Callable[..., T], subfolder: str | None, **kwargs) -> T:
