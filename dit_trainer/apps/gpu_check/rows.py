@@ -165,9 +165,10 @@ def markdown(report: dict) -> str:
     """The report as one Markdown table (and a header line saying where it was measured)."""
     head = report["machine"]
     peak = head["peak_bf16_flops"]
+    peak_said = f"peak bf16 {_number(peak / 1e12)} TFLOP/s" if peak else "no known bf16 peak (MFU not computed)"
+    machine = f"{head['device']}, torch {head['torch']}, CUDA {head['cuda']}, {peak_said}"
     lines = [
-        f"# GPU check: {head['device']}, torch {head['torch']}, CUDA {head['cuda']}, "
-        f"peak bf16 {_number(peak and peak / 1e12)} TFLOP/s ({report['finished']})",
+        f"# GPU check: {machine} ({report['finished']})",
         "",
         "| row | status | batch | img/s | s/step | peak MiB | MFU | SDPA kernels | notes |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -75,3 +75,6 @@ def test_the_report_keeps_failed_and_measured_rows_in_json_and_markdown(tmp_path
     assert "| bare pixart_xl_2 eager | ok | 64 | 400.0 |" in table and "40.4%" in table
     assert "| fsdp2 8 processes | failed |" in table and "RuntimeError: NCCL timeout" in table  # the cause, one line
     assert table == markdown(json.loads(json_path.read_text()))
+    assert table.startswith("# GPU check: NVIDIA H100 80GB HBM3, torch 2.13, CUDA 12.8, peak bf16 989.4 TFLOP/s (")
+    on_cpu = {"machine": {**header["machine"], "peak_bf16_flops": None}, "rows": [], "finished": "now"}
+    assert "CUDA 12.8, no known bf16 peak (MFU not computed) (now)" in markdown(on_cpu)  # was "peak bf16  TFLOP/s"
