@@ -25,7 +25,7 @@ from dit_trainer.methods import method_of
 from dit_trainer.runs.run_folder import MANIFEST, checkpoint_step
 
 CARD = "README.md"
-SAMPLE_GRID = "samples.png"
+SAMPLES = "samples"  # the copied grid's name: samples.png, or a clip run's animated samples.gif
 
 
 def hub_id(name: str | None) -> str | None:
@@ -59,8 +59,10 @@ def parameter_count(folder: Path) -> int:
 
 
 def sample_grid(run_dir: Path, step: int) -> Path | None:
-    """The run's sample grid (``samples/step_N.png``) at ``step``, or the latest one before it; None if it has none."""
-    grids = [path for path in (run_dir / "samples").glob("step_*.png") if int(path.stem.split("_")[1]) <= step]
+    """The run's sample grid (``samples/step_N.png``; a clip run's animated ``.gif``) at ``step``, or the latest one
+    before it; None if it has none."""
+    grids = [path for path in (run_dir / "samples").glob("step_*.*")
+             if path.suffix in (".png", ".gif") and int(path.stem.split("_")[1]) <= step]  # fmt: skip
     return max(grids, key=lambda path: int(path.stem.split("_")[1]), default=None)
 
 
@@ -107,7 +109,10 @@ def _data(cfg: TrainConfig) -> str:
     d = cfg.data
     where = f": {shown(d.path)}" if d.path else ""
     buckets = "squares" if d.buckets == "none" else f"aspect-ratio buckets (`{d.buckets}`)"
-    return f"`{d.source}`{where}; {d.resolution} px {buckets}, crop {d.crop}, caption dropout {d.caption_dropout:g}"
+    clips = f"; clips of {d.frames} frames" + (f" at {d.fps:g} fps" if d.fps else "") if d.frames > 1 else ""
+    return (
+        f"`{d.source}`{where}; {d.resolution} px {buckets}{clips}, crop {d.crop}, caption dropout {d.caption_dropout:g}"
+    )
 
 
 def _transformer(parameters: int, config: dict) -> str:
@@ -168,7 +173,7 @@ class CardFacts:
     step: int  # the checkpoint's
     transformer: str  # parameters and sizes
     world_size: int | None  # processes that trained it (None: not recorded)
-    grid: bool  # a sample grid is copied beside the card
+    grid: str | None  # the file name of the sample grid copied beside the card
     grid_step: int | None
 
 
@@ -179,7 +184,7 @@ def model_card(cfg: TrainConfig, manifest: dict, usage: str, facts: CardFacts, t
     if facts.grid:
         prompts = "; ".join(cfg.trainer.sample_prompts)
         samples = (
-            f"![Samples]({SAMPLE_GRID})\n\nThe run's sample grid at step {facts.grid_step}: one row per prompt "
+            f"![Samples]({facts.grid})\n\nThe run's sample grid at step {facts.grid_step}: one row per prompt "
             f"({prompts}), one column per seed.\n\n"
         )
     return (
@@ -200,16 +205,17 @@ def write_model_card(
 ) -> Path:
     """Write ``folder/README.md`` for the export in ``folder`` (``transformer/`` saved there already) of
     ``checkpoint`` of the run ``run_dir`` (``cfg``: its config; ``usage``: the export's snippet; ``repo``: the Hub
-    repository it goes to, its title), with the run's sample grid copied to ``folder/samples.png``."""
+    repository it goes to, its title), with the run's sample grid copied to ``folder/samples.png`` (``.gif``)."""
     title = repo or f"{run_dir.name}, {checkpoint.name}"
     step = checkpoint_step(checkpoint)
     grid = sample_grid(run_dir, step)
+    copied = None if grid is None else f"{SAMPLES}{grid.suffix}"
     if grid is not None:
-        shutil.copyfile(grid, folder / SAMPLE_GRID)
+        shutil.copyfile(grid, folder / copied)
     config = folder / "transformer" / "config.json"
     sizes = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
     grid_step = int(grid.stem.split("_")[1]) if grid is not None else None
     facts = CardFacts(step, _transformer(parameter_count(folder / "transformer"), sizes), processes(checkpoint),
-                      grid is not None, grid_step)  # fmt: skip
+                      copied, grid_step)  # fmt: skip
     (folder / CARD).write_text(model_card(cfg, manifest, usage, facts, title), encoding="utf-8")
     return folder / CARD

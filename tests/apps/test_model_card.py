@@ -101,3 +101,16 @@ def test_a_network_failure_during_the_upload_is_one_paragraph_that_keeps_the_exp
     message = one_paragraph(error.value, "push_to_hub")
     assert "the upload failed" in message and f"hf upload someone/tiny {folder}" in message
     assert (folder / "model_index.json").read_text() == "{}"
+
+
+def test_a_clip_runs_card_names_its_frames_and_shows_its_animated_grid(tmp_path):
+    """A video export's card had no samples (its grids are GIFs) and described its data as "32 px squares"."""
+    from dit_trainer.apps.model_card import sample_grid, what_was_trained
+    from tests.conftest import compose_config
+
+    (tmp_path / "samples").mkdir()
+    for step in (2, 4, 9):
+        (tmp_path / "samples" / f"step_{step:07d}.gif").write_bytes(b"GIF89a")
+    assert sample_grid(tmp_path, 5).name == "step_0000004.gif"
+    trained = what_was_trained(compose_config(["+experiment=moving_shapes"]), {}, "1 M parameters", 5)
+    assert "32 px squares; clips of 4 frames, crop" in trained
