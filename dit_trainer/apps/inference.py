@@ -16,7 +16,7 @@ import torch
 
 from dit_trainer.components.build import build_components
 from dit_trainer.components.dit import DiTAdapter
-from dit_trainer.components.lora import base_weights, load_adapter
+from dit_trainer.components.lora import base_weights, changed_base, load_adapter
 from dit_trainer.config import SampleConfig, TrainConfig, call_with_sections, check_fields
 from dit_trainer.config.scripts import RunCheckpointArgs
 from dit_trainer.data.sources.videofolder import write_mp4
@@ -27,8 +27,7 @@ from dit_trainer.errors import ConfigError, require, shortlist
 from dit_trainer.images import to_pil
 from dit_trainer.prompts import load_prompts
 from dit_trainer.run_config import read_run_config
-from dit_trainer.runs.run_folder import check_writable_folder, find_checkpoint, weights_layout
-from dit_trainer.training.state.checkpoint_manifest import changed_base, read_manifest
+from dit_trainer.runs.run_folder import check_writable_folder, find_checkpoint, read_manifest, weights_layout
 
 logger = logging.getLogger(__name__)
 SAMPLE_INDEX = "index.jsonl"
@@ -145,7 +144,7 @@ def load_run(
 def warn_of_another_base(checkpoint: Path, cfg: TrainConfig) -> None:
     """LoRA adapters applied to other base weights than they trained on make another model: said, not refused (a
     user may mean to carry adapters over to an updated base)."""
-    if changed_base(read_manifest(checkpoint), base_weights(cfg.model, cfg.lora)):
+    if changed_base(read_manifest(checkpoint).get("base_weights"), base_weights(cfg.model, cfg.lora)):
         logger.warning(
             f"The LoRA adapters of {checkpoint} trained on other base weights than those now at "
             f"`model.pretrained={cfg.model.pretrained}` (their files changed since): the images come from the "

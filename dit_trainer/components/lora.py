@@ -34,6 +34,12 @@ def base_weights(model: ModelConfig, lora: LoRAConfig) -> str | None:
     return weights_fingerprint(model.pretrained, model.subfolder, model.revision)
 
 
+def changed_base(recorded: str | None, found: str | None) -> bool:
+    """Whether the base a LoRA checkpoint recorded (``base_weights`` in its manifest) is not the one found now. One not
+    recorded, or a base not on this machine, is not compared."""
+    return recorded is not None and found is not None and recorded != found
+
+
 def peft_config(cfg: LoRAConfig, default_targets: Sequence[str] = ()) -> LoraConfig:
     return LoraConfig(
         r=cfg.rank,

@@ -94,14 +94,17 @@ def checkpoint_step(path: Path) -> int:
     return int(match.group(1))
 
 
+def read_manifest(checkpoint: Path) -> dict[str, Any]:
+    return json.loads((checkpoint / MANIFEST).read_text(encoding="utf-8"))
+
+
 def incomplete_reason(path: Path) -> str | None:
     """Why ``path`` is not a complete checkpoint (None when it is): no manifest, or a listed file missing or of
     another size than written."""
-    manifest = path / MANIFEST
-    if not manifest.is_file():
+    if not (path / MANIFEST).is_file():
         return f"it has no {MANIFEST} (its write did not finish)"
     try:
-        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+        files = read_manifest(path)["files"]
     except (ValueError, KeyError):
         return f"its {MANIFEST} is unreadable"
     for name, size in files.items():

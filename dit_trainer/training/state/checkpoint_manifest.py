@@ -17,7 +17,6 @@ the launch that reads it: the checkpoint is intact, only the launch differs.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,14 +24,15 @@ from typing import Any
 from accelerate import Accelerator
 from accelerate.logging import get_logger
 
+from dit_trainer.components.lora import changed_base
 from dit_trainer.config.recorded import relocated_paths, with_absolute_paths
 from dit_trainer.config.renamed import move_renamed_keys_in_saved
 from dit_trainer.errors import ConfigError
 from dit_trainer.runs.run_folder import (
     FULL_WEIGHTS,
     LORA_WEIGHTS,
-    MANIFEST,
     WeightsLayout,
+    read_manifest,
     resolve_checkpoint,
     same_own_weights,
 )
@@ -94,10 +94,6 @@ class ResumeRules:
     method_sections: tuple[str, ...] = ()
     data_content: dict[str, Any] | None = None
     base_weights: str | None = None
-
-
-def read_manifest(path: Path) -> dict[str, Any]:
-    return json.loads((path / MANIFEST).read_text(encoding="utf-8"))
 
 
 def written_by(path: Path, manifest: dict[str, Any]) -> WrittenBy:
@@ -279,17 +275,10 @@ def check_same_data(path: Path, manifest: dict[str, Any], rules: ResumeRules, qu
     )
 
 
-def changed_base(manifest: dict[str, Any], base_weights: str | None) -> bool:
-    """Whether a LoRA checkpoint's base (``base_weights`` in its ``manifest``) is not the one found now. A checkpoint
-    that did not record it, or a base not on this machine, is not compared."""
-    saved = manifest.get("base_weights")
-    return saved is not None and base_weights is not None and saved != base_weights
-
-
 def check_same_base(path: Path, manifest: dict[str, Any], rules: ResumeRules, quiet: bool = False) -> None:
     """A LoRA checkpoint continues on the base its adapters trained on: the weights at ``model.pretrained`` replaced
     under the same path, or an unpinned hub id that moved on, would give the adapters another model to adapt."""
-    if not changed_base(manifest, rules.base_weights):
+    if not changed_base(manifest.get("base_weights"), rules.base_weights):
         return
     pretrained = rules.config.get("model", {}).get("pretrained")
     refuse_unless_allowed(
