@@ -41,6 +41,7 @@ from dit_trainer.durable import fsync_tree, publish
 from dit_trainer.errors import CheckpointWriteError, ConfigError
 from dit_trainer.runs.run_folder import (
     MANIFEST,
+    WeightsLayout,
     checkpoint_step,
     incomplete_checkpoints,
     list_checkpoints,
@@ -100,7 +101,6 @@ class Checkpointer:
         self.total_limit = total_limit
         # What a checkpoint must share with this run to be resumed; its weights layout and config are what it writes.
         self.rules = rules or ResumeRules()
-        self.weights = rules.weights
         self.json_states = json_states or {}
         self.process_states = process_states or {}
         self.lr_scheduler = lr_scheduler
@@ -109,6 +109,11 @@ class Checkpointer:
         self.kept: dict[str, int] = {}  # name -> step of a checkpoint kept from pruning (``keep``)
         accelerator.register_save_state_pre_hook(self._save_models)
         accelerator.register_load_state_pre_hook(self._load_models)
+
+    @property
+    def weights(self) -> WeightsLayout:
+        """What the run trains, and its checkpoints hold: the whole DiT or LoRA adapters (the rules' layout)."""
+        return self.rules.weights
 
     def _save_models(self, models: list, weights: list, output_dir: str) -> None:
         sharded = self.accelerator.is_fsdp2  # whole weights are gathered from every process's slices
