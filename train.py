@@ -79,21 +79,29 @@ def main(cfg: DictConfig) -> None:
         sys.exit(EXIT_INTERRUPTED if result.interrupted else EXIT_PREEMPTED)
 
 
-if __name__ == "__main__":
+def command_line(argv: list[str]) -> list[str]:
+    """The overrides ``main`` composes from ``argv``: checked against the schema first (a mistyped key is named with
+    the keys it may have meant, before Hydra's bare error), and with ``trainer.resume=RUN`` that run's recorded
+    config as the base (``continue_run``). A bad one ends the process with its exit code."""
     try:
-        check_command_line(sys.argv[1:], CONFIG_DIR)
-        continuation = continue_run(sys.argv[1:])  # trainer.resume=RUN: that run's config, in its folder
+        check_command_line(argv, CONFIG_DIR)
+        continuation = continue_run(argv)  # trainer.resume=RUN: that run's config, in its folder
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(exit_code(error))
-    if continuation is not None:
-        sys.argv[1:] = continuation.argv
-        if os.environ.get("RANK", "0") == "0" and not INFO_FLAGS.intersection(sys.argv):  # not into --cfg's YAML
-            start = continuation.checkpoint or "its newest checkpoint"
-            where = "in its folder" if continuation.in_place else "in a new folder"
-            changed = " ".join(continuation.overrides) or "none"
-            print(f"Continuing {continuation.run_dir} from {start} {where}, with the config it recorded and the "
-                  f"overrides given now: {changed}")  # fmt: skip
+    if continuation is None:
+        return argv
+    if os.environ.get("RANK", "0") == "0" and not INFO_FLAGS.intersection(argv):  # not into --cfg's YAML
+        start = continuation.checkpoint or "its newest checkpoint"
+        where = "in its folder" if continuation.in_place else "in a new folder"
+        changed = " ".join(continuation.overrides) or "none"
+        print(f"Continuing {continuation.run_dir} from {start} {where}, with the config it recorded and the "
+              f"overrides given now: {changed}")  # fmt: skip
+    return continuation.argv
+
+
+if __name__ == "__main__":
+    sys.argv[1:] = command_line(sys.argv[1:])
     if not is_multi_process():
         main()
     else:  # everything is written once main returns: no interpreter teardown may hang the launch

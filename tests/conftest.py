@@ -143,7 +143,7 @@ def run_here(args: list[str]) -> subprocess.CompletedProcess:
     sys.argv = [script, *args[1:]]
     try:
         with (
-            _logging_restored(),
+            logging_restored(),
             contextlib.redirect_stdout(stdout),
             contextlib.redirect_stderr(stderr),
             warnings.catch_warnings(),
@@ -171,7 +171,7 @@ def _all_loggers() -> list[logging.Logger]:
 
 
 @contextlib.contextmanager
-def _logging_restored():
+def logging_restored():
     """Every logger as it was before the block: Hydra's job logging (console and train.log handlers on the root
     logger, and what train.py routes to them) ends with the run; the run's handlers are closed."""
     before = {id(logger): (logger.handlers[:], logger.propagate, logger.level, logger.disabled)

@@ -30,6 +30,7 @@ from ..conftest import (
     run_here,
     run_script,
 )
+from .runs_in_turn import ended, launch_in_turn
 
 # Cosine after 5 warm-up steps: an LR of its own at every step, which a resume must continue.
 STEPS = ("trainer.log_every=1", "trainer.checkpoint_every=4", "trainer.sample_every=4", "optim.lr_schedule=cosine")
@@ -55,36 +56,35 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {record["step"]: record["loss"] for record in read_metrics(run_dir)}
 
 
-def refused(launcher: list[str], run_dir: Path, *overrides: str) -> str:
-    """``train.py`` under ``launcher`` (none: one plain process) into ``run_dir``, refused: exit 2 (read back from
-    the run folder when several processes ran, as job scripts do), and no traceback of a process (the launcher's
-    own report of a failed child is one). Returns its output."""
-    since = time.time()
-    result = run_script([*launcher, "train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", *overrides], timeout=300,
-                        env={"OMP_NUM_THREADS": "1"})  # fmt: skip
-    output = result.stdout + result.stderr
-    if launcher:
-        command = [sys.executable, "-m", "dit_trainer.runs.failures", str(run_dir), "--since", str(since)]
-        assert subprocess.run(command, cwd=REPO, capture_output=True, text=True).stdout.strip() == "2", output[-3000:]
-        assert output.count("Traceback") == 1 and "ChildFailedError" in output, output[-6000:]
-        assert "exitcode  : 1 " not in output  # no process ended on an uncaught exception
-    else:
-        assert result.returncode == 2 and "Traceback" not in output, output[-3000:]
-    return output
-
-
-@pytest.fixture(scope="module")
-def fsdp_run(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("fsdp") / "run"
-    launch(fsdp_launch(), run_dir, "trainer.max_steps=8", *STEPS)
-    return run_dir
-
-
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("ddp") / "run"
     launch(accelerate_launch(2), run_dir, "trainer.max_steps=8", *STEPS)
     return run_dir
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(tmp_path_factory) -> tuple[Path, str]:
+    """This module's runs on 2 FSDP processes, in one launch (``runs_in_turn``), in folders of their names: ``run``
+    (8 steps), ``resumed`` (its checkpoint-4 resumed), ``grpo_lora`` and ``grpo_full`` (GRPO from its weights, with
+    LoRA adapters and a KL reference, and fully fine-tuned). Returns their folder and what the launch printed."""
+    root = tmp_path_factory.mktemp("fsdp")
+    run = (*TINY_SHAPES, "trainer.max_steps=8", *STEPS)
+    runs = {
+        "run": run,
+        "resumed": (*run, f"trainer.resume={root / 'run' / 'checkpoints' / 'checkpoint-4'}"),
+        "grpo_lora": grpo(root / "run", "lora.enabled=true", "lora.rank=4", "grpo.beta=0.04"),
+        "grpo_full": grpo(root / "run", "grpo.beta=0"),
+    }
+    plan = {name: [*overrides, f"hydra.run.dir={root / name}"] for name, overrides in runs.items()}
+    return root, launch_in_turn(fsdp_launch(), plan, root / "plan.json", {"OMP_NUM_THREADS": "1"})
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(fsdp_runs) -> Path:
+    root, printed = fsdp_runs
+    ended(printed, "run")
+    return root / "run"
 
 
 @pytest.mark.slow
@@ -105,16 +105,15 @@ def test_fsdp_trains_like_ddp_and_checkpoints_slices_plus_whole_weights(fsdp_run
 
 
 @pytest.mark.slow
-def test_fsdp_resume_reproduces_the_uninterrupted_run(fsdp_run, tmp_path):
-    resumed = tmp_path / "resumed"
-    checkpoint = fsdp_run / "checkpoints" / "checkpoint-4"
-    launch(fsdp_launch(), resumed, "trainer.max_steps=8", *STEPS, f"trainer.resume={checkpoint}")
-    straight, again = losses(fsdp_run), losses(resumed)
+def test_fsdp_resume_reproduces_the_uninterrupted_run(fsdp_run, fsdp_runs):
+    root, printed = fsdp_runs
+    ended(printed, "resumed")
+    straight, again = losses(fsdp_run), losses(root / "resumed")
     assert sorted(again) == [5, 6, 7, 8]
     assert [again[s] for s in again] == [straight[s] for s in again]
     for weights in ("transformer", "transformer_ema"):
         one = load_file(fsdp_run / "checkpoints" / "checkpoint-8" / weights / WEIGHTS)
-        other = load_file(resumed / "checkpoints" / "checkpoint-8" / weights / WEIGHTS)
+        other = load_file(root / "resumed" / "checkpoints" / "checkpoint-8" / weights / WEIGHTS)
         assert all(torch.equal(one[k], other[k]) for k in one)
 
 
@@ -170,7 +169,11 @@ def test_a_sharded_checkpoint_resumed_without_fsdp_is_refused_naming_the_launch(
     run_dir = tmp_path / "run"
     shutil.copytree(fsdp_run, run_dir)
     before = digest(run_dir / "checkpoints"), (run_dir / "metrics.jsonl").read_text()
-    output = " ".join(refused([], run_dir, "trainer.max_steps=10", "trainer.resume=latest").split())
+    result = run_here(
+        ["train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", "trainer.max_steps=10", "trainer.resume=latest"]
+    )
+    output = " ".join((result.stdout + result.stderr).split())
+    assert result.returncode == 2 and "Traceback" not in output, output[-3000:]
     assert "checkpoint-8" in output and "written under FSDP by 2 processes" in output and "intact" in output
     assert "--config_file accelerate_configs/fsdp.yaml" in output and "from a copy" not in output
     assert (digest(run_dir / "checkpoints"), (run_dir / "metrics.jsonl").read_text()) == before
@@ -178,12 +181,20 @@ def test_a_sharded_checkpoint_resumed_without_fsdp_is_refused_naming_the_launch(
 
 @pytest.mark.slow
 def test_a_ddp_checkpoint_resumed_under_fsdp_is_refused_on_every_process(ddp_run, tmp_path):
-    """FSDP reads only sharded state: every process refuses before any model loads (exit 2, no traceback), and the
-    checkpoints are not called damaged."""
+    """FSDP reads only sharded state: every process refuses before any model loads (exit 2, read back from the run
+    folder as job scripts do; no traceback but the launcher's report of a failed child), and the checkpoints are not
+    called damaged."""
     run_dir = tmp_path / "run"
     shutil.copytree(ddp_run, run_dir)
     before = digest(run_dir / "checkpoints"), (run_dir / "metrics.jsonl").read_text()
-    output = " ".join(refused(fsdp_launch(), run_dir, "trainer.max_steps=10", "trainer.resume=latest").split())
+    since = time.time()
+    overrides = [*TINY_SHAPES, f"hydra.run.dir={run_dir}", "trainer.max_steps=10", "trainer.resume=latest"]
+    result = run_script([*fsdp_launch(), "train.py", *overrides], timeout=300, env={"OMP_NUM_THREADS": "1"})
+    output = " ".join((result.stdout + result.stderr).split())
+    command = [sys.executable, "-m", "dit_trainer.runs.failures", str(run_dir), "--since", str(since)]
+    assert subprocess.run(command, cwd=REPO, capture_output=True, text=True).stdout.strip() == "2", output[-3000:]
+    assert output.count("Traceback") == 1 and "ChildFailedError" in output, output[-6000:]
+    assert "exitcode : 1 " not in output  # no process ended on an uncaught exception
     assert "written without FSDP (DDP on 2 processes" in output and "intact" in output
     assert "`python train.py ...` (one process) or a DDP launch" in output and "from a copy" not in output
     assert (digest(run_dir / "checkpoints"), (run_dir / "metrics.jsonl").read_text()) == before
@@ -200,23 +211,24 @@ def grpo(init_dir: Path, *overrides: str) -> tuple[str, ...]:
 
 
 @pytest.mark.slow
-def test_grpo_with_lora_trains_and_checkpoints_sharded(fsdp_run, tmp_path):
+def test_grpo_with_lora_trains_and_checkpoints_sharded(fsdp_runs):
     """GRPO from the FSDP run's weights, LoRA adapters sharded with the frozen base, the KL reference being the same
     sharded model with its adapters off."""
-    run_dir = tmp_path / "grpo"
-    launch(fsdp_launch(), run_dir, base=grpo(fsdp_run, "lora.enabled=true", "lora.rank=4", "grpo.beta=0.04"))
-    records = read_metrics(run_dir)
+    root, printed = fsdp_runs
+    ended(printed, "grpo_lora")
+    records = read_metrics(root / "grpo_lora")
     assert [r["step"] for r in records] == [1, 2, 3] and all(r["loss"] == r["loss"] for r in records)
-    adapter = run_dir / "checkpoints" / "checkpoint-3" / "transformer_lora"
+    adapter = root / "grpo_lora" / "checkpoints" / "checkpoint-3" / "transformer_lora"
     assert adapter.is_dir() and any(adapter.glob("*.safetensors"))
 
 
 @pytest.mark.slow
-def test_grpo_full_fine_tuning_sharded_trains_the_root_unit(fsdp_run, tmp_path):
+def test_grpo_full_fine_tuning_sharded_trains_the_root_unit(fsdp_runs):
     """The rollout's forwards without backward leave the root unit (the parameters outside the blocks) gathered:
     the preflight must see the sharded parameters that get the gradient, and the update must move them."""
-    run_dir = tmp_path / "grpo"
-    launch(fsdp_launch(), run_dir, base=grpo(fsdp_run, "grpo.beta=0"))
+    root, printed = fsdp_runs
+    ended(printed, "grpo_full")
+    run_dir = root / "grpo_full"
     assert [r["step"] for r in read_metrics(run_dir)] == [1, 2, 3]
     start = load_file(run_dir / "init" / "transformer_ema" / WEIGHTS)
     trained = load_file(run_dir / "checkpoints" / "checkpoint-3" / "transformer" / WEIGHTS)

@@ -19,7 +19,15 @@ from safetensors.torch import load_file
 from dit_trainer.components.families import FAMILIES
 from dit_trainer.data.sources.digits import write_digits_folder
 
-from ..conftest import CONFIG_DIR, TINY_SHAPES, accelerate_launch, class_conditional, read_metrics, run_script
+from ..conftest import (
+    CONFIG_DIR,
+    CPU_PROCESSES,
+    TINY_SHAPES,
+    accelerate_launch,
+    class_conditional,
+    read_metrics,
+    run_script,
+)
 from ..tiny_flux import flux_overrides, write_tiny_flux
 from ..tiny_flux2 import flux2_overrides, write_tiny_flux2
 from ..tiny_qwen_image import qwen_image_overrides, write_tiny_qwen_image
@@ -28,7 +36,8 @@ from ..tiny_sd3 import overrides as sd3_overrides
 from ..tiny_sd3 import write_tiny_sd3
 from ..tiny_wan import wan_overrides, write_tiny_wan
 from ..tiny_z_image import write_tiny_z_image, z_image_overrides
-from .test_fsdp import FSDP_TOLERANCE, WEIGHTS, fsdp_launch, launch, losses
+from .runs_in_turn import ended, launch_in_turn
+from .test_fsdp import FSDP_TOLERANCE, WEIGHTS, fsdp_launch, losses
 
 # Each family's tiny run (overrides after TINY_SHAPES), from a scratch folder its files may be written to. A family
 # registered without one fails its test below: add its run here.
@@ -49,6 +58,9 @@ STEPS = ("trainer.max_steps=3", "trainer.log_every=1", "trainer.checkpoint_every
 DIT_XL_PARAMETERS = 674_834_720  # DiT-XL/2 with one shared embedder: the paper's (components/families/dit.py)
 
 
+SHARDED_HERE = [name for name in FAMILIES if name not in ELSEWHERE]
+
+
 def whole_weights(run_dir: Path, step: int, weights: str) -> dict[str, torch.Tensor]:
     return load_file(run_dir / "checkpoints" / f"checkpoint-{step}" / weights / WEIGHTS)
 
@@ -57,14 +69,34 @@ def grad_norms(run_dir: Path) -> dict[int, float]:
     return {record["step"]: record["grad_norm"] for record in read_metrics(run_dir)}
 
 
+@pytest.fixture(scope="module")
+def family_runs(tmp_path_factory) -> tuple[Path, dict[str, str]]:
+    """Every family's tiny run under FSDP and under DDP, in two launches (``runs_in_turn``: a launch per run spent
+    most of its time starting), and a family with shared modules resumed sharded from its checkpoint-2. Returns the
+    folder the runs are in (``fsdp/FAMILY``, ``ddp/FAMILY``, ``fsdp/FAMILY-resumed``) and each launch's output."""
+    root = tmp_path_factory.mktemp("families")
+    plans: dict[str, dict[str, list[str]]] = {"fsdp": {}, "ddp": {}}
+    for family in SHARDED_HERE:
+        base = [*TINY_SHAPES, *TINY_RUNS[family](root / "models" / family), *STEPS]
+        for how, plan in plans.items():
+            plan[family] = [*base, f"hydra.run.dir={root / how / family}"]
+        if FAMILIES.get(family).shared:
+            resume = f"trainer.resume={root / 'fsdp' / family / 'checkpoints' / 'checkpoint-2'}"
+            plans["fsdp"][f"{family}-resumed"] = [*base, f"hydra.run.dir={root / 'fsdp' / f'{family}-resumed'}", resume]
+    launchers = {"fsdp": (fsdp_launch(), {"OMP_NUM_THREADS": "1"}), "ddp": (accelerate_launch(2), CPU_PROCESSES)}
+    printed = {how: launch_in_turn(launcher, plans[how], root / f"{how}.json", env)
+               for how, (launcher, env) in launchers.items()}  # fmt: skip
+    return root, printed
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", [name for name in FAMILIES if name not in ELSEWHERE])
-def test_each_family_trains_sharded_as_with_ddp(family, tmp_path):
+@pytest.mark.parametrize("family", SHARDED_HERE)
+def test_each_family_trains_sharded_as_with_ddp(family, family_runs):
     assert family in TINY_RUNS, f"family {family!r} has no tiny run for the FSDP test: add it to TINY_RUNS"
-    base = (*TINY_SHAPES, *TINY_RUNS[family](tmp_path / "model"), *STEPS)
-    sharded, replicated = tmp_path / "fsdp", tmp_path / "ddp"
-    launch(fsdp_launch(), sharded, base=base)
-    launch(accelerate_launch(2), replicated, base=base)
+    root, printed = family_runs
+    for how in ("fsdp", "ddp"):
+        ended(printed[how], family)
+    sharded, replicated = root / "fsdp" / family, root / "ddp" / family
     assert sorted(losses(sharded)) == [1, 2, 3]
     for measured in (losses, grad_norms):  # the norm is clipping's, taken from the slices
         fsdp, ddp = measured(sharded), measured(replicated)
@@ -74,20 +106,20 @@ def test_each_family_trains_sharded_as_with_ddp(family, tmp_path):
         assert whole.keys() == reference.keys()
         assert max((whole[k] - reference[k]).abs().max().item() for k in whole) < 1e-4
     if FAMILIES.get(family).shared:
-        check_shared_modules_resume(sharded, base, tmp_path / "resumed", FAMILIES.get(family).shared)
+        ended(printed["fsdp"], f"{family}-resumed")
+        check_shared_modules_resume(sharded, root / "fsdp" / f"{family}-resumed", FAMILIES.get(family).shared)
 
 
-def check_shared_modules_resume(run_dir: Path, base: tuple[str, ...], resumed: Path, shared: tuple[str, ...]) -> None:
+def check_shared_modules_resume(run_dir: Path, resumed: Path, shared: tuple[str, ...]) -> None:
     """A model whose blocks share modules (``shared``: their paths in block 0): its whole weights keep every block's
-    keys, equal to block 0's (diffusers' layout), and a resume from the sharded checkpoint-2 trains step 3 as the
-    uninterrupted run did."""
+    keys, equal to block 0's (diffusers' layout), and the run ``resumed`` from the sharded checkpoint-2 trained step
+    3 as the uninterrupted run did."""
     whole = whole_weights(run_dir, 3, "transformer")
     for path in shared:
         blocks, inside = path.split(".0.", 1)
         copies = {key: re.sub(rf"^{re.escape(blocks)}\.\d+\.", f"{blocks}.0.", key) for key in whole
                   if re.match(rf"{re.escape(blocks)}\.[1-9]\d*\.{re.escape(inside)}\.", key)}  # fmt: skip
         assert copies and all(torch.equal(whole[copy], whole[key]) for copy, key in copies.items()), path
-    launch(fsdp_launch(), resumed, f"trainer.resume={run_dir / 'checkpoints' / 'checkpoint-2'}", base=base)
     assert losses(resumed) == {3: losses(run_dir)[3]}
     for weights in ("transformer", "transformer_ema"):
         straight, again = whole_weights(run_dir, 3, weights), whole_weights(resumed, 3, weights)

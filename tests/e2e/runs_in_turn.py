@@ -1,0 +1,80 @@
+"""Several ``train.py`` runs in turn in the processes of one launch, for tests that need many short multi-process
+runs: each process of ``python -m accelerate.commands.launch ... -m tests.e2e.runs_in_turn PLAN`` reads PLAN (a JSON
+object: a run's name -> its command line, ``train.py``'s overrides), runs them in that order as ``train.py`` runs
+one (its ``command_line`` and ``main``), and prints ``run NAME rank R: exit CODE`` after each (``ended`` reads them
+back). A launch costs each process its interpreter and imports, about 15 s on 2 cores: runs that share one pay
+them once. A run that fails on every process lets the next one start; one that fails on some only ends the launch
+(the others stop with its failure, as in any multi-process run)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import re
+import runpy
+import sys
+import traceback
+from pathlib import Path
+
+from accelerate.state import PartialState
+
+from dit_trainer.config import register_configs
+from dit_trainer.runs.process_exit import exit_without_finalizing
+
+from ..conftest import REPO, logging_restored, reset_accelerate_state, run_script
+
+OUTCOME = re.compile(r"^run (\S+) rank (\d+): exit (-?\d+)$", re.MULTILINE)
+
+
+def run_in_turn(plan: dict[str, list[str]]) -> None:
+    os.dup2(sys.stdout.fileno(), sys.stderr.fileno())  # one stream, in order: a failure's traceback within its run
+    sys.stdout.reconfigure(line_buffering=True)
+    train = runpy.run_path(str(REPO / "train.py"), run_name="train")  # its functions, not its __main__ block
+    train["main"].__wrapped__.__module__ = "__main__"  # so that Hydra finds configs/ beside train.py, as when run
+    rank = os.environ.get("RANK", "0")
+    # One world for the whole launch: each run's end leaves its process group to the next run. A world destroyed and
+    # made again does not work: its gloo rendezvous reads the last one's keys from the launcher's store (a hang),
+    # and torch's DTensor caches, keyed by a mesh's shape, hand the new run the last one's groups.
+    PartialState.destroy_process_group = lambda self, group=None: None
+    for name, argv in plan.items():
+        print(f"=== run {name} rank {rank}", flush=True)
+        try:
+            sys.argv = ["train.py", *train["command_line"](argv)]
+            with logging_restored():
+                train["main"]()
+            code = 0
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
+        except Exception:
+            traceback.print_exc()
+            code = 1
+        finally:
+            reset_accelerate_state()  # the next run's Accelerator starts from its own settings (in the same world)
+            register_configs()  # a resume put its run's recorded config in the schema's place
+            gc.collect()  # a trainer's autograd hooks keep its models alive in a reference cycle
+        print(f"run {name} rank {rank}: exit {code}", flush=True)
+
+
+def launch_in_turn(launcher: list[str], plan: dict[str, list[str]], plan_file: Path, env: dict[str, str]) -> str:
+    """The runs of ``plan`` in one launch (``launcher``: the arguments before the script, as ``run_script`` takes
+    them), the plan written to ``plan_file``; returns what every process printed."""
+    plan_file.write_text(json.dumps(plan))
+    result = run_script([*launcher, "-m", "tests.e2e.runs_in_turn", str(plan_file)], timeout=1500, env=env)
+    return result.stdout + result.stderr
+
+
+def ended(output: str, name: str, code: int = 0, processes: int = 2) -> str:
+    """What the processes printed during run ``name`` of a launch's ``output``, after checking that it ended with
+    exit ``code`` on each of them."""
+    found = {int(rank): int(exit) for run, rank, exit in OUTCOME.findall(output) if run == name}
+    starts = [match.start() for match in re.finditer(rf"^=== run {re.escape(name)} rank", output, re.MULTILINE)]
+    ends = [match.end() for match in OUTCOME.finditer(output) if match.group(1) == name]
+    printed = output[starts[0] : max(ends)] if starts and ends else output[starts[0] if starts else 0 :]
+    assert found == dict.fromkeys(range(processes), code), f"run {name}: exit codes {found}\n{printed[-6000:]}"
+    return printed
+
+
+if __name__ == "__main__":
+    run_in_turn(json.loads(Path(sys.argv[1]).read_text()))
+    exit_without_finalizing()  # as train.py's processes end: no teardown that can hang the launch
