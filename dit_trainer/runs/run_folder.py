@@ -345,8 +345,9 @@ class RunFolderCheck(Callback):
     and writes into it."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Also refuses links where the trainer writes, and a folder another run is training in (the main process
-        only: the others would find the main process's lock), before Hydra writes its files there."""
+        """Also refuses links where the trainer writes, a folder another run is training in (the main process
+        only: the others would find the main process's lock), and a start that would write over another run's
+        record (``check_run_folder``), before Hydra writes its files there."""
         run_dir = Path(config.hydra.run.dir)
         if not run_dir.exists():
             top = run_dir.absolute()
@@ -359,6 +360,7 @@ class RunFolderCheck(Callback):
             if os.environ.get("RANK", "0") == "0":
                 with RunFolderLock(run_dir):
                     pass
+            check_run_folder(run_dir, config.trainer.resume)  # before Hydra's record (.hydra/) replaces the run's
         except OSError as error:  # where permissions do not tell (a root-squashed NFS share, /proc): making it failed
             reason = f"the folder could not be made there ({error.strerror or error})"
             print(f"error: {unwritable('hydra.run.dir', run_dir, reason)}", file=sys.stderr)

@@ -37,30 +37,37 @@ def _refused(run_dir, *overrides: str, into=None) -> str:
     return result.stderr
 
 
+def _hydra_record(run_dir) -> dict[str, str]:
+    """The digests of Hydra's record of how the run started (``.hydra/``: its config and overrides)."""
+    return {k: v for k, v in digest(run_dir).items() if k.startswith(".hydra")}
+
+
 @pytest.mark.slow
 def test_a_fresh_run_over_a_finished_one_is_refused(finished_run):
-    assert "already holds checkpoints" in _refused(finished_run, "trainer.max_steps=4")
+    started = _hydra_record(finished_run)
+    assert "already holds checkpoints" in _refused(finished_run, "trainer.max_steps=4", "optim.lr=0.5")
+    assert _hydra_record(finished_run) == started  # refused before Hydra writes the new start's record over it
 
 
 @pytest.mark.slow
 def test_a_fresh_run_over_a_finished_one_whose_checkpoints_are_gone_keeps_its_metrics(finished_run, tmp_path):
     exported = tmp_path / "exported"  # its weights exported, then its checkpoints deleted
     shutil.copytree(finished_run, exported, ignore=shutil.ignore_patterns("checkpoints"))
-    before = _owned(exported)
+    before = _owned(exported), _hydra_record(exported)
     stderr = _refused(finished_run, "trainer.max_steps=4", into=exported)
     assert "holds the metrics.jsonl of an earlier run" in stderr and "fresh `hydra.run.dir`" in stderr
-    assert _owned(exported) == before
+    assert (_owned(exported), _hydra_record(exported)) == before
 
 
 @pytest.mark.slow
 def test_a_checkpoint_continued_in_a_folder_holding_another_run_is_refused(finished_run, tmp_path):
     other = tmp_path / "other"
     shutil.copytree(finished_run, other)
-    before = _owned(other)
+    before = _owned(other), _hydra_record(other)
     checkpoint = finished_run / "checkpoints" / "checkpoint-2"
     stderr = _refused(finished_run, "trainer.max_steps=4", f"trainer.resume={checkpoint}", into=other)
     assert "a checkpoint of another folder" in stderr and "checkpoints up to checkpoint-2" in stderr
-    assert _owned(other) == before
+    assert (_owned(other), _hydra_record(other)) == before
 
 
 @pytest.mark.slow
