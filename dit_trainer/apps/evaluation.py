@@ -179,9 +179,9 @@ def refuse_repeat(cfg: EvaluateConfig, out_dir: Path, names: list[str]) -> None:
     if not cfg.out_dir and (out_dir / REPORT).exists():
         raise ConfigError(
             "out_dir",
-            None,
-            f"this evaluation (the same checkpoint and arguments) was run before: its report is {out_dir / REPORT}, "
-            "and evaluate.py never overwrites",
+            str(out_dir),
+            "that default folder is this evaluation's (the same checkpoint and arguments), which was run before: "
+            f"its report is {out_dir / REPORT}, and evaluate.py never overwrites",
             "read that report, or pass `out_dir=FOLDER` to evaluate again into another folder",
         )
     refuse_overwrite(out_dir, names, "evaluate.py")

@@ -60,7 +60,9 @@ def test_each_evaluation_gets_a_folder_named_for_what_it_evaluated_and_is_never_
     before = digest(written_run)
     monkeypatch.setattr("dit_trainer.apps.evaluation.load_run", lambda *a, **k: pytest.fail("a model was loaded"))
     assert _evaluate(written_run, "batch_size=1") == 2  # how many images are sampled at once changes nothing
-    assert "this evaluation (the same checkpoint and arguments) was run before" in capsys.readouterr().err
+    refusal = capsys.readouterr().err
+    assert f"`out_dir` is '{folder}', but that default folder is this evaluation's" in refusal
+    assert "(the same checkpoint and arguments), which was run before" in refusal
     assert digest(written_run) == before
 
 
