@@ -32,7 +32,7 @@ from dit_trainer.training.metrics import (
     metric_line,
     save_loss_curve,
 )
-from dit_trainer.training.monitors.monitors import Monitor, MonitorVerdict
+from dit_trainer.training.monitors.monitors import Monitor, MonitorFailed, MonitorVerdict
 from dit_trainer.training.monitors.tracker_media import Trackers
 from dit_trainer.training.nonfinite import NonFiniteGuard
 from dit_trainer.training.preemption import PreemptionHandler
@@ -178,10 +178,27 @@ class Trainer:
         for monitor in self.monitors:
             if self._is_due(monitor.every_n_steps):
                 metrics.update(monitor(self.dit, self.state.step))
-                verdicts.append(monitor.verdict())
+                failure, name = monitor.failure, type(monitor).__name__
+                failed = f"{name} at step {self.state.step}: {type(failure).__name__}: {failure}" if failure else None
+                verdicts.append(monitor.verdict() if failed is None else MonitorVerdict(failed=failed))
         if verdicts and self.accelerator.num_processes > 1:
             verdicts = broadcast_object_list([verdicts])[0]
         return metrics, verdicts, time.perf_counter() - start
+
+    def _stop_if_a_monitor_failed(self, verdicts: list[MonitorVerdict]) -> None:
+        """A monitor that raised stops the run, but after its step's checkpoint with that step's monitors pending:
+        they run first when the run resumes, so fixing the monitor costs no training and every logged value is the
+        uninterrupted run's."""
+        failed = [verdict.failed for verdict in verdicts if verdict.failed]
+        if not failed:
+            return
+        self.state.monitors_pending = True
+        path = self.checkpointer.save(self.state.step)
+        raise MonitorFailed(
+            f"A monitor failed ({'; '.join(failed)}). The training of step {self.state.step} is checkpointed in "
+            f"{path}, its monitors pending: fix the cause, then continue with `python train.py "
+            f"trainer.resume={self.run_dir}` (they run first)."
+        ) from next((monitor.failure for monitor in self.monitors if monitor.failure), None)  # on the main process
 
     def _apply(self, verdicts: list[MonitorVerdict]) -> str | None:
         """Keep this step's checkpoint under the names the monitors gave; the reason to stop early, if a monitor
@@ -214,6 +231,7 @@ class Trainer:
         self.monitor_seconds += seconds
         if metrics:
             self._write(metrics, amend=True)
+        self._stop_if_a_monitor_failed(verdicts)
         self.stop_reason = self._apply(verdicts)
         if verdicts:
             self.checkpointer.save(self.state.step)
@@ -271,6 +289,7 @@ class Trainer:
                 self.monitor_seconds += seconds
                 if metrics or monitor_metrics:
                     self._write(metrics | monitor_metrics)
+                self._stop_if_a_monitor_failed(verdicts)
                 stop_reason = self._apply(verdicts)
                 # Last: a run killed before the checkpoint is complete resumes from the one before, and rewrites the
                 # metrics logged since; one killed after it has already logged this step.

@@ -4,9 +4,12 @@ import json
 
 import pytest
 
+from dit_trainer.runs.run_folder import list_checkpoints
+
 from ..conftest import (
     CPU_PROCESSES,
     QUIET,
+    REPO,
     TINY_SHAPES,
     accelerate_launch,
     read_metrics,
@@ -106,3 +109,27 @@ def test_monitor_runs_once_per_call_under_two_process_ddp(tmp_path):
     monitored = [r["step"] for r in read_metrics(run_dir) if "reward/mean" in r]
     assert monitored == [5, 10]  # written once per call, by the main process
     assert sorted(p.name for p in (run_dir / "rewards").iterdir()) == ["step_0000005.png", "step_0000010.png"]
+
+
+@pytest.mark.slow
+def test_a_reward_monitor_that_fails_under_two_process_ddp_stops_both_after_its_step_s_checkpoint(tmp_path):
+    """The main process's monitor raises while the other waits at its barrier: both processes stop (no hang), after
+    writing that step's checkpoint together, and the error names the monitor, its cause and how to continue."""
+    run_dir = tmp_path / "run"
+    overrides = ["trainer.max_steps=4", "trainer.log_every=1", "trainer.sample_every=0", "trainer.checkpoint_every=0",
+                 "monitor.reward.enabled=true", "monitor.reward.every_n_steps=2", "monitor.reward.prompt_file=null",
+                 "monitor.reward.prompts=[a red circle]", "reward=none",
+                 "+reward.weights={toy_rewards\\:OUT_OF_MEMORY:1.0}"]  # fmt: skip
+    result = run_script(
+        [*accelerate_launch(), "train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", *overrides],
+        timeout=300,
+        env={**CPU_PROCESSES, "PYTHONPATH": str(REPO / "tests" / "plugins")},
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "GRPORewardMonitor at step 2: MemoryError: the reward model ran out of memory" in output, output[-4000:]
+    assert f"trainer.resume={run_dir}" in output
+    assert [path.name for path in list_checkpoints(run_dir / "checkpoints")] == ["checkpoint-2"]
+    for rank in range(2):  # written by both processes
+        assert (run_dir / "checkpoints" / "checkpoint-2" / f"trainer_state_{rank}.safetensors").is_file()
+    assert [record["step"] for record in read_metrics(run_dir)] == [1, 2]

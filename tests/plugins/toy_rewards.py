@@ -18,3 +18,11 @@ def image_detail(images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
 
 
 IMAGE_DETAIL = Reward(lambda cfg, device, dtype: image_detail)
+
+
+def out_of_memory(images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+    """Raises as a reward model that runs out of memory does: a monitor that fails, for the trainer's tests."""
+    raise MemoryError("the reward model ran out of memory")
+
+
+OUT_OF_MEMORY = Reward(lambda cfg, device, dtype: out_of_memory)

@@ -13,7 +13,7 @@ import torch
 from dit_trainer.assemble import build_trainer
 from dit_trainer.errors import ConfigError
 from dit_trainer.runs.run_folder import list_checkpoints
-from dit_trainer.training.monitors.monitors import Monitor
+from dit_trainer.training.monitors.monitors import Monitor, MonitorFailed
 from dit_trainer.training.preflight import PREFLIGHT_ROWS
 
 from ..conftest import (
@@ -65,6 +65,12 @@ def test_the_gradient_check_runs_on_a_few_rows_and_the_step_on_the_whole_batch(t
     assert rows_trained_in_a_step(build_trainer(cfg, tmp_path)) == [PREFLIGHT_ROWS, 8]
 
 
+def logged(run_dir) -> list[dict]:
+    """The run's metrics without its timings (seconds, images per second), which no two runs share."""
+    return [{k: v for k, v in record.items() if "seconds" not in k and "per_sec" not in k}
+            for record in read_metrics(run_dir)]  # fmt: skip
+
+
 class SignalAt(Monitor):
     """Sends this process SIGUSR1 (a scheduler's notice) after ``step``: the loop stops at the end of the next."""
 
@@ -97,11 +103,47 @@ def test_the_monitors_a_preemption_skipped_run_on_resuming_as_in_a_run_never_sto
     resumed = build_trainer(compose_config([*overrides, "trainer.resume=latest"]), tmp_path / "cut")
     resumed.fit()
 
-    def logged(run_dir):
-        return [{k: v for k, v in record.items() if "seconds" not in k and "per_sec" not in k}
-                for record in read_metrics(run_dir)]  # fmt: skip
-
     assert "val/loss" in logged(tmp_path / "whole")[1]
+    assert logged(tmp_path / "cut") == logged(tmp_path / "whole")
+
+
+class FailsAt(Monitor):
+    """Raises at ``step``, as a reward model that runs out of memory would."""
+
+    def __init__(self, context, step: int) -> None:
+        super().__init__(context, every_n_steps=1)
+        self.step = step
+
+    def run(self, dit, step: int) -> dict[str, float]:
+        if step == self.step:
+            raise MemoryError("the reward model ran out of memory")
+        return {}
+
+
+@pytest.mark.slow
+def test_a_failing_monitor_stops_the_run_after_its_step_s_checkpoint_and_the_resume_matches_a_run_never_stopped(
+    tmp_path,
+):
+    """A monitor that raises stops the run (its error the cause of the stop's, which names the checkpoint and the
+    command to continue), but only after its step's training is checkpointed with that step's monitors pending: the
+    run continued once the cause is gone logs every value the uninterrupted run did (the validation loss of the
+    failed step included)."""
+    overrides = [*TINY_SHAPES, "data.length=32", "trainer.batch_size=8", "trainer.max_steps=3", "trainer.log_every=1",
+                 "trainer.sample_every=0", "validation.every_n_steps=2", "validation.split=0.25"]  # fmt: skip
+    build_trainer(compose_config(overrides), tmp_path / "whole").fit()
+    reset_accelerate_state()
+    cut = build_trainer(compose_config(overrides), tmp_path / "cut")
+    cut.monitors.insert(0, FailsAt(cut.monitors[0].context, step=2))
+    with pytest.raises(MonitorFailed) as stop:
+        cut.fit()
+    assert isinstance(stop.value.__cause__, MemoryError)
+    message = str(stop.value)
+    assert "FailsAt at step 2: MemoryError: the reward model ran out of memory" in message
+    assert "checkpoint-2" in message and f"trainer.resume={tmp_path / 'cut'}" in message
+    assert [path.name for path in list_checkpoints(tmp_path / "cut" / "checkpoints")] == ["checkpoint-2"]
+    assert [record["step"] for record in read_metrics(tmp_path / "cut")] == [1, 2]
+    reset_accelerate_state()
+    build_trainer(compose_config([*overrides, "trainer.resume=latest"]), tmp_path / "cut").fit()
     assert logged(tmp_path / "cut") == logged(tmp_path / "whole")
 
 
@@ -162,10 +204,6 @@ def test_a_log_step_after_a_resume_averages_the_steps_before_it_too(tmp_path):
     assert cut.fit().preempted and cut.state.step == 6
     reset_accelerate_state()
     build_trainer(compose_config([*overrides, "trainer.resume=latest"]), tmp_path / "cut").fit()
-
-    def logged(run_dir):
-        return [{k: v for k, v in record.items() if "seconds" not in k and "per_sec" not in k}
-                for record in read_metrics(run_dir)]  # fmt: skip
 
     whole = logged(tmp_path / "whole")
     assert [record["step"] for record in whole] == [4, 8] and any(key.startswith("loss/t_") for key in whole[1])

@@ -64,6 +64,12 @@ class MonitorVerdict:
 
     keep: str | None = None
     stop: str | None = None
+    failed: str | None = None  # the error the monitor raised instead: the run checkpoints its step, then stops
+
+
+class MonitorFailed(RuntimeError):
+    """A monitor raised (a reward model out of memory, a user's monitor with a bug): the run stops after its step's
+    checkpoint, the monitors of that step pending (they run first when it resumes)."""
 
 
 @dataclass
@@ -101,16 +107,24 @@ class Monitor:
     """Runs ``run`` on the main process every ``every_n_steps`` (and at the last step); others wait at a barrier
     (under FSDP they run it too, and write nothing).
 
-    ``__call__`` returns the metrics to log at that step (empty on other ranks).
+    ``__call__`` returns the metrics to log at that step (empty on other ranks). An error ``run`` raises is kept in
+    ``failure`` rather than raised, so that the ranks waiting at the barrier are not left there: the trainer hands it
+    to every process, and they checkpoint together before stopping with it.
     """
 
     def __init__(self, context: MonitorContext, every_n_steps: int) -> None:
         self.context = context
         self.every_n_steps = every_n_steps
+        self.failure: Exception | None = None
 
     def __call__(self, dit: nn.Module, step: int) -> dict[str, float]:
         accelerator = self.context.accelerator
-        metrics = self.run(dit, step) if accelerator.is_main_process or self.context.sharded else {}
+        metrics, self.failure = {}, None
+        if accelerator.is_main_process or self.context.sharded:
+            try:
+                metrics = self.run(dit, step)
+            except Exception as error:  # sampling_weights has restored the weights and the RNG state
+                self.failure = error
         accelerator.wait_for_everyone()
         return metrics if accelerator.is_main_process else {}
 
