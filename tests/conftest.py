@@ -16,6 +16,7 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -149,20 +150,31 @@ def run_here(args: list[str]) -> subprocess.CompletedProcess:
             warnings.catch_warnings(),
         ):
             warnings.simplefilter("default")
-            try:
-                runpy.run_path(script, run_name="__main__")
-                code = 0
-            except SystemExit as exit:
-                code = exit.code if isinstance(exit.code, int) else 0 if exit.code is None else 1
-            except Exception:
-                traceback.print_exc()
-                code = 1
+            code = exit_code_of(lambda: runpy.run_path(script, run_name="__main__"))
     finally:
         sys.argv = argv
-        reset_accelerate_state()
-        register_configs()  # a resume by folder put its run's config in the schema's place in Hydra's ConfigStore
-        gc.collect()  # a trainer's autograd hooks keep its models alive in a reference cycle
+        forget_the_run()
     return subprocess.CompletedProcess(args, code, stdout.getvalue(), stderr.getvalue())
+
+
+def exit_code_of(run: Callable[[], object]) -> int:
+    """The exit code a process running ``run()`` would end with: a ``SystemExit``'s, 1 after printing an uncaught
+    exception's traceback, else 0."""
+    try:
+        run()
+    except SystemExit as exit:
+        return exit.code if isinstance(exit.code, int) else 0 if exit.code is None else 1
+    except Exception:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def forget_the_run() -> None:
+    """Clear what a run left in this process that the next one must not see."""
+    reset_accelerate_state()
+    register_configs()  # a resume by folder put its run's config in the schema's place in Hydra's ConfigStore
+    gc.collect()  # a trainer's autograd hooks keep its models alive in a reference cycle
 
 
 def _all_loggers() -> list[logging.Logger]:

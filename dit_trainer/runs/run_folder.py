@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from dit_trainer.durable import write_text_atomically
 from dit_trainer.errors import EXIT_BAD_INPUT, ConfigError, exit_code, shortlist
@@ -360,7 +360,7 @@ class RunFolderCheck(Callback):
             if os.environ.get("RANK", "0") == "0":
                 with RunFolderLock(run_dir):
                     pass
-            check_run_folder(run_dir, config.trainer.resume)  # before Hydra's record (.hydra/) replaces the run's
+            check_run_folder(run_dir, OmegaConf.select(config, "trainer.resume"))  # before Hydra's .hydra/ record
         except OSError as error:  # where permissions do not tell (a root-squashed NFS share, /proc): making it failed
             reason = f"the folder could not be made there ({error.strerror or error})"
             print(f"error: {unwritable('hydra.run.dir', run_dir, reason)}", file=sys.stderr)

@@ -8,21 +8,18 @@ them once. A run that fails on every process lets the next one start; one that f
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import re
 import runpy
 import sys
-import traceback
 from pathlib import Path
 
 from accelerate.state import PartialState
 
-from dit_trainer.config import register_configs
 from dit_trainer.runs.process_exit import exit_without_finalizing
 
-from ..conftest import REPO, logging_restored, reset_accelerate_state, run_script
+from ..conftest import REPO, exit_code_of, forget_the_run, logging_restored, run_script
 
 OUTCOME = re.compile(r"^run (\S+) rank (\d+): exit (-?\d+)$", re.MULTILINE)
 
@@ -39,21 +36,16 @@ def run_in_turn(plan: dict[str, list[str]]) -> None:
     PartialState.destroy_process_group = lambda self, group=None: None
     for name, argv in plan.items():
         print(f"=== run {name} rank {rank}", flush=True)
-        try:
-            sys.argv = ["train.py", *train["command_line"](argv)]
-            with logging_restored():
-                train["main"]()
-            code = 0
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else 0 if stop.code is None else 1
-        except Exception:
-            traceback.print_exc()
-            code = 1
-        finally:
-            reset_accelerate_state()  # the next run's Accelerator starts from its own settings (in the same world)
-            register_configs()  # a resume put its run's recorded config in the schema's place
-            gc.collect()  # a trainer's autograd hooks keep its models alive in a reference cycle
+        code = exit_code_of(lambda argv=argv: run_once(train, argv))
+        forget_the_run()  # the next run's Accelerator starts from its own settings (in the same world)
         print(f"run {name} rank {rank}: exit {code}", flush=True)
+
+
+def run_once(train: dict, argv: list[str]) -> None:
+    """``train.py argv`` as its ``__main__`` block runs it, with ``train`` its functions."""
+    sys.argv = ["train.py", *train["command_line"](argv)]
+    with logging_restored():
+        train["main"]()
 
 
 def launch_in_turn(launcher: list[str], plan: dict[str, list[str]], plan_file: Path, env: dict[str, str]) -> str:

@@ -71,17 +71,25 @@ def logged(run_dir) -> list[dict]:
             for record in read_metrics(run_dir)]  # fmt: skip
 
 
-class SignalAt(Monitor):
-    """Sends this process SIGUSR1 (a scheduler's notice) after ``step``: the loop stops at the end of the next."""
+class AtStep(Monitor):
+    """Runs ``action`` after ``step`` (and logs nothing)."""
 
-    def __init__(self, context, step: int) -> None:
+    def __init__(self, context, step: int, action) -> None:
         super().__init__(context, every_n_steps=1)
-        self.step = step
+        self.step, self.action = step, action
 
     def run(self, dit, step: int) -> dict[str, float]:
         if step == self.step:
-            os.kill(os.getpid(), signal.SIGUSR1)
+            self.action()
         return {}
+
+
+def preempt() -> None:
+    os.kill(os.getpid(), signal.SIGUSR1)  # a scheduler's notice: the loop stops at the end of the next step
+
+
+def run_out_of_memory() -> None:
+    raise MemoryError("the reward model ran out of memory")  # as a reward model can
 
 
 @pytest.mark.slow
@@ -95,7 +103,7 @@ def test_the_monitors_a_preemption_skipped_run_on_resuming_as_in_a_run_never_sto
     build_trainer(compose_config(overrides), tmp_path / "whole").fit()
     reset_accelerate_state()
     cut = build_trainer(compose_config(overrides), tmp_path / "cut")
-    cut.monitors.append(SignalAt(cut.monitors[0].context, step=1))
+    cut.monitors.append(AtStep(cut.monitors[0].context, 1, preempt))
     assert cut.fit().preempted and cut.state.step == 2
     assert [record["step"] for record in read_metrics(tmp_path / "cut")] == [1, 2]
     assert "val/loss" not in read_metrics(tmp_path / "cut")[-1]
@@ -105,19 +113,6 @@ def test_the_monitors_a_preemption_skipped_run_on_resuming_as_in_a_run_never_sto
 
     assert "val/loss" in logged(tmp_path / "whole")[1]
     assert logged(tmp_path / "cut") == logged(tmp_path / "whole")
-
-
-class FailsAt(Monitor):
-    """Raises at ``step``, as a reward model that runs out of memory would."""
-
-    def __init__(self, context, step: int) -> None:
-        super().__init__(context, every_n_steps=1)
-        self.step = step
-
-    def run(self, dit, step: int) -> dict[str, float]:
-        if step == self.step:
-            raise MemoryError("the reward model ran out of memory")
-        return {}
 
 
 @pytest.mark.slow
@@ -133,12 +128,12 @@ def test_a_failing_monitor_stops_the_run_after_its_step_s_checkpoint_and_the_res
     build_trainer(compose_config(overrides), tmp_path / "whole").fit()
     reset_accelerate_state()
     cut = build_trainer(compose_config(overrides), tmp_path / "cut")
-    cut.monitors.insert(0, FailsAt(cut.monitors[0].context, step=2))
+    cut.monitors.insert(0, AtStep(cut.monitors[0].context, 2, run_out_of_memory))
     with pytest.raises(MonitorFailed) as stop:
         cut.fit()
     assert isinstance(stop.value.__cause__, MemoryError)
     message = str(stop.value)
-    assert "FailsAt at step 2: MemoryError: the reward model ran out of memory" in message
+    assert "AtStep at step 2: MemoryError: the reward model ran out of memory" in message
     assert "checkpoint-2" in message and f"trainer.resume={tmp_path / 'cut'}" in message
     assert [path.name for path in list_checkpoints(tmp_path / "cut" / "checkpoints")] == ["checkpoint-2"]
     assert [record["step"] for record in read_metrics(tmp_path / "cut")] == [1, 2]
@@ -200,7 +195,7 @@ def test_a_log_step_after_a_resume_averages_the_steps_before_it_too(tmp_path):
     build_trainer(compose_config(overrides), tmp_path / "whole").fit()
     reset_accelerate_state()
     cut = build_trainer(compose_config(overrides), tmp_path / "cut")
-    cut.monitors.append(SignalAt(cut.monitors[0].context, step=5))
+    cut.monitors.append(AtStep(cut.monitors[0].context, 5, preempt))
     assert cut.fit().preempted and cut.state.step == 6
     reset_accelerate_state()
     build_trainer(compose_config([*overrides, "trainer.resume=latest"]), tmp_path / "cut").fit()
