@@ -32,7 +32,8 @@ def run_in_turn(plan: dict[str, list[str]]) -> None:
     rank = os.environ.get("RANK", "0")
     # One world for the whole launch: each run's end leaves its process group to the next run. A world destroyed and
     # made again does not work: its gloo rendezvous reads the last one's keys from the launcher's store (a hang),
-    # and torch's DTensor caches, keyed by a mesh's shape, hand the new run the last one's groups.
+    # and with the groups numbered apart, a mesh of the last run reached the next ("Could not resolve the process
+    # group registered under the name 0"; torch's DTensor caches compare meshes by shape, not by group).
     PartialState.destroy_process_group = lambda self, group=None: None
     for name, argv in plan.items():
         print(f"=== run {name} rank {rank}", flush=True)
