@@ -76,7 +76,7 @@ def family_runs(tmp_path_factory) -> tuple[Path, dict[str, str]]:
     folder the runs are in (``fsdp/FAMILY``, ``ddp/FAMILY``, ``fsdp/FAMILY-resumed``) and each launch's output."""
     root = tmp_path_factory.mktemp("families")
     plans: dict[str, dict[str, list[str]]] = {"fsdp": {}, "ddp": {}}
-    for family in SHARDED_HERE:
+    for family in (name for name in SHARDED_HERE if name in TINY_RUNS):  # a family without one fails its test
         base = [*TINY_SHAPES, *TINY_RUNS[family](root / "models" / family), *STEPS]
         for how, plan in plans.items():
             plan[family] = [*base, f"hydra.run.dir={root / how / family}"]
