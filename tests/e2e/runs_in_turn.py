@@ -60,10 +60,10 @@ def launch_in_turn(launcher: list[str], plan: dict[str, list[str]], plan_file: P
 def ended(output: str, name: str, code: int = 0, processes: int = 2) -> str:
     """What the processes printed during run ``name`` of a launch's ``output``, after checking that it ended with
     exit ``code`` on each of them."""
-    found = {int(rank): int(exit) for run, rank, exit in OUTCOME.findall(output) if run == name}
-    starts = [match.start() for match in re.finditer(rf"^=== run {re.escape(name)} rank", output, re.MULTILINE)]
-    ends = [match.end() for match in OUTCOME.finditer(output) if match.group(1) == name]
-    printed = output[starts[0] : max(ends)] if starts and ends else output[starts[0] if starts else 0 :]
+    outcomes = [match for match in OUTCOME.finditer(output) if match.group(1) == name]
+    found = {int(match.group(2)): int(match.group(3)) for match in outcomes}
+    start = re.search(rf"^=== run {re.escape(name)} rank", output, re.MULTILINE)
+    printed = output[start.start() if start else 0 : max((match.end() for match in outcomes), default=None)]
     assert found == dict.fromkeys(range(processes), code), f"run {name}: exit codes {found}\n{printed[-6000:]}"
     return printed
 

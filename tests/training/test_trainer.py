@@ -65,6 +65,12 @@ def test_the_gradient_check_runs_on_a_few_rows_and_the_step_on_the_whole_batch(t
     assert rows_trained_in_a_step(build_trainer(cfg, tmp_path)) == [PREFLIGHT_ROWS, 8]
 
 
+# Three steps, each logged, the validation loss at step 2: a monitor due where the run is cut.
+THREE_VALIDATED_STEPS = [*TINY_SHAPES, "data.length=32", "trainer.batch_size=8", "trainer.max_steps=3",
+                         "trainer.log_every=1", "trainer.sample_every=0", "validation.every_n_steps=2",
+                         "validation.split=0.25"]  # fmt: skip
+
+
 def logged(run_dir) -> list[dict]:
     """The run's metrics without its timings (seconds, images per second), which no two runs share."""
     return [{k: v for k, v in record.items() if "seconds" not in k and "per_sec" not in k}
@@ -98,8 +104,7 @@ def test_the_monitors_a_preemption_skipped_run_on_resuming_as_in_a_run_never_sto
     """A preemption's checkpoint is written before its step's monitors (the grace period is the checkpoint's): they
     run when the run resumes, so that step's line holds their readings and every logged value is the
     uninterrupted run's (a gold watch's best checkpoint and stop depend on them)."""
-    overrides = [*TINY_SHAPES, "data.length=32", "trainer.batch_size=8", "trainer.max_steps=3", "trainer.log_every=1",
-                 "trainer.sample_every=0", "validation.every_n_steps=2", "validation.split=0.25"]  # fmt: skip
+    overrides = THREE_VALIDATED_STEPS
     build_trainer(compose_config(overrides), tmp_path / "whole").fit()
     reset_accelerate_state()
     cut = build_trainer(compose_config(overrides), tmp_path / "cut")
@@ -123,8 +128,7 @@ def test_a_failing_monitor_stops_the_run_after_its_step_s_checkpoint_and_the_res
     command to continue), but only after its step's training is checkpointed with that step's monitors pending: the
     run continued once the cause is gone logs every value the uninterrupted run did (the validation loss of the
     failed step included)."""
-    overrides = [*TINY_SHAPES, "data.length=32", "trainer.batch_size=8", "trainer.max_steps=3", "trainer.log_every=1",
-                 "trainer.sample_every=0", "validation.every_n_steps=2", "validation.split=0.25"]  # fmt: skip
+    overrides = THREE_VALIDATED_STEPS
     build_trainer(compose_config(overrides), tmp_path / "whole").fit()
     reset_accelerate_state()
     cut = build_trainer(compose_config(overrides), tmp_path / "cut")
