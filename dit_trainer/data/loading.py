@@ -194,6 +194,16 @@ def loader_options(data: DataConfig, dataset: Dataset, device: torch.device) -> 
     }
 
 
+def release_workers(dataloader: DataLoader) -> None:
+    """Shut down the worker processes that ``loader_options`` keeps alive across epochs, now that nothing reads
+    ``dataloader`` any more. Left to torch, they end when the loader is collected: late for a loader held in a
+    reference cycle (a trainer's), and then each worker waits out a 5-s join, its queues finalized before it."""
+    loader = getattr(dataloader, "base_dataloader", dataloader)  # the one inside accelerate's wrapper
+    if loader.persistent_workers and loader._iterator is not None:  # where torch keeps them
+        loader._iterator._shutdown_workers()
+        loader._iterator = None  # a later reading starts workers of its own
+
+
 def build_dataloader(data: DataConfig, trainer: TrainerConfig, dataset: Dataset, device: torch.device) -> DataLoader:
     """Map-style data sets are shuffled (in buckets, mixed from several sources or read with random draws, by a
     seeded plan whose every batch is one bucket, whose epochs draw each source by its weight, and which asks

@@ -15,6 +15,7 @@ from accelerate.logging import get_logger
 from torch.utils.data import DataLoader, IterableDataset
 
 from dit_trainer.data.batch_plan import PlanBatchSampler
+from dit_trainer.data.loading import release_workers
 from dit_trainer.data.poisson import PoissonBatchSampler
 from dit_trainer.data.stream_loader import StreamLoader
 from dit_trainer.errors import ConfigError
@@ -27,12 +28,22 @@ def resumable_batches(
     dataloader: DataLoader, accelerator: Accelerator, micro_steps: int, data_path: str | None = None
 ) -> Iterator[dict]:
     """Batches from micro-step ``micro_steps`` (steps x gradient accumulation) of the data order on; ``data_path``
-    is named when a streamed source gives no batch at all."""
+    is named when a streamed source gives no batch at all. The loader's workers end with the reading."""
     if isinstance(dataloader.batch_sampler, PoissonBatchSampler):
-        return _poisson_batches(dataloader, micro_steps)
-    if isinstance(dataloader.dataset, IterableDataset):
-        return _stream_batches(dataloader, micro_steps, data_path)
-    return _map_batches(dataloader, accelerator, micro_steps)
+        batches = _poisson_batches(dataloader, micro_steps)
+    elif isinstance(dataloader.dataset, IterableDataset):
+        batches = _stream_batches(dataloader, micro_steps, data_path)
+    else:
+        batches = _map_batches(dataloader, accelerator, micro_steps)
+    return _releasing_workers(dataloader, batches)
+
+
+def _releasing_workers(dataloader: DataLoader, batches: Iterator[dict]) -> Iterator[dict]:
+    """``batches``, whose end (closed, or dropped by its reader) shuts ``dataloader``'s persistent workers down."""
+    try:
+        yield from batches
+    finally:
+        release_workers(dataloader)
 
 
 def continued_micro_steps(dataloader: DataLoader, micro_steps: int, position: DataPosition | None) -> int:

@@ -5,7 +5,6 @@ size only groups, the image still comes at its bucket's size."""
 
 import json
 import os
-from pathlib import Path
 
 import datasets
 import pytest
@@ -23,6 +22,7 @@ from dit_trainer.data.sources.imagefolder import ImageFolderDataset
 
 from ..conftest import TINY_SHAPES, compose_config
 from .files import SIZES, png_bytes
+from .sizes_on_rank import sizes_on_rank
 
 CANVASES = [(64, 64), (96, 48), (48, 96)]  # (width, height): square, landscape, portrait
 
@@ -104,20 +104,10 @@ def test_without_declared_sizes_the_index_is_written_once_reused_and_renewed_whe
     assert sorted(tmp_path.iterdir()) == [folder, tmp_path / "run"]  # read in memory, nothing written anywhere
 
 
-def _sizes_on_rank(rank: int, folder: str, rendezvous: str) -> None:
-    """One of two gloo processes: its image sizes and how many headers it read, in ``folder/../<rank>.json``."""
-    torch.distributed.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
-    headers, pil_open = [], Image.open
-    Image.open = lambda file, *args, **kwargs: headers.append(file) or pil_open(file, *args, **kwargs)  # a counter
-    sizes = image_sizes(ImageFolderDataset(folder, 32), Path(folder).parent / "run" / "image_sizes")
-    (Path(folder).parent / f"{rank}.json").write_text(json.dumps({"headers": len(headers), "sizes": sizes}))
-    torch.distributed.destroy_process_group()
-
-
 @pytest.mark.slow
 def test_the_main_process_reads_the_headers_once_and_the_other_reads_its_index(tmp_path):
     write_folder(tmp_path / "images", 30, declare=False)
-    torch.multiprocessing.spawn(_sizes_on_rank, (str(tmp_path / "images"), str(tmp_path / "rendezvous")), nprocs=2)
+    torch.multiprocessing.spawn(sizes_on_rank, (str(tmp_path / "images"), str(tmp_path / "rendezvous")), nprocs=2)
     main, other = (json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2))
     assert main["headers"] == 30 and other["headers"] == 0 and main["sizes"] == other["sizes"]
 

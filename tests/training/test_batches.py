@@ -45,6 +45,23 @@ def test_map_style_batches_resume_mid_epoch_in_the_same_order():
         assert _captions(resumable_batches(loader(), accelerator, start), 8 - start) == uninterrupted[start:]
 
 
+def test_a_loaders_persistent_workers_end_when_its_batches_are_dropped():
+    """Workers kept across epochs (``loader_options``) end with the reading. Left to the loader, they lived until it
+    was collected, which for a trainer's (held in a reference cycle) came at some later point, each worker then
+    waiting out a 5-s join: 40 s spent inside an unrelated test of the quick loop."""
+    accelerator = Accelerator(cpu=True)
+    data = DataLoader(Numbered(), batch_size=3, shuffle=True, drop_last=True, collate_fn=collate_batch, num_workers=2,
+                      persistent_workers=True)  # fmt: skip
+    loader = accelerator.prepare_data_loader(data, device_placement=False)
+    batches = resumable_batches(loader, accelerator, 0)
+    assert len(_captions(batches, 4)) == 4  # into the second epoch, on the same workers
+    workers = loader._iterator._workers
+    assert len(workers) == 2 and all(worker.is_alive() for worker in workers)
+    del batches
+    assert not any(worker.is_alive() for worker in workers)
+    assert _captions(resumable_batches(loader, accelerator, 0), 1)  # a later reading starts workers of its own
+
+
 @pytest.mark.parametrize("batch_size", [2, 3, 8])
 def test_a_resume_in_other_batches_reads_the_rest_of_the_epoch(batch_size):
     """Stopped 3 batches of 4 into epoch 1 (6 batches an epoch), a resume with another batch size (or number of
