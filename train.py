@@ -27,8 +27,8 @@ from dit_trainer.config.command_line import check_command_line
 from dit_trainer.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PREEMPTED, USER_ERRORS, ConfigError, exit_code
 from dit_trainer.run_config import continue_run, to_train_config
 from dit_trainer.runs.failures import FailureWatch, is_multi_process, let_the_others_notice, record_failure
+from dit_trainer.runs.launch_folder import discard_refused_start
 from dit_trainer.runs.process_exit import exit_without_finalizing
-from dit_trainer.runs.run_folder import discard_refused_start
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 INFO_FLAGS = {"--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "-sc", "--shell-completion"}

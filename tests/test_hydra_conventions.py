@@ -17,7 +17,7 @@ from dit_trainer.config import RewardMonitorConfig, TrainConfig, TrainerConfig
 from dit_trainer.config.command_line import check_command_line
 from dit_trainer.config.field_docs import documented_yaml, field_docs
 from dit_trainer.errors import ConfigError
-from dit_trainer.runs.run_folder import RunFolderCheck, discard_refused_start
+from dit_trainer.runs.launch_folder import RunFolderCheck, discard_refused_start
 
 from .conftest import CONFIG_DIR, REPO, run_script
 
@@ -87,14 +87,24 @@ def test_a_refused_start_exits_2_in_one_paragraph_and_leaves_no_run_folder(tmp_p
 
 
 def test_a_refused_start_keeps_a_folder_it_did_not_make_or_one_a_run_started_in(tmp_path, monkeypatch):
+    """... and Hydra's record of how that folder's run was launched, as it was before the refused launch."""
+
     def start(run_dir):
-        RunFolderCheck().on_run_start(OmegaConf.create({"hydra": {"run": {"dir": str(run_dir)}}}))
+        hydra = {"run": {"dir": str(run_dir)}, "output_subdir": ".hydra"}
+        RunFolderCheck().on_run_start(OmegaConf.create({"hydra": hydra}))
         (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)  # what Hydra writes before the job runs
+        for name in ("config.yaml", "overrides.yaml"):
+            (run_dir / ".hydra" / name).write_text("the refused launch's")
         return run_dir
 
     existing = tmp_path / "existing"
     existing.mkdir()
     discard_refused_start(start(existing))
+    assert sorted(existing.iterdir()) == []  # no record of a launch that never ran
+    (existing / ".hydra").mkdir()
+    (existing / ".hydra" / "config.yaml").write_text("the run's")
+    discard_refused_start(start(existing))
+    assert [(f.name, f.read_text()) for f in (existing / ".hydra").iterdir()] == [("config.yaml", "the run's")]
     started = start(tmp_path / "started")
     (started / "config.yaml").write_text("{}")
     discard_refused_start(started)
@@ -115,7 +125,7 @@ def test_a_run_folder_that_cannot_be_made_where_permissions_allow_it_is_one_para
     def refused(run_dir):
         raise PermissionError(13, "Permission denied", str(run_dir))
 
-    monkeypatch.setattr("dit_trainer.runs.run_folder.RunFolderLock", refused)
+    monkeypatch.setattr("dit_trainer.runs.launch_folder.RunFolderLock", refused)
     run_dir = tmp_path / "share" / "run"
     with pytest.raises(SystemExit) as exited:
         RunFolderCheck().on_run_start(OmegaConf.create({"hydra": {"run": {"dir": str(run_dir)}}}))

@@ -5,10 +5,8 @@ with a ``manifest.json`` listing its files and sizes, the trained weights in one
 ``samples/``, ``rewards/`` and, for bucketed data read without a cache and without declared sizes, ``image_sizes/``
 (the images' sizes index of ``dit_trainer.data.image_sizes``: their headers read once, by the main process, and not
 again when the run resumes), and with ``logger=wandb`` ``wandb/`` and ``wandb_run_id`` (the W&B run a resume
-continues). The run folder is also checked before Hydra creates it: an unwritable or impossible
-path (a full or read-only disk, a file where a folder should be), or links planted where the trainer writes, become
-one paragraph naming ``hydra.run.dir`` instead of a traceback from Hydra or a write outside the run folder; and a
-folder Hydra made for a start that was then refused is removed again (``discard_refused_start``).
+continues). What is checked before a launch writes into the folder: ``check_writable_folder``, ``refuse_links``
+and ``check_run_folder``, called by the Hydra callback of ``runs.launch_folder``.
 """
 
 from __future__ import annotations
@@ -18,17 +16,12 @@ import logging
 import os
 import re
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
-
 from dit_trainer.durable import write_text_atomically
-from dit_trainer.errors import EXIT_BAD_INPUT, ConfigError, exit_code, shortlist
-from dit_trainer.runs.run_lock import RunFolderLock
+from dit_trainer.errors import ConfigError, shortlist
 
 CONFIG = "config.yaml"
 CHECKPOINTS = "checkpoints"
@@ -40,9 +33,6 @@ IMAGE_SIZES = "image_sizes"
 # What a run writes once it has started: a folder holding any of these is never removed as a refused start's.
 STARTED = (CONFIG, CHECKPOINTS, METRICS)
 logger = logging.getLogger(__name__)  # not accelerate's: this module loads without torch
-# Run folders (absolute) that did not exist when this process's launch checked them, each with the topmost of its
-# folders that did not exist either (``outputs/`` on a first run): what a refused start removes again.
-_made_by_this_launch: dict[Path, Path] = {}
 
 
 @dataclass(frozen=True)
@@ -338,58 +328,3 @@ def refuse_links(run_dir: Path) -> None:
             "remove those links (a run writes only into its own folder; to keep runs on another disk, point "
             "`hydra.run.dir` there), or start the run in a new folder",
         )
-
-
-class RunFolderCheck(Callback):
-    """Hydra callback (``hydra.callbacks`` in ``configs/train.yaml``) that runs before Hydra makes the run folder
-    and writes into it."""
-
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        """Also refuses links where the trainer writes, a folder another run is training in (the main process
-        only: the others would find the main process's lock), and a start that would write over another run's
-        record (``check_run_folder``), before Hydra writes its files there."""
-        run_dir = Path(config.hydra.run.dir)
-        if not run_dir.exists():
-            top = run_dir.absolute()
-            while not top.parent.exists():
-                top = top.parent
-            _made_by_this_launch[run_dir.absolute()] = top
-        try:
-            check_writable_folder(run_dir, "hydra.run.dir")
-            refuse_links(run_dir)
-            if os.environ.get("RANK", "0") == "0":
-                with RunFolderLock(run_dir):
-                    pass
-            check_run_folder(run_dir, OmegaConf.select(config, "trainer.resume"))  # before Hydra's .hydra/ record
-        except OSError as error:  # where permissions do not tell (a root-squashed NFS share, /proc): making it failed
-            reason = f"the folder could not be made there ({error.strerror or error})"
-            print(f"error: {unwritable('hydra.run.dir', run_dir, reason)}", file=sys.stderr)
-            sys.exit(EXIT_BAD_INPUT)
-        except ConfigError as error:
-            print(f"error: {error}", file=sys.stderr)
-            sys.exit(exit_code(error))
-
-
-def discard_refused_start(run_dir: Path) -> None:
-    """Remove ``run_dir`` again after a start was refused, if this launch made it (``RunFolderCheck``) and no run
-    has started in it, with the empty folders made for it (``outputs/DATE``): a refused start leaves nothing behind.
-    A folder that existed before (a refused resume) is left as it was. So is the folder of a multi-process launch:
-    it holds each process's failure record, which the others and the job script read
-    (``dit_trainer.runs.failures``)."""
-    top = _made_by_this_launch.pop(run_dir.absolute(), None)
-    if top is None or int(os.environ.get("WORLD_SIZE", "1")) > 1 or not run_dir.is_dir():
-        return
-    if any((run_dir / name).exists() for name in STARTED):
-        return
-    try:
-        with RunFolderLock(run_dir):  # a run that started there since (a pinned folder) holds it: leave it be
-            shutil.rmtree(run_dir)
-    except ConfigError:
-        return
-    for folder in run_dir.absolute().parents:
-        if not folder.is_relative_to(top):
-            break
-        try:
-            folder.rmdir()  # only if empty: another launch's folder may have appeared beside this one
-        except OSError:
-            break

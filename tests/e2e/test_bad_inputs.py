@@ -26,14 +26,15 @@ def _owned(run_dir) -> dict[str, str]:
 
 def _refused(run_dir, *overrides: str, into=None) -> str:
     """Run train.py with ``overrides`` into ``into`` (default: the finished run); it must exit 2 without a
-    traceback and leave the finished run's files (checkpoints, metrics, config) as they were. Returns stderr."""
-    before = _owned(run_dir)
+    traceback and leave the finished run's files (checkpoints, metrics, config, and Hydra's record of how it was
+    launched) as they were. Returns stderr."""
+    before = _owned(run_dir), _hydra_record(run_dir)
     result = run_here(
         ["train.py", *TINY_SHAPES, f"hydra.run.dir={into or run_dir}", "trainer.sample_every=0", *overrides]
     )
     assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
-    assert _owned(run_dir) == before
+    assert (_owned(run_dir), _hydra_record(run_dir)) == before
     return result.stderr
 
 
@@ -184,8 +185,12 @@ def test_cli_reports_a_type_error_naming_the_key():
 
 @pytest.mark.slow
 def test_a_mixture_weight_that_is_not_finite_is_refused(finished_run, tmp_path):
+    """Refused in a folder of the user's: Hydra's record of the launch is not left there."""
     mixture = "data.mixture=[{source:shapes,weight:inf},{source:shapes}]"
-    assert "`data.mixture[0].weight` is inf" in _refused(finished_run, mixture, into=tmp_path / "new")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's")
+    assert "`data.mixture[0].weight` is inf" in _refused(finished_run, mixture, into=tmp_path / "mine")
+    assert not (tmp_path / "mine" / ".hydra").exists() and (tmp_path / "mine" / "notes.txt").read_text() == "the user's"
 
 
 @pytest.mark.slow

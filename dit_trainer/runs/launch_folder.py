@@ -1,0 +1,112 @@
+"""A launch's run folder: checked before Hydra makes it or writes into it, and left as the launch found it when the
+start is refused. An unwritable or impossible path (a full or read-only disk, a file where a folder should be), links
+planted where the trainer writes, a folder another run is training in, or a start that would write over another
+run's record become one paragraph naming ``hydra.run.dir`` instead of a traceback from Hydra or a write outside the
+run folder (``RunFolderCheck``); after a refusal, a folder Hydra made for the start is removed again, and in a folder
+that was there Hydra's record of its run's launch is put back as it was (``discard_refused_start``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from dit_trainer.durable import write_atomically
+from dit_trainer.errors import EXIT_BAD_INPUT, ConfigError, exit_code
+from dit_trainer.runs.run_folder import STARTED, check_run_folder, check_writable_folder, refuse_links, unwritable
+from dit_trainer.runs.run_lock import RunFolderLock
+
+# Run folders (absolute) that did not exist when this process's launch checked them, each with the topmost of its
+# folders that did not exist either (``outputs/`` on a first run): what a refused start removes again.
+_made_by_this_launch: dict[Path, Path] = {}
+# Run folders (absolute) that existed when this process's launch checked them, with the folder of Hydra's record of
+# how their run was launched (``.hydra/``) and its files' contents before this launch wrote its own (None: there was
+# no such folder): what a refusal puts back.
+_records_before_this_launch: dict[Path, tuple[Path, dict[str, bytes] | None]] = {}
+
+
+class RunFolderCheck(Callback):
+    """Hydra callback (``hydra.callbacks`` in ``configs/train.yaml``) that runs before Hydra makes the run folder
+    and writes into it."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """Also refuses links where the trainer writes, a folder another run is training in (the main process
+        only: the others would find the main process's lock), and a start that would write over another run's
+        record (``check_run_folder``), before Hydra writes its files there."""
+        run_dir = Path(config.hydra.run.dir)
+        if not run_dir.exists():
+            top = run_dir.absolute()
+            while not top.parent.exists():
+                top = top.parent
+            _made_by_this_launch[run_dir.absolute()] = top
+        else:
+            _remember_record(run_dir, OmegaConf.select(config, "hydra.output_subdir"))
+        try:
+            check_writable_folder(run_dir, "hydra.run.dir")
+            refuse_links(run_dir)
+            if os.environ.get("RANK", "0") == "0":
+                with RunFolderLock(run_dir):
+                    pass
+            check_run_folder(run_dir, OmegaConf.select(config, "trainer.resume"))  # before Hydra's .hydra/ record
+        except OSError as error:  # where permissions do not tell (a root-squashed NFS share, /proc): making it failed
+            reason = f"the folder could not be made there ({error.strerror or error})"
+            print(f"error: {unwritable('hydra.run.dir', run_dir, reason)}", file=sys.stderr)
+            sys.exit(EXIT_BAD_INPUT)
+        except ConfigError as error:
+            print(f"error: {error}", file=sys.stderr)
+            sys.exit(exit_code(error))
+
+
+def discard_refused_start(run_dir: Path) -> None:
+    """Remove ``run_dir`` again after a start was refused, if this launch made it (``RunFolderCheck``) and no run
+    has started in it, with the empty folders made for it (``outputs/DATE``): a refused start leaves nothing behind.
+    A folder that existed before (a refused resume) is left as it was, Hydra's record of its launch included (the
+    main process puts back what this launch wrote over). So is the folder of a multi-process launch: it holds each
+    process's failure record, which the others and the job script read (``dit_trainer.runs.failures``)."""
+    record = _records_before_this_launch.pop(run_dir.absolute(), None)
+    if record is not None and os.environ.get("RANK", "0") == "0":
+        _put_back(*record)
+    top = _made_by_this_launch.pop(run_dir.absolute(), None)
+    if top is None or int(os.environ.get("WORLD_SIZE", "1")) > 1 or not run_dir.is_dir():
+        return
+    if any((run_dir / name).exists() for name in STARTED):
+        return
+    try:
+        with RunFolderLock(run_dir):  # a run that started there since (a pinned folder) holds it: leave it be
+            shutil.rmtree(run_dir)
+    except ConfigError:
+        return
+    for folder in run_dir.absolute().parents:
+        if not folder.is_relative_to(top):
+            break
+        try:
+            folder.rmdir()  # only if empty: another launch's folder may have appeared beside this one
+        except OSError:
+            break
+
+
+def _remember_record(run_dir: Path, subdir: str | None) -> None:
+    """Keep Hydra's record of the launch of the run in ``run_dir`` (in ``subdir``; None: Hydra writes none) as it
+    is before this launch writes its own, for a refusal to put back."""
+    record = run_dir / subdir if subdir else None
+    if record is not None and record.parent == run_dir:  # not the run folder itself (`hydra.output_subdir=.`)
+        files = {f.name: f.read_bytes() for f in record.iterdir() if f.is_file()} if record.is_dir() else None
+        _records_before_this_launch[run_dir.absolute()] = record, files
+
+
+def _put_back(record: Path, files: dict[str, bytes] | None) -> None:
+    """Hydra's record folder as it was: ``files`` by name (None: no folder)."""
+    if files is None:
+        shutil.rmtree(record, ignore_errors=True)
+        return
+    for path in record.iterdir() if record.is_dir() else []:
+        if path.is_file() and path.name not in files:
+            path.unlink()
+    for name, content in files.items():
+        write_atomically(record / name, lambda temporary, content=content: temporary.write_bytes(content))
