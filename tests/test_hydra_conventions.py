@@ -89,12 +89,12 @@ def test_a_refused_start_exits_2_in_one_paragraph_and_leaves_no_run_folder(tmp_p
 def test_a_refused_start_keeps_a_folder_it_did_not_make_or_one_a_run_started_in(tmp_path, monkeypatch):
     """... and Hydra's record of how that folder's run was launched, as it was before the refused launch."""
 
-    def start(run_dir):
+    def start(run_dir, resume=None):
         hydra = {"run": {"dir": str(run_dir)}, "output_subdir": ".hydra"}
-        RunFolderCheck().on_run_start(OmegaConf.create({"hydra": hydra}))
+        RunFolderCheck().on_run_start(OmegaConf.create({"hydra": hydra, "trainer": {"resume": resume}}))
         (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)  # what Hydra writes before the job runs
         for name in ("config.yaml", "overrides.yaml"):
-            (run_dir / ".hydra" / name).write_text("the refused launch's")
+            (run_dir / ".hydra" / name).write_text("the launch's")
         return run_dir
 
     existing = tmp_path / "existing"
@@ -105,6 +105,11 @@ def test_a_refused_start_keeps_a_folder_it_did_not_make_or_one_a_run_started_in(
     (existing / ".hydra" / "config.yaml").write_text("the run's")
     discard_refused_start(start(existing))
     assert [(f.name, f.read_text()) for f in (existing / ".hydra").iterdir()] == [("config.yaml", "the run's")]
+    (existing / "metrics.jsonl").write_text('{"step": 1}\n')
+    stopped = start(existing, resume="latest")
+    (existing / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')  # the launch trained, then stopped
+    discard_refused_start(stopped)
+    assert {f.read_text() for f in (existing / ".hydra").iterdir()} == {"the launch's"}  # its record stays
     started = start(tmp_path / "started")
     (started / "config.yaml").write_text("{}")
     discard_refused_start(started)

@@ -19,16 +19,24 @@ from omegaconf import DictConfig, OmegaConf
 
 from dit_trainer.durable import write_atomically
 from dit_trainer.errors import EXIT_BAD_INPUT, ConfigError, exit_code
-from dit_trainer.runs.run_folder import STARTED, check_run_folder, check_writable_folder, refuse_links, unwritable
+from dit_trainer.runs.run_folder import (
+    CHECKPOINTS,
+    METRICS,
+    STARTED,
+    check_run_folder,
+    check_writable_folder,
+    refuse_links,
+    unwritable,
+)
 from dit_trainer.runs.run_lock import RunFolderLock
 
 # Run folders (absolute) that did not exist when this process's launch checked them, each with the topmost of its
 # folders that did not exist either (``outputs/`` on a first run): what a refused start removes again.
 _made_by_this_launch: dict[Path, Path] = {}
 # Run folders (absolute) that existed when this process's launch checked them, with the folder of Hydra's record of
-# how their run was launched (``.hydra/``) and its files' contents before this launch wrote its own (None: there was
-# no such folder): what a refusal puts back.
-_records_before_this_launch: dict[Path, tuple[Path, dict[str, bytes] | None]] = {}
+# how their run was launched (``.hydra/``), its files' contents before this launch wrote its own (None: there was no
+# such folder) and what the run had trained (``_trained``): what a refusal puts back, unless this launch trained.
+_records_before_this_launch: dict[Path, tuple[Path, dict[str, bytes] | None, tuple]] = {}
 
 
 class RunFolderCheck(Callback):
@@ -69,9 +77,9 @@ def discard_refused_start(run_dir: Path) -> None:
     A folder that existed before (a refused resume) is left as it was, Hydra's record of its launch included (the
     main process puts back what this launch wrote over). So is the folder of a multi-process launch: it holds each
     process's failure record, which the others and the job script read (``dit_trainer.runs.failures``)."""
-    record = _records_before_this_launch.pop(run_dir.absolute(), None)
-    if record is not None and os.environ.get("RANK", "0") == "0":
-        _put_back(*record)
+    record, files, trained = _records_before_this_launch.pop(run_dir.absolute(), (None, None, None))
+    if record is not None and trained == _trained(run_dir) and os.environ.get("RANK", "0") == "0":
+        _put_back(record, files)
     top = _made_by_this_launch.pop(run_dir.absolute(), None)
     if top is None or int(os.environ.get("WORLD_SIZE", "1")) > 1 or not run_dir.is_dir():
         return
@@ -97,7 +105,16 @@ def _remember_record(run_dir: Path, subdir: str | None) -> None:
     record = run_dir / subdir if subdir else None
     if record is not None and record.parent == run_dir:  # not the run folder itself (`hydra.output_subdir=.`)
         files = {f.name: f.read_bytes() for f in record.iterdir() if f.is_file()} if record.is_dir() else None
-        _records_before_this_launch[run_dir.absolute()] = record, files
+        _records_before_this_launch[run_dir.absolute()] = record, files, _trained(run_dir)
+
+
+def _trained(run_dir: Path) -> tuple:
+    """What the run in ``run_dir`` has trained, as far as it lasts: its logged metrics and its checkpoints. A launch
+    stopped after adding to them (a second Ctrl-C, a data error at a later epoch) is one that ran."""
+    metrics = run_dir / METRICS
+    checkpoints = run_dir / CHECKPOINTS
+    logged = (metrics.stat().st_size, metrics.stat().st_mtime_ns) if metrics.is_file() else None
+    return logged, sorted(path.name for path in checkpoints.iterdir()) if checkpoints.is_dir() else []
 
 
 def _put_back(record: Path, files: dict[str, bytes] | None) -> None:
