@@ -30,13 +30,15 @@ from dit_trainer.runs.run_folder import (
 )
 from dit_trainer.runs.run_lock import RunFolderLock
 
+Trained = tuple[tuple[int, int] | None, list[str]]  # metrics.jsonl's size and time of change, the checkpoints' names
+
 # Run folders (absolute) that did not exist when this process's launch checked them, each with the topmost of its
 # folders that did not exist either (``outputs/`` on a first run): what a refused start removes again.
 _made_by_this_launch: dict[Path, Path] = {}
 # Run folders (absolute) that existed when this process's launch checked them, with the folder of Hydra's record of
 # how their run was launched (``.hydra/``), its files' contents before this launch wrote its own (None: there was no
 # such folder) and what the run had trained (``_trained``): what a refusal puts back, unless this launch trained.
-_records_before_this_launch: dict[Path, tuple[Path, dict[str, bytes] | None, tuple]] = {}
+_records_before_this_launch: dict[Path, tuple[Path, dict[str, bytes] | None, Trained]] = {}
 
 
 class RunFolderCheck(Callback):
@@ -108,7 +110,7 @@ def _remember_record(run_dir: Path, subdir: str | None) -> None:
         _records_before_this_launch[run_dir.absolute()] = record, files, _trained(run_dir)
 
 
-def _trained(run_dir: Path) -> tuple:
+def _trained(run_dir: Path) -> Trained:
     """What the run in ``run_dir`` has trained, as far as it lasts: its logged metrics and its checkpoints. A launch
     stopped after adding to them (a second Ctrl-C, a data error at a later epoch) is one that ran."""
     metrics = run_dir / METRICS
