@@ -113,9 +113,9 @@ def _remember_record(run_dir: Path, subdir: str | None) -> None:
 def _trained(run_dir: Path) -> Trained:
     """What the run in ``run_dir`` has trained, as far as it lasts: its logged metrics and its checkpoints. A launch
     stopped after adding to them (a second Ctrl-C, a data error at a later epoch) is one that ran."""
-    metrics = run_dir / METRICS
-    checkpoints = run_dir / CHECKPOINTS
-    logged = (metrics.stat().st_size, metrics.stat().st_mtime_ns) if metrics.is_file() else None
+    metrics, checkpoints = run_dir / METRICS, run_dir / CHECKPOINTS
+    stat = metrics.stat() if metrics.is_file() else None
+    logged = (stat.st_size, stat.st_mtime_ns) if stat else None
     return logged, sorted(path.name for path in checkpoints.iterdir()) if checkpoints.is_dir() else []
 
 
