@@ -265,7 +265,7 @@ def build_training_loader(
 def build_trainer(cfg: TrainConfig, run_dir: str | Path) -> Trainer:
     """Every component of a run with a validated ``cfg`` (``run_config.to_train_config``) built, prepared by
     accelerate and handed to a ``Trainer`` (resumed if configured). The main process holds the run folder's lock
-    until ``fit`` returns."""
+    until ``fit`` returns or the trainer is closed (``Trainer.close``, or ``with build_trainer(...) as trainer:``)."""
     run_dir = Path(run_dir)
     accelerator, lock = start_run(cfg, run_dir)
     try:

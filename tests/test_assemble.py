@@ -45,12 +45,9 @@ def test_the_grpo_kl_reference_is_where_the_trained_model_is(tmp_path, prepare_m
     build_tiny_transformer(**SHAPES_TRANSFORMER).transformer.save_pretrained(tmp_path / "base")
     cfg = compose_config(["+experiment=shapes_grpo", f"model.pretrained={tmp_path / 'base'}", GRPO_PROMPTS,
                           "grpo.prompt_file=null", "grpo.beta=0.1", "monitor.reward.enabled=false"])  # fmt: skip
-    trainer = build_trainer(cfg, tmp_path / "run")
-    try:
+    with build_trainer(cfg, tmp_path / "run") as trainer:
         assert devices(trainer.dit) == {"meta"}
         assert devices(trainer.step.reference.model) == {"meta"}
-    finally:
-        trainer.run_lock.release()
 
 
 def test_the_collective_timeout_outlasts_a_long_monitor(tmp_path):

@@ -98,11 +98,12 @@ class Trainer:
         self.step = step
         self.ema = ema
         self.monitors = monitors or []
-        self.run_lock = run_lock  # released when ``fit`` ends, however it ends
+        self.run_lock = run_lock  # released when ``fit`` ends, however it ends, or by ``close``
         self.trackers = trackers  # the monitors' images and the checkpoints' weights go there too
         self.metrics = MetricsFile(run_dir / METRICS)
         self._start_step, self._started, self.monitor_seconds = 0, time.perf_counter(), 0.0
         self.stop_reason: str | None = None  # why a monitor stopped the run before max_steps
+        self._trackers_ended = False
 
     def resume(self, spec: str | None) -> None:
         """Continue from ``spec`` (``latest`` or a path) if set; metrics logged after that step (by an interrupted
@@ -239,7 +240,8 @@ class Trainer:
             logger.warning(f"Stopped at step {self.state.step}: {self.stop_reason}", main_process_only=True)
 
     def fit(self) -> TrainResult:
-        """Train to ``max_steps`` (or a stop signal); ``summary.json`` is written however it ends."""
+        """Train to ``max_steps`` (or a stop signal); ``summary.json`` is written however it ends, and the run folder
+        is given back."""
         try:
             return self._fit()
         except BaseException as error:
@@ -248,6 +250,28 @@ class Trainer:
         finally:
             if self.run_lock is not None:
                 self.run_lock.release()
+
+    def close(self) -> None:
+        """Give back what building the trainer took: the run folder's lock (with its heartbeat thread) and the
+        trackers' run (W&B's, TensorBoard's writer). A trainer built from Python and dropped without ``fit`` (to
+        inspect its parts, or after an error of the caller's) would otherwise keep the folder locked until the
+        process exits. ``fit`` gives them back itself; closing again does nothing. ``with build_trainer(...) as
+        trainer:`` closes on leaving the block."""
+        self._end_trackers()
+        if self.run_lock is not None:
+            self.run_lock.release()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _end_trackers(self) -> None:
+        """accelerate's end of training (the trackers finished, the process group destroyed), once."""
+        if not self._trackers_ended:
+            self._trackers_ended = True
+            self.accelerator.end_training()
 
     def _fit(self) -> TrainResult:
         settings = self.settings
@@ -321,7 +345,7 @@ class Trainer:
             stopped_by_signal if preempted else "stopped early" if self.stop_reason else "completed", seconds
         )
         self.accelerator.wait_for_everyone()  # every rank done before the process group goes away
-        self.accelerator.end_training()
+        self._end_trackers()
         return TrainResult(self.state.step, loss, seconds, self.run_dir, self.monitor_seconds, preempted, interrupted)
 
     def _summarize(self, status: str, seconds: float) -> None:

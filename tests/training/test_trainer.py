@@ -1,14 +1,16 @@
 """The training loop (``training/trainer.py``): a step's optimizer update sees the gradients clipped to
 ``optim.max_grad_norm`` by the trainer's own update path, the gradient check before the first step runs on a few
-rows, and a dropped trainer leaves nothing alive."""
+rows, a dropped trainer leaves nothing alive, and a closed one gives its run folder back."""
 
 import gc
 import os
 import signal
+import threading
 import weakref
 
 import pytest
 import torch
+import wandb
 
 from dit_trainer.assemble import build_trainer
 from dit_trainer.errors import ConfigError
@@ -56,6 +58,25 @@ def test_a_dropped_trainer_frees_its_model_after_the_gradient_check(tmp_path):
     del trainer
     gc.collect()
     assert model() is None
+
+
+def test_a_closed_trainer_gives_its_run_folder_and_its_tracker_back(tmp_path, monkeypatch):
+    """A trainer built from Python and never fitted held its folder's lock (and the lock's heartbeat thread) and its
+    W&B run until the process exited: a second build into the folder was refused as a live run's."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    cfg, running = compose_config([*TINY_SHAPES, "logger=wandb"]), set(threading.enumerate())
+    with build_trainer(cfg, tmp_path) as trainer:
+        assert (tmp_path / ".lock").exists() and wandb.run is not None
+        heartbeats = [thread for thread in set(threading.enumerate()) - running if thread.name == "run-folder-lock"]
+        assert len(heartbeats) == 1
+    assert not (tmp_path / ".lock").exists() and wandb.run is None
+    for heartbeat in heartbeats:
+        heartbeat.join(timeout=5)
+    assert not any(heartbeat.is_alive() for heartbeat in heartbeats)
+    trainer.close()  # again: nothing left to give back
+    again = build_trainer(compose_config(TINY_SHAPES), tmp_path)  # the folder is free
+    again.close()
+    assert not (tmp_path / ".lock").exists()
 
 
 def test_the_gradient_check_runs_on_a_few_rows_and_the_step_on_the_whole_batch(tmp_path):
