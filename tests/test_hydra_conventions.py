@@ -58,6 +58,7 @@ def test_field_descriptions_are_the_comments_beside_each_field_and_its_rule():
      (["trainer.gradient_checkpointing=maybe"], "but it must be true or false"),
      (["trainer.sample_prompts=abc"], "but it must be a list"),
      (["reward.weights.clip_score=high"], "but it must be a number"),
+     (["monitor.reward.guidance_scale=abc"], "or null. To fix it, set e.g. `monitor.reward.guidance_scale=3.0`"),
      (["-m", "optim.lr=1e-4,abc"], "`optim.lr` is 'abc'")],
 )  # fmt: skip
 def test_a_value_of_the_wrong_type_is_one_paragraph_before_hydra(argv, words):

@@ -21,6 +21,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
 
+from dit_trainer.config.fields import CHECK, Check
 from dit_trainer.config.schema import TrainConfig
 from dit_trainer.errors import ConfigError
 
@@ -63,17 +64,19 @@ def _indexes_a_list(key: str) -> bool:
     return any(part.isdigit() for part in key.split("."))
 
 
-def _field(key: str, schema: type = TrainConfig) -> tuple[Any, Any]:
-    """The type and the default of the ``schema`` field ``key`` (below a dict field: the dict's value type, no
-    default)."""
+def _field(key: str, schema: type = TrainConfig) -> tuple[Any, Any, Check | None]:
+    """The type, the default and the check of the ``schema`` field ``key`` (below a dict field: the dict's value
+    type, no default, no check)."""
     node: Any = schema()
     hint: Any = schema
+    check = None
     for part in key.split("."):
         if dataclasses.is_dataclass(node):
-            hint, node = typing.get_type_hints(type(node))[part], getattr(node, part)
+            spec = next(spec for spec in dataclasses.fields(node) if spec.name == part)
+            hint, node, check = typing.get_type_hints(type(node))[part], getattr(node, part), spec.metadata.get(CHECK)
         else:
-            hint, node = (typing.get_args(hint) or (Any, Any))[-1], None
-    return hint, node
+            hint, node, check = (typing.get_args(hint) or (Any, Any))[-1], None, None
+    return hint, node, check
 
 
 def _kind(hint: Any) -> tuple[str, str, bool]:
@@ -113,13 +116,16 @@ def refused_value(
     fields_shown: str = "`python train.py --help`",
 ) -> ConfigError:
     """The one paragraph for a ``value`` that OmegaConf could not convert to the type of the ``schema`` field
-    ``key``: what the field takes and an example (its default where it has one; else where ``fields_shown``)."""
-    hint, default = _field(key, schema)
+    ``key``: what the field takes and an example: its default where it has one, else its check's fix (a value the
+    field is meant to take, not any value of its type: a guidance scale of 3, not 0.5), else where ``fields_shown``."""
+    hint, default, check = _field(key, schema)
     words, example, plain = _kind(hint)
     reason = str(error).partition("\n")[0].rstrip(".")
+    accepted = f"it must be {words}" + ("" if plain else f" ({reason})") if words else reason
     if isinstance(default, bool | int | float):
         example = str(default).lower() if isinstance(default, bool) else repr(default)
-    accepted = f"it must be {words}" + ("" if plain else f" ({reason})") if words else reason
+    elif check is not None and check.fix:
+        return ConfigError(key, value, accepted, check.fix.format(key=key))
     fix = f"set e.g. `{key}={example}`" if example else f"see its fields in {fields_shown}"
     return ConfigError(key, value, accepted, fix)
 

@@ -65,7 +65,7 @@ class RewardMonitorConfig:
     )
     seed: int = 0  # image j of every prompt uses seed + j, so groups are comparable across prompts and runs
     sample_steps: int | None = at_least(1, None, note="or null for diffusion.sample_steps")
-    guidance_scale: float | None = at_least(0, None, note="or null for diffusion.guidance_scale")
+    guidance_scale: float | None = at_least(0, None, "set e.g. `{key}=3.0`", "or null for diffusion.guidance_scale")
     batch_size: int = at_least(1, 32)  # images sampled at once
     # advantages are (r - mean) / (std + eps)
     eps: float = positive(1e-4, note="it keeps advantages finite for zero-std groups")

@@ -24,7 +24,7 @@ class RolloutConfig:
     prompt_sampling: str = one_of(PROMPT_SAMPLING, "uniform")
     group_size: int = at_least(2, 16, note="advantages compare images of one prompt")  # G: images per prompt
     sample_steps: int = at_least(2, 10)  # steps of the rollout sampler
-    guidance_scale: float | None = at_least(0, None, note="or null for diffusion.guidance_scale")
+    guidance_scale: float | None = at_least(0, None, "set e.g. `{key}=3.0`", "or null for diffusion.guidance_scale")
     rollout_batch_size: int = at_least(1, 64)  # images sampled at once
     adv_clip_max: float = positive(5.0)  # advantages are clamped to +- this
     advantage_std: str = one_of(("group", "global"), "group")  # divide by each group's std or by all rewards'

@@ -36,7 +36,7 @@ class SamplingArgs(RunCheckpointArgs):
     images_per_prompt: int = at_least(1, 4)
     seed: int = 0
     steps: int | None = at_least(1, None)  # default: the run's diffusion.sample_steps
-    guidance_scale: float | None = at_least(0, None)  # default: the run's diffusion.guidance_scale
+    guidance_scale: float | None = at_least(0, None, "set e.g. `{key}=3.0`, or leave it out for the run's own")
     batch_size: int = at_least(1, 32)
     # The image size in pixels (e.g. a bucket the run trained on); null: the run's data.resolution
     height: int | None = at_least(1, None)

@@ -32,6 +32,9 @@ def test_a_bad_script_argument_is_one_paragraph_and_exit_2(argv, named, capsys):
     ("argv", "paragraph"),
     [(["runs/a", "out_dir=o", "steps=abc"],
       "`steps` is 'abc', but it must be a whole number or null. To fix it, set e.g. `steps=1`."),
+     (["runs/a", "out_dir=o", "guidance_scale=abc"],  # a scale the field takes, not 0.5 (any number's example)
+      "`guidance_scale` is 'abc', but it must be a number or null. To fix it, set e.g. `guidance_scale=3.0`, or leave "
+      "it out for the run's own."),
      (["runs/a", "outdir=o"], "`outdir` is 'o', but it is not an argument of this command (the closest: `out_dir`"),
      (["runs/a", "out_dir=o", "batch_size=0"], "`batch_size` is 0, but it must be >= 1. To fix it, set e.g."),
      (["runs/a", "out_dir=o", "prompts=[a red circle, a blue square"],
