@@ -9,6 +9,7 @@ from dit_trainer.components.conditioners.class_labels import ClassLabels
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.sources.shapes import ShapesDataset
 from dit_trainer.diffusion.loss import batch_condition, diffusion_loss, per_sample_mse
+from dit_trainer.pixels import to_model_range
 from dit_trainer.training.optim import build_optimizer
 
 from ..conftest import TINY_SHAPES, components_of, compose_config, tiny_loss
@@ -81,6 +82,10 @@ def test_each_objective_and_density_trains(overrides):
     optimizer = build_optimizer(cfg.optim, parts.dit)
     data = ShapesDataset(64, 32, seed=1)
     batch = collate_batch([data[i] for i in range(16)])
+    with torch.no_grad():  # encoded once, as the latent cache stores them: the steps then run the DiT alone
+        mean, std = parts.vae.encode_posterior(to_model_range(batch["image"]))
+        text = parts.text_encoder.encode(batch["caption"]).stored("text_")
+    batch = {"caption": batch["caption"], "latent_mean": mean, "latent_std": std, **text}
     generator = torch.Generator().manual_seed(0)
     losses = []
     for _ in range(30):
