@@ -32,6 +32,7 @@ from dit_trainer.runs.process_exit import exit_without_finalizing
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 INFO_FLAGS = {"--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "-sc", "--shell-completion"}
+RECORD_KEY = "hydra.output_subdir"  # where Hydra writes its record of the launch; null: nowhere
 register_configs()
 
 
@@ -100,8 +101,17 @@ def command_line(argv: list[str]) -> list[str]:
     return continuation.argv
 
 
+def record_on_the_main_process(overrides: list[str]) -> list[str]:
+    """``overrides`` for this process: all but the main one write no Hydra record of the launch (``.hydra/``), whose
+    copies would race the main process's, and its putting the record back after a refused start (``launch_folder``)."""
+    if os.environ.get("RANK", "0") == "0":
+        return overrides
+    kept = [item for item in overrides if item.lstrip("+~").partition("=")[0] != RECORD_KEY]
+    return [*kept, f"{RECORD_KEY}=null"]
+
+
 if __name__ == "__main__":
-    sys.argv[1:] = command_line(sys.argv[1:])
+    sys.argv[1:] = record_on_the_main_process(command_line(sys.argv[1:]))
     if not is_multi_process():
         main()
     else:  # everything is written once main returns: no interpreter teardown may hang the launch

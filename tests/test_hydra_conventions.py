@@ -6,6 +6,7 @@ folder behind."""
 from __future__ import annotations
 
 import re
+import runpy
 import subprocess
 import sys
 
@@ -104,13 +105,18 @@ def test_a_refused_start_keeps_a_folder_it_did_not_make_or_one_a_run_started_in(
     assert sorted(existing.iterdir()) == []  # no record of a launch that never ran
     (existing / ".hydra").mkdir()
     (existing / ".hydra" / "config.yaml").write_text("the run's")
+    (existing / ".hydra" / "notes.txt").write_text("the user's")  # not Hydra's: neither read nor touched
     discard_refused_start(start(existing))
-    assert [(f.name, f.read_text()) for f in (existing / ".hydra").iterdir()] == [("config.yaml", "the run's")]
+    record = {f.name: f.read_text() for f in (existing / ".hydra").iterdir()}
+    assert record == {"config.yaml": "the run's", "notes.txt": "the user's"}
+    # The folder as Hydra makes it (os.path.abspath, which Path.absolute is not): the record is found again.
+    discard_refused_start(start(tmp_path / "elsewhere" / ".." / "existing"))
+    assert {f.name: f.read_text() for f in (existing / ".hydra").iterdir()} == record
     (existing / "metrics.jsonl").write_text('{"step": 1}\n')
     stopped = start(existing, resume="latest")
     (existing / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')  # the launch trained, then stopped
     discard_refused_start(stopped)
-    assert {f.read_text() for f in (existing / ".hydra").iterdir()} == {"the launch's"}  # its record stays
+    assert {f.read_text() for f in (existing / ".hydra").iterdir()} == {"the launch's", "the user's"}  # it stays
     started = start(tmp_path / "started")
     (started / "config.yaml").write_text("{}")
     discard_refused_start(started)
@@ -121,6 +127,17 @@ def test_a_refused_start_keeps_a_folder_it_did_not_make_or_one_a_run_started_in(
     monkeypatch.delenv("WORLD_SIZE")
     discard_refused_start(start(tmp_path / "outputs" / "day" / "time"))
     assert not (tmp_path / "outputs").exists()
+
+
+def test_only_the_main_process_writes_hydras_record_of_the_launch(monkeypatch):
+    """Each process of a launch runs Hydra: the others' records raced the main process's, and its putting the record
+    back after a refused start."""
+    record_on_the_main_process = runpy.run_path(str(REPO / "train.py"))["record_on_the_main_process"]
+    given = ["trainer.max_steps=5", "hydra.output_subdir=record"]
+    monkeypatch.setenv("RANK", "0")
+    assert record_on_the_main_process(given) == given
+    monkeypatch.setenv("RANK", "1")
+    assert record_on_the_main_process(given) == ["trainer.max_steps=5", "hydra.output_subdir=null"]
 
 
 def test_a_run_folder_that_cannot_be_made_where_permissions_allow_it_is_one_paragraph_and_exit_2(

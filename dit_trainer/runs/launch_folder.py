@@ -31,14 +31,16 @@ from dit_trainer.runs.run_folder import (
 from dit_trainer.runs.run_lock import RunFolderLock
 
 Trained = tuple[tuple[int, int] | None, list[str]]  # metrics.jsonl's size and time of change, the checkpoints' names
+HYDRA_RECORD = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes into `hydra.output_subdir`
 
 # Run folders (absolute) that did not exist when this process's launch checked them, each with the topmost of its
 # folders that did not exist either (``outputs/`` on a first run): what a refused start removes again.
 _made_by_this_launch: dict[Path, Path] = {}
 # Run folders (absolute) that existed when this process's launch checked them, with the folder of Hydra's record of
 # how their run was launched (``.hydra/``), its files' contents before this launch wrote its own (None: there was no
-# such folder) and what the run had trained (``_trained``): what a refusal puts back, unless this launch trained.
-_records_before_this_launch: dict[Path, tuple[Path, dict[str, bytes] | None, Trained]] = {}
+# such folder; a file's None: no such file) and what the run had trained (``_trained``): what a refusal puts back,
+# unless this launch trained.
+_records_before_this_launch: dict[Path, tuple[Path, dict[str, bytes | None] | None, Trained]] = {}
 
 
 class RunFolderCheck(Callback):
@@ -49,14 +51,15 @@ class RunFolderCheck(Callback):
         """Also refuses links where the trainer writes, a folder another run is training in (the main process
         only: the others would find the main process's lock), and a start that would write over another run's
         record (``check_run_folder``), before Hydra writes its files there."""
-        run_dir = Path(config.hydra.run.dir)
-        if not run_dir.exists():
-            top = run_dir.absolute()
+        # As Hydra makes it: `runs/x/../a` is `runs/a`, whether or not `runs/x` exists (the kernel would say that
+        # `runs/x/../a` does not exist when `runs/x` does not, and a refusal would remove `runs/a` as made by it).
+        run_dir = Path(os.path.normpath(config.hydra.run.dir))
+        existed = run_dir.exists()
+        if not existed:
+            top = absolute(run_dir)
             while not top.parent.exists():
                 top = top.parent
-            _made_by_this_launch[run_dir.absolute()] = top
-        else:
-            _remember_record(run_dir, OmegaConf.select(config, "hydra.output_subdir"))
+            _made_by_this_launch[absolute(run_dir)] = top
         try:
             check_writable_folder(run_dir, "hydra.run.dir")
             refuse_links(run_dir)
@@ -64,6 +67,8 @@ class RunFolderCheck(Callback):
                 with RunFolderLock(run_dir):
                     pass
             check_run_folder(run_dir, OmegaConf.select(config, "trainer.resume"))  # before Hydra's .hydra/ record
+            if existed:  # read once the folder is known to hold no links
+                _remember_record(run_dir, OmegaConf.select(config, "hydra.output_subdir"))
         except OSError as error:  # where permissions do not tell (a root-squashed NFS share, /proc): making it failed
             reason = f"the folder could not be made there ({error.strerror or error})"
             print(f"error: {unwritable('hydra.run.dir', run_dir, reason)}", file=sys.stderr)
@@ -78,11 +83,12 @@ def discard_refused_start(run_dir: Path) -> None:
     has started in it, with the empty folders made for it (``outputs/DATE``): a refused start leaves nothing behind.
     A folder that existed before (a refused resume) is left as it was, Hydra's record of its launch included (the
     main process puts back what this launch wrote over). So is the folder of a multi-process launch: it holds each
-    process's failure record, which the others and the job script read (``dit_trainer.runs.failures``)."""
-    record, files, trained = _records_before_this_launch.pop(run_dir.absolute(), (None, None, None))
+    process's failure record, which the others and the job script read (``dit_trainer.runs.failures``). Unless
+    the launch trained before it stopped (a second Ctrl-C, a data error at a later epoch): then its record stays."""
+    record, files, trained = _records_before_this_launch.pop(absolute(run_dir), (None, None, None))
     if record is not None and trained == _trained(run_dir) and os.environ.get("RANK", "0") == "0":
         _put_back(record, files)
-    top = _made_by_this_launch.pop(run_dir.absolute(), None)
+    top = _made_by_this_launch.pop(absolute(run_dir), None)
     if top is None or int(os.environ.get("WORLD_SIZE", "1")) > 1 or not run_dir.is_dir():
         return
     if any((run_dir / name).exists() for name in STARTED):
@@ -92,7 +98,7 @@ def discard_refused_start(run_dir: Path) -> None:
             shutil.rmtree(run_dir)
     except ConfigError:
         return
-    for folder in run_dir.absolute().parents:
+    for folder in absolute(run_dir).parents:
         if not folder.is_relative_to(top):
             break
         try:
@@ -101,13 +107,28 @@ def discard_refused_start(run_dir: Path) -> None:
             break
 
 
+def absolute(run_dir: Path) -> Path:
+    """``run_dir`` as Hydra makes it (``os.path.abspath``: ``runs/x/../a`` is ``runs/a``), the key of the records
+    above."""
+    return Path(os.path.abspath(run_dir))
+
+
 def _remember_record(run_dir: Path, subdir: str | None) -> None:
-    """Keep Hydra's record of the launch of the run in ``run_dir`` (in ``subdir``; None: Hydra writes none) as it
-    is before this launch writes its own, for a refusal to put back."""
+    """Keep Hydra's record of the launch of the run in ``run_dir`` (its ``HYDRA_RECORD`` files in ``subdir``; None:
+    Hydra writes none) as it is before this launch writes its own, for a refusal to put back. A record this process
+    cannot read is left as it is."""
     record = run_dir / subdir if subdir else None
-    if record is not None and record.parent == run_dir:  # not the run folder itself (`hydra.output_subdir=.`)
-        files = {f.name: f.read_bytes() for f in record.iterdir() if f.is_file()} if record.is_dir() else None
-        _records_before_this_launch[run_dir.absolute()] = record, files, _trained(run_dir)
+    if record is None or record.parent != run_dir:  # none, or the run folder itself (`hydra.output_subdir=.`)
+        return
+    try:
+        files = {name: _read(record / name) for name in HYDRA_RECORD} if record.is_dir() else None
+    except OSError:
+        return
+    _records_before_this_launch[absolute(run_dir)] = record, files, _trained(run_dir)
+
+
+def _read(path: Path) -> bytes | None:
+    return path.read_bytes() if path.is_file() else None
 
 
 def _trained(run_dir: Path) -> Trained:
@@ -119,13 +140,13 @@ def _trained(run_dir: Path) -> Trained:
     return logged, sorted(path.name for path in checkpoints.iterdir()) if checkpoints.is_dir() else []
 
 
-def _put_back(record: Path, files: dict[str, bytes] | None) -> None:
-    """Hydra's record folder as it was: ``files`` by name (None: no folder)."""
+def _put_back(record: Path, files: dict[str, bytes | None] | None) -> None:
+    """Hydra's record folder as it was: ``files`` by name (None: no folder; a file's None: no such file)."""
     if files is None:
         shutil.rmtree(record, ignore_errors=True)
         return
-    for path in record.iterdir() if record.is_dir() else []:
-        if path.is_file() and path.name not in files:
-            path.unlink()
     for name, content in files.items():
-        write_atomically(record / name, lambda temporary, content=content: temporary.write_bytes(content))
+        if content is None:
+            (record / name).unlink(missing_ok=True)
+        else:
+            write_atomically(record / name, lambda temporary, content=content: temporary.write_bytes(content))

@@ -103,7 +103,7 @@ class Trainer:
         self.metrics = MetricsFile(run_dir / METRICS)
         self._start_step, self._started, self.monitor_seconds = 0, time.perf_counter(), 0.0
         self.stop_reason: str | None = None  # why a monitor stopped the run before max_steps
-        self._trackers_ended = False
+        self._trackers_finished = False
 
     def resume(self, spec: str | None) -> None:
         """Continue from ``spec`` (``latest`` or a path) if set; metrics logged after that step (by an interrupted
@@ -252,14 +252,18 @@ class Trainer:
                 self.run_lock.release()
 
     def close(self) -> None:
-        """Give back what building the trainer took: the run folder's lock (with its heartbeat thread) and the
-        trackers' run (W&B's, TensorBoard's writer). A trainer built from Python and dropped without ``fit`` (to
+        """Give back what building the trainer took: the trackers' run (W&B's, TensorBoard's writer) and the run
+        folder's lock (with its heartbeat thread). A trainer built from Python and dropped without ``fit`` (to
         inspect its parts, or after an error of the caller's) would otherwise keep the folder locked until the
-        process exits. ``fit`` gives them back itself; closing again does nothing. ``with build_trainer(...) as
+        process exits. ``fit`` gives the lock back however it ends, and the trackers when it completes (after an
+        error they are left for ``close``, or for the process's exit, which records it). Closing again does
+        nothing; the process group stays, for the trainers built after this one. ``with build_trainer(...) as
         trainer:`` closes on leaving the block."""
-        self._end_trackers()
-        if self.run_lock is not None:
-            self.run_lock.release()
+        try:
+            self._finish_trackers()
+        finally:
+            if self.run_lock is not None:
+                self.run_lock.release()
 
     def __enter__(self) -> Trainer:
         return self
@@ -267,11 +271,11 @@ class Trainer:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _end_trackers(self) -> None:
-        """accelerate's end of training (the trackers finished, the process group destroyed), once."""
-        if not self._trackers_ended:
-            self._trackers_ended = True
-            self.accelerator.end_training()
+    def _finish_trackers(self) -> None:
+        if not self._trackers_finished:
+            self._trackers_finished = True
+            for tracker in self.accelerator.trackers:
+                tracker.finish()
 
     def _fit(self) -> TrainResult:
         settings = self.settings
@@ -345,7 +349,8 @@ class Trainer:
             stopped_by_signal if preempted else "stopped early" if self.stop_reason else "completed", seconds
         )
         self.accelerator.wait_for_everyone()  # every rank done before the process group goes away
-        self._end_trackers()
+        self._trackers_finished = True
+        self.accelerator.end_training()  # the trackers finished, the process group destroyed
         return TrainResult(self.state.step, loss, seconds, self.run_dir, self.monitor_seconds, preempted, interrupted)
 
     def _summarize(self, status: str, seconds: float) -> None:

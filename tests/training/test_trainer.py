@@ -74,9 +74,16 @@ def test_a_closed_trainer_gives_its_run_folder_and_its_tracker_back(tmp_path, mo
         heartbeat.join(timeout=5)
     assert not any(heartbeat.is_alive() for heartbeat in heartbeats)
     trainer.close()  # again: nothing left to give back
-    again = build_trainer(compose_config(TINY_SHAPES), tmp_path)  # the folder is free
-    again.close()
+    again = build_trainer(cfg, tmp_path)  # the folder is free
+
+    def full_disk() -> None:
+        raise OSError(28, "No space left on device")
+
+    again.accelerator.trackers[0].finish = full_disk  # a tracker that cannot finish: the folder is given back still
+    with pytest.raises(OSError, match="No space left"):
+        again.close()
     assert not (tmp_path / ".lock").exists()
+    wandb.finish()
 
 
 def test_the_gradient_check_runs_on_a_few_rows_and_the_step_on_the_whole_batch(tmp_path):
