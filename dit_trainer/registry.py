@@ -52,11 +52,15 @@ def import_object(path: str, key: str) -> object:
 
 
 class Registry(Generic[T]):
-    """``name -> "module:ATTRIBUTE"`` for the config key ``key``, resolved (and imported) on first use."""
+    """``name -> "module:ATTRIBUTE"`` for the config key ``key``, resolved (and imported) on first use. ``kind``
+    (``module:CLASS``, imported only to check a user's entry) is the class every entry is an instance of: a user's
+    ``package.module:ATTRIBUTE`` that is something else (a bare reward function, a method's class) is refused with
+    the config, not found in a traceback where the trainer first uses it."""
 
-    def __init__(self, key: str, entries: Mapping[str, str]) -> None:
+    def __init__(self, key: str, entries: Mapping[str, str], kind: str | None = None) -> None:
         self.key = key
         self.entries = dict(entries)
+        self.kind = kind
         self._resolved: dict[str, T] = {}
 
     def __iter__(self):
@@ -80,5 +84,23 @@ class Registry(Generic[T]):
         """The implementation ``name`` stands for, imported now if it was not yet."""
         self.check(name, key)
         if name not in self._resolved:
-            self._resolved[name] = import_object(self.entries.get(name, name), key or self.key)  # type: ignore[assignment]
+            found = import_object(self.entries.get(name, name), key or self.key)
+            if name not in self.entries:
+                self._check_kind(found, name, key or self.key)
+            self._resolved[name] = found  # type: ignore[assignment]
         return self._resolved[name]
+
+    def _check_kind(self, found: object, name: str, key: str) -> None:
+        if self.kind is None:
+            return
+        expected = import_object(self.kind, key)
+        if not isinstance(found, expected):  # type: ignore[arg-type]
+            what = f"the class {found.__name__}" if isinstance(found, type) else f"a {type(found).__name__}"
+            example = next(iter(self.entries.values()))
+            raise ConfigError(
+                key,
+                name,
+                f"it is {what}, and `{key}` takes an instance of `{self.kind.replace(':', '.')}`, which tells the "
+                "trainer how to build and use it",
+                f"point it at one, made in your module as the package's own are (e.g. `{example}`)",
+            )

@@ -51,3 +51,27 @@ def test_a_source_of_ones_own_is_named_by_its_import_path(tmp_path):
         compose_config(["+experiment=shapes", "data.source=tests.test_registry:TINY_SOURCE"])
     cfg = compose_config(["+experiment=shapes", "data.source=tests.test_registry:TINY_SOURCE", f"data.path={tmp_path}"])
     assert len(build_dataset(cfg.data)) == 4 and [str(tmp_path)] == BUILT
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "found", "kind"),
+    [("trainer.method=tests.plugins.toy_method:ToyMethod", "trainer.method", "the class ToyMethod",
+      "dit_trainer.methods.base.Method"),
+     ("model.family=tests.test_registry:TINY_SOURCE", "model.family", "a Source",
+      "dit_trainer.components.families.base.Family")],
+)  # fmt: skip
+def test_an_entry_of_ones_own_of_another_kind_is_refused_naming_the_kind_it_must_be(override, key, found, kind):
+    """A method's class instead of its instance, a source where a family belongs, a bare reward function: the
+    trainer failed with a traceback where it first used the entry (``'function' object has no attribute
+    'models'``), exit 1, after Hydra had made the run folder."""
+    with pytest.raises(ConfigError) as caught:
+        compose_config(["+experiment=shapes", override])
+    message = str(caught.value)
+    assert f"`{key}` is '{override.partition('=')[2]}', but it is {found}" in message and f"`{kind}`" in message
+
+
+def test_a_bare_reward_function_is_refused_as_a_gold_reward():
+    from dit_trainer.rewards import REWARDS
+
+    with pytest.raises(ConfigError, match=r"but it is a function, and `nft.gold_reward` takes an instance of `dit_"):
+        REWARDS.get("tests.plugins.toy_rewards:image_detail", "nft.gold_reward")

@@ -18,6 +18,7 @@ VAE_KINDS = Registry(
         "flux2": "dit_trainer.components.vae:FLUX2",
         "pixel": "dit_trainer.components.vae:PIXEL",
     },
+    kind="dit_trainer.components.kinds:VAEKind",
 )
 # auto reads the checkpoint's model type; T5 and CLIP checkpoints hold more than their text encoder, so t5 and clip
 # load their encoder-only classes; class_labels conditions a class-conditional family on class ids; sd3, flux, sana,
@@ -38,4 +39,5 @@ CONDITIONER_KINDS = Registry(
         "flux2": "dit_trainer.components.conditioners.flux2:FLUX2_ENCODER",
         "wan": "dit_trainer.components.conditioners.wan:WAN_ENCODER",
     },
+    kind="dit_trainer.components.kinds:ConditionerKind",
 )

@@ -22,6 +22,7 @@ SOURCES = Registry(
         "hf": "dit_trainer.data.sources.hf:SOURCE",
         "webdataset": "dit_trainer.data.sources.webdataset:SOURCE",
     },
+    kind="dit_trainer.data.sources.source:Source",
 )
 
 

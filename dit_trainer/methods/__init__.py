@@ -24,6 +24,7 @@ METHODS: Registry[Method] = Registry(
         "grpo": "dit_trainer.grpo.method:GRPO",
         "nft": "dit_trainer.nft.method:NFT",
     },
+    kind="dit_trainer.methods.base:Method",
 )
 
 

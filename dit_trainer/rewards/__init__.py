@@ -22,4 +22,5 @@ REWARDS = Registry(
         "jpeg_compressibility": "dit_trainer.rewards.jpeg:JPEG_COMPRESSIBILITY",
         "digit_accuracy": "dit_trainer.rewards.digits:DIGIT_ACCURACY",
     },
+    kind="dit_trainer.rewards.base:Reward",
 )

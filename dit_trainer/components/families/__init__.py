@@ -25,4 +25,5 @@ FAMILIES = Registry(
         "flux2": "dit_trainer.components.families.flux2:FLUX2",
         "wan": "dit_trainer.components.families.wan:WAN",
     },
+    kind="dit_trainer.components.families.base:Family",
 )
