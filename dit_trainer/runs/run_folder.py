@@ -60,13 +60,21 @@ OWN_WEIGHTS = "init"  # RUN/init/<weights folder>: the weights a run started fro
 
 
 def same_own_weights(saved: str | None, current: str | None, run_dir: Path) -> bool:
-    """Whether ``model.pretrained`` recorded as ``saved`` and now ``current`` are one run's own copy of its starting
-    weights (``RUN/init/<name>``), the run folder moved or copied since: the same weights at another path."""
+    """Whether ``model.pretrained`` recorded as ``saved`` and now ``current`` are runs' own copies of one start
+    (``RUN/init/<name>``): the same weights at another path. Either the checkpoint's run folder ``run_dir`` was
+    moved or copied since, or the run continues in another folder, which made its own copy of ``run_dir``'s."""
     if saved is None or current is None:
         return False
     saved_path, current_path = Path(saved), Path(current)
-    own = run_dir.resolve() / OWN_WEIGHTS
-    return current_path.parent == own and saved_path.parent.name == OWN_WEIGHTS and saved_path.name == current_path.name
+    if {saved_path.parent.name, current_path.parent.name} != {OWN_WEIGHTS}:  # not both runs' own copies
+        return False
+    checkpoint_runs = run_dir.resolve() / OWN_WEIGHTS / saved_path.name
+    if current_path == checkpoint_runs:
+        return True
+    from dit_trainer.hub import weights_fingerprint  # huggingface_hub: only when another run's copy is compared
+
+    ours = weights_fingerprint(str(current_path), None, None)
+    return ours is not None and ours == weights_fingerprint(str(checkpoint_runs), None, None)
 
 
 def weights_layout(lora: bool) -> WeightsLayout:

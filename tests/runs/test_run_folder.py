@@ -5,6 +5,8 @@ import json
 import logging
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from dit_trainer.errors import ConfigError
 from dit_trainer.runs.run_folder import (
@@ -83,3 +85,19 @@ def test_a_runs_own_starting_weights_are_the_same_after_the_folder_moved(tmp_pat
     assert not same_own_weights("/old/place/run/init/transformer", current, run)  # other weights
     assert not same_own_weights("/models/pixart/transformer_ema", current, run)  # not a run's own copy
     assert not same_own_weights("/old/place/run/init/transformer_ema", "/elsewhere/init/transformer_ema", run)
+
+
+def test_a_run_continued_in_another_folder_starts_from_the_same_weights_in_its_own_copy(tmp_path):
+    """``trainer.resume=RUN hydra.run.dir=NEW`` of an online run: NEW makes its own copy of RUN's starting weights,
+    which was refused as another model (``RUN/init/transformer_ema -> NEW/init/transformer_ema``)."""
+    run, new = tmp_path / "run", tmp_path / "new"
+    weights = torch.nn.Linear(64, 64).state_dict()
+    for folder, seed in ((run, 0), (new, 0), (tmp_path / "other", 1)):
+        torch.manual_seed(seed)
+        (folder / "init" / "transformer_ema").mkdir(parents=True)
+        save_file({k: torch.randn_like(v) for k, v in weights.items()},
+                  folder / "init" / "transformer_ema" / "diffusion_pytorch_model.safetensors")  # fmt: skip
+    saved = str(run / "init" / "transformer_ema")
+    assert same_own_weights(saved, str(new / "init" / "transformer_ema"), run)
+    assert not same_own_weights(saved, str(tmp_path / "other" / "init" / "transformer_ema"), run)  # other weights
+    assert not same_own_weights(saved, str(tmp_path / "missing" / "init" / "transformer_ema"), run)
