@@ -27,8 +27,9 @@ from dit_trainer.runs.run_folder import (
     CHECKPOINTS,
     CONFIG,
     OWN_WEIGHTS,
+    incomplete_checkpoints,
     is_checkpoint,
-    list_checkpoints,
+    newest_checkpoint,
     weights_layout,
 )
 
@@ -68,15 +69,17 @@ def init_checkpoint(init_from: str) -> tuple[Path, Path]:
             f"it is neither a run folder (one with a {CONFIG}) nor a checkpoint folder of one",
             "pass the folder train.py wrote (e.g. outputs/DATE/TIME) or one of its checkpoints/checkpoint-N folders",
         )
-    checkpoints = list_checkpoints(path / CHECKPOINTS)
-    if not checkpoints:
+    checkpoints = path / CHECKPOINTS
+    newest = newest_checkpoint(checkpoints)
+    if newest is None:
+        damaged = ", ".join(f"{folder.name}: {why}" for folder, why in incomplete_checkpoints(checkpoints).items())
         raise ConfigError(
             INIT_FROM,
             init_from,
-            "the run folder holds no complete checkpoint to start from",
+            "the run folder holds no complete checkpoint to start from" + (f" ({damaged})" if damaged else ""),
             "pass a run that has written one (`trainer.checkpoint_every`; every run writes one at its end)",
         )
-    return path, checkpoints[-1]
+    return path, newest
 
 
 def explicit_keys(overrides: Sequence[str]) -> list[str]:

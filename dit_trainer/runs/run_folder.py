@@ -126,6 +126,17 @@ def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
     return [p for p in _checkpoint_folders(checkpoints_dir) if incomplete_reason(p) is None]
 
 
+def newest_checkpoint(checkpoints_dir: Path) -> Path | None:
+    """The newest complete checkpoint (None: there is none); a damaged newer one passed over is reported, so that
+    nobody takes the older one for the newest."""
+    found = list_checkpoints(checkpoints_dir)
+    newest = checkpoint_step(found[-1]) if found else -1
+    for path, reason in incomplete_checkpoints(checkpoints_dir).items():
+        if checkpoint_step(path) > newest:
+            logger.warning(f"{path} is passed over: it is not a complete checkpoint ({reason})")
+    return found[-1] if found else None
+
+
 def incomplete_checkpoints(checkpoints_dir: Path) -> dict[Path, str]:
     """The checkpoint folders that are not complete (a file deleted or damaged since: a write that did not finish
     is never named ``checkpoint-<step>``), each with why."""
@@ -223,12 +234,8 @@ def find_checkpoint(run_dir: Path, spec: str) -> Path:
     if spec in kept:
         return kept[spec]
     if spec == "latest":
-        found = list_checkpoints(checkpoints_dir)
-        newest = checkpoint_step(found[-1]) if found else -1
-        for path, reason in incomplete_checkpoints(checkpoints_dir).items():
-            if checkpoint_step(path) > newest:
-                logger.warning(f"{path} is passed over: it is not a complete checkpoint ({reason})")
-        if not found:
+        newest = newest_checkpoint(checkpoints_dir)
+        if newest is None:
             raise ConfigError(
                 "checkpoint",
                 spec,
@@ -236,7 +243,7 @@ def find_checkpoint(run_dir: Path, spec: str) -> Path:
                 "train longer (checkpoints are written every `trainer.checkpoint_every` steps and at the end), "
                 "or pass `checkpoint=PATH`",
             )
-        return found[-1]
+        return newest
     path = Path(spec).expanduser()
     if not is_checkpoint(path) and is_checkpoint(checkpoints_dir / spec):
         path = checkpoints_dir / spec

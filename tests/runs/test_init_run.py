@@ -85,6 +85,22 @@ def test_grpo_config_refuses_what_it_cannot_start_from(fake_init_run, tmp_path):
         _grpo_config(fake_init_run)
 
 
+def test_a_damaged_newest_checkpoint_of_the_init_run_is_reported_not_passed_over_in_silence(fake_init_run, caplog):
+    """A run folder starts from its newest checkpoint: when that one is damaged, the older one it then starts from
+    was taken without a word (and a run whose only checkpoint is damaged was refused without naming it)."""
+    checkpoints = fake_init_run / "checkpoints"
+    damaged = checkpoints / "checkpoint-9"
+    shutil.copytree(checkpoints / "checkpoint-7", damaged)
+    (damaged / MANIFEST).write_text(json.dumps({"files": {"transformer_ema/diffusion_pytorch_model.safetensors": 5}}))
+    with caplog.at_level("WARNING"):
+        cfg = _grpo_config(fake_init_run)
+    assert cfg.trainer.init_weights == str((checkpoints / "checkpoint-7" / "transformer_ema").resolve())
+    assert f"{damaged} is passed over: it is not a complete checkpoint (transformer_ema/" in caplog.text
+    shutil.rmtree(checkpoints / "checkpoint-7")
+    with pytest.raises(ConfigError, match=r"holds no complete checkpoint to start from \(checkpoint-9: transformer"):
+        _grpo_config(fake_init_run)
+
+
 def test_the_earlier_spellings_of_the_method_and_its_start_are_read_with_a_warning(fake_init_run, caplog):
     """``grpo.enabled=true`` and ``grpo.init_from`` / ``grpo.init_ema``, as recipes and job scripts written before
     ``trainer.method`` spell them: moved to the new keys, and only those recorded."""
