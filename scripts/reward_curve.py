@@ -37,6 +37,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.partition("\n\n")[0])
     parser.add_argument("runs", type=Path, nargs="+")
     args = parser.parse_args()
+    if missing := [str(run) for run in args.runs if not (run / "metrics.jsonl").is_file()]:
+        parser.error(f"no metrics.jsonl in {', '.join(missing)}: pass run folders train.py wrote (outputs/DATE/TIME)")
     curves = {run: reward_curve(run) for run in args.runs}
     for run, curve in curves.items():
         print(f"\n{run}\n  {'step':>6} {'train s':>9} {'reward/mean':>12}")
