@@ -230,7 +230,8 @@ def check_unread_sections(cfg: TrainConfig) -> None:
                 getattr(section, changed[0]),
                 f"it is a setting of `trainer.method={name}`, and this run trains with `trainer.method="
                 f"{cfg.trainer.method}`, which reads no `{other.section}.*`",
-                f"set `trainer.method={name}`, or drop the `{other.section}.*` overrides",
+                f"set `trainer.method={name}`, or drop the `{other.section}.*` settings (an override, or the config "
+                "of the run this one continues: a resumed run keeps its method)",
             )
 
 
