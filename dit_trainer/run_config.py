@@ -24,6 +24,7 @@ import dataclasses
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
 from hydra import compose, initialize_config_dir
@@ -37,7 +38,6 @@ from dit_trainer.config import TrainConfig, call_with_sections, check_fields, re
 from dit_trainer.config.choices import CLASS_LABELS
 from dit_trainer.config.command_line import parsed_overrides
 from dit_trainer.config.recorded import (
-    LOCAL_PATH_KEYS,
     refuse_interpolations,
     relocated_paths,
     report_relocated,
@@ -86,16 +86,24 @@ def to_train_config(
 
 
 def with_absolute_local_paths(cfg: TrainConfig) -> TrainConfig:
-    """``cfg`` with its relative paths of local models and data made absolute (``config.recorded.LOCAL_PATH_KEYS``):
-    the saved config then serves a resume, ``sample.py`` or ``export.py`` from any working directory."""
-    sections = {section: dataclasses.asdict(getattr(cfg, section)) for section, _ in LOCAL_PATH_KEYS}
-    absolute = with_absolute_paths(sections)
-    changed = {
-        section: dataclasses.replace(getattr(cfg, section), **{key: absolute[section][key]})
-        for section, key in LOCAL_PATH_KEYS
-        if absolute[section][key] != sections[section][key]
-    }
-    return dataclasses.replace(cfg, **changed) if changed else cfg
+    """``cfg`` with its relative paths of local models and prompt files made absolute
+    (``config.recorded.with_absolute_paths``): the saved config then serves a resume, ``sample.py`` or ``export.py``
+    from any working directory."""
+    return _with_values(cfg, with_absolute_paths(dataclasses.asdict(cfg)))
+
+
+def _with_values(node: Any, values: dict[str, Any]) -> Any:
+    """The dataclass ``node`` with the text (or unset) fields whose value in ``values`` (``asdict(node)``, edited)
+    differs replaced, in nested dataclasses too; ``node`` itself when none does."""
+    changed = {}
+    for spec in dataclasses.fields(node):
+        value, wanted = getattr(node, spec.name), values[spec.name]
+        if dataclasses.is_dataclass(value):
+            if (replaced := _with_values(value, wanted)) is not value:
+                changed[spec.name] = replaced
+        elif (value is None or isinstance(value, str)) and wanted != value:
+            changed[spec.name] = wanted
+    return dataclasses.replace(node, **changed) if changed else node
 
 
 def typed_by_schema(cfg: DictConfig | TrainConfig) -> DictConfig:

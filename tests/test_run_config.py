@@ -111,3 +111,23 @@ def test_relative_paths_of_local_models_are_recorded_absolute(tmp_path, monkeypa
     assert cfg.model.pretrained == str(tmp_path / "models" / "pixart")
     kept = {"conditioner": {"pretrained": "org/model"}, "data": {"path": "images"}, "vae": {"pretrained": None}}
     assert with_absolute_paths(kept) == kept
+
+
+def test_relative_prompt_files_are_recorded_absolute(tmp_path, monkeypatch):
+    """A reward fine-tuning run on `nft.prompt_file=train_prompts.txt` (as the README's gold watch has it) could not
+    be resumed from another working directory, and the file's absolute path was then refused as a change of the
+    reward fine-tuning. The monitor's prompt file and a method's held-out prompt file alike."""
+    from dit_trainer.config.recorded import with_absolute_paths
+
+    (tmp_path / "train_prompts.txt").write_text("a red circle\na blue square\n")
+    (tmp_path / "held_out.txt").write_text("a yellow circle\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_config(["+experiment=shapes", "monitor.reward.prompt_file=train_prompts.txt"])
+    assert cfg.monitor.reward.prompt_file == str(tmp_path / "train_prompts.txt")
+    recorded = {"nft": {"prompt_file": "train_prompts.txt", "gold_prompt_file": "held_out.txt", "beta": 1.0},
+                "monitor": {"reward": {"prompt_file": "missing.txt"}}}  # fmt: skip
+    assert with_absolute_paths(recorded) == {
+        "nft": {"prompt_file": str(tmp_path / "train_prompts.txt"), "gold_prompt_file": str(tmp_path / "held_out.txt"),
+                "beta": 1.0},
+        "monitor": {"reward": {"prompt_file": "missing.txt"}},  # not there: kept as given, and refused as missing
+    }  # fmt: skip

@@ -50,24 +50,43 @@ def relocated(value: str) -> str:
 
 
 # Settings that name a local model folder when one exists at that path (else a hub id): recorded absolute, so that a
-# run resumes, samples and exports from any working directory. (Data paths stay as given: a stream's draws are seeded
+# run resumes, samples and exports from any working directory. So are prompt files (every key ending in
+# PROMPT_FILE, in any section: the methods', the monitor's). (Data paths stay as given: a stream's draws are seeded
 # by its shard paths.)
 LOCAL_PATH_KEYS = (("model", "pretrained"), ("vae", "pretrained"), ("conditioner", "pretrained"))
+PROMPT_FILE = "prompt_file"
 
 
 def with_absolute_paths(tree: dict[str, Any], keys: tuple[tuple[str, str], ...] = LOCAL_PATH_KEYS) -> dict[str, Any]:
-    """A plain config tree whose ``keys`` (section, key) that are relative paths of existing files or folders (from
-    the working directory) are made absolute. Applied to new configs and, for the comparisons of a resume or a
-    cache, to what was recorded before they were made absolute (then read from the same working directory)."""
-    tree = dict(tree)
+    """A plain config tree whose ``keys`` (section, key) and prompt files that are relative paths of existing files
+    or folders (from the working directory) are made absolute. Applied to new configs and, for the comparisons of a
+    resume or a cache, to what was recorded before they were made absolute (then read from the same working
+    directory)."""
+    tree = {name: _with_absolute_prompt_files(values) for name, values in tree.items()}
     for section, key in keys:
         values = tree.get(section)
-        value = values.get(key) if isinstance(values, dict) else None
-        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
-            local = Path(value).expanduser()
-            if local.exists():
-                tree[section] = {**values, key: str(local.absolute())}
+        if isinstance(values, dict) and (local := _existing_relative(values.get(key))) is not None:
+            tree[section] = {**values, key: str(local.absolute())}
     return tree
+
+
+def _with_absolute_prompt_files(node: Any) -> Any:
+    if not isinstance(node, dict):
+        return node
+    return {
+        key: str(local.absolute())
+        if key.endswith(PROMPT_FILE) and (local := _existing_relative(value)) is not None
+        else _with_absolute_prompt_files(value)
+        for key, value in node.items()
+    }
+
+
+def _existing_relative(value: Any) -> Path | None:
+    """``value`` as a path when it is a relative one that exists from here."""
+    if not isinstance(value, str) or not value or Path(value).expanduser().is_absolute():
+        return None
+    local = Path(value).expanduser()
+    return local if local.exists() else None
 
 
 def relocated_paths(tree: Any) -> tuple[Any, dict[str, str]]:
