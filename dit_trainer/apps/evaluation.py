@@ -158,8 +158,12 @@ def evaluate(run: TrainedRun, cfg: EvaluateConfig) -> tuple[dict, torch.Tensor |
 
 def evaluation_arguments(cfg: EvaluateConfig, checkpoint: Path) -> dict:
     """What decides an evaluation's numbers: its arguments, with the checkpoint resolved, less where it is written
-    and how many images are sampled at once."""
+    and how many images are sampled at once. A prompt file counts by its absolute path and the prompts it holds:
+    another working directory's file of that name, or the file edited since, makes another evaluation."""
     arguments = {k: v for k, v in asdict(cfg).items() if k not in ("run_dir", "out_dir", "batch_size", "fid_cache_dir")}
+    if cfg.prompt_file:
+        prompt_file = Path(cfg.prompt_file).expanduser().absolute()
+        arguments |= {"prompt_file": str(prompt_file), "prompts": load_prompts([], str(prompt_file))}
     return arguments | {"checkpoint": str(checkpoint.resolve())}
 
 

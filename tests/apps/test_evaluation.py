@@ -66,6 +66,27 @@ def test_each_evaluation_gets_a_folder_named_for_what_it_evaluated_and_is_never_
     assert digest(written_run) == before
 
 
+def test_a_prompt_file_counts_by_what_it_holds_and_where_it_is(tmp_path, monkeypatch):
+    """The default folder's digest took the prompt file's name as typed: the same name with other prompts (edited,
+    or another working directory's file) was refused as an evaluation run before."""
+    from dit_trainer.apps.evaluation import evaluation_arguments, evaluation_folder
+    from dit_trainer.config import EvaluateConfig
+
+    checkpoint = tmp_path / "run" / "checkpoints" / "checkpoint-1"
+    cfg = EvaluateConfig(run_dir=str(tmp_path / "run"), prompt_file="p.txt")
+    folders = []
+    for where, prompts in (("a", "a red circle\n"), ("a", "a green triangle\n"), ("b", "a green triangle\n")):
+        (tmp_path / where).mkdir(exist_ok=True)
+        (tmp_path / where / "p.txt").write_text(prompts)
+        monkeypatch.chdir(tmp_path / where)
+        folders.append(evaluation_folder(cfg, checkpoint))
+    assert len(set(folders)) == 3
+    recorded = evaluation_arguments(cfg, checkpoint)
+    assert recorded["prompt_file"] == str(tmp_path / "b" / "p.txt") and recorded["prompts"] == ["a green triangle"]
+    (tmp_path / "b" / "p.txt").write_text("a green triangle\n")  # as it was: the same evaluation
+    assert evaluation_folder(cfg, checkpoint) == folders[-1]
+
+
 @pytest.mark.usefixtures("no_model_loads")
 def test_an_out_dir_that_cannot_take_the_report_or_missing_fid_features_are_refused_before_any_model_loads(
     written_run, tmp_path, capsys, monkeypatch
