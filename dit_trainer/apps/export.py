@@ -64,7 +64,7 @@ from dit_trainer.diffusion.checks import check_sampler
 from dit_trainer.durable import fsync_tree, publish
 from dit_trainer.errors import ConfigError
 from dit_trainer.run_config import read_run_config
-from dit_trainer.runs.run_folder import find_checkpoint, weights_layout
+from dit_trainer.runs.run_folder import CHECKPOINTS, find_checkpoint, weights_layout
 from dit_trainer.runs.run_summary import record_export
 
 MANIFEST = "dit_trainer_export.json"
@@ -164,6 +164,20 @@ def _check_out_dir(out_dir: Path) -> None:
         )
 
 
+def _refuse_checkpoints_folder(out_dir: Path, run_dir: Path) -> None:
+    """An export among the run's checkpoints would be read as a damaged checkpoint (passed over by every sample and
+    resume, and set aside as an abandoned branch by one)."""
+    checkpoints = (run_dir / CHECKPOINTS).resolve()
+    if out_dir.resolve().is_relative_to(checkpoints):
+        raise ConfigError(
+            "out_dir",
+            str(out_dir),
+            f"it is inside the run's checkpoints folder ({checkpoints}), where the trainer reads every folder as one "
+            "of its checkpoints",
+            f"export beside them, e.g. into the default `{run_dir / 'export'}/CHECKPOINT` (leave `out_dir` out)",
+        )
+
+
 def _writer() -> str:
     """Who stages an export: the host, the process id and its start time (a reused pid starts at another time)."""
     process = psutil.Process()
@@ -241,6 +255,7 @@ def export_run(cfg: ExportConfig) -> ExportResult:
     checkpoint = find_checkpoint(run_dir, cfg.checkpoint)
     out_dir = Path(cfg.out_dir).expanduser() if cfg.out_dir else run_dir / "export" / checkpoint.name
     _check_out_dir(out_dir)
+    _refuse_checkpoints_folder(out_dir, run_dir)
     dtype = getattr(torch, cfg.dtype)
 
     remove_stale_staging(out_dir)

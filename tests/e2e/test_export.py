@@ -158,6 +158,12 @@ def test_export_refuses_a_non_empty_out_dir_and_leaves_it_untouched(minilm_run, 
     assert _export_cli([str(minilm_run), f"out_dir={blocked / 'sub'}"]) == 2
     assert "cannot be written" in capsys.readouterr().err
 
+    # Among the checkpoints it was read as a damaged one by every sample and resume, and set aside by one.
+    checkpoints = sorted(p.name for p in (minilm_run / "checkpoints").iterdir())
+    assert _export_cli([str(minilm_run), f"out_dir={minilm_run / 'checkpoints' / 'checkpoint-99'}"]) == 2
+    assert "inside the run's checkpoints folder" in capsys.readouterr().err
+    assert sorted(p.name for p in (minilm_run / "checkpoints").iterdir()) == checkpoints
+
 
 @pytest.mark.slow
 def test_export_explains_a_folder_that_is_not_a_run_or_a_pixel_run(tmp_path, minilm_run):
