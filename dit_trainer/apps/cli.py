@@ -22,7 +22,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from dit_trainer.config import TrainConfig, check_fields, register_configs
 from dit_trainer.config.command_line import check_command_line, closest_keys, refused_value
-from dit_trainer.errors import EXIT_BAD_INPUT, USER_ERRORS, ConfigError, exit_code
+from dit_trainer.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, USER_ERRORS, ConfigError, exit_code
 from dit_trainer.run_config import compose_train_config
 
 # A bad override (an unknown key, a value of the wrong type) is bad input too.
@@ -78,12 +78,15 @@ def parse_cli(schema: type[T], argv: list[str], positional: str = "run_dir") -> 
 
 def _report(main: Callable[[], tuple[str, int]], usage: str | None = None) -> int:
     """Run ``main``, print its message and return its exit code; a user error prints one paragraph (and the
-    usage) to stderr and returns the error's exit code."""
+    usage) to stderr and returns the error's exit code, and Ctrl-C one line and 130, as train.py does."""
     try:
         message, code = main()
     except (*USER_ERRORS, *PARSE_ERRORS) as error:
         print(f"error: {error}" + (f"\n\n{usage}" if usage else ""), file=sys.stderr)
         return EXIT_BAD_INPUT if isinstance(error, PARSE_ERRORS) else exit_code(error)
+    except KeyboardInterrupt:
+        print("Stopped by Ctrl-C.", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(message)
     return code
 

@@ -50,6 +50,17 @@ def test_a_mistyped_key_or_value_is_named_in_one_paragraph_not_omegaconf_s_block
     assert error.startswith(f"error: Invalid config: {paragraph}") and "full_key" not in err and "Traceback" not in err
 
 
+def test_ctrl_c_is_one_line_and_exit_130_as_in_train_py(capsys):
+    """The scripts printed KeyboardInterrupt's traceback."""
+    from dit_trainer.errors import EXIT_INTERRUPTED
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    assert run_cli(interrupted, SampleConfig, ["runs/a", "out_dir=o"], "usage: sample.py ...") == EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "Stopped by Ctrl-C.\n"
+
+
 def test_help_prints_the_usage_and_exits_0(capsys):
     from dit_trainer.apps.inference import sample_to_folder
 
