@@ -27,6 +27,10 @@ class RunCheckpointArgs:
     sampler: str | None = None
 
 
+# Not any size >= 1: one the run's pixel grid (the VAE's downsampling x the DiT's patch) divides, as its own are.
+IMAGE_SIDE = "set a side the run trained at (its `data.resolution`, or a bucket's), or leave `{key}` out for the run's"
+
+
 @dataclass
 class SamplingArgs(RunCheckpointArgs):
     """Images from a run: ``images_per_prompt`` per prompt, image ``j`` of every prompt with seed ``seed + j``."""
@@ -39,8 +43,8 @@ class SamplingArgs(RunCheckpointArgs):
     guidance_scale: float | None = at_least(0, None, "set e.g. `{key}=3.0`, or leave it out for the run's own")
     batch_size: int = at_least(1, 32)
     # The image size in pixels (e.g. a bucket the run trained on); null: the run's data.resolution
-    height: int | None = at_least(1, None)
-    width: int | None = at_least(1, None)
+    height: int | None = at_least(1, None, IMAGE_SIDE)
+    width: int | None = at_least(1, None, IMAGE_SIDE)
 
 
 @dataclass

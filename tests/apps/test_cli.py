@@ -37,6 +37,8 @@ def test_a_bad_script_argument_is_one_paragraph_and_exit_2(argv, named, capsys):
       "it out for the run's own."),
      (["runs/a", "outdir=o"], "`outdir` is 'o', but it is not an argument of this command (the closest: `out_dir`"),
      (["runs/a", "out_dir=o", "batch_size=0"], "`batch_size` is 0, but it must be >= 1. To fix it, set e.g."),
+     (["runs/a", "out_dir=o", "height=0"],  # not `height=1`, which the run's pixel grid then refused
+      "`height` is 0, but it must be >= 1. To fix it, set a side the run trained at (its `data.resolution`"),
      (["runs/a", "out_dir=o", "prompts=[a red circle, a blue square"],
       "`prompts` is '[a red circle, a blue square', but it cannot be read as this argument's value"),
      (["runs/a", "out_dir=@o"], "`out_dir` is '@o', but it cannot be read as this argument's value")],
