@@ -174,18 +174,24 @@ def new_file(path: Path, binary: bool = True, command: str = "sampling") -> Iter
             raise
 
 
-def refuse_overwrite(out_dir: Path, names: list[str], command: str = "sampling") -> None:
+def refuse_overwrite(
+    out_dir: Path, names: list[str], command: str = "sampling", kept_if_done: str | None = None
+) -> None:
     """Sampling (and evaluating) never replaces a file: images in ``out_dir`` may be all that is left of an earlier
-    run or checkpoint. Checked before any model loads, so a refused command costs nothing."""
+    run or checkpoint. Checked before any model loads, so a refused command costs nothing. ``kept_if_done``: the
+    file the command keeps only when it finishes (sample.py's index); other files without it are a stopped run's."""
     check_writable_folder(out_dir, "out_dir")
     taken = [name for name in names if (out_dir / name).exists() or (out_dir / name).is_symlink()]
     if taken:
         listed = shortlist(taken, 3)
+        stopped = kept_if_done is not None and kept_if_done not in taken
         raise ConfigError(
             "out_dir",
             str(out_dir),
-            f"it already holds {listed}, which this command would write, and {command} never overwrites",
-            "pass a new folder, e.g. `out_dir=samples/run2`, or move those files away first",
+            f"it already holds {listed}, which this command would write, and {command} never overwrites"
+            + (f" (with no {kept_if_done}: what a {command} that was stopped leaves)" if stopped else ""),
+            "pass a new folder, e.g. `out_dir=samples/run2`, or move those files away first"
+            + (" (a stopped run's files may be deleted: the same command writes them all again)" if stopped else ""),
         )
 
 
@@ -215,7 +221,7 @@ def sample_to_folder(cfg: SampleConfig) -> Path:
     suffix, fps = ("mp4", data.fps or VIDEO_FPS) if data.frames > 1 else ("png", 0.0)
     names = [f"{index:05d}.{suffix}" for index in range(len(jobs))]
     out_dir = Path(cfg.out_dir).expanduser()
-    refuse_overwrite(out_dir, [SAMPLE_INDEX, *names])
+    refuse_overwrite(out_dir, [SAMPLE_INDEX, *names], "sample.py", kept_if_done=SAMPLE_INDEX)
     run = load_run(cfg.run_dir, cfg.checkpoint, cfg.ema).at_size(cfg.height, cfg.width)
     run.text_to_image.text_encoder.check_prompts(prompts)  # a prompt it refuses fails before any file is written
     settings = run.settings(cfg.steps, cfg.guidance_scale, cfg.sampler)

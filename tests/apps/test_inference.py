@@ -32,6 +32,7 @@ def test_sampling_into_a_folder_with_earlier_samples_is_refused_and_touches_noth
     assert sample_in_process(written_run, out_dir) == 2
     error = capsys.readouterr().err
     assert "`out_dir`" in error and str(out_dir) in error and "00000.png" in error and "To fix it" in error
+    assert "(with no index.jsonl: what a sample.py that was stopped leaves)" in error  # it wrote its images only
     assert "Traceback" not in error and digest(out_dir) == before
 
     fresh = tmp_path / "fresh"  # the same command into a new folder writes the images
