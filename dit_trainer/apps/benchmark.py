@@ -23,6 +23,7 @@ import resource
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -119,9 +120,10 @@ def bare_step(cfg: TrainConfig, parts: Components, device: torch.device) -> Call
     return step
 
 
-def trainer_step(cfg: TrainConfig, run_dir: Path) -> Callable[[], None]:
-    """(b) and (c): ``Trainer.step`` of the real trainer built by ``train.py``'s own code."""
-    trainer = build_trainer(cfg, run_dir)
+def trainer_step(cfg: TrainConfig, run_dir: Path, trainers: ExitStack) -> Callable[[], None]:
+    """(b) and (c): ``Trainer.step`` of the real trainer built by ``train.py``'s own code, closed (its run folder's
+    lock given back) with ``trainers``."""
+    trainer = trainers.enter_context(build_trainer(cfg, run_dir))
     batches = trainer.step.batches()
     return lambda: trainer.step(batches)
 
@@ -212,20 +214,21 @@ def run_benchmark(cfg: TrainConfig, out_dir: Path, warmup: int = 5, steps: int =
     torch.manual_seed(cfg.trainer.seed)
     parts = call_with_sections(build_components, cfg, device=device, frozen_dtype=torch.float32)
     batch = cfg.trainer.batch_size
-    # (a) and (b) are timed interleaved: their ratio is the framework overhead, the number that needs precision.
-    interleaved = {
-        "bare": bare_step(cfg, parts, device),
-        "trainer_cached": trainer_step(cached, out_dir / "trainer_cached"),
-    }
-    if private:  # the noise level does not change the cost: a fixed one spares calibrating for max_steps=10**9
-        dp = replace(
-            cfg.privacy, enabled=True, noise_multiplier=cfg.privacy.noise_multiplier or 1.0, target_epsilon=None
-        )
-        interleaved["trainer_private"] = trainer_step(replace(cached, privacy=dp), out_dir / "trainer_private")
-    results = measure(interleaved, batch, warmup, steps, device, rounds=4)
-    results += measure(
-        {"trainer_uncached": trainer_step(uncached, out_dir / "trainer_uncached")}, batch, warmup, steps, device
-    )
+    with ExitStack() as trainers:
+        # (a) and (b) are timed interleaved: their ratio is the framework overhead, the number that needs precision.
+        interleaved = {
+            "bare": bare_step(cfg, parts, device),
+            "trainer_cached": trainer_step(cached, out_dir / "trainer_cached", trainers),
+        }
+        if private:  # the noise level does not change the cost: a fixed one spares calibrating for max_steps=10**9
+            dp = replace(
+                cfg.privacy, enabled=True, noise_multiplier=cfg.privacy.noise_multiplier or 1.0, target_epsilon=None
+            )
+            private_run = replace(cached, privacy=dp)
+            interleaved["trainer_private"] = trainer_step(private_run, out_dir / "trainer_private", trainers)
+        results = measure(interleaved, batch, warmup, steps, device, rounds=4)
+        uncached_step = trainer_step(uncached, out_dir / "trainer_uncached", trainers)
+        results += measure({"trainer_uncached": uncached_step}, batch, warmup, steps, device)
     results += measure({"reference": reference_step(cfg, parts, device)}, batch, warmup, steps, device)
     forward_flops, train_flops = flops_per_image(cfg, parts, device)
     speed = {m.name: m.images_per_sec for m in results}
@@ -298,7 +301,9 @@ def run_loader_benchmark(cfg: TrainConfig, out_dir: Path, workers: list[int], ba
         cfg, trainer=quiet, data=data, monitor=replace(cfg.monitor, reward=replace(cfg.monitor.reward, enabled=False))
     )
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    step = measure({"trainer": trainer_step(uncached, out_dir / "trainer")}, cfg.trainer.batch_size, 2, steps, device)
+    with ExitStack() as trainers:
+        trainer = trainer_step(uncached, out_dir / "trainer", trainers)
+        step = measure({"trainer": trainer}, cfg.trainer.batch_size, 2, steps, device)
     report = {
         "loader_img_s_by_workers": loader,
         "trainer_uncached_img_s": step[0].images_per_sec,

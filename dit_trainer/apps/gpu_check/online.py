@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -49,10 +50,10 @@ def save_once(model: ModelMixin, folder: Path) -> None:
 
 
 def online_steps(recipe: list[str], assets: Assets, what: str, config_dir: Path, work: Path, name: str
-                 ) -> tuple[str, Callable[[int], Callable[[], object]]]:  # fmt: skip
+                 ) -> tuple[str, Callable[[int, ExitStack], Callable[[], object]]]:  # fmt: skip
     """The recipe's mixed precision, and a maker of epochs for the timing loop: at a group size, the trainer of
-    ``recipe`` fine-tuned by ``what`` from a random copy of its DiT (``work/random-<name>``, written once); each call
-    of what it returns is one epoch (``trainer.step``)."""
+    ``recipe`` fine-tuned by ``what`` from a random copy of its DiT (``work/random-<name>``, written once), closed
+    with the stack it is given; each call of what it returns is one epoch (``trainer.step``)."""
     base = compose_train_config(config_dir, _with_assets(recipe, assets))
     precision = base.trainer.mixed_precision
     pretrained = work / f"random-{name}"
@@ -61,12 +62,12 @@ def online_steps(recipe: list[str], assets: Assets, what: str, config_dir: Path,
         parts = call_with_sections(build_components, base, device=torch.device("cpu"), frozen_dtype=dtype)
         save_once(parts.dit.transformer, pretrained)
 
-    def make(group: int) -> Callable[[], object]:
+    def make(group: int, trainers: ExitStack) -> Callable[[], object]:
         method = [f"trainer.method={what}", f"{what}.prompts=[a red circle]", f"{what}.prompt_file=null",
                   f"{what}.prompts_per_epoch=1", f"{what}.group_size={group}", f"{what}.rollout_batch_size={group}",
                   f"model.pretrained={pretrained}", *ONLINE_METHODS[what]]  # fmt: skip
         cfg = compose_train_config(config_dir, [*_with_assets(recipe, assets), *method])
-        trainer = build_trainer(cfg, work / f"run-{name}-{what}-{group}")
+        trainer = trainers.enter_context(build_trainer(cfg, work / f"run-{name}-{what}-{group}"))
         prompts = trainer.step.batches()
         return lambda: trainer.step(prompts)
 

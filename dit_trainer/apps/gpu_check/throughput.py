@@ -18,6 +18,7 @@ import resource
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -77,7 +78,8 @@ VARIANT_OVERRIDES = {
 }
 VARIANTS = tuple(VARIANT_OVERRIDES)
 BARE_VARIANTS = ("eager", "compile")  # the bare step: a ceiling for the trainer's eager and compiled rows
-StepMaker = Callable[[int], Callable[[], object]]  # batch size -> one training step at that size
+# (batch size, what closes the trainers it builds at the row's end) -> one training step at that size
+StepMaker = Callable[[int, ExitStack], Callable[[], object]]
 # a row's mixed precision, the DiT's training FLOPs per image (None: not counted), the SDPA kernels and its steps
 Prepared = tuple[str, float | None, list[str], StepMaker]
 
@@ -265,18 +267,18 @@ def _bare_steps(job: Job, cfg: TrainConfig, parts, device, work: Path) -> tuple[
     if job.variant == "compile":
         compile_blocks(dit)
     optimizer = build_optimizer(cfg.optim, dit)
-    return kernels, lambda batch: _bare_step(cfg, dit, optimizer, synthetic_inputs(parts, batch, device))
+    return kernels, lambda batch, _trainers: _bare_step(cfg, dit, optimizer, synthetic_inputs(parts, batch, device))
 
 
 def _trainer_steps(job: Job, cfg: TrainConfig, parts, device, work: Path) -> tuple[list[str], StepMaker]:
     """The kernels of the recipe's DiT, and the trainer's step at a batch size: a trainer built by ``train.py``'s
-    own code for each batch size, in a run folder of its own."""
+    own code for each batch size, in a run folder of its own (its lock given back when the batch size's row ends)."""
     kernels = sdpa_kernels(_forward(cfg, parts.dit.to(device), synthetic_inputs(parts, 2, device)))
     parts.dit.to("cpu")
 
-    def make(batch: int) -> Callable[[], object]:
+    def make(batch: int, trainers: ExitStack) -> Callable[[], object]:
         sized = replace(cfg, trainer=replace(cfg.trainer, batch_size=batch))
-        trainer = build_trainer(sized, work / f"run-{job.model}-{job.variant}-{batch}")
+        trainer = trainers.enter_context(build_trainer(sized, work / f"run-{job.model}-{job.variant}-{batch}"))
         batches = trainer.step.batches()
         return lambda: trainer.step(batches)
 
@@ -324,8 +326,9 @@ def run_job(job: Job, config_dir: Path, assets: Assets, work: Path) -> dict:
         _free(device)
         step = None
         try:
-            step = make(batch)
-            results.append(_timed(step, job, device, batch))
+            with ExitStack() as trainers:
+                step = make(batch, trainers)
+                results.append(_timed(step, job, device, batch))
         except torch.OutOfMemoryError as error:
             oom = batch
             results.append({"batch": batch, "status": "oom", "error": str(error).splitlines()[0]})
