@@ -3,7 +3,8 @@ start is refused. An unwritable or impossible path (a full or read-only disk, a 
 planted where the trainer writes, a folder another run is training in, or a start that would write over another
 run's record become one paragraph naming ``hydra.run.dir`` instead of a traceback from Hydra or a write outside the
 run folder (``RunFolderCheck``); after a refusal, a folder Hydra made for the start is removed again, and in a folder
-that was there Hydra's record of its run's launch is put back as it was (``discard_refused_start``).
+that was there Hydra's record of its run's launch is put back as it was, and a job log (``train.log``) it did not hold
+is removed (``discard_refused_start``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ _made_by_this_launch: dict[Path, Path] = {}
 # such folder; a file's None: no such file) and what the run had trained (``_trained``): what a refusal puts back,
 # unless this launch trained.
 _records_before_this_launch: dict[Path, tuple[Path, dict[str, bytes | None] | None, Trained]] = {}
+# Run folders (absolute) that existed without Hydra's log of the job (``train.log``) when this process's launch checked
+# them, with that log's path: the log a refusal removes again, unless this launch trained.
+_logs_made_by_this_launch: dict[Path, tuple[Path, Trained]] = {}
 
 
 class RunFolderCheck(Callback):
@@ -69,6 +73,9 @@ class RunFolderCheck(Callback):
             check_run_folder(run_dir, OmegaConf.select(config, "trainer.resume"))  # before Hydra's .hydra/ record
             if existed:  # read once the folder is known to hold no links
                 _remember_record(run_dir, OmegaConf.select(config, "hydra.output_subdir"))
+                log = run_dir / f"{config.hydra.job.name}.log"  # Hydra's job log, opened before the config is read
+                if not log.exists():
+                    _logs_made_by_this_launch[absolute(run_dir)] = log, _trained(run_dir)
         except OSError as error:  # where permissions do not tell (a root-squashed NFS share, /proc): making it failed
             reason = f"the folder could not be made there ({error.strerror or error})"
             print(f"error: {unwritable('hydra.run.dir', run_dir, reason)}", file=sys.stderr)
@@ -82,12 +89,16 @@ def discard_refused_start(run_dir: Path) -> None:
     """Remove ``run_dir`` again after a start was refused, if this launch made it (``RunFolderCheck``) and no run
     has started in it, with the empty folders made for it (``outputs/DATE``): a refused start leaves nothing behind.
     A folder that existed before (a refused resume) is left as it was, Hydra's record of its launch included (the
-    main process puts back what this launch wrote over). So is the folder of a multi-process launch: it holds each
-    process's failure record, which the others and the job script read (``dit_trainer.runs.failures``). Unless
-    the launch trained before it stopped (a second Ctrl-C, a data error at a later epoch): then its record stays."""
+    main process puts back what this launch wrote over, and removes the job log it added to a folder that had
+    none). So is the folder of a multi-process launch: it holds each process's failure record, which the others and
+    the job script read (``dit_trainer.runs.failures``). Unless the launch trained before it stopped (a second
+    Ctrl-C, a data error at a later epoch): then its record and log stay."""
     record, files, trained = _records_before_this_launch.pop(absolute(run_dir), (None, None, None))
     if record is not None and trained == _trained(run_dir) and os.environ.get("RANK", "0") == "0":
         _put_back(record, files)
+    log, trained = _logs_made_by_this_launch.pop(absolute(run_dir), (None, None))
+    if log is not None and trained == _trained(run_dir) and os.environ.get("RANK", "0") == "0":
+        log.unlink(missing_ok=True)
     top = _made_by_this_launch.pop(absolute(run_dir), None)
     if top is None or int(os.environ.get("WORLD_SIZE", "1")) > 1 or not run_dir.is_dir():
         return

@@ -185,12 +185,13 @@ def test_cli_reports_a_type_error_naming_the_key():
 
 @pytest.mark.slow
 def test_a_mixture_weight_that_is_not_finite_is_refused(finished_run, tmp_path):
-    """Refused in a folder of the user's: Hydra's record of the launch is not left there."""
+    """Refused in a folder of the user's: Hydra's record of the launch and its job log are not left there."""
     mixture = "data.mixture=[{source:shapes,weight:inf},{source:shapes}]"
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("the user's")
     assert "`data.mixture[0].weight` is inf" in _refused(finished_run, mixture, into=tmp_path / "mine")
-    assert not (tmp_path / "mine" / ".hydra").exists() and (tmp_path / "mine" / "notes.txt").read_text() == "the user's"
+    assert [path.name for path in (tmp_path / "mine").iterdir()] == ["notes.txt"]
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "the user's"
 
 
 @pytest.mark.slow
