@@ -169,8 +169,17 @@ def caption_keys(caption_column: str, caption_columns: Sequence[str]) -> tuple[s
 
 def pick_caption(captions: Sequence[object], generator: torch.Generator | None = None, prefix: str = "") -> str:
     """One of an item's captions (one per configured column), drawn uniformly, with ``prefix`` (``data.caption_prefix``)
-    as its first tag; a null caption is unreadable."""
-    index = int(torch.randint(len(captions), (1,), generator=generator)) if len(captions) > 1 else 0
-    if captions[index] is None:
-        raise ValueError("the caption is null")
-    return with_prefix(str(captions[index]), prefix)
+    as its first tag. A column holding a list of texts (COCO's five captions per image) offers one of them, drawn
+    uniformly too. Anything else (null, a number, a mapping, an empty list) makes the item unreadable: written into
+    the prompt as Python's text of it, it would train a caption nobody wrote."""
+    caption = _draw(captions, generator)
+    if isinstance(caption, (list, tuple)) and caption and all(isinstance(text, str) for text in caption):
+        caption = _draw(caption, generator)
+    if not isinstance(caption, str):
+        shown = repr(caption) if len(repr(caption)) <= 40 else f"{repr(caption)[:40]}..."
+        raise ValueError(f"the caption is {shown}, not a text or a list of texts")
+    return with_prefix(caption, prefix)
+
+
+def _draw(choices: Sequence[object], generator: torch.Generator | None) -> object:
+    return choices[int(torch.randint(len(choices), (1,), generator=generator)) if len(choices) > 1 else 0]

@@ -46,6 +46,20 @@ def test_hf_dataset_dict_split_and_caption_columns(tmp_path):
         HFImageDataset(str(tmp_path / "dict"), 8, split="validation")
 
 
+def test_a_column_of_caption_lists_offers_each_and_a_caption_that_is_not_text_is_unreadable(tmp_path):
+    """COCO's layout (five captions per image in one column): one of them is drawn, not the list's Python text. A
+    number or an empty list is not a caption: the row is skipped and reported, not trained as "7" or "[]"."""
+    for name, captions in {"lists": [["a red box", "red"], []], "numbers": [7, 8]}.items():
+        rows = {"image": [{"bytes": png_bytes(), "path": None}] * 2, "text": captions}
+        datasets.Dataset.from_dict(rows).cast_column("image", datasets.Image()).save_to_disk(tmp_path / name)
+    lists, numbers = HFImageDataset(str(tmp_path / "lists"), 8), HFImageDataset(str(tmp_path / "numbers"), 8)
+    torch.manual_seed(0)
+    assert {lists[0]["caption"] for _ in range(40)} == {"a red box", "red"}
+    assert lists[1]["bad_files"] == ["row 1: ValueError: the caption is [], not a text or a list of texts"]
+    with pytest.raises(ConfigError, match=r"unreadable \(the first: row 0: ValueError: the caption is 7, not a text"):
+        numbers[0]  # a column of numbers: every row unreadable
+
+
 def test_hf_local_data_folder_loads_with_load_dataset(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")  # keep ~/.cache clean
     folder = tmp_path / "folder"
