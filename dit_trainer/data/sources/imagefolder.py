@@ -105,8 +105,11 @@ def open_inside(real_root: Path, name: str) -> BinaryIO:
     """``real_root / name`` opened for reading, when it is a regular file inside ``real_root`` (a resolved path)
     with links followed. A link out of the folder is not read (a run reads only the data it was given), nor is a
     FIFO, a device or a folder, which would block the loader, never end, or fail obscurely; both are raised as
-    unreadable files, skipped and counted."""
-    path = (real_root / name).resolve()
+    unreadable files, skipped and counted, and so is a loop of links (on which ``resolve`` raises RuntimeError)."""
+    try:
+        path = (real_root / name).resolve()
+    except RuntimeError as error:
+        raise ValueError(f"a loop of links ({error})") from error
     if not path.is_relative_to(real_root):
         raise ValueError(f"a link to {path}, outside the data folder, is not followed")
     descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, unread
