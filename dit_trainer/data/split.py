@@ -20,6 +20,7 @@ from dit_trainer.data import SOURCES
 from dit_trainer.data.buckets import Bucketed, BucketTable, bucketed
 from dit_trainer.data.cache.cache import CacheDataset
 from dit_trainer.data.sources.source import build_dataset
+from dit_trainer.errors import require
 
 
 class SplitSide(Subset):
@@ -79,6 +80,14 @@ def split_validation(
         if SOURCES.get(data.source).streamed:  # validated on the main process alone: every shard, not 1/N of them
             held_out = held_out.unsharded()
         return dataset, bucketed(held_out, table, validation.batch_size)
+    require(
+        len(dataset) >= 2,
+        "validation.split",
+        validation.split,
+        f"the data set holds {len(dataset)} item(s), and a split needs one to hold out and one to train on",
+        "add images, validate on data of its own (`validation.path=...` with `validation.split=0`), or turn "
+        "validation off (`validation.every_n_steps=0`)",
+    )
     train, held_out = split_indices(len(dataset), validation.split, validation.seed)
     if isinstance(dataset, CacheDataset):  # its rows of the held-out source items, which may lie anywhere
         train, held_out = dataset.rows_of(train), dataset.rows_of(held_out)
