@@ -107,6 +107,16 @@ class HFImageDataset(SkipUnreadable):
                 f"the data set has no column {missing[0]!r}; its columns are {available}",
                 f"set `{key}` to the column(s) holding captions",
             )
+        columns = self.caption_columns
+        repeated = [column for index, column in enumerate(columns) if column in columns[:index]]
+        if repeated or image_column in columns:  # the columns read are selected by name, once each
+            raise ConfigError(
+                key if repeated else "data.image_column",
+                columns if repeated else image_column,
+                f"it names the column {(repeated or [image_column])[0]!r} "
+                + ("twice" if repeated else "for the images and for the captions"),
+                f"name each column once, images and captions apart (the columns are {available})",
+            )
         self.sizes = self._declared(dataset)
         dataset = dataset.select_columns([image_column, *self.caption_columns])
         try:

@@ -87,6 +87,10 @@ def test_hf_bad_path_and_columns_name_the_key(tmp_path):
         HFImageDataset(path, 8, image_column="img")
     with pytest.raises(ConfigError, match="data.image_column.*not images"):
         HFImageDataset(path, 8, image_column="label", caption_column="caption")
+    with pytest.raises(ConfigError, match=r"`data.image_column` is 'img'.*for the images and for the captions"):
+        HFImageDataset(path, 8, image_column="img", caption_column="img")  # was pyarrow's KeyError
+    with pytest.raises(ConfigError, match=r"`data.caption_columns` is \['caption', 'caption'\].*'caption' twice"):
+        HFImageDataset(path, 8, image_column="img", caption_columns=["caption", "caption"])
     assert HFImageDataset(path, 8, image_column="img", caption_column="caption")[0]["caption"] == "x"
 
 
