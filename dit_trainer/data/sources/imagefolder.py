@@ -132,12 +132,18 @@ def read_metadata(
             row = metadata_row(raw, number, path.parent)
             if row is None:
                 continue
-            if "file_name" not in row or any(column not in row for column in columns):
+            if "file_name" not in row:  # a line of the data set's, not of the caption setting's
+                raise ConfigError(
+                    "data.path",
+                    str(path.parent),
+                    f"line {number} of {path} has keys {sorted(row)} and no `file_name`, the image it captions",
+                    "give every line of the metadata the `file_name` of its image (its path inside the folder)",
+                )
+            if any(column not in row for column in columns):
                 raise ConfigError(
                     key,
                     columns if key == "data.caption_columns" else columns[0],
-                    f"line {number} of {path} has keys {sorted(row)}; each line needs `file_name` "
-                    f"and the caption column(s)",
+                    f"line {number} of {path} has keys {sorted(row)}; each line needs the caption column(s)",
                     f"set `{key}` to the key(s) holding captions",
                 )
             name = str(row["file_name"])

@@ -48,6 +48,9 @@ def test_bad_metadata_names_the_line_and_the_fix(tmp_path):
     _write(tmp_path, [{"file_name": "a.png", "caption": "x"}])
     with pytest.raises(ConfigError, match="data.caption_column"):
         ImageFolderDataset(tmp_path, resolution=16)
+    (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "x"}\n{"text": "y"}\n')
+    with pytest.raises(ConfigError, match=r"`data.path`.*line 2 .* has keys \['text'\] and no `file_name`"):
+        ImageFolderDataset(tmp_path, resolution=16)  # not blamed on the caption key, which is there
     (tmp_path / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "x"}\nnot json\n')
     with pytest.raises(ConfigError, match="line 2"):
         ImageFolderDataset(tmp_path, resolution=16)
