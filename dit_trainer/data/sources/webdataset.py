@@ -12,6 +12,7 @@ import json
 import logging
 import random
 from collections.abc import Callable, Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ logger = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "tif", "tiff")
 VIDEO_EXTENSIONS = tuple(suffix.removeprefix(".") for suffix in VIDEO_SUFFIXES)
+SAMPLES_CHECKED = 8  # the first shard's samples whose caption fields tell a wrong caption column from a bad sample
 Decoded = Image.Image | list[np.ndarray]  # an image, or a clip's frames (H, W, 3)
 
 
@@ -124,21 +126,24 @@ class WebDatasetSource(IterableDataset):
         self._check_caption_columns()
 
     def _check_caption_columns(self) -> None:
-        """Fail before training when the first sample lacks a caption column: that is a config error, not data."""
-        first = next(read_shard(self.shards[0], []), None)
-        if first is None:
-            return  # an unreadable first shard is skipped like any other
-        try:
-            fields = caption_fields(first[1])
-        except UNREADABLE_ERRORS:
-            return  # so is a broken first sample
-        missing = [column for column in self.caption_columns if column not in fields]
-        if missing:
+        """Fail before training when none of the first samples has a caption column: that is a config error. A
+        sample among them without it is one of the data's, skipped and counted like any unreadable one."""
+        offered, read = set(), 0
+        for _, members in islice(read_shard(self.shards[0], []), SAMPLES_CHECKED):
+            try:
+                offered |= set(caption_fields(members))
+            except UNREADABLE_ERRORS:
+                continue  # a broken sample is skipped like any other
+            read += 1
+        missing = [column for column in self.caption_columns if column not in offered]
+        if read and missing:  # (an unreadable first shard is skipped like any other)
+            shard = self.shards[0]
+            samples = f"the first sample of {shard} has" if read == 1 else f"the first {read} samples of {shard} have"
             raise ConfigError(
                 self.caption_key,
                 missing[0] if self.caption_key == "data.caption_column" else self.caption_columns,
-                f"the first sample of {self.shards[0]} has no caption {missing[0]!r}; it offers {sorted(fields)} "
-                "(`txt` is the .txt member, the others are keys of the .json member)",
+                f"{samples} no caption {missing[0]!r}, only {sorted(offered)} (`txt` is the "
+                ".txt member, the others are keys of the .json member)",
                 f"set `{self.caption_key}` to one of those",
             )
 

@@ -96,8 +96,19 @@ def test_webdataset_json_captions_and_caption_columns(tmp_path):
     assert captions == {"red", "a red box"}
     assert [item["caption"] for item in dataset] == [item["caption"] for item in dataset]  # the same draw again
     assert next(iter(WebDatasetSource(pattern, 8, caption_column="long")))["caption"] == "a red box"
-    with pytest.raises(ConfigError, match=r"data.caption_column.*\['long', 'short'\]"):
+    with pytest.raises(
+        ConfigError, match=r"data.caption_column.*2 samples .* have no caption 'txt', only \['long', 'sh"
+    ):
         WebDatasetSource(pattern, 8, caption_column="txt")
+
+
+def test_a_first_sample_without_its_caption_is_skipped_and_counted_not_taken_for_a_wrong_caption_column(tmp_path):
+    samples = [{"__key__": "bare", "png": png_bytes()}]
+    samples += [{"__key__": f"k{i}", "png": png_bytes(), "txt": f"caption {i}"} for i in range(3)]
+    dataset = WebDatasetSource(write_shards(tmp_path, [samples]), 8, caption_column="txt")
+    items = list(dataset)
+    assert [item["caption"] for item in items] == ["caption 0", "caption 1", "caption 2"]
+    assert items[0]["bad_files"] == [f"{tmp_path / '000000.tar'}:bare: ValueError: no caption 'txt'"]
 
 
 def test_webdataset_bad_paths_name_data_path_and_few_shards_warn(tmp_path, caplog):
