@@ -46,8 +46,8 @@ class ShardSource(Protocol):
 def read_shard(shard: str, bad: list[str], start: int = 0) -> Iterator[tuple[str, dict[str, bytes]]]:
     """``(key, {extension: bytes})`` per sample in tar order, from the ``start``-th sample on: the samples before it
     are passed over by their headers, their bytes never read into a sample (a resumed stream's skip). A tar that is
-    cut off or corrupt ends here with one record appended to ``bad``; the samples before the damage are still
-    yielded."""
+    cut off or corrupt (or lacks the end-of-archive marker that every tar writer ends with) ends here with one record
+    appended to ``bad``; the samples before the damage are still yielded."""
     key, members, index = None, {}, -1
     try:
         with tarfile.open(shard, mode="r|*") as tar:
@@ -63,6 +63,14 @@ def read_shard(shard: str, bad: list[str], start: int = 0) -> Iterator[tuple[str
                 if index >= start:
                     members[extension.lower()] = tar.extractfile(info).read()
                 tar.members = []  # a stream-mode TarFile otherwise keeps every header it has read
+            # The loop ends quietly where the data ends or a header is damaged, as it does at the end-of-archive
+            # marker (two zero blocks, the first read by the loop): a copy cut off at a block boundary would lose
+            # its last samples unreported.
+            marker = tar.fileobj.read(tarfile.BLOCKSIZE)
+            if marker.count(0) != tarfile.BLOCKSIZE:
+                raise tarfile.ReadError(
+                    "no end-of-archive marker where the samples end: cut off, or a header is damaged"
+                )
     except (tarfile.TarError, OSError, EOFError) as error:
         bad.append(describe_failure(shard if key is None else f"{shard}:{key}", error))
         return

@@ -63,19 +63,25 @@ def test_webdataset_skips_corrupt_samples_and_truncated_shards(tmp_path):
         if data is not None
     ]
     no_image = [{"__key__": "missing", "txt": "a sample whose image file is missing"}]
-    pattern = write_shards(tmp_path, [good[:1] + corrupt + good[1:2], no_image + good[2:]])
+    cut = [{"__key__": f"cut{i}", "png": noise_png(i), "txt": f"cut {i}"} for i in range(3)]
+    pattern = write_shards(tmp_path, [good[:1] + corrupt + good[1:2], no_image + good[2:], cut])
     whole = (tmp_path / "000001.tar").read_bytes()
     (tmp_path / "000001.tar").write_bytes(whole[: len(whole) // 2])  # cut inside good2's image
+    whole = (tmp_path / "000002.tar").read_bytes()
+    headers = [at for at in range(0, len(whole), 512) if whole[at + 257 : at + 262] == b"ustar"]
+    cut_at = max(at for at in headers if at < whole.index(b"cut2"))  # cut2's first header block
+    (tmp_path / "000002.tar").write_bytes(whole[:cut_at])  # an interrupted copy: it ends where a tar could end
     dataset = WebDatasetSource(pattern, 16, seed=0)
     dataset.set_epoch(0)
     batches = list(DataLoader(dataset, batch_size=8, collate_fn=collate_batch, num_workers=0))
     assert len(batches) == 1
     batch = batches[0]
-    assert sorted(batch["caption"]) == ["good 0", "good 1"]
+    assert sorted(batch["caption"]) == ["cut 0", "good 0", "good 1"]  # cut1 went with the end it was read with
     for image in batch["image"]:
         assert_in_range(image, 16)
     bad = batch["bad_files"]
-    assert len(bad) == 5, bad
+    assert len(bad) == 6, bad
+    assert any("000002.tar:cut1: ReadError: no end-of-archive marker" in record for record in bad)
     assert any("000000.tar:truncated: OSError" in record for record in bad)
     assert any("000000.tar:empty: ValueError: empty file" in record for record in bad)
     assert any("000000.tar:text: not an image" in record for record in bad)
