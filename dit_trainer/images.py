@@ -5,6 +5,7 @@ images."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import BinaryIO
 
@@ -18,13 +19,20 @@ CHAR_WIDTH = 6
 
 
 def image_names(folder: Path) -> list[str]:
-    """The names of the images in ``folder``, sorted: visible files with an image suffix (not the ``._x.png``
-    metadata files that macOS copies leave beside each image)."""
-    return sorted(
-        entry.name
-        for entry in folder.iterdir()
-        if not entry.name.startswith(".") and entry.suffix.lower().lstrip(".") in IMAGE_SUFFIXES
-    )
+    """The images in ``folder`` and in its sub-folders (where torchvision's ``ImageFolder`` finds a class's images),
+    as paths relative to it, sorted: visible files with an image suffix in visible folders (not the ``._x.png``
+    metadata files that macOS copies leave beside each image, nor the copies in ``.ipynb_checkpoints``)."""
+    names = []
+    for root, folders, files in os.walk(folder):
+        folders[:] = [name for name in folders if not name.startswith(".")]
+        inside = Path(root).relative_to(folder)
+        names += [(inside / name).as_posix() for name in files if is_image_name(name)]
+    return sorted(names)
+
+
+def is_image_name(name: str) -> bool:
+    """A visible file with an image suffix."""
+    return not name.startswith(".") and Path(name).suffix.lower().lstrip(".") in IMAGE_SUFFIXES
 
 
 def class_folders(path: str | Path) -> list[str]:

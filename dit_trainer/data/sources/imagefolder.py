@@ -28,16 +28,16 @@ from dit_trainer.data.sources.transforms import (
     pick_caption,
 )
 from dit_trainer.errors import ConfigError, shortlist
-from dit_trainer.images import class_folders, image_names
+from dit_trainer.images import class_folders, image_names, is_image_name
 
 logger = logging.getLogger(__name__)
 METADATA = "metadata.jsonl"
 
 
 def class_folder_records(folder: Path) -> list[tuple[str, tuple[str, ...]]]:
-    """(file, (class name,)) for every image in the class sub-folders of ``folder``, the class being the
-    sub-folder's name (torchvision's ``ImageFolder`` layout; ``class_folders`` says which are classes), sorted by
-    class then file."""
+    """(file, (class name,)) for every image in the class sub-folders of ``folder`` (nested folders included), the
+    class being the sub-folder's name (torchvision's ``ImageFolder`` layout; ``class_folders`` says which are
+    classes), sorted by class then path."""
     return [(f"{name}/{image}", (name,)) for name in class_folders(folder) for image in image_names(folder / name)]
 
 
@@ -255,6 +255,11 @@ class ImageFolderDataset(ListedFiles, SkipUnreadable):
                 logger.warning(
                     f"sub-folders of {self.root} that are hidden or hold no images are no classes and are ignored: "
                     f"{shortlist(ignored, 5)}"
+                )
+            loose = sorted(e.name for e in self.root.iterdir() if e.is_file() and is_image_name(e.name))
+            if loose:
+                logger.warning(
+                    f"images directly in {self.root} are in no class folder and are ignored: {shortlist(loose, 5)}"
                 )
 
     def __len__(self) -> int:

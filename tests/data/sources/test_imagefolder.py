@@ -150,14 +150,19 @@ def test_a_metadata_line_that_is_not_a_utf8_json_object_names_the_line(tmp_path,
 
 
 def test_class_folders_read_only_visible_images_of_folders_that_hold_some(tmp_path, caplog):
-    for folder in ("cat", ".git", "empty"):
-        (tmp_path / folder).mkdir()
-    for name in ("cat/1.png", "cat/0.png", ".git/0.png"):
+    """As torchvision's ImageFolder: a class's images in nested folders are its images too, and images beside the
+    class folders belong to none (said, not silently dropped)."""
+    for folder in ("cat/kitten", "cat/.ipynb_checkpoints", ".git", "empty", "dog/puppy"):
+        (tmp_path / folder).mkdir(parents=True)
+    for name in ("cat/1.png", "cat/0.png", "cat/kitten/2.png", "cat/.ipynb_checkpoints/0.png", ".git/0.png",
+                 "dog/puppy/3.png", "loose.png"):  # fmt: skip
         (tmp_path / name).write_bytes(png_bytes())
     (tmp_path / "cat" / "._0.png").write_bytes(b"macOS metadata")
     dataset = ImageFolderDataset(tmp_path, resolution=8)
-    assert dataset.records == [("cat/0.png", ("cat",)), ("cat/1.png", ("cat",))]
+    assert dataset.records == [("cat/0.png", ("cat",)), ("cat/1.png", ("cat",)), ("cat/kitten/2.png", ("cat",)),
+                               ("dog/puppy/3.png", ("dog",))]  # fmt: skip
     assert "hold no images are no classes and are ignored: .git, empty" in caplog.text
+    assert "are in no class folder and are ignored: loose.png" in caplog.text
 
 
 @pytest.mark.parametrize("name", ["../outside.png", "/tmp/outside.png", "sub/../../outside.png"])
