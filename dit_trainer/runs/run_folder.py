@@ -207,6 +207,8 @@ def resolve_checkpoint(spec: str | None, checkpoints_dir: Path) -> Path | None:
         return None
     if spec == "latest":
         found = list_checkpoints(checkpoints_dir)
+        if not found:
+            refuse_only_damaged(checkpoints_dir)
         return found[-1] if found else None
     path = Path(spec).expanduser()
     reason = incomplete_reason(path) if is_checkpoint(path) else None
@@ -222,6 +224,22 @@ def resolve_checkpoint(spec: str | None, checkpoints_dir: Path) -> Path | None:
             f"(the newest complete checkpoint in hydra.run.dir) or a folder such as {checkpoints_dir}/checkpoint-1000",
         )
     return path
+
+
+def refuse_only_damaged(checkpoints_dir: Path) -> None:
+    """``trainer.resume=latest`` finds no complete checkpoint: a run that wrote none starts from step 0, but one whose
+    checkpoints are all damaged (a write that did not finish is never named ``checkpoint-<step>``) is refused; its
+    fresh start would write over them, and they may hold intact weights."""
+    damaged = incomplete_checkpoints(checkpoints_dir)
+    if damaged:
+        raise ConfigError(
+            "trainer.resume",
+            "latest",
+            f"{checkpoints_dir} holds checkpoints, none of them complete ("
+            + "; ".join(f"{path.name}: {reason}" for path, reason in damaged.items())
+            + "), and starting again from step 0 would write over them",
+            "restore a checkpoint folder from a copy, or start a fresh run in a new `hydra.run.dir`",
+        )
 
 
 def find_checkpoint(run_dir: Path, spec: str) -> Path:

@@ -15,6 +15,7 @@ from dit_trainer.runs.run_folder import (
     incomplete_checkpoints,
     list_checkpoints,
     refuse_links,
+    resolve_checkpoint,
     same_own_weights,
 )
 from tests.conftest import one_paragraph
@@ -56,6 +57,20 @@ def test_a_checkpoint_missing_a_file_is_listed_as_incomplete_with_why(tmp_path):
     assert incomplete_checkpoints(checkpoints) == {
         checkpoints / "checkpoint-4": "transformer/weights.safetensors is missing"
     }
+
+
+def test_latest_refuses_a_folder_whose_checkpoints_are_all_damaged_and_starts_afresh_in_one_with_none(tmp_path):
+    """A fresh start would write over the damaged checkpoints (whose weights may be intact): it started from step
+    0 with a warning that the folder held no checkpoint, and replaced checkpoint-4 at step 4."""
+    checkpoints = two_checkpoints(tmp_path / "checkpoints")
+    for step in (2, 4):
+        (checkpoints / f"checkpoint-{step}" / "transformer" / "weights.safetensors").write_bytes(b"12")
+    with pytest.raises(ConfigError) as caught:
+        resolve_checkpoint("latest", checkpoints)
+    message = one_paragraph(caught.value, "trainer.resume")
+    assert "none of them complete (checkpoint-2: transformer/weights.safetensors has 2 bytes" in message
+    assert "`hydra.run.dir`" in message
+    assert resolve_checkpoint("latest", tmp_path / "new" / "checkpoints") is None  # a requeued first attempt
 
 
 def test_the_scripts_find_a_checkpoint_by_name_and_refuse_a_damaged_one_naming_a_complete_one(tmp_path, caplog):

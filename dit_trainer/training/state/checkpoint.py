@@ -45,6 +45,7 @@ from dit_trainer.runs.run_folder import (
     checkpoint_step,
     incomplete_checkpoints,
     list_checkpoints,
+    refuse_only_damaged,
     resolve_checkpoint,
     write_kept,
 )
@@ -254,6 +255,8 @@ class Checkpointer:
             return None
         if spec == "latest":
             candidates = list_checkpoints(self.checkpoints_dir)[::-1]
+            if not candidates:
+                refuse_only_damaged(self.checkpoints_dir)
             for path, reason in incomplete_checkpoints(self.checkpoints_dir).items():
                 logger.warning(f"{path} is passed over: it is not a complete checkpoint ({reason})")
         else:
