@@ -388,4 +388,6 @@ def continue_run(argv: list[str]) -> Continuation | None:
     resume = f"{RESUME}={'latest' if checkpoint is None else hydra_quoted(str(checkpoint))}"
     place = [f"hydra.run.dir={hydra_quoted(str(run_dir))}", "hydra.output_subdir=null"] if in_place else []
     overrides = [item for item in rest if "=" in item and not item.startswith("-")]
-    return Continuation(run_dir, checkpoint, in_place, [*rest, resume, *place], overrides)
+    # Hydra's flags (`--cfg job`, `-m`) after the overrides, as typed: argparse takes its overrides in one run
+    flag = next((index for index, item in enumerate(rest) if item.startswith("-")), len(rest))
+    return Continuation(run_dir, checkpoint, in_place, [*rest[:flag], resume, *place, *rest[flag:]], overrides)

@@ -84,6 +84,17 @@ def test_the_command_line_that_started_the_run_continues_it(recorded_run):
     assert OmegaConf.to_container(cfg.model.extra_config) == {"ffn_dim": 48, "qk_norm": "rms"}
 
 
+def test_hydras_flags_typed_after_the_overrides_stay_after_them(recorded_run):
+    """argparse takes Hydra's overrides in one run: the resume's own, added after `--cfg job`, were refused as
+    unrecognized arguments."""
+    from hydra._internal.utils import get_args_parser
+
+    argv = continue_run([f"trainer.resume={recorded_run}", "trainer.max_steps=9", "--cfg", "job"]).argv
+    parsed = get_args_parser().parse_args(argv)
+    assert parsed.cfg == "job" and parsed.overrides[0] == "trainer.max_steps=9"
+    assert "trainer.resume=latest" in parsed.overrides and "hydra.output_subdir=null" in parsed.overrides
+
+
 def test_a_path_hydra_would_split_is_passed_on_quoted(recorded_run):
     odd = recorded_run.rename(recorded_run.with_name("my run, take 2"))
     continuation = continue_run([f"trainer.resume='{odd}'"])
