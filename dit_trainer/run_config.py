@@ -51,7 +51,7 @@ from dit_trainer.errors import ConfigError
 from dit_trainer.methods import METHODS, method_of
 from dit_trainer.rewards import REWARDS
 from dit_trainer.runs.init_run import check_init_from, inherit_init_run, init_checkpoint, starting_weights
-from dit_trainer.runs.run_folder import CHECKPOINTS, CONFIG, is_checkpoint, list_checkpoints
+from dit_trainer.runs.run_folder import CHECKPOINTS, CONFIG, is_checkpoint, list_checkpoints, own_weights_moved
 
 RESUME = "trainer.resume"
 MULTIRUN_FLAGS = ("-m", "--multirun")
@@ -267,6 +267,10 @@ def saved_config(run_dir: Path) -> DictConfig:
     drop_unread_sections(saved)
     if isinstance(saved, DictConfig):  # (not a mapping: the merge below says so in one paragraph)
         tree, moved = relocated_paths(move_renamed_sections_in_saved(OmegaConf.to_container(saved)))
+        model = tree.get("model")
+        own = own_weights_moved(model.get("pretrained"), run_dir) if isinstance(model, dict) else None
+        if own is not None:  # the run folder was moved since: its own copy of the weights it started from
+            moved[model["pretrained"]], model["pretrained"] = own, own
         report_relocated(moved, config_path)
         saved = OmegaConf.create(tree)
     try:

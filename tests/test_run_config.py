@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dit_trainer.errors import ConfigError
+from dit_trainer.errors import ConfigError, ModelLoadError
 
 from .conftest import compose_config, sample_in_process
 
@@ -94,6 +94,27 @@ def test_a_run_config_with_an_interpolation_is_refused_unresolved(written_run, t
     printed = capsys.readouterr()
     assert "`logger.run_name`" in printed.err and SECRET not in printed.out + printed.err
     assert not imported.exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_a_moved_run_finds_its_own_copy_of_its_starting_weights(written_run, tmp_path, tiny_pixart_dir, caplog):
+    """A GRPO or NFT run records `model.pretrained` as its own copy (`RUN/init/<name>`); moved or copied to another
+    machine, its sample.py, export.py and resume failed on the old path, which sample.py and export.py cannot
+    override."""
+    import shutil
+
+    from dit_trainer.run_config import read_run_config
+
+    old = tmp_path / "gone" / "init" / "transformer_ema"
+    config = written_run / "config.yaml"
+    config.write_text(config.read_text().replace("  pretrained: null\n", f"  pretrained: {old}\n", 1))
+    with pytest.raises(ModelLoadError, match="model.pretrained"):
+        read_run_config(written_run)  # not moved here too: nothing to find
+    shutil.copytree(tiny_pixart_dir, written_run / "init" / "transformer_ema")
+    own = (written_run / "init" / "transformer_ema").resolve()
+    assert read_run_config(written_run).model.pretrained == str(own)
+    assert f"{old} -> {own}" in caplog.text
+    assert sample_in_process(written_run, tmp_path / "out") == 0
 
 
 def test_relative_paths_of_local_models_are_recorded_absolute(tmp_path, monkeypatch, tiny_pixart_dir):

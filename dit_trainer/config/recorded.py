@@ -110,12 +110,13 @@ def relocated_paths(tree: Any) -> tuple[Any, dict[str, str]]:
 
 
 def report_relocated(moved: dict[str, str], config_path: Path) -> None:
-    """Say which recorded paths of a moved install are read from this one (``config.resolvers.relocated``)."""
+    """Say which recorded paths are read elsewhere: a moved install's from this one (``config.resolvers.relocated``),
+    a moved run folder's own starting weights from where the folder is now."""
     if moved and os.environ.get("RANK", "0") == "0":
         listed = ", ".join(f"{old} -> {new}" for old, new in moved.items())
         logger.warning(
-            f"{config_path} names files of a dit-trainer or package install that is no longer there; reading this "
-            f"install's copies: {listed}"
+            f"{config_path} names files that are no longer where it recorded them (a dit-trainer or package install, "
+            f"or the run folder, was moved since); reading the copies here: {listed}"
         )
 
 

@@ -77,6 +77,18 @@ def same_own_weights(saved: str | None, current: str | None, run_dir: Path) -> b
     return ours is not None and ours == weights_fingerprint(str(checkpoint_runs), None, None)
 
 
+def own_weights_moved(pretrained: object, run_dir: Path) -> str | None:
+    """Where the run in ``run_dir``, moved or copied since it recorded its own copy of its starting weights as
+    ``model.pretrained`` (``<its folder then>/init/<name>``), finds that copy now: in its ``init/``, when the recorded
+    path is gone (None otherwise: nothing to find, or the recorded path still holds the weights)."""
+    if not isinstance(pretrained, str):
+        return None
+    recorded, here = Path(pretrained), run_dir / OWN_WEIGHTS / Path(pretrained).name
+    if recorded.parent.name != OWN_WEIGHTS or recorded.exists() or not here.is_dir():
+        return None
+    return str(here.resolve())
+
+
 def weights_layout(lora: bool) -> WeightsLayout:
     return LORA_WEIGHTS if lora else FULL_WEIGHTS
 
