@@ -58,9 +58,10 @@ def unreadable_weights(folder: Path, error: BaseException) -> ModelLoadError:
     return ModelLoadError(
         f"Could not read the weights in {folder} ({type(error).__name__}: {' '.join(str(error).split())[:300]})"
         + (": they are damaged or were cut short (a copy that did not finish, a failing disk)" if damaged else "")
-        + ". To fix it, use another of the run's checkpoints (for sample, evaluate and export, `checkpoint=latest` "
-        "takes the newest complete one; a checkpoint's manifest.json lists the size of each file it wrote), or copy "
-        "this one again from where it was written."
+        + f". To fix it, use an older checkpoint of the run (for sample, evaluate and export `checkpoint=checkpoint-N`,"
+        f" one of the folders beside {folder.parent.name}; `latest` passes over only checkpoints whose files are "
+        "missing or of another size than their manifest.json lists), or copy this one again from where it was "
+        "written."
     )
 
 

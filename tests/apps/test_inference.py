@@ -70,7 +70,7 @@ def test_weights_damaged_in_a_checkpoint_without_a_manifest_are_one_paragraph(wr
     assert sample_in_process(written_run, tmp_path / "samples") == 2
     error = capsys.readouterr().err
     assert f"Could not read the weights in {weights.parent}" in error and "they are damaged or were cut short" in error
-    assert "`checkpoint=latest`" in error
+    assert "`checkpoint=checkpoint-N`, one of the folders beside checkpoint-1" in error
     assert "Traceback" not in error
 
 
