@@ -295,7 +295,7 @@ def assemble_trainer(cfg: TrainConfig, run_dir: Path, accelerator: Accelerator, 
             cfg.data, cfg.validation, batch_size, seed, plan.buckets, cache, accelerator, sizes_dir
         )
     rules = resume_rules(cfg, method, source)
-    check_resume_before_models(run_dir / CHECKPOINTS, cfg.trainer.resume, rules, accelerator)
+    check_resume_before_models(run_dir / CHECKPOINTS, cfg.trainer.resume, rules, accelerator, cfg.trainer.max_steps)
     frozen_dtype = weight_dtype(accelerator.mixed_precision)
     parts = build_components(
         model=cfg.model,

@@ -21,7 +21,6 @@ from diffusers.training_utils import EMAModel
 from torch import nn
 from tqdm.auto import tqdm
 
-from dit_trainer.errors import ConfigError
 from dit_trainer.runs.run_folder import METRICS, kept_checkpoints, list_checkpoints, set_aside_newer
 from dit_trainer.runs.run_lock import RunFolderLock
 from dit_trainer.runs.run_summary import write_summary
@@ -37,6 +36,7 @@ from dit_trainer.training.monitors.tracker_media import Trackers
 from dit_trainer.training.nonfinite import NonFiniteGuard
 from dit_trainer.training.preemption import PreemptionHandler
 from dit_trainer.training.state.checkpoint import Checkpointer
+from dit_trainer.training.state.checkpoint_manifest import refuse_resume_past_the_end
 from dit_trainer.training.step import TrainingStep
 from dit_trainer.training.summary import RunEnd, summarize, summary_line
 from dit_trainer.training.update import Update
@@ -110,15 +110,8 @@ class Trainer:
         attempt) are dropped so ``metrics.jsonl`` describes one run. Resumed from a checkpoint older than the run's
         newest, the later checkpoints and their metrics are set aside: a branch abandoned, kept for reference."""
         path = self.checkpointer.restore(spec)
-        if path is not None and self.state.step > self.settings.max_steps:  # before anything in the folder changes
-            raise ConfigError(
-                "trainer.max_steps",
-                self.settings.max_steps,
-                f"the run resumes at step {self.state.step} ({path.name}), past it: it would train nothing and "
-                "record a run that ends earlier than its checkpoints",
-                f"set `trainer.max_steps={self.state.step}` or more (to sample or export the run as it is, use "
-                "scripts/sample.py or scripts/export.py)",
-            )
+        if path is not None:  # before anything in the folder changes (an older checkpoint than checked may load)
+            refuse_resume_past_the_end(path, self.state.step, self.settings.max_steps)
         if path is not None:
             logger.info(f"Resumed from {path} at step {self.state.step}", main_process_only=True)
         elif spec:

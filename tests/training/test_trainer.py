@@ -183,14 +183,15 @@ def test_latest_in_a_folder_without_checkpoints_warns_that_it_starts_at_step_0(t
     assert warned and warned[0].levelname == "WARNING" and "`trainer.resume=RUN`" in warned[0].getMessage()
 
 
-def test_a_resume_past_max_steps_is_refused_and_changes_nothing_in_the_run_folder(tmp_path):
+def test_a_resume_past_max_steps_is_refused_and_changes_nothing_in_the_run_folder(tmp_path, monkeypatch):
     """It trained nothing, exited 0 and rewrote config.yaml (max_steps, a warm-up clipped to the shorter run) and
-    summary.json with the shorter length."""
+    summary.json with the shorter length. Refused before any model loads, as every check of a resume."""
     overrides = [*TINY_SHAPES, "data.length=32", "trainer.batch_size=8", "model.num_layers=1", "trainer.log_every=1",
                  "trainer.sample_every=0", "trainer.checkpoint_every=2"]  # fmt: skip
     build_trainer(compose_config([*overrides, "trainer.max_steps=4"]), tmp_path).fit()
     before = digest(tmp_path)
     reset_accelerate_state()
+    monkeypatch.setattr("dit_trainer.assemble.build_components", lambda **_: pytest.fail("the models were built"))
     with pytest.raises(ConfigError) as caught:
         build_trainer(compose_config([*overrides, "trainer.max_steps=3", "trainer.resume=latest"]), tmp_path)
     message = one_paragraph(caught.value, "trainer.max_steps")

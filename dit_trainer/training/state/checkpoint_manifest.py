@@ -32,6 +32,7 @@ from dit_trainer.runs.run_folder import (
     FULL_WEIGHTS,
     LORA_WEIGHTS,
     WeightsLayout,
+    checkpoint_step,
     read_manifest,
     resolve_checkpoint,
     same_own_weights,
@@ -144,14 +145,29 @@ def check_resume_launch(checkpoints_dir: Path, spec: str | None, accelerator: Ac
 
 
 def check_resume_before_models(
-    checkpoints_dir: Path, spec: str | None, rules: ResumeRules, accelerator: Accelerator
+    checkpoints_dir: Path, spec: str | None, rules: ResumeRules, accelerator: Accelerator, max_steps: int
 ) -> None:
-    """Every check of the resume (``check_resumable``) on the checkpoint it tries first, before any model is built:
-    a refused resume costs seconds, not the minutes that loading the models and encoding the data take. It warns
-    of nothing: the resume itself does."""
+    """Every check of the resume (``check_resumable``, ``refuse_resume_past_the_end``) on the checkpoint it tries
+    first, before any model is built: a refused resume costs seconds, not the minutes that loading the models and
+    encoding the data take. It warns of nothing: the resume itself does."""
     path = resolve_checkpoint(spec, checkpoints_dir)
     if path is not None:
         check_resumable(path, rules, accelerator, quiet=True)
+        refuse_resume_past_the_end(path, checkpoint_step(path), max_steps)
+
+
+def refuse_resume_past_the_end(path: Path, step: int, max_steps: int) -> None:
+    """A run resumed at ``step`` (from ``path``) past ``trainer.max_steps`` would train nothing and record a run that
+    ends earlier than its checkpoints."""
+    if step > max_steps:
+        raise ConfigError(
+            "trainer.max_steps",
+            max_steps,
+            f"the run resumes at step {step} ({path.name}), past it: it would train nothing and record a run that "
+            "ends earlier than its checkpoints",
+            f"set `trainer.max_steps={step}` or more (to sample or export the run as it is, use scripts/sample.py or "
+            "scripts/export.py)",
+        )
 
 
 def check_resumable(
