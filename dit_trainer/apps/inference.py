@@ -27,7 +27,13 @@ from dit_trainer.errors import ConfigError, require, shortlist
 from dit_trainer.images import to_pil
 from dit_trainer.prompts import load_prompts
 from dit_trainer.run_config import read_run_config
-from dit_trainer.runs.run_folder import check_writable_folder, find_checkpoint, read_manifest, weights_layout
+from dit_trainer.runs.run_folder import (
+    WeightsLayout,
+    check_writable_folder,
+    find_checkpoint,
+    read_manifest,
+    weights_layout,
+)
 
 logger = logging.getLogger(__name__)
 SAMPLE_INDEX = "index.jsonl"
@@ -105,6 +111,22 @@ def check_sampling_args(cfg: RunCheckpointArgs) -> None:
         SAMPLERS.check(cfg.sampler, "sampler")
 
 
+def require_own_kind(checkpoint: Path, layout: WeightsLayout) -> None:
+    """A checkpoint of the other kind (LoRA adapters given for a run that trained the whole DiT, or the reverse) is
+    another run's, named as such rather than as a folder without weights."""
+    other = weights_layout(not layout.lora)
+    if (checkpoint / layout.directory).is_dir() or not (checkpoint / other.directory).is_dir():
+        return
+    kinds = {True: "LoRA adapters", False: "the whole DiT"}
+    raise ConfigError(
+        "checkpoint",
+        str(checkpoint),
+        f"it holds {kinds[other.lora]} (`{other.directory}/`), and the run whose config is read trained "
+        f"{kinds[layout.lora]}: it is another run's checkpoint",
+        "pass one of this run's checkpoints (`checkpoint=latest`), or the folder of the run that wrote it",
+    )
+
+
 def require_safetensors(checkpoint: Path, weights: Path) -> None:
     """Checkpoint weights are read as safetensors only: train.py writes nothing else, and unpickling a ``.bin``
     someone put there can run code (``torch.load``'s ``weights_only`` guard was bypassable before torch 2.6)."""
@@ -126,7 +148,9 @@ def load_run(
     run_dir = Path(run_dir).expanduser()
     cfg = read_run_config(run_dir)
     path = find_checkpoint(run_dir, checkpoint)
-    weights = weights_layout(cfg.lora.enabled).weights_dir(path, ema)
+    layout = weights_layout(cfg.lora.enabled)
+    require_own_kind(path, layout)
+    weights = layout.weights_dir(path, ema)
     require_safetensors(path, weights)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16

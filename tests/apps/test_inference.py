@@ -23,6 +23,21 @@ def test_a_run_whose_weights_are_a_pickle_is_refused(written_run):
     assert "`checkpoint`" in message and "safetensors" in message and "\n" not in message
 
 
+def test_a_lora_checkpoint_given_for_a_run_that_trained_the_whole_dit_is_named_as_another_runs(written_run):
+    """It was refused as a weights folder with no .safetensors file in it, a folder that does not exist."""
+    from dit_trainer.apps.inference import load_run
+
+    checkpoint = written_run / "checkpoints" / "checkpoint-1"
+    (checkpoint / "transformer").rename(checkpoint / "transformer_lora")  # what a LoRA run's checkpoint holds
+    with pytest.raises(ConfigError) as caught:
+        load_run(written_run, str(checkpoint), device="cpu")
+    message = str(caught.value)
+    assert "it holds LoRA adapters (`transformer_lora/`), and the run whose config is read trained the whole DiT" in (
+        message
+    )
+    assert "another run's checkpoint" in message and "\n" not in message
+
+
 def test_sampling_into_a_folder_with_earlier_samples_is_refused_and_touches_nothing(written_run, tmp_path, capsys):
     out_dir = tmp_path / "samples"
     out_dir.mkdir()
