@@ -23,10 +23,7 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
 def write_cache(cfg: TrainConfig) -> tuple[str, int]:
-    result = call_with_sections(precompute, cfg)
-    skipped = f", {len(result.bad_files)} unreadable files skipped" if result.bad_files else ""
-    done = f"encoded {result.items} items{skipped}" if result.items else "already complete; prompts updated"
-    return f"Cache {result.cache_dir}: {done}.", 0
+    return call_with_sections(precompute, cfg).message, 0
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ from dit_trainer.data.cache.fingerprint import cache_fingerprint, check_fingerpr
 from dit_trainer.data.loading import drawn_per_item, loader_workers
 from dit_trainer.data.sources.source import build_dataset
 from dit_trainer.durable import write_atomically, write_text_atomically
-from dit_trainer.errors import ConfigError
+from dit_trainer.errors import ConfigError, shortlist
 from dit_trainer.pixels import to_model_range
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
 from dit_trainer.prompts import reward_monitor_prompts, sampled_prompts
@@ -59,6 +59,22 @@ class PrecomputeResult:
     cache_dir: Path
     items: int  # encoded now (0 when the cache existed and only prompts were added)
     bad_files: list[str]  # each unreadable file once (a file is tried again as the next item's replacement)
+
+    @property
+    def message(self) -> str:
+        """What ``scripts/precompute.py`` prints. A complete cache names the unreadable files it was encoded
+        without: a file fixed since is not encoded again (the data's fingerprint is its list of files, not their
+        bytes), and its row stays a copy of another image."""
+        skipped = f"{len(self.bad_files)} unreadable files skipped" if self.bad_files else ""
+        if self.items:
+            return f"Cache {self.cache_dir}: encoded {self.items} items" + (f", {skipped}." if skipped else ".")
+        kept = (
+            f" It was encoded with {skipped} (first: {shortlist(self.bad_files, 3, '; ')}), their rows copies of other "
+            "images: to encode files fixed since, precompute into a new `data.cache_dir`."
+            if skipped
+            else ""
+        )
+        return f"Cache {self.cache_dir}: already complete; prompts updated.{kept}"
 
 
 def _refuse_random_augmentation(data: DataConfig) -> None:
@@ -217,7 +233,7 @@ def precompute(
     if (cache_dir / INDEX).is_file():
         index = read_index(cache_dir)
         check_fingerprint(index, fingerprint, cache_dir)
-        items, bad_files = 0, []
+        items, bad_files = 0, index.get("bad_files", [])
         if state.is_main_process:  # the prompts file first: until the index names them, extra rows are unused
             text_encoder = build_text_encoder(conditioner, state.device, dtype)
             index["prompts"] = _write_prompts(sampled, cache_dir, index["prompts"], text_encoder)

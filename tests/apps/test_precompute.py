@@ -61,6 +61,13 @@ def test_each_unreadable_file_is_reported_once(tmp_path):
     result = precompute_cache(cfg)
     assert result.items == 8 and len(result.bad_files) == 2
     assert all(name in " ".join(result.bad_files) for name in ("6.png", "7.png"))
+    assert result.message == f"Cache {tmp_path / 'cache'}: encoded 8 items, 2 unreadable files skipped."
+    again = precompute_cache(cfg)  # complete: files fixed since would not be encoded again, so it names them
+    assert again.items == 0 and again.bad_files == result.bad_files
+    assert "already complete; prompts updated. It was encoded with 2 unreadable files skipped (first: " in (
+        again.message
+    )
+    assert "precompute into a new `data.cache_dir`" in again.message
 
 
 def test_a_folder_of_too_many_unreadable_images_is_refused_before_its_cache_is_complete(tmp_path):
