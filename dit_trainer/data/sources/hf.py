@@ -58,6 +58,13 @@ def load_split(path: str, split: str) -> Any:
                 "data.split", split, f"the data set at {path} has the splits {sorted(loaded)}", "pick one of them"
             )
         loaded = loaded[split]
+    elif split != "train" and str(loaded.split) != split:  # one saved data set: the default takes it whole
+        raise ConfigError(
+            "data.split",
+            split,
+            f"the data set at {path} is one split ({loaded.split or 'unnamed'}), saved without the others",
+            "leave `data.split` unset to train on it, or save the data set dict (`DatasetDict.save_to_disk`)",
+        )
     return loaded
 
 

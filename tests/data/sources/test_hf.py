@@ -44,6 +44,10 @@ def test_hf_dataset_dict_split_and_caption_columns(tmp_path):
     assert {dataset[0]["caption"] for _ in range(40)} == {"red", "a red box"}
     with pytest.raises(ConfigError, match=r"data.split.*\['test', 'train'\]"):
         HFImageDataset(str(tmp_path / "dict"), 8, split="validation")
+    train.save_to_disk(tmp_path / "one")  # a single data set: a split asked of it was ignored, the whole set read
+    assert len(HFImageDataset(str(tmp_path / "one"), 8, caption_column="short")) == 2
+    with pytest.raises(ConfigError, match=r"`data.split` is 'test'.*is one split \(unnamed\), saved without"):
+        HFImageDataset(str(tmp_path / "one"), 8, split="test", caption_column="short")
 
 
 def test_a_column_of_caption_lists_offers_each_and_a_caption_that_is_not_text_is_unreadable(tmp_path):
