@@ -8,6 +8,7 @@ from __future__ import annotations
 from dit_trainer.config import ConditionerConfig, DataConfig, DiffusionConfig, PrivacyConfig, ValidationConfig
 from dit_trainer.data import SOURCES, configured_sources
 from dit_trainer.data.captions import check_caption_tools
+from dit_trainer.data.mixture import source_names
 from dit_trainer.errors import require
 
 
@@ -79,6 +80,16 @@ def _check_mixture(privacy: PrivacyConfig, data: DataConfig, validation: Validat
     key = "data.mixture"
     for position, entry in enumerate(data.mixture):
         _check_source_path(entry.source, entry.path, f"{key}[{position}].path")
+    names = source_names(data.mixture)
+    for position, (name, entry) in enumerate(zip(names, data.mixture)):
+        require(
+            name not in names[:position],
+            f"{key}[{position}].name",
+            name,
+            f"entry {names.index(name)} is called that too, and the logs and the `data/skipped/<name>` metrics tell "
+            "entries apart by name",
+            f"give each entry a `name` of its own (unset, it is `<source><position>`: `{entry.source}{position}`)",
+        )
     streamed = next((entry.source for entry in data.mixture if SOURCES.get(entry.source).streamed), None)
     if streamed is not None:
         _check_stream_mixture(data, validation, streamed)

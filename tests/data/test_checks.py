@@ -44,6 +44,16 @@ def test_what_a_mixture_cannot_do_is_refused_naming_the_key(tmp_path, extra, key
         compose_config(mixture_overrides(tmp_path, *extra))
 
 
+def test_two_mixture_entries_of_one_name_are_refused(tmp_path):
+    """Their `data/skipped/<name>` counts were one metric, each entry's value overwriting the other's."""
+    overrides = mixture_overrides(tmp_path)
+    overrides = [item.replace("weight:3}", "weight:3,name:photos}") for item in overrides]
+    with pytest.raises(ConfigError) as refused:
+        compose_config(overrides)
+    message = one_paragraph(refused.value, "data.mixture[1].name")
+    assert "is 'photos', but entry 0 is called that too" in message and "`imagefolder1`" in message
+
+
 @pytest.mark.parametrize(
     ("extra", "key"),
     [
