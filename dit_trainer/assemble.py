@@ -50,7 +50,7 @@ from dit_trainer.runs.run_folder import (
     remove_unfinished_writes,
     weights_layout,
 )
-from dit_trainer.runs.run_lock import RunFolderLock
+from dit_trainer.runs.run_lock import RunFolderLock, lock_for_run
 from dit_trainer.training.banner import log_start_banner
 from dit_trainer.training.launch import build_accelerator
 from dit_trainer.training.monitors.monitor_set import build_monitor_set
@@ -99,9 +99,7 @@ def start_run(cfg: TrainConfig, run_dir: Path) -> tuple[Accelerator, RunFolderLo
     accelerator = build_accelerator(cfg.trainer, cfg.logger, run_dir)
     check_fsdp(accelerator)
     check_sharded_optimizer(cfg.optim, accelerator.is_fsdp2)
-    lock = RunFolderLock(run_dir) if accelerator.is_main_process else None
-    if lock is not None:
-        lock.acquire()
+    lock = lock_for_run(run_dir) if accelerator.is_main_process else None
     try:
         if accelerator.is_main_process:
             remove_unfinished_writes(run_dir / CHECKPOINTS)

@@ -148,7 +148,7 @@ def test_a_run_folder_that_cannot_be_made_where_permissions_allow_it_is_one_para
     def refused(run_dir):
         raise PermissionError(13, "Permission denied", str(run_dir))
 
-    monkeypatch.setattr("dit_trainer.runs.launch_folder.RunFolderLock", refused)
+    monkeypatch.setattr("dit_trainer.runs.launch_folder.hold_for_run", refused)
     run_dir = tmp_path / "share" / "run"
     with pytest.raises(SystemExit) as exited:
         RunFolderCheck().on_run_start(OmegaConf.create({"hydra": {"run": {"dir": str(run_dir)}}}))

@@ -4,8 +4,8 @@ Without this the others wait in their next collective until a timeout (NCCL) or 
 closed" traceback (gloo), and the launcher (torchrun, ``accelerate launch``) exits 1 whatever the failing process's
 code was. So a process that fails with a user error records it in the run folder (``.failure-HOST-PID.json``; on
 multi-node jobs the run folder is on shared storage), and every process watches for records in a thread: on the
-first one written since it started, it prints that message and exits with that code. Job scripts get the code back
-with ``python -m dit_trainer.runs.failures RUN_DIR --since EPOCH_SECONDS``.
+first one written since it started by a process of its own launch, it prints that message and exits with that code.
+Job scripts get the code back with ``python -m dit_trainer.runs.failures RUN_DIR --since EPOCH_SECONDS``.
 """
 
 from __future__ import annotations
@@ -33,6 +33,14 @@ class Failure:
     exit_code: int
     message: str
     time: float
+    launch: str | None = None  # ``this_launch()`` of the process that failed (None: recorded before launches were)
+
+
+def this_launch() -> str | None:
+    """What the processes of one launch share and another launch into the same folder cannot: its rendezvous address
+    (``MASTER_ADDR:MASTER_PORT``, set by torchrun and ``accelerate launch``); None outside a launch (a job script)."""
+    address, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    return f"{address}:{port}" if address and port else None
 
 
 def is_multi_process() -> bool:
@@ -41,7 +49,7 @@ def is_multi_process() -> bool:
 
 def record_failure(run_dir: Path, exit_code: int, message: str) -> None:
     """What this process failed with, for the other processes and the job script."""
-    failure = Failure(int(os.environ.get("RANK", "0")), exit_code, message, time.time())
+    failure = Failure(int(os.environ.get("RANK", "0")), exit_code, message, time.time(), this_launch())
     name = f".failure-{socket.gethostname()}-{os.getpid()}.json"
     write_text_atomically(run_dir / name, json.dumps(asdict(failure)))
 
@@ -53,15 +61,16 @@ def let_the_others_notice() -> None:
     time.sleep(2 * POLL_SECONDS)
 
 
-def first_failure(run_dir: Path, since: float) -> Failure | None:
-    """The earliest failure recorded at or after ``since`` (older records are from earlier attempts)."""
+def first_failure(run_dir: Path, since: float, launch: str | None = None) -> Failure | None:
+    """The earliest failure recorded at or after ``since`` (older records are from earlier attempts), by a process of
+    ``launch`` when it is given: a second launch refused in a live run's folder must not stop that run."""
     failures = []
     for path in run_dir.glob(".failure-*.json"):
         try:
             failures.append(Failure(**json.loads(path.read_text(encoding="utf-8"))))
         except (OSError, ValueError, TypeError):  # removed meanwhile, or not ours
             continue
-    recent = [failure for failure in failures if failure.time >= since]
+    recent = [f for f in failures if f.time >= since and (launch is None or f.launch in (None, launch))]
     return min(recent, key=lambda failure: failure.time, default=None)
 
 
@@ -81,7 +90,7 @@ class FailureWatch:
         return self
 
     def failure_elsewhere(self) -> Failure | None:
-        failure = first_failure(self.run_dir, self.since)
+        failure = first_failure(self.run_dir, self.since, this_launch())
         return failure if failure is not None and failure.rank != self.rank else None
 
     def exit_on(self, failure: Failure) -> None:

@@ -29,7 +29,7 @@ from dit_trainer.runs.run_folder import (
     refuse_links,
     unwritable,
 )
-from dit_trainer.runs.run_lock import RunFolderLock
+from dit_trainer.runs.run_lock import RunFolderLock, hold_for_run, release_held
 
 Trained = tuple[tuple[int, int] | None, list[str]]  # metrics.jsonl's size and time of change, the checkpoints' names
 HYDRA_RECORD = ("config.yaml", "hydra.yaml", "overrides.yaml")  # what Hydra writes into `hydra.output_subdir`
@@ -68,13 +68,13 @@ class RunFolderCheck(Callback):
             check_writable_folder(run_dir, "hydra.run.dir")
             refuse_links(run_dir)
             if os.environ.get("RANK", "0") == "0":
-                with RunFolderLock(run_dir):
-                    pass
+                hold_for_run(run_dir)  # held from here: a second launch is refused before Hydra writes anything
             check_run_folder(run_dir, OmegaConf.select(config, "trainer.resume"))  # before Hydra's .hydra/ record
             if existed:  # read once the folder is known to hold no links
                 _remember_record(run_dir, OmegaConf.select(config, "hydra.output_subdir"))
-                log = run_dir / f"{config.hydra.job.name}.log"  # Hydra's job log, opened before the config is read
-                if not log.exists():
+                job = OmegaConf.select(config, "hydra.job.name")
+                log = run_dir / f"{job}.log"  # Hydra's job log, opened before the config is read
+                if job and not log.exists():
                     _logs_made_by_this_launch[absolute(run_dir)] = log, _trained(run_dir)
         except OSError as error:  # where permissions do not tell (a root-squashed NFS share, /proc): making it failed
             reason = f"the folder could not be made there ({error.strerror or error})"
@@ -93,6 +93,7 @@ def discard_refused_start(run_dir: Path) -> None:
     none). So is the folder of a multi-process launch: it holds each process's failure record, which the others and
     the job script read (``dit_trainer.runs.failures``). Unless the launch trained before it stopped (a second
     Ctrl-C, a data error at a later epoch): then its record and log stay."""
+    release_held(run_dir)  # not taken over by a run: the launch was refused before it started
     record, files, trained = _records_before_this_launch.pop(absolute(run_dir), (None, None, None))
     if record is not None and trained == _trained(run_dir) and os.environ.get("RANK", "0") == "0":
         _put_back(record, files)

@@ -11,6 +11,7 @@ is taken over with a warning that names the old holder, never silently.
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import json
 import logging
@@ -119,6 +120,38 @@ class RunFolderLock:
                 os.utime(self.path)
             except OSError:  # removed by hand or a file-system hiccup: the next beat tries again
                 continue
+
+
+# Run folders (absolute) whose lock this process's launch took before Hydra wrote into them (``RunFolderCheck``),
+# held for the run that starts there (``lock_for_run``): another launch is refused from the first moment on, not only
+# once the models and the accelerator are built.
+_held_for_the_run: dict[str, RunFolderLock] = {}
+
+
+def hold_for_run(run_dir: Path) -> None:
+    """Take ``run_dir``'s lock for the run this launch is about to start there; given back at the latest when the
+    process exits (a start refused before it took the lock over)."""
+    lock = RunFolderLock(run_dir)
+    lock.acquire()
+    _held_for_the_run[os.path.abspath(run_dir)] = lock
+    atexit.register(lock.release)
+
+
+def lock_for_run(run_dir: Path) -> RunFolderLock:
+    """The lock of the run starting in ``run_dir``: the one this launch took (``hold_for_run``), else taken now (a
+    trainer built from Python)."""
+    lock = _held_for_the_run.pop(os.path.abspath(run_dir), None)
+    if lock is None:
+        lock = RunFolderLock(run_dir)
+        lock.acquire()
+    return lock
+
+
+def release_held(run_dir: Path) -> None:
+    """Give back the lock this launch took on ``run_dir`` and no run took over (a refused start)."""
+    lock = _held_for_the_run.pop(os.path.abspath(run_dir), None)
+    if lock is not None:
+        lock.release()
 
 
 def _is_current(descriptor: int, path: Path) -> bool:

@@ -12,7 +12,14 @@ import time
 import pytest
 
 from dit_trainer.errors import ConfigError
-from dit_trainer.runs.run_lock import LOCK, STALE_AFTER_SECONDS, RunFolderLock
+from dit_trainer.runs.run_lock import (
+    LOCK,
+    STALE_AFTER_SECONDS,
+    RunFolderLock,
+    hold_for_run,
+    lock_for_run,
+    release_held,
+)
 from tests.conftest import REPO
 
 
@@ -24,6 +31,25 @@ def test_a_second_lock_on_a_held_folder_is_refused_naming_the_holder(tmp_path):
     assert not (tmp_path / "run" / LOCK).exists()  # released
     with RunFolderLock(tmp_path / "run"):  # and free again
         pass
+
+
+def test_a_launchs_lock_is_held_from_its_folder_check_until_its_run_takes_it_over(tmp_path):
+    """Taken at the folder check (before Hydra writes) and only tested there, the lock was free during the start-up
+    (imports, the accelerator): a second launch then got in, and its refusal, recorded as a failure in the folder,
+    stopped the first run."""
+    hold_for_run(tmp_path / "run")
+    with pytest.raises(ConfigError, match=f"process {os.getpid()}"):
+        RunFolderLock(tmp_path / "run").acquire()  # another launch, during the start-up
+    lock = lock_for_run(tmp_path / "run")  # the run takes over the launch's lock
+    with pytest.raises(ConfigError):
+        RunFolderLock(tmp_path / "run").acquire()
+    release_held(tmp_path / "run")  # nothing left to give back: the run holds it
+    assert (tmp_path / "run" / LOCK).exists()
+    lock.release()
+    hold_for_run(tmp_path / "refused")
+    release_held(tmp_path / "refused")  # a refused start gives it back
+    assert not (tmp_path / "refused" / LOCK).exists()
+    lock_for_run(tmp_path / "refused").release()  # no launch held it: taken at once (a trainer built from Python)
 
 
 def test_the_lock_of_a_killed_process_is_taken_over_with_a_warning(tmp_path, caplog):
