@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from functools import partial
 from pathlib import Path
 
 import hydra
@@ -26,7 +27,13 @@ from dit_trainer.config import register_configs
 from dit_trainer.config.command_line import check_command_line
 from dit_trainer.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_PREEMPTED, USER_ERRORS, ConfigError, exit_code
 from dit_trainer.run_config import continue_run, to_train_config
-from dit_trainer.runs.failures import FailureWatch, is_multi_process, let_the_others_notice, record_failure
+from dit_trainer.runs.failures import (
+    Failure,
+    FailureWatch,
+    is_multi_process,
+    let_the_others_notice,
+    record_failure,
+)
 from dit_trainer.runs.launch_folder import discard_refused_start
 from dit_trainer.runs.process_exit import exit_without_finalizing
 
@@ -39,7 +46,8 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    watch = FailureWatch(run_dir).start() if is_multi_process() else None  # the others stop with a failed one
+    # The others stop with a failed one; the main process then leaves the folder as a refusal would.
+    watch = FailureWatch(run_dir, partial(discard_after, run_dir)).start() if is_multi_process() else None
     try:
         train_cfg = to_train_config(cfg, HydraConfig.get().overrides.task, run_dir)
         from dit_trainer.assemble import run  # the training stack: only once the config is known to be good
@@ -54,11 +62,12 @@ def main(cfg: DictConfig) -> None:
     except USER_ERRORS as error:
         if watch is not None:  # an error caused by another process's failure (a folder it removed) reports that
             watch.stop_if_failed_elsewhere(timeout=0.0)
-            record_failure(run_dir, exit_code(error), str(error))
-            let_the_others_notice()
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {error}", file=sys.stderr)  # first: the launcher may end this process while it lingers
         if exit_code(error) == EXIT_BAD_INPUT:
             discard_refused_start(run_dir)  # the folder Hydra made for this start, if nothing was trained in it
+        if watch is not None:
+            record_failure(run_dir, exit_code(error), str(error))
+            let_the_others_notice()
         sys.exit(exit_code(error))
     except KeyboardInterrupt:  # Ctrl-C before training started, or a second one: stop at once, no traceback
         discard_refused_start(run_dir)
@@ -78,6 +87,12 @@ def main(cfg: DictConfig) -> None:
                 f"`python train.py trainer.resume={result.run_dir}`."
             )
         sys.exit(EXIT_INTERRUPTED if result.interrupted else EXIT_PREEMPTED)
+
+
+def discard_after(run_dir: Path, failure: Failure) -> None:
+    """What this process does when another's refused start ends it: the folder as the launch found it."""
+    if failure.exit_code == EXIT_BAD_INPUT:
+        discard_refused_start(run_dir)
 
 
 def command_line(argv: list[str]) -> list[str]:

@@ -11,12 +11,14 @@ Job scripts get the code back with ``python -m dit_trainer.runs.failures RUN_DIR
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -78,8 +80,9 @@ class FailureWatch:
     """A daemon thread that ends this process with the first failure another process records (a thread, so that it
     acts while the main thread is blocked in a collective)."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, before_exit: Callable[[Failure], None] | None = None) -> None:
         self.run_dir = run_dir
+        self.before_exit = before_exit  # what this process still does when another's failure ends it
         # Records older than the launcher (torchrun) are from earlier attempts; its start time is known to the
         # second (psutil's clock), and a requeued attempt starts far later than that.
         self.since = psutil.Process(os.getppid()).create_time() - 1.0
@@ -96,6 +99,9 @@ class FailureWatch:
     def exit_on(self, failure: Failure) -> None:
         print(f"error: process {failure.rank} failed, so this one ({self.rank}) stops: {failure.message}", flush=True,
               file=sys.stderr)  # fmt: skip
+        if self.before_exit is not None:
+            with contextlib.suppress(Exception):  # nothing may keep this process from ending
+                self.before_exit(failure)
         os._exit(failure.exit_code)  # the main thread may be blocked in a collective that never returns
 
     def stop_if_failed_elsewhere(self, timeout: float) -> None:

@@ -62,3 +62,25 @@ def test_when_one_rank_fails_both_stop_with_its_message_and_the_job_gets_its_cod
     command = [sys.executable, "-m", "dit_trainer.runs.failures", str(run_dir), "--since", str(launched)]
     code = subprocess.run(command, cwd=REPO, capture_output=True, text=True).stdout.strip()
     assert code == str(EXIT_CHECKPOINT_FAILED)
+
+
+@pytest.mark.slow
+def test_a_start_refused_under_two_processes_is_printed_and_puts_the_folders_launch_record_back(tmp_path):
+    """The failing process recorded its failure and lingered first: torchrun ended it before it printed its error or
+    put back the record its launch wrote over, and the other process left through the watch, which did neither."""
+    run_dir = tmp_path / "run"
+    (run_dir / ".hydra").mkdir(parents=True)
+    record = {name: f"the run's {name}" for name in ("config.yaml", "hydra.yaml", "overrides.yaml")}
+    for name, text in record.items():
+        (run_dir / ".hydra" / name).write_text(text)
+    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    result = subprocess.run(
+        [sys.executable, *launch, "train.py", *TINY_SHAPES, f"hydra.run.dir={run_dir}", "data=imagefolder",
+         f"data.path={tmp_path / 'no_such_folder'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**__import__("os").environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "`data.path`" in output and "no metadata.jsonl was found there" in output
+    assert {path.name: path.read_text() for path in (run_dir / ".hydra").iterdir()} == record
+    assert not (run_dir / "train.log").exists()
