@@ -83,4 +83,3 @@ def test_a_start_refused_under_two_processes_is_printed_and_puts_the_folders_lau
     output = result.stdout + result.stderr
     assert result.returncode != 0 and "`data.path`" in output and "no metadata.jsonl was found there" in output
     assert {path.name: path.read_text() for path in (run_dir / ".hydra").iterdir()} == record
-    assert not (run_dir / "train.log").exists()
