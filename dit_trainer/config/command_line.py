@@ -19,7 +19,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ValidationError
+from omegaconf.errors import ConfigKeyError, ValidationError
 
 from dit_trainer.config.fields import CHECK, Check
 from dit_trainer.config.schema import TrainConfig
@@ -105,6 +105,13 @@ def wrong_type(override: Override, key: str, config: DictConfig) -> ConfigError 
             OmegaConf.update(config, key, value, merge=True, force_add=override.is_force_add())
         except ValidationError as error:
             return refused_value(key, value, error)
+        except ConfigKeyError as error:  # a dict or list value naming a key the field has not (`{source:x,pth:y}`)
+            return ConfigError(
+                key,
+                value,
+                f"it names a key that `{key}` has not ({str(error).partition(chr(10))[0]})",
+                f"name only keys that `{key}` has (`python train.py --help` lists every field and what it takes)",
+            )
     return None
 
 
@@ -141,6 +148,12 @@ def closest_keys(key: str, keys: list[str]) -> list[str]:
         key=lambda candidate: (close.index(names[candidate]), candidate.rpartition(".")[0] != section),
     )
     return ranked[:3] or difflib.get_close_matches(key, keys, n=3, cutoff=0.5)
+
+
+def defaults_groups(config_dir: Path) -> set[str]:
+    """The config groups ``train.yaml``'s defaults list names (``experiment`` is not among them: it is added)."""
+    entries = OmegaConf.load(config_dir / "train.yaml").get("defaults", [])
+    return {name for entry in entries if isinstance(entry, DictConfig) for name in entry}
 
 
 def _check_option(group: str, option: str, config_dir: Path, prefix: str = "") -> None:
@@ -249,6 +262,7 @@ def check_command_line(argv: list[str], config_dir: Path) -> None:
     if any(flag in argv for flag in COMPLETION_FLAGS):
         return
     groups = {path.name for path in config_dir.iterdir() if path.is_dir()}
+    defaults = defaults_groups(config_dir)
     keys = list(schema_keys())
     config: DictConfig | None = None  # the schema as Hydra composes onto it, built for the first value to check
     for item, override in parsed_overrides(argv):
@@ -262,6 +276,13 @@ def check_command_line(argv: list[str], config_dir: Path) -> None:
             continue
         if key in groups and isinstance(override.value(), str):
             _check_option(key, override.value(), config_dir, "+" if override.is_add() else "")
+            if key not in defaults and not override.is_add():  # Hydra: "No match in the defaults list", exit 1
+                raise ConfigError(
+                    key,
+                    override.value(),
+                    f"configs/train.yaml's defaults list has no `{key}` entry, so its option is added, not replaced",
+                    f"write `+{key}={override.value()}`",
+                )
         elif not _known(key):  # `+` too: Hydra adds the key, and the schema's loader drops it without a word
             closest = " or ".join(f"`{candidate}`" for candidate in closest_keys(key, keys))
             added = " (a `+` adds keys only below a field that takes any, such as `model.extra_config`)"

@@ -31,7 +31,10 @@ def test_the_closest_keys_lead_with_the_one_meant(key, meant):
      (["model=pixart_tin"], "`model=pixart_tiny`"),
      (["+experiment=shpes"], "`+experiment=shapes`"),
      (["+optim.weight_decayy=0.1"], "`optim.weight_decay`"),  # a `+` was dropped without a word, exit 0
-     (["+trainer.foo=1"], "a `+` adds keys only below a field that takes any")],
+     (["+trainer.foo=1"], "a `+` adds keys only below a field that takes any"),
+     (["experiment=shapes"], "write `+experiment=shapes`"),  # Hydra's "No match in the defaults list", exit 1
+     (["+experiment=shapes", "data.mixture=[{source: imagefolder, pth: /d}]"], "Key 'pth' not in 'MixtureSource'"),
+     (["trainer={max_stepz: 3}"], "Key 'max_stepz' not in 'TrainerConfig'")],  # tracebacks, exit 1
 )  # fmt: skip
 def test_a_mistyped_key_or_option_is_refused_naming_the_closest(argv, named):
     with pytest.raises(ConfigError) as caught:
