@@ -45,7 +45,7 @@ def main(argv: list[str]) -> int:
         report = run_benchmark(cfg, options.out, options.warmup, options.steps)
         return f"{format_table(report)}\nWrote {options.out / 'benchmark.json'}", 0
 
-    return run_train_script(REPO / "configs", overrides, benchmark)
+    return run_train_script(REPO / "configs", overrides, benchmark, __doc__)
 
 
 if __name__ == "__main__":

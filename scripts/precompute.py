@@ -27,4 +27,4 @@ def write_cache(cfg: TrainConfig) -> tuple[str, int]:
 
 
 if __name__ == "__main__":
-    sys.exit(run_train_script(CONFIG_DIR, sys.argv[1:], write_cache))
+    sys.exit(run_train_script(CONFIG_DIR, sys.argv[1:], write_cache, __doc__))

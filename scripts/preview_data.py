@@ -31,11 +31,8 @@ def preview(own: list[str], cfg: TrainConfig) -> tuple[str, int]:
 
 
 def main(argv: list[str]) -> int:
-    if {"-h", "--help"} & set(argv):
-        print(__doc__)
-        return 0
     own, overrides = split_arguments(argv)
-    return run_train_script(CONFIG_DIR, overrides, partial(preview, own))
+    return run_train_script(CONFIG_DIR, overrides, partial(preview, own), __doc__)
 
 
 if __name__ == "__main__":

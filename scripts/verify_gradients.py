@@ -32,4 +32,4 @@ def verify(cfg: TrainConfig) -> tuple[str, int]:
 
 
 if __name__ == "__main__":
-    sys.exit(run_train_script(CONFIG_DIR, sys.argv[1:], verify))
+    sys.exit(run_train_script(CONFIG_DIR, sys.argv[1:], verify, __doc__))

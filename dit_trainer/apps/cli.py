@@ -100,9 +100,18 @@ def run_cli(main: Callable[[T], str], schema: type[T], argv: list[str], usage: s
     return _report(lambda: (main(parse_cli(schema, argv)), 0), usage)
 
 
-def run_train_script(config_dir: Path, overrides: list[str], main: Callable[[TrainConfig], tuple[str, int]]) -> int:
+def run_train_script(
+    config_dir: Path, overrides: list[str], main: Callable[[TrainConfig], tuple[str, int]], usage: str
+) -> int:
     """Compose ``overrides`` as ``train.py`` would (their keys and value types checked first, as train.py checks
-    them), run ``main`` on the config and print its message; returns its exit code."""
+    them), run ``main`` on the config and print its message; returns its exit code. ``-h``/``--help`` prints the
+    script's ``usage``; another flag is refused (Hydra's lexer would call it a syntax error)."""
+    if {"-h", "--help"} & set(overrides):
+        print(usage)
+        return 0
+    if flags := [item for item in overrides if item.startswith("-") and "=" not in item]:
+        print(f"error: unknown option {flags[0]} (the options and overrides it takes: --help)", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
     def composed() -> TrainConfig:
         check_command_line(overrides, config_dir)

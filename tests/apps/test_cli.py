@@ -84,9 +84,16 @@ def test_an_argument_without_a_default_left_off_is_named_in_one_paragraph(argv, 
     assert usage.strip() == "usage: sample.py ..."
 
 
+USAGE = "usage: script.py [train.py's overrides]"
+
+
+def unreachable(cfg):
+    raise AssertionError("the script ran")
+
+
 def test_verify_gradients_reports_a_bad_value_without_a_traceback(capsys):
     """What scripts/verify_gradients.py runs, in-process: a bad value is one paragraph and exit code 2."""
-    code = run_train_script(CONFIG_DIR, ["+experiment=shapes", "optim.lr=-1"], lambda cfg: ("unreachable", 0))
+    code = run_train_script(CONFIG_DIR, ["+experiment=shapes", "optim.lr=-1"], unreachable, USAGE)
     err = capsys.readouterr().err
     assert code == 2 and "`optim.lr`" in err and "Traceback" not in err
 
@@ -98,8 +105,16 @@ def test_verify_gradients_reports_a_bad_value_without_a_traceback(capsys):
 )  # fmt: skip
 def test_the_scripts_that_take_train_py_s_overrides_check_them_as_train_py_does(override, said, capsys):
     """Hydra's compose API alone says only "Error merging override model.num_layers=abc"."""
-    code = run_train_script(CONFIG_DIR, ["+experiment=shapes", override], lambda cfg: ("unreachable", 0))
+    code = run_train_script(CONFIG_DIR, ["+experiment=shapes", override], unreachable, USAGE)
     assert code == 2 and said in capsys.readouterr().err
+
+
+def test_the_scripts_that_take_train_py_s_overrides_answer_help_and_refuse_other_flags(capsys):
+    """precompute.py --help was Hydra's lexer error (exit 2), and benchmark.py's mistyped --stepz too."""
+    assert run_train_script(CONFIG_DIR, ["+experiment=shapes", "--help"], unreachable, USAGE) == 0
+    assert capsys.readouterr().out == f"{USAGE}\n"
+    assert run_train_script(CONFIG_DIR, ["+experiment=shapes", "--stepz", "2"], unreachable, USAGE) == 2
+    assert capsys.readouterr().err == "error: unknown option --stepz (the options and overrides it takes: --help)\n"
 
 
 @pytest.mark.slow
