@@ -9,6 +9,7 @@ caption dropout is label dropout.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -73,6 +74,14 @@ def check_class_labels(
     conditioner: ConditionerConfig, data: DataConfig, trainer: TrainerConfig, monitor: MonitorConfig
 ) -> None:
     """Class labels need their names, and the prompts a run samples must be among them."""
+    folder = Path(data.path).expanduser() if data.path and not data.mixture else None
+    require(
+        bool(conditioner.classes) or folder is None or folder.is_dir(),
+        "data.path",
+        data.path,
+        "there is no folder there to read the class names from (its class sub-folders)",
+        "point `data.path` at the folder of class sub-folders (a relative path is read from where train.py runs)",
+    )
     require(
         bool(conditioner.classes),
         "conditioner.classes",

@@ -18,6 +18,9 @@ def test_classes_are_read_from_the_sub_folders_and_checked(digits):
         compose_config([*TINY_SHAPES, *class_conditional(digits), "model.family=pixart_alpha"])
     with pytest.raises(ConfigError, match=r"`trainer\.sample_prompts`.*\['cat'\].*class names or ids"):
         compose_config([*TINY_SHAPES, *class_conditional(digits), "trainer.sample_prompts=[cat]"])
+    missing = digits.parent / "no_such_folder"  # was refused as `conditioner.classes` is [], never naming the path
+    with pytest.raises(ConfigError, match=r"`data\.path` is '.*no_such_folder', but there is no folder there"):
+        compose_config([*TINY_SHAPES, *class_conditional(missing)])
     # Ghost clipping (the default mode) trains the DiT: its shared embedder runs once per forward under DP.
     compose_config([*TINY_SHAPES, *class_conditional(digits), "privacy.enabled=true", "privacy.noise_multiplier=1"])
 
