@@ -155,11 +155,15 @@ def clean_model(model: ModelMixin) -> ModelMixin:
 
 
 def _check_out_dir(out_dir: Path) -> None:
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(
+            "out_dir", str(out_dir), "it is a file, and an export is a folder", "pass a folder's path as `out_dir=...`"
+        )
+    if out_dir.exists() and any(out_dir.iterdir()):
         raise ConfigError(
             "out_dir",
             str(out_dir),
-            "it already exists and is not an empty folder, and an export never overwrites",
+            "it is a folder that already holds files, and an export never overwrites",
             "remove it first, or pass another `out_dir=...`",
         )
 

@@ -1,11 +1,11 @@
 """Exporting a checkpoint (``export.py``): the latent normalisation folded into the VAE an export ships, or why it
-cannot be. (The exports of trained runs: tests/e2e/test_export.py.)"""
+cannot be; where an export may be written. (The exports of trained runs: tests/e2e/test_export.py.)"""
 
 import pytest
 import torch
 from diffusers import AutoencoderKL
 
-from dit_trainer.apps.export import fold_latent_normalisation
+from dit_trainer.apps.export import _check_out_dir, fold_latent_normalisation
 from dit_trainer.components.vae import FrozenVAE
 from dit_trainer.errors import ConfigError
 
@@ -31,3 +31,15 @@ def test_fold_handles_a_shift_factor_and_explains_when_it_cannot_fold():
         fold_latent_normalisation(FrozenVAE(_tiny_autoencoder(shift_factor=0.3, use_post_quant_conv=False)))
     plain = FrozenVAE(_tiny_autoencoder(use_post_quant_conv=False))  # nothing to fold: exported as is
     assert not fold_latent_normalisation(plain).config.use_post_quant_conv
+
+
+def test_an_out_dir_that_is_a_file_or_holds_files_is_refused_saying_which(tmp_path):
+    """A file was refused as a folder that is not empty, with the advice to remove it."""
+    (tmp_path / "prompts.txt").write_text("the user's")
+    with pytest.raises(ConfigError, match="it is a file, and an export is a folder"):
+        _check_out_dir(tmp_path / "prompts.txt")
+    with pytest.raises(ConfigError, match="a folder that already holds files"):
+        _check_out_dir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    _check_out_dir(tmp_path / "empty")
+    _check_out_dir(tmp_path / "new")
