@@ -43,6 +43,7 @@ from dit_trainer.config import TrainConfig, call_with_sections
 from dit_trainer.data.batch_plan import BatchPlan, PlanBatchSampler
 from dit_trainer.data.collate import collate_batch
 from dit_trainer.data.sources.source import build_dataset
+from dit_trainer.errors import ConfigError
 from dit_trainer.methods import method_of
 from dit_trainer.pixels import to_model_range
 from dit_trainer.precision import resolve_mixed_precision, weight_dtype
@@ -199,6 +200,7 @@ def flops_per_image(cfg: TrainConfig, parts: Components, device: torch.device) -
 def run_benchmark(cfg: TrainConfig, out_dir: Path, warmup: int = 5, steps: int = 20) -> dict:
     """All four measurements of a validated ``cfg``; writes ``out_dir/benchmark.json`` (and the cache in
     ``out_dir/cache`` unless ``data.cache_dir`` names one) and returns what it wrote."""
+    check_out_dir(out_dir, "benchmark.json")
     private = cfg.privacy.enabled
     cfg = replace(cfg, privacy=replace(cfg.privacy, enabled=False))  # (a)-(d) measure the non-private trainer
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -258,6 +260,20 @@ def run_benchmark(cfg: TrainConfig, out_dir: Path, warmup: int = 5, steps: int =
     return report
 
 
+def check_out_dir(out_dir: Path, report: str) -> None:
+    """The benchmark's folder (``--out``), before anything is measured: not a file, and without an earlier
+    ``report``, which a benchmark never overwrites."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError("--out", str(out_dir), "it is a file, and the benchmark writes a folder", "pass a folder")
+    if (out_dir / report).exists():
+        raise ConfigError(
+            "--out",
+            str(out_dir),
+            f"it holds the {report} of an earlier benchmark, which a benchmark never overwrites",
+            "pass another `--out`, or leave it out (a new folder named by the date and time)",
+        )
+
+
 def format_table(report: dict) -> str:
     """The four measurements as a table (images/s, ratio to the bare step, peak CUDA memory) and the FLOPs."""
     rows = [
@@ -292,6 +308,7 @@ def format_table(report: dict) -> str:
 def run_loader_benchmark(cfg: TrainConfig, out_dir: Path, workers: list[int], batches: int, steps: int) -> dict:
     """The loader's images/s at each worker count (``loader_benchmark``) and the trainer's (uncached) step's; writes
     ``out_dir/loader.json`` and returns it."""
+    check_out_dir(out_dir, "loader.json")
     out_dir.mkdir(parents=True, exist_ok=True)
     buckets = configured_buckets(cfg.model, cfg.vae, cfg.data)
     loader = {str(count): loader_images_per_second(cfg.data, cfg.trainer, buckets, count, batches) for count in workers}
