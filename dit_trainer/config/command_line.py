@@ -238,6 +238,29 @@ def unquoted_braces(item: str, parser: OverridesParser) -> ConfigError | None:
     )
 
 
+def expanded_braces(argv: list[str]) -> ConfigError | None:
+    """The refusal of one key given several times with paths that differ only in their numbers: the shell expanded a
+    brace pattern typed without quotes (``data.path=/d/{000000..000003}.tar`` became four overrides) and Hydra would
+    keep the last (one shard) without a word. None otherwise (a number given again changes it, as in Hydra)."""
+    values: dict[str, list[str]] = {}
+    for item in argv:
+        name, equals, value = item.partition("=")
+        if equals and not name.startswith(("-", "hydra")):
+            values.setdefault(name, []).append(value)
+    for name, given in values.items():
+        patterns = {re.sub(r"\d+", "#", value) for value in given}
+        if len(set(given)) > 1 and len(patterns) == 1 and "/" in patterns.pop():  # paths: a number may be changed
+            return ConfigError(
+                name.lstrip("+~"),
+                given,
+                f"it is given {len(given)} times, with values that differ only in their numbers: the shell expanded "
+                "a brace pattern typed without quotes, and Hydra would keep only the last value",
+                f"quote the pattern for Hydra and the override for the shell, e.g. `\"{name}='/data/shards/"
+                "{000000..000099}.tar'\"`",
+            )
+    return None
+
+
 def unquoted_home(item: str, parser: OverridesParser) -> ConfigError | None:
     """The refusal of an override Hydra cannot parse because its value starts with ``~`` (a home folder the shell
     left unexpanded: typed in quotes), when writing the home folder out makes it parse. None otherwise."""
@@ -265,6 +288,8 @@ def check_command_line(argv: list[str], config_dir: Path) -> None:
     defaults = defaults_groups(config_dir)
     keys = list(schema_keys())
     config: DictConfig | None = None  # the schema as Hydra composes onto it, built for the first value to check
+    if (expanded := expanded_braces(argv)) is not None:
+        raise expanded
     for item, override in parsed_overrides(argv):
         if override is None:
             parser = OverridesParser.create()

@@ -98,6 +98,17 @@ def test_what_hydra_accepts_or_quoting_cannot_fix_is_not_refused(item):
     check_command_line([item], CONFIG_DIR)
 
 
+def test_a_shard_pattern_the_shell_expanded_is_refused_and_a_value_given_again_is_not():
+    """Bash hands `data.path=/d/{000000..000003}.tar` over as four overrides; Hydra kept the last: one shard."""
+    expanded = [f"data.path=/data/shards/{index:06d}.tar" for index in range(4)]
+    with pytest.raises(ConfigError) as refused:
+        check_command_line(["+experiment=dit", "data=webdataset", *expanded], CONFIG_DIR)
+    message = str(refused.value)
+    assert "given 4 times, with values that differ only in their numbers: the shell expanded" in message
+    assert "`\"data.path='/data/shards/{000000..000099}.tar'\"`" in message
+    check_command_line(["trainer.max_steps=2", "trainer.max_steps=8", "optim.lr=1e-3", "optim.lr=1e-4"], CONFIG_DIR)
+
+
 def test_train_py_answers_unquoted_shard_braces_with_exit_2_and_no_traceback(tmp_path):
     """The README's webdataset command as bash hands it over: one paragraph, exit 2, no run folder."""
     run_dir = tmp_path / "run"
