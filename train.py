@@ -36,6 +36,7 @@ from dit_trainer.runs.failures import (
 )
 from dit_trainer.runs.launch_folder import discard_refused_start
 from dit_trainer.runs.process_exit import exit_without_finalizing
+from dit_trainer.runs.run_lock import release_held
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 INFO_FLAGS = {"--cfg", "-c", "--info", "-i", "--help", "-h", "--hydra-help", "-sc", "--shell-completion"}
@@ -79,6 +80,8 @@ def main(cfg: DictConfig) -> None:
         if watch is not None:
             watch.stop_if_failed_elsewhere(timeout=5.0)
         raise
+    finally:
+        release_held(run_dir)  # the lock the launch took, if no run took it over (main also runs in tests' processes)
     if result.preempted:
         if os.environ.get("RANK", "0") == "0":
             stopped = "Interrupted by Ctrl-C" if result.interrupted else "Preempted"

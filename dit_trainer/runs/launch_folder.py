@@ -77,10 +77,12 @@ class RunFolderCheck(Callback):
                 if job and not log.exists():
                     _logs_made_by_this_launch[absolute(run_dir)] = log, _trained(run_dir)
         except OSError as error:  # where permissions do not tell (a root-squashed NFS share, /proc): making it failed
+            release_held(run_dir)
             reason = f"the folder could not be made there ({error.strerror or error})"
             print(f"error: {unwritable('hydra.run.dir', run_dir, reason)}", file=sys.stderr)
             sys.exit(EXIT_BAD_INPUT)
         except ConfigError as error:
+            release_held(run_dir)  # (a process that launches again, as tests do, must find the folder free)
             print(f"error: {error}", file=sys.stderr)
             sys.exit(exit_code(error))
 
