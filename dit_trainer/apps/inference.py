@@ -31,6 +31,7 @@ from dit_trainer.runs.run_folder import (
     WeightsLayout,
     check_writable_folder,
     find_checkpoint,
+    other_kind_only,
     read_manifest,
     weights_layout,
 )
@@ -114,17 +115,15 @@ def check_sampling_args(cfg: RunCheckpointArgs) -> None:
 def require_own_kind(checkpoint: Path, layout: WeightsLayout) -> None:
     """A checkpoint of the other kind (LoRA adapters given for a run that trained the whole DiT, or the reverse) is
     another run's, named as such rather than as a folder without weights."""
-    other = weights_layout(not layout.lora)
-    if (checkpoint / layout.directory).is_dir() or not (checkpoint / other.directory).is_dir():
-        return
-    kinds = {True: "LoRA adapters", False: "the whole DiT"}
-    raise ConfigError(
-        "checkpoint",
-        str(checkpoint),
-        f"it holds {kinds[other.lora]} (`{other.directory}/`), and the run whose config is read trained "
-        f"{kinds[layout.lora]}: it is another run's checkpoint",
-        "pass one of this run's checkpoints (`checkpoint=latest`), or the folder of the run that wrote it",
-    )
+    other = other_kind_only(checkpoint, layout)
+    if other is not None:
+        raise ConfigError(
+            "checkpoint",
+            str(checkpoint),
+            f"it holds {other.what} (`{other.directory}/`), and the run whose config is read trained {layout.what}: "
+            "it is another run's checkpoint",
+            "pass one of this run's checkpoints (`checkpoint=latest`), or the folder of the run that wrote it",
+        )
 
 
 def require_safetensors(checkpoint: Path, weights: Path) -> None:

@@ -51,6 +51,11 @@ class WeightsLayout:
             self.ema_directory if ema and (checkpoint / self.ema_directory).is_dir() else self.directory
         )
 
+    @property
+    def what(self) -> str:
+        """What the weights are, in messages."""
+        return "LoRA adapters" if self.lora else "the whole DiT"
+
 
 FULL_WEIGHTS = WeightsLayout("transformer", "transformer_ema", lora=False)
 LORA_WEIGHTS = WeightsLayout("transformer_lora", "transformer_lora_ema", lora=True)
@@ -91,6 +96,14 @@ def own_weights_moved(pretrained: object, run_dir: Path) -> str | None:
 
 def weights_layout(lora: bool) -> WeightsLayout:
     return LORA_WEIGHTS if lora else FULL_WEIGHTS
+
+
+def other_kind_only(checkpoint: Path, layout: WeightsLayout) -> WeightsLayout | None:
+    """The other layout when ``checkpoint`` holds weights of that kind only (a LoRA run's checkpoint given for a run
+    that trains the whole DiT, or the reverse), else None."""
+    other = weights_layout(not layout.lora)
+    held = (checkpoint / other.directory).is_dir() and not (checkpoint / layout.directory).is_dir()
+    return other if held else None
 
 
 def is_checkpoint(path: Path) -> bool:

@@ -30,9 +30,9 @@ from dit_trainer.config.renamed import move_renamed_keys_in_saved
 from dit_trainer.errors import ConfigError
 from dit_trainer.runs.run_folder import (
     FULL_WEIGHTS,
-    LORA_WEIGHTS,
     WeightsLayout,
     checkpoint_step,
+    other_kind_only,
     read_manifest,
     resolve_checkpoint,
     same_own_weights,
@@ -188,14 +188,13 @@ def check_resumable(
 def check_weights_kind(path: Path, weights: WeightsLayout) -> None:
     """A LoRA checkpoint resumed as a full fine-tune, or the reverse: neither the weights nor the optimizer state of
     one can continue the other."""
-    other = LORA_WEIGHTS if weights is FULL_WEIGHTS else FULL_WEIGHTS
-    if (path / weights.directory).is_dir() or not (path / other.directory).is_dir():
+    other = other_kind_only(path, weights)
+    if other is None:
         return
-    kinds = {True: "LoRA adapters", False: "the whole DiT"}
     raise ConfigError(
         "trainer.resume",
         str(path),
-        f"it holds {kinds[other.lora]} (`{other.directory}/`) and this run trains {kinds[weights.lora]} "
+        f"it holds {other.what} (`{other.directory}/`) and this run trains {weights.what} "
         f"(`lora.enabled={str(weights.lora).lower()}`): its weights and optimizer state cannot continue "
         "that kind of training",
         f"resume with `lora.enabled={str(other.lora).lower()}`, or start a fresh run in a new `hydra.run.dir` "
