@@ -149,7 +149,7 @@ def test_export_refuses_a_non_empty_out_dir_and_leaves_it_untouched(minilm_run, 
     (out_dir / "keep.txt").write_text("mine")
     assert _export_cli([str(minilm_run), f"out_dir={out_dir}"]) == 2
     error = capsys.readouterr().err
-    assert "`out_dir`" in error and "not an empty folder" in error and "Traceback" not in error
+    assert "`out_dir`" in error and "a folder that already holds files" in error and "Traceback" not in error
     assert [p.name for p in out_dir.iterdir()] == ["keep.txt"] and (out_dir / "keep.txt").read_text() == "mine"
     assert [p.name for p in tmp_path.iterdir()] == ["taken"]  # no staging folder left behind
 
